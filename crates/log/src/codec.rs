@@ -1,0 +1,62 @@
+//! Keys and values: big-endian `(session, seq)` keys and `[format byte] + bincode(legacy)` values.
+
+use crate::{LogError, Result};
+use condense_events::{Envelope, Seq, SessionId, SCHEMA_VERSION};
+
+/// The format byte that starts every stored value.
+pub const FORMAT_VERSION: u8 = 1;
+
+pub(crate) fn key(session: SessionId, seq: Seq) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&session.to_be_bytes());
+    k[8..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+pub(crate) fn split_key(k: &[u8]) -> (SessionId, Seq) {
+    let mut s = [0u8; 8];
+    let mut q = [0u8; 8];
+    if k.len() == 16 {
+        s.copy_from_slice(&k[..8]);
+        q.copy_from_slice(&k[8..]);
+    }
+    (u64::from_be_bytes(s), u64::from_be_bytes(q))
+}
+
+pub(crate) fn session_from_key(k: &[u8]) -> SessionId {
+    let mut s = [0u8; 8];
+    if k.len() == 8 {
+        s.copy_from_slice(k);
+    }
+    u64::from_be_bytes(s)
+}
+
+/// Encodes an envelope as stored: the format byte, then bincode with the legacy configuration.
+pub fn encode_envelope(env: &Envelope) -> Vec<u8> {
+    let mut out = vec![FORMAT_VERSION];
+    bincode::serde::encode_into_std_write(env, &mut out, bincode::config::legacy())
+        .expect("encoding into a Vec cannot fail");
+    out
+}
+
+/// Decodes a stored value, checking the format byte, the schema version and that it is stored under the
+/// key it names.
+pub fn decode_envelope(session: SessionId, seq: Seq, bytes: &[u8]) -> Result<Envelope> {
+    let corrupt = |reason: String| LogError::Corrupt { session, seq, reason };
+    let (&format, body) = bytes.split_first().ok_or_else(|| corrupt("empty value".into()))?;
+    if format != FORMAT_VERSION {
+        return Err(corrupt(format!("format byte {format}, expected {FORMAT_VERSION}")));
+    }
+    let (env, used): (Envelope, usize) =
+        bincode::serde::decode_from_slice(body, bincode::config::legacy()).map_err(|e| corrupt(e.to_string()))?;
+    if used != body.len() {
+        return Err(corrupt(format!("{} trailing bytes", body.len() - used)));
+    }
+    if env.schema > SCHEMA_VERSION {
+        return Err(corrupt(format!("schema version {} is newer than {SCHEMA_VERSION}", env.schema)));
+    }
+    if env.session != session || env.seq != seq {
+        return Err(corrupt(format!("value names {}:{}", env.session, env.seq)));
+    }
+    Ok(env)
+}

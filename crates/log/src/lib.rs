@@ -1,0 +1,340 @@
+//! The event log: an append-only store of [`Envelope`]s in sled, keyed by big-endian `(session, seq)`.
+//!
+//! One writer thread owns every session's sequence. Callers send it append requests that name the head
+//! they expect; it gathers whatever requests are waiting into one group, writes them as one sled batch,
+//! flushes, and only then acknowledges them. A process killed at any point therefore reopens with a
+//! gap-free prefix of each session that holds every acknowledged event. Large bodies live beside the
+//! database as content-addressed blob files (blake3, written to a temp file and renamed into place).
+
+mod blob;
+mod codec;
+mod export;
+mod writer;
+
+use condense_events::{Envelope, Event, Seq, SessionId};
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+pub use blob::BlobHash;
+pub use codec::{decode_envelope, encode_envelope, FORMAT_VERSION};
+pub use export::ExportSummary;
+
+/// Errors of the log. Every message names the session, sequence number, file or offset involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// sled reported an error.
+    #[error("sled store at {path}: {source}")]
+    Sled {
+        /// Database folder.
+        path: PathBuf,
+        /// sled's error.
+        source: sled::Error,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A stored value could not be decoded.
+    #[error("event {session}:{seq} is corrupt: {reason}")]
+    Corrupt {
+        /// Session of the value.
+        session: SessionId,
+        /// Sequence number of the value.
+        seq: Seq,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An append named a head that is not the session's current head.
+    #[error("session {session}: append expected head {expected}, but the head is {actual}")]
+    HeadMismatch {
+        /// The session.
+        session: SessionId,
+        /// The head the caller expected.
+        expected: Seq,
+        /// The actual head.
+        actual: Seq,
+    },
+    /// No session has this id or name.
+    #[error("no session `{0}`")]
+    UnknownSession(String),
+    /// A session with this name exists already.
+    #[error("session `{0}` exists already")]
+    SessionExists(String),
+    /// An export file ends before its trailer.
+    #[error("{path}: export is truncated at byte {offset}")]
+    Truncated {
+        /// The export file.
+        path: PathBuf,
+        /// Where it ends.
+        offset: u64,
+    },
+    /// An export file is not well formed.
+    #[error("{path}: bad export at byte {offset}: {reason}")]
+    BadExport {
+        /// The export file.
+        path: PathBuf,
+        /// Where the problem is.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A blob file is missing.
+    #[error("blob {0} is missing")]
+    BlobMissing(String),
+    /// A blob file's content does not match its name.
+    #[error("blob {hash} is corrupt: its content hashes to {actual}")]
+    BlobCorrupt {
+        /// The blob's name (its expected hash).
+        hash: String,
+        /// The hash of what the file holds.
+        actual: String,
+    },
+    /// The writer thread is gone (the log was closed or the writer panicked).
+    #[error("the log writer has stopped")]
+    Closed,
+}
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, LogError>;
+
+/// A session as listed by the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// Numeric id.
+    pub id: SessionId,
+    /// Unique name (for imported sessions, derived from the source file).
+    pub name: String,
+    /// Sequence number of the newest event (0 when empty).
+    pub head: Seq,
+}
+
+/// Notice sent to subscribers after a group of events is durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// The session.
+    pub session: SessionId,
+    /// First new sequence number.
+    pub first: Seq,
+    /// Last new sequence number (the new head).
+    pub last: Seq,
+}
+
+pub(crate) struct Shared {
+    pub(crate) path: PathBuf,
+    pub(crate) db: sled::Db,
+    pub(crate) events: sled::Tree,
+    pub(crate) sessions: sled::Tree,
+    pub(crate) subscribers: Mutex<Vec<Sender<Appended>>>,
+    pub(crate) heads: Mutex<BTreeMap<SessionId, Seq>>,
+}
+
+/// A handle to an open log. Cheap to clone; the writer stops when the last handle is dropped.
+#[derive(Clone)]
+pub struct Log {
+    shared: Arc<Shared>,
+    writer: Arc<writer::WriterHandle>,
+    blobs: blob::BlobStore,
+}
+
+pub(crate) fn sled_err(path: &Path) -> impl FnOnce(sled::Error) -> LogError + '_ {
+    move |source| LogError::Sled { path: path.to_path_buf(), source }
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`: the sled database in `dir/db`, blobs in `dir/blobs`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Log> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
+        let path = dir.join("db");
+        let db = sled::Config::new().path(&path).cache_capacity(256 << 20).open().map_err(sled_err(&path))?;
+        let events = db.open_tree("events").map_err(sled_err(&path))?;
+        let sessions = db.open_tree("sessions").map_err(sled_err(&path))?;
+        let mut heads = BTreeMap::new();
+        for item in sessions.iter() {
+            let (k, _) = item.map_err(sled_err(&path))?;
+            let id = codec::session_from_key(&k);
+            let head = match events.scan_prefix(id.to_be_bytes()).next_back() {
+                Some(last) => codec::split_key(&last.map_err(sled_err(&path))?.0).1,
+                None => 0,
+            };
+            heads.insert(id, head);
+        }
+        let shared = Arc::new(Shared {
+            path,
+            db,
+            events,
+            sessions,
+            subscribers: Mutex::new(Vec::new()),
+            heads: Mutex::new(heads),
+        });
+        let writer = Arc::new(writer::WriterHandle::spawn(shared.clone()));
+        let blobs = blob::BlobStore::new(dir.join("blobs"));
+        Ok(Log { shared, writer, blobs })
+    }
+
+    /// Creates a session named `name` and returns its id.
+    pub fn create_session(&self, name: &str) -> Result<SessionId> {
+        self.writer.create_session(name)
+    }
+
+    /// Looks a session up by name.
+    pub fn session_id(&self, name: &str) -> Result<Option<SessionId>> {
+        for info in self.sessions()? {
+            if info.name == name {
+                return Ok(Some(info.id));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every session, in id order.
+    pub fn sessions(&self) -> Result<Vec<SessionInfo>> {
+        let heads = self.shared.heads.lock().expect("heads lock").clone();
+        let mut out = Vec::new();
+        for item in self.shared.sessions.iter() {
+            let (k, v) = item.map_err(sled_err(&self.shared.path))?;
+            let id = codec::session_from_key(&k);
+            let name = String::from_utf8_lossy(&v).into_owned();
+            out.push(SessionInfo { id, name, head: heads.get(&id).copied().unwrap_or(0) });
+        }
+        Ok(out)
+    }
+
+    /// The newest sequence number of `session` (0 when it has no events).
+    pub fn head(&self, session: SessionId) -> Result<Seq> {
+        self.shared
+            .heads
+            .lock()
+            .expect("heads lock")
+            .get(&session)
+            .copied()
+            .ok_or_else(|| LogError::UnknownSession(session.to_string()))
+    }
+
+    /// Appends `events` to `session` if its head is still `expected_head`; returns the new head once the
+    /// events are durable.
+    pub fn append(&self, session: SessionId, expected_head: Seq, events: Vec<Event>) -> Result<Seq> {
+        self.writer.append(session, expected_head, events)
+    }
+
+    /// Reads the events of `session` with `from <= seq <= to`, in order.
+    pub fn read(&self, session: SessionId, from: Seq, to: Seq) -> Result<Vec<Envelope>> {
+        let mut out = Vec::new();
+        self.for_each(session, from, to, |e| {
+            out.push(e);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f` with each event of `session` in `from..=to`, decoding one at a time.
+    pub fn for_each(
+        &self,
+        session: SessionId,
+        from: Seq,
+        to: Seq,
+        mut f: impl FnMut(Envelope) -> Result<()>,
+    ) -> Result<()> {
+        if from > to {
+            return Ok(());
+        }
+        let lo = codec::key(session, from);
+        let hi = codec::key(session, to);
+        for item in self.shared.events.range(lo..=hi) {
+            let (k, v) = item.map_err(sled_err(&self.shared.path))?;
+            let (s, seq) = codec::split_key(&k);
+            f(decode_envelope(s, seq, &v)?)?;
+        }
+        Ok(())
+    }
+
+    /// A channel that receives a notice after every durable group of appends.
+    pub fn subscribe(&self) -> Receiver<Appended> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.shared.subscribers.lock().expect("subscribers lock").push(tx);
+        rx
+    }
+
+    /// Stores `bytes` as a content-addressed blob and returns its hash.
+    pub fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash> {
+        self.blobs.put(bytes)
+    }
+
+    /// Reads the blob `hash`, checking that its content still matches.
+    pub fn get_blob(&self, hash: &BlobHash) -> Result<Vec<u8>> {
+        self.blobs.get(hash)
+    }
+
+    /// Every blob hash present, sorted.
+    pub fn blob_hashes(&self) -> Result<Vec<BlobHash>> {
+        self.blobs.list()
+    }
+
+    /// Checks every stored value: it decodes, carries the key it is stored under, and each session's
+    /// sequence runs from 1 to its head without a gap; every blob matches its hash.
+    pub fn verify(&self) -> Result<VerifyReport> {
+        let mut report = VerifyReport::default();
+        for info in self.sessions()? {
+            let mut expected = 1;
+            self.for_each(info.id, 1, Seq::MAX, |env| {
+                if env.seq != expected {
+                    return Err(LogError::Corrupt {
+                        session: info.id,
+                        seq: env.seq,
+                        reason: format!("gap: expected seq {expected}"),
+                    });
+                }
+                expected += 1;
+                report.events += 1;
+                Ok(())
+            })?;
+            if expected - 1 != info.head {
+                return Err(LogError::Corrupt {
+                    session: info.id,
+                    seq: expected,
+                    reason: format!("head is {} but events end at {}", info.head, expected - 1),
+                });
+            }
+            report.sessions += 1;
+        }
+        for hash in self.blobs.list()? {
+            self.blobs.get(&hash)?;
+            report.blobs += 1;
+        }
+        Ok(report)
+    }
+
+    /// Writes every session, event and blob to one portable file.
+    pub fn export(&self, path: impl AsRef<Path>) -> Result<ExportSummary> {
+        export::export(self, path.as_ref())
+    }
+
+    /// Reads a file written by [`Log::export`] into this log. Sessions whose names exist already are an error;
+    /// the file is checked in full before anything is written.
+    pub fn import(&self, path: impl AsRef<Path>) -> Result<ExportSummary> {
+        export::import(self, path.as_ref())
+    }
+
+    /// Flushes and stops the writer. Later calls on any clone return [`LogError::Closed`].
+    pub fn close(&self) {
+        self.writer.stop();
+    }
+}
+
+/// What [`Log::verify`] checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Sessions checked.
+    pub sessions: u64,
+    /// Events decoded.
+    pub events: u64,
+    /// Blobs re-hashed.
+    pub blobs: u64,
+}

@@ -1,0 +1,171 @@
+//! The single writer thread: owns every sequence, group-commits appends, acknowledges after flush.
+
+use crate::codec::{encode_envelope, key};
+use crate::{Appended, LogError, Result, Shared};
+use condense_events::{Envelope, Event, Seq, SessionId, SCHEMA_VERSION};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Requests waiting in the channel are committed together, up to this many at once.
+const MAX_GROUP: usize = 512;
+
+enum Request {
+    Create { name: String, reply: Sender<Result<SessionId>> },
+    Append { session: SessionId, expected: Seq, events: Vec<Event>, reply: Sender<Result<Seq>> },
+}
+
+pub(crate) struct WriterHandle {
+    tx: Mutex<Option<Sender<Request>>>,
+    join: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl WriterHandle {
+    pub(crate) fn spawn(shared: Arc<Shared>) -> WriterHandle {
+        let (tx, rx) = bounded::<Request>(1024);
+        let join = std::thread::Builder::new()
+            .name("condense-log-writer".into())
+            .spawn(move || run(&shared, &rx))
+            .expect("spawning the log writer thread");
+        WriterHandle { tx: Mutex::new(Some(tx)), join: Mutex::new(Some(join)) }
+    }
+
+    fn send(&self, req: Request) -> Result<()> {
+        let guard = self.tx.lock().expect("writer sender lock");
+        guard.as_ref().ok_or(LogError::Closed)?.send(req).map_err(|_| LogError::Closed)
+    }
+
+    pub(crate) fn create_session(&self, name: &str) -> Result<SessionId> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Create { name: name.to_string(), reply })?;
+        rx.recv().map_err(|_| LogError::Closed)?
+    }
+
+    pub(crate) fn append(&self, session: SessionId, expected: Seq, events: Vec<Event>) -> Result<Seq> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Append { session, expected, events, reply })?;
+        rx.recv().map_err(|_| LogError::Closed)?
+    }
+
+    pub(crate) fn stop(&self) {
+        self.tx.lock().expect("writer sender lock").take();
+        if let Some(join) = self.join.lock().expect("writer join lock").take() {
+            let _ = join.join();
+        }
+    }
+}
+
+impl Drop for WriterHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run(shared: &Shared, rx: &Receiver<Request>) {
+    let mut names: BTreeMap<String, SessionId> = BTreeMap::new();
+    for (k, v) in shared.sessions.iter().flatten() {
+        names.insert(String::from_utf8_lossy(&v).into_owned(), crate::codec::session_from_key(&k));
+    }
+    while let Ok(first) = rx.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(r) => group.push(r),
+                Err(_) => break,
+            }
+        }
+        commit(shared, &mut names, group);
+    }
+    let _ = shared.db.flush();
+}
+
+enum Reply {
+    Created(Sender<Result<SessionId>>, Result<SessionId>),
+    Appended(Sender<Result<Seq>>, Result<Seq>),
+}
+
+/// Applies one group as a single sled batch and flushes; replies go out only after the flush.
+fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<Request>) {
+    let mut heads = shared.heads.lock().expect("heads lock").clone();
+    let mut batch = sled::Batch::default();
+    let mut replies = Vec::with_capacity(group.len());
+    let mut notices = Vec::new();
+    let mut new_names = Vec::new();
+    let mut wrote = false;
+    for req in group {
+        match req {
+            Request::Create { name, reply } => {
+                if names.contains_key(&name) || new_names.iter().any(|(n, _)| n == &name) {
+                    replies.push(Reply::Created(reply, Err(LogError::SessionExists(name))));
+                    continue;
+                }
+                let id = heads.keys().next_back().map_or(1, |m| m + 1);
+                if let Err(source) = shared.sessions.insert(id.to_be_bytes(), name.as_bytes()) {
+                    replies.push(Reply::Created(reply, Err(LogError::Sled { path: shared.path.clone(), source })));
+                    continue;
+                }
+                wrote = true;
+                heads.insert(id, 0);
+                new_names.push((name, id));
+                replies.push(Reply::Created(reply, Ok(id)));
+            }
+            Request::Append { session, expected, events, reply } => {
+                let Some(&head) = heads.get(&session) else {
+                    replies.push(Reply::Appended(reply, Err(LogError::UnknownSession(session.to_string()))));
+                    continue;
+                };
+                if head != expected {
+                    replies.push(Reply::Appended(
+                        reply,
+                        Err(LogError::HeadMismatch { session, expected, actual: head }),
+                    ));
+                    continue;
+                }
+                if events.is_empty() {
+                    replies.push(Reply::Appended(reply, Ok(head)));
+                    continue;
+                }
+                let mut seq = head;
+                for body in events {
+                    seq += 1;
+                    let env = Envelope { schema: SCHEMA_VERSION, session, seq, body };
+                    batch.insert(&key(session, seq)[..], encode_envelope(&env));
+                }
+                wrote = true;
+                heads.insert(session, seq);
+                notices.push(Appended { session, first: head + 1, last: seq });
+                replies.push(Reply::Appended(reply, Ok(seq)));
+            }
+        }
+    }
+    let durable = if wrote {
+        shared.events.apply_batch(batch).and_then(|()| shared.db.flush().map(|_| ()))
+    } else {
+        Ok(())
+    };
+    if let Err(e) = durable {
+        // Nothing of this group is acknowledged; the in-memory heads stay as they were.
+        let msg = format!("group commit failed: {e}");
+        for r in replies {
+            let err = || LogError::Sled { path: shared.path.clone(), source: sled::Error::Unsupported(msg.clone()) };
+            match r {
+                Reply::Created(tx, _) => drop(tx.send(Err(err()))),
+                Reply::Appended(tx, _) => drop(tx.send(Err(err()))),
+            }
+        }
+        return;
+    }
+    *shared.heads.lock().expect("heads lock") = heads;
+    names.extend(new_names);
+    for r in replies {
+        match r {
+            Reply::Created(tx, res) => drop(tx.send(res)),
+            Reply::Appended(tx, res) => drop(tx.send(res)),
+        }
+    }
+    if !notices.is_empty() {
+        let mut subs = shared.subscribers.lock().expect("subscribers lock");
+        subs.retain(|s| notices.iter().all(|n| s.send(*n).is_ok()));
+    }
+}
