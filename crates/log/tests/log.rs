@@ -1,0 +1,268 @@
+//! The log against an in-memory model, export round trips, corrupt and truncated input, and a crash test
+//! that kills a child process with SIGKILL in the middle of appends.
+
+use condense_events::{DecisionEvent, Event, SessionId};
+use condense_log::{decode_envelope, Log, LogError};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+/// A small deterministic generator: the tests must be reproducible.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn note(text: String) -> Event {
+    Event::Decision(DecisionEvent::Note { stage: "test".into(), text })
+}
+
+#[test]
+fn model_based_random_operations() {
+    for seed in 1..=4u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path()).unwrap();
+        let mut model: BTreeMap<SessionId, (String, Vec<Event>)> = BTreeMap::new();
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        for step in 0..400 {
+            match rng.below(10) {
+                0 => {
+                    let name = format!("s{}", rng.below(8));
+                    let exists = model.values().any(|(n, _)| n == &name);
+                    match log.create_session(&name) {
+                        Ok(id) => {
+                            assert!(!exists, "step {step}: duplicate name accepted");
+                            model.insert(id, (name, Vec::new()));
+                        }
+                        Err(LogError::SessionExists(n)) => assert!(exists && n == name),
+                        Err(e) => panic!("step {step}: {e}"),
+                    }
+                }
+                1..=5 if !model.is_empty() => {
+                    let ids: Vec<_> = model.keys().copied().collect();
+                    let id = ids[rng.below(ids.len() as u64) as usize];
+                    let len = model[&id].1.len() as u64;
+                    let stale = rng.below(5) == 0 && len > 0;
+                    let expected = if stale { len - 1 } else { len };
+                    let n = rng.below(4);
+                    let events: Vec<Event> = (0..n).map(|i| note(format!("{id}-{step}-{i}"))).collect();
+                    match log.append(id, expected, events.clone()) {
+                        Ok(head) => {
+                            assert!(!stale);
+                            model.get_mut(&id).unwrap().1.extend(events);
+                            assert_eq!(head, model[&id].1.len() as u64);
+                        }
+                        Err(LogError::HeadMismatch { expected: e, actual, .. }) => {
+                            assert!(stale);
+                            assert_eq!((e, actual), (expected, len));
+                        }
+                        Err(e) => panic!("step {step}: {e}"),
+                    }
+                }
+                6 | 7 if !model.is_empty() => {
+                    let ids: Vec<_> = model.keys().copied().collect();
+                    let id = ids[rng.below(ids.len() as u64) as usize];
+                    let all = &model[&id].1;
+                    let from = rng.below(all.len() as u64 + 2);
+                    let to = rng.below(all.len() as u64 + 2);
+                    let got = log.read(id, from, to).unwrap();
+                    let lo = from.max(1);
+                    let hi = to.min(all.len() as u64);
+                    let want: Vec<&Event> = if lo <= hi { all[lo as usize - 1..hi as usize].iter().collect() } else { vec![] };
+                    assert_eq!(got.iter().map(|e| &e.body).collect::<Vec<_>>(), want, "step {step}");
+                    for (i, env) in got.iter().enumerate() {
+                        assert_eq!(env.seq, lo + i as u64);
+                        assert_eq!(env.session, id);
+                    }
+                }
+                8 => {
+                    drop(log);
+                    log = Log::open(dir.path()).unwrap();
+                }
+                _ => {
+                    let listed: Vec<_> = log.sessions().unwrap().into_iter().map(|s| (s.id, s.name, s.head)).collect();
+                    let want: Vec<_> = model.iter().map(|(id, (n, ev))| (*id, n.clone(), ev.len() as u64)).collect();
+                    assert_eq!(listed, want, "step {step}");
+                }
+            }
+        }
+        let report = log.verify().unwrap();
+        assert_eq!(report.events, model.values().map(|(_, e)| e.len() as u64).sum::<u64>());
+    }
+}
+
+#[test]
+fn subscribers_hear_durable_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path()).unwrap();
+    let rx = log.subscribe();
+    let s = log.create_session("a").unwrap();
+    log.append(s, 0, vec![note("x".into()), note("y".into())]).unwrap();
+    let n = rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!((n.session, n.first, n.last), (s, 1, 2));
+}
+
+#[test]
+fn blobs_are_content_addressed_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path()).unwrap();
+    let h = log.put_blob(b"hello").unwrap();
+    assert_eq!(log.put_blob(b"hello").unwrap(), h);
+    assert_eq!(log.get_blob(&h).unwrap(), b"hello");
+    let file = dir.path().join("blobs").join(&h.0[..2]).join(&h.0);
+    std::fs::write(&file, b"tampered").unwrap();
+    assert!(matches!(log.get_blob(&h), Err(LogError::BlobCorrupt { .. })));
+    assert!(matches!(log.verify(), Err(LogError::BlobCorrupt { .. })));
+    assert!(condense_log::BlobHash::parse("../../etc/passwd").is_none());
+}
+
+fn filled_log(dir: &std::path::Path) -> Log {
+    let log = Log::open(dir).unwrap();
+    for name in ["one", "two"] {
+        let s = log.create_session(name).unwrap();
+        let events = (0..50).map(|i| note(format!("{name} {i}"))).collect();
+        log.append(s, 0, events).unwrap();
+    }
+    log.put_blob(&vec![7u8; 100_000]).unwrap();
+    log
+}
+
+#[test]
+fn export_import_round_trip() {
+    let a = tempfile::tempdir().unwrap();
+    let log = filled_log(a.path());
+    let file = a.path().join("x.export");
+    let out = log.export(&file).unwrap();
+    assert_eq!((out.sessions, out.events, out.blobs), (2, 100, 1));
+    let b = tempfile::tempdir().unwrap();
+    let other = Log::open(b.path()).unwrap();
+    let got = other.import(&file).unwrap();
+    assert_eq!((got.sessions, got.events, got.blobs), (2, 100, 1));
+    for info in log.sessions().unwrap() {
+        let id = other.session_id(&info.name).unwrap().unwrap();
+        let x: Vec<_> = log.read(info.id, 1, u64::MAX).unwrap().into_iter().map(|e| e.body).collect();
+        let y: Vec<_> = other.read(id, 1, u64::MAX).unwrap().into_iter().map(|e| e.body).collect();
+        assert_eq!(x, y);
+    }
+    // Importing the same sessions twice is refused before anything is written.
+    assert!(matches!(other.import(&file), Err(LogError::SessionExists(_))));
+    assert_eq!(other.verify().unwrap().events, 100);
+}
+
+#[test]
+fn truncated_or_corrupt_export_is_a_typed_error() {
+    let a = tempfile::tempdir().unwrap();
+    let log = filled_log(a.path());
+    let file = a.path().join("x.export");
+    log.export(&file).unwrap();
+    let data = std::fs::read(&file).unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let other = Log::open(b.path()).unwrap();
+    for cut in [0, 5, 16, 17, 100, data.len() / 2, data.len() - 1] {
+        let f = b.path().join(format!("cut{cut}"));
+        std::fs::write(&f, &data[..cut]).unwrap();
+        match other.import(&f) {
+            Err(LogError::Truncated { offset, .. }) => assert_eq!(offset, cut as u64),
+            Err(LogError::BadExport { .. }) if cut == 0 => {}
+            other => panic!("cut at {cut}: {other:?}"),
+        }
+    }
+    let mut flipped = data.clone();
+    flipped[40] ^= 0x55;
+    let f = b.path().join("flipped");
+    std::fs::write(&f, &flipped).unwrap();
+    assert!(matches!(other.import(&f), Err(LogError::BadExport { .. })));
+    assert!(other.sessions().unwrap().is_empty(), "nothing is written from a bad export");
+}
+
+#[test]
+fn corrupt_value_is_a_typed_error() {
+    let env = condense_events::Envelope { schema: 1, session: 3, seq: 9, body: note("x".into()) };
+    let mut bytes = condense_log::encode_envelope(&env);
+    assert_eq!(decode_envelope(3, 9, &bytes).unwrap(), env);
+    assert!(matches!(decode_envelope(3, 10, &bytes), Err(LogError::Corrupt { seq: 10, .. })));
+    bytes.truncate(bytes.len() - 2);
+    assert!(matches!(decode_envelope(3, 9, &bytes), Err(LogError::Corrupt { .. })));
+    assert!(matches!(decode_envelope(3, 9, &[9, 1, 2]), Err(LogError::Corrupt { .. })));
+    assert!(matches!(decode_envelope(3, 9, &[]), Err(LogError::Corrupt { .. })));
+}
+
+/// The child half of the crash test: appends from two threads until killed, printing every acknowledged
+/// head as `ack <session> <head>`.
+#[test]
+#[ignore = "run by crash_test_kill_9 as a child process"]
+fn crash_child() {
+    let Ok(dir) = std::env::var("CONDENSE_CRASH_DIR") else { return };
+    let log = Log::open(&dir).unwrap();
+    let mut threads = Vec::new();
+    for name in ["left", "right"] {
+        let log = log.clone();
+        threads.push(std::thread::spawn(move || {
+            let id = match log.session_id(name).unwrap() {
+                Some(id) => id,
+                None => log.create_session(name).unwrap(),
+            };
+            let mut head = log.head(id).unwrap();
+            loop {
+                let n = 1 + head % 7;
+                let events = (0..n).map(|i| note(format!("{name}:{}", head + 1 + i))).collect();
+                head = log.append(id, head, events).unwrap();
+                println!("ack {name} {head}");
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn crash_test_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut acked: BTreeMap<String, u64> = BTreeMap::new();
+    for round in 0..12u64 {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("CONDENSE_CRASH_DIR", dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let wanted = 20 + round * 37 % 200;
+        let mut seen = 0;
+        while seen < wanted {
+            let Some(Ok(line)) = lines.next() else { break };
+            if let Some(rest) = line.strip_prefix("ack ") {
+                let mut parts = rest.split(' ');
+                let name = parts.next().unwrap().to_string();
+                let head: u64 = parts.next().unwrap().parse().unwrap();
+                let e = acked.entry(name).or_default();
+                *e = (*e).max(head);
+                seen += 1;
+            }
+        }
+        child.kill().unwrap(); // SIGKILL on Unix.
+        child.wait().unwrap();
+        assert!(seen > 0, "round {round}: the child acknowledged nothing");
+        let log = Log::open(dir.path()).unwrap();
+        log.verify().unwrap();
+        for (name, &head) in &acked {
+            let id = log.session_id(name).unwrap().unwrap();
+            let stored = log.head(id).unwrap();
+            assert!(stored >= head, "round {round}: {name} acknowledged {head} but only {stored} survived");
+            for (i, env) in log.read(id, 1, stored).unwrap().into_iter().enumerate() {
+                assert_eq!(env.body, note(format!("{name}:{}", i + 1)), "round {round}: {name} event {}", i + 1);
+            }
+        }
+    }
+}
