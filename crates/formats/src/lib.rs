@@ -1,1 +1,132 @@
-//! Placeholder.
+//! Importers that turn real agent session files into condense source events, and exporters that write a
+//! rendered context as provider requests.
+//!
+//! Every importer is tolerant of the defects real files have (two JSON objects on one line, a broken
+//! escape, a dangling parent id, a missing header, calls whose results never came): each is reported as a
+//! [`Diagnostic`] naming file and line, every good line is kept, and nothing panics. The diagnostics are
+//! also returned as `ImportDiagnostic` events so they stay in the log beside the session.
+
+mod claude;
+mod codex;
+pub mod export;
+mod jsonl;
+mod pi;
+
+use condense_events::SourceEvent;
+use std::path::{Path, PathBuf};
+
+pub use jsonl::Diagnostic;
+
+/// The session file formats condense reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Format {
+    /// pi session JSONL, versions 1 to 3 (and the GJC fork).
+    Pi,
+    /// Claude Code session JSONL.
+    ClaudeCode,
+    /// OpenAI Codex CLI rollout JSONL.
+    Codex,
+}
+
+impl Format {
+    /// The format's short name, as stored in `SessionStarted::source`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Pi => "pi",
+            Format::ClaudeCode => "claude-code",
+            Format::Codex => "codex",
+        }
+    }
+}
+
+/// Errors that stop an import as a whole. Problems with single lines are [`Diagnostic`]s instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FormatError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The file is not a session in any format condense reads.
+    #[error("{path}: not a pi, Claude Code or Codex session ({reason})")]
+    Unrecognized {
+        /// The file.
+        path: PathBuf,
+        /// Why detection failed.
+        reason: String,
+    },
+}
+
+/// A session read from a file.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// The detected format.
+    pub format: Format,
+    /// Source events in order; the first is `SessionStarted`, diagnostics come last.
+    pub events: Vec<SourceEvent>,
+    /// What could not be taken as it stood.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+/// Guesses the format from the first objects of a file.
+pub fn detect(objects: &[jsonl::Line]) -> Option<Format> {
+    for line in objects.iter().take(50) {
+        let v = &line.value;
+        let Some(t) = v.get("type").and_then(|t| t.as_str()) else { continue };
+        match t {
+            "session" => return Some(Format::Pi),
+            "session_meta" | "response_item" | "event_msg" | "turn_context" | "compacted" if v.get("payload").is_some() => {
+                return Some(Format::Codex);
+            }
+            "user" | "assistant" | "system" | "progress" | "file-history-snapshot" | "queue-operation" | "summary"
+                if v.get("uuid").is_some() || v.get("sessionId").is_some() || v.get("leafUuid").is_some()
+                    || v.get("messageId").is_some() =>
+            {
+                return Some(Format::ClaudeCode);
+            }
+            "message" if v.get("message").and_then(|m| m.get("role")).is_some() => return Some(Format::Pi),
+            "compaction" | "model_change" | "thinking_level_change" | "custom" | "custom_message" => {
+                return Some(Format::Pi);
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Reads and imports one session file, detecting its format.
+pub fn import_file(path: &Path) -> Result<Imported, FormatError> {
+    let bytes = std::fs::read(path).map_err(|source| FormatError::Io { path: path.to_path_buf(), source })?;
+    import_bytes(&path.display().to_string(), &bytes)
+        .map_err(|reason| FormatError::Unrecognized { path: path.to_path_buf(), reason })
+}
+
+/// Imports a session held in memory; `file` names it in diagnostics.
+pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
+    let (lines, mut diagnostics) = jsonl::read_lines(file, bytes);
+    if lines.is_empty() {
+        return Err(if diagnostics.is_empty() { "the file holds no JSON lines".into() } else { diagnostics[0].to_string() });
+    }
+    let format = detect(&lines).ok_or_else(|| "no line has a known shape".to_string())?;
+    let mut out = match format {
+        Format::Pi => pi::import(file, lines),
+        Format::ClaudeCode => claude::import(file, lines),
+        Format::Codex => codex::import(file, lines),
+    };
+    diagnostics.append(&mut out.diagnostics);
+    diagnostics.sort_by_key(|d| d.line);
+    for d in &diagnostics {
+        out.events.push(SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() });
+    }
+    Ok(Imported { format, events: out.events, diagnostics })
+}
+
+/// What a format importer produces before the shared diagnostics are merged in.
+pub(crate) struct Output {
+    pub(crate) events: Vec<SourceEvent>,
+    pub(crate) diagnostics: Vec<Diagnostic>,
+}

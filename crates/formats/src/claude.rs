@@ -1,0 +1,289 @@
+//! Claude Code session JSONL. Assistant responses are streamed one content block per line and are
+//! regrouped by `message.id`; tool results are paired with their calls by `tool_use_id`, never by walking
+//! `parentUuid` (parallel calls make that graph a tree). Progress, snapshot, queue and title lines carry no
+//! model context and are skipped. The context after a `compact_boundary` is what follows it.
+
+use crate::jsonl::{json_text, str_of, take_str, Diagnostic, Line};
+use crate::Output;
+use condense_events::{Block, Entry, Message, SourceEvent, StopReason, Usage, UserOrigin};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
+    let mut events = Vec::new();
+    let mut diags = Vec::new();
+    let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
+    let first = lines.iter().find(|l| matches!(str_of(&l.value, "type"), Some("user" | "assistant")));
+    // Older Claude Code wrote subagent lines into the main file; a file whose first message is not a
+    // sidechain keeps only the main thread.
+    let main_is_sidechain = first.is_some_and(|l| l.value.get("isSidechain").and_then(Value::as_bool) == Some(true));
+    events.push(SourceEvent::SessionStarted {
+        source: "claude-code".into(),
+        source_id: first.and_then(|l| str_of(&l.value, "sessionId")).map(str::to_string),
+        cwd: first.and_then(|l| str_of(&l.value, "cwd")).map(str::to_string),
+        timestamp: first.and_then(|l| str_of(&l.value, "timestamp")).map(str::to_string),
+    });
+    let mut b = Builder::default();
+    let mut model: Option<String> = None;
+    let mut skipped_sidechain = 0u64;
+    for mut line in lines {
+        let n = line.line;
+        let v = &mut line.value;
+        let kind = str_of(v, "type").unwrap_or("").to_string();
+        if matches!(kind.as_str(), "user" | "assistant")
+            && v.get("isSidechain").and_then(Value::as_bool) == Some(true)
+            && !main_is_sidechain
+        {
+            skipped_sidechain += 1;
+            continue;
+        }
+        let uuid = str_of(v, "uuid").map_or_else(|| format!("line{n}"), str::to_string);
+        match kind.as_str() {
+            "assistant" => {
+                let Some(mut msg) = v.get_mut("message").map(Value::take) else {
+                    diags.push(diag(n, "assistant line without `message`".into()));
+                    continue;
+                };
+                let msg_id = str_of(&msg, "id").map(str::to_string);
+                if let Some(m) = str_of(&msg, "model").filter(|m| *m != "<synthetic>") {
+                    if model.as_deref() != Some(m) {
+                        model = Some(m.to_string());
+                        b.side_event(SourceEvent::ModelChanged {
+                            provider: Some("anthropic".into()),
+                            model: m.to_string(),
+                            context_window: None,
+                            max_output: None,
+                        });
+                    }
+                }
+                let blocks = assistant_blocks(msg.get_mut("content").map(Value::take), &mut |m| diags.push(diag(n, m)));
+                for blk in &blocks {
+                    if let Block::ToolCall { id, name, .. } = blk {
+                        b.names.insert(id.clone(), name.clone());
+                    }
+                }
+                let stop = match str_of(&msg, "stop_reason") {
+                    Some("end_turn" | "stop_sequence") => Some(StopReason::Stop),
+                    Some("tool_use") => Some(StopReason::ToolUse),
+                    Some("max_tokens") => Some(StopReason::Length),
+                    Some("refusal") => Some(StopReason::Error),
+                    _ => None,
+                };
+                let usage = msg.get("usage").map(|u| Usage {
+                    input: u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0),
+                    output: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
+                    cache_read: u.get("cache_read_input_tokens").and_then(Value::as_u64).unwrap_or(0),
+                    cache_write: u.get("cache_creation_input_tokens").and_then(Value::as_u64).unwrap_or(0),
+                });
+                b.assistant(uuid, msg_id, blocks, take_str(&mut msg, "model"), stop, usage);
+            }
+            "user" => {
+                if v.get("isVisibleInTranscriptOnly").and_then(Value::as_bool) == Some(true) {
+                    continue;
+                }
+                let origin = if v.get("isCompactSummary").and_then(Value::as_bool) == Some(true) {
+                    UserOrigin::Summary
+                } else if v.get("isMeta").and_then(Value::as_bool) == Some(true) {
+                    UserOrigin::Injected
+                } else {
+                    UserOrigin::Prompt
+                };
+                let Some(mut msg) = v.get_mut("message").map(Value::take) else {
+                    diags.push(diag(n, "user line without `message`".into()));
+                    continue;
+                };
+                match msg.get_mut("content").map(Value::take) {
+                    Some(Value::String(text)) => {
+                        let origin = refine_origin(origin, &text);
+                        b.push(uuid, Entry::Message(Message::User { content: vec![Block::Text { text }], origin }));
+                    }
+                    Some(Value::Array(blocks)) => {
+                        let mut rest = Vec::new();
+                        let mut k = 0;
+                        for mut blk in blocks {
+                            match str_of(&blk, "type") {
+                                Some("tool_result") => {
+                                    let call_id = take_str(&mut blk, "tool_use_id").unwrap_or_default();
+                                    let tool_name = b.names.get(&call_id).cloned().unwrap_or_default();
+                                    if tool_name.is_empty() {
+                                        diags.push(diag(n, format!("tool result `{call_id}` has no matching call")));
+                                    }
+                                    let content = result_blocks(blk.get_mut("content").map(Value::take), &mut |m| diags.push(diag(n, m)));
+                                    let is_error = blk.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+                                    let id = if k == 0 { uuid.clone() } else { format!("{uuid}#{k}") };
+                                    k += 1;
+                                    b.push(id, Entry::Message(Message::ToolResult { call_id, tool_name, content, is_error }));
+                                }
+                                Some("text") => rest.push(Block::Text { text: take_str(&mut blk, "text").unwrap_or_default() }),
+                                Some("image") => rest.push(image(&mut blk)),
+                                other => diags.push(diag(n, format!("unknown user block type {other:?} dropped"))),
+                            }
+                        }
+                        if !rest.is_empty() {
+                            let text: String = rest.iter().filter_map(|b| match b { Block::Text { text } => Some(text.as_str()), _ => None }).collect();
+                            let origin = refine_origin(origin, &text);
+                            let id = if k == 0 { uuid } else { format!("{uuid}#{k}") };
+                            b.push(id, Entry::Message(Message::User { content: rest, origin }));
+                        }
+                    }
+                    _ => diags.push(diag(n, "user message without content".into())),
+                }
+            }
+            "system" => {
+                if str_of(v, "subtype") == Some("compact_boundary") {
+                    let tokens_before = v.get("compactMetadata").and_then(|m| m.get("preTokens")).and_then(Value::as_u64);
+                    b.push(uuid, Entry::HostCompaction { summary: None, first_kept: None, replacement: Vec::new(), tokens_before });
+                }
+            }
+            "progress" | "file-history-snapshot" | "queue-operation" | "summary" | "permission-mode" | "ai-title"
+            | "last-prompt" | "attachment" | "custom-title" | "tag" | "agent-name" => {}
+            other => diags.push(diag(n, format!("unknown line type `{other}` skipped"))),
+        }
+    }
+    if skipped_sidechain > 0 {
+        diags.push(diag(0, format!("{skipped_sidechain} sidechain (subagent) lines skipped; import the subagent file itself")));
+    }
+    events.extend(b.done());
+    Output { events, diagnostics: diags }
+}
+
+/// Command wrappers and interrupt markers are sent to the model but are not user prompts.
+fn refine_origin(origin: UserOrigin, text: &str) -> UserOrigin {
+    let t = text.trim_start();
+    if origin == UserOrigin::Prompt
+        && (t.starts_with("<command-name>")
+            || t.starts_with("<command-message>")
+            || t.starts_with("<local-command-")
+            || t.starts_with("[Request interrupted by user"))
+    {
+        UserOrigin::Injected
+    } else {
+        origin
+    }
+}
+
+fn image(blk: &mut Value) -> Block {
+    let src = blk.get_mut("source").map(Value::take).unwrap_or(Value::Null);
+    Block::Image {
+        mime: str_of(&src, "media_type").unwrap_or("image/png").to_string(),
+        data: str_of(&src, "data").or_else(|| str_of(&src, "url")).unwrap_or("").to_string(),
+    }
+}
+
+fn assistant_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)) -> Vec<Block> {
+    let mut out = Vec::new();
+    match content {
+        Some(Value::Array(blocks)) => {
+            for mut b in blocks {
+                match str_of(&b, "type") {
+                    Some("text") => out.push(Block::Text { text: take_str(&mut b, "text").unwrap_or_default() }),
+                    Some("thinking") => out.push(Block::Thinking {
+                        thinking: take_str(&mut b, "thinking").unwrap_or_default(),
+                        signature: take_str(&mut b, "signature").filter(|s| !s.is_empty()),
+                    }),
+                    Some("redacted_thinking") => out.push(Block::Thinking {
+                        thinking: String::new(),
+                        signature: take_str(&mut b, "data"),
+                    }),
+                    Some("tool_use" | "server_tool_use") => out.push(Block::ToolCall {
+                        id: take_str(&mut b, "id").unwrap_or_default(),
+                        name: take_str(&mut b, "name").unwrap_or_default(),
+                        arguments: b.get("input").map_or_else(|| "{}".to_string(), json_text),
+                    }),
+                    other => diag(format!("unknown assistant block type {other:?} dropped")),
+                }
+            }
+        }
+        Some(Value::String(text)) => out.push(Block::Text { text }),
+        _ => {}
+    }
+    out
+}
+
+fn result_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)) -> Vec<Block> {
+    match content {
+        Some(Value::String(text)) => vec![Block::Text { text }],
+        Some(Value::Array(blocks)) => {
+            let mut out = Vec::new();
+            for mut b in blocks {
+                match str_of(&b, "type") {
+                    Some("text") => out.push(Block::Text { text: take_str(&mut b, "text").unwrap_or_default() }),
+                    Some("image") => out.push(image(&mut b)),
+                    Some("tool_reference") => out.push(Block::Text { text: json_text(&b) }),
+                    other => diag(format!("unknown tool-result block type {other:?} dropped")),
+                }
+            }
+            out
+        }
+        Some(Value::Null) | None => Vec::new(),
+        Some(other) => vec![Block::Text { text: json_text(&other) }],
+    }
+}
+
+/// Builds a linear entry chain, merging streamed assistant lines that share a `message.id` into the open
+/// assistant message. Entries are held back until the chain is complete so a merge never rewrites an
+/// emitted event.
+#[derive(Default)]
+struct Builder {
+    entries: Vec<(String, Entry)>,
+    /// Index in `entries` of the assistant message still open for merging, with its provider message id.
+    open: Option<(usize, String)>,
+    names: BTreeMap<String, String>,
+    /// Non-entry events, each placed after the entry count it followed.
+    side: Vec<(usize, SourceEvent)>,
+}
+
+impl Builder {
+    fn push(&mut self, id: String, entry: Entry) {
+        if matches!(entry, Entry::Message(Message::User { .. }) | Entry::HostCompaction { .. }) {
+            self.open = None;
+        }
+        self.entries.push((id, entry));
+    }
+
+    /// Model changes are reported just before the entry that first used the model.
+    fn side_event(&mut self, ev: SourceEvent) {
+        self.side.push((self.entries.len(), ev));
+    }
+
+    fn assistant(
+        &mut self,
+        uuid: String,
+        msg_id: Option<String>,
+        blocks: Vec<Block>,
+        model: Option<String>,
+        stop: Option<StopReason>,
+        usage: Option<Usage>,
+    ) {
+        if let (Some((ix, open_id)), Some(id)) = (&self.open, &msg_id) {
+            if open_id == id {
+                if let Entry::Message(Message::Assistant { content, stop: s, usage: u, .. }) = &mut self.entries[*ix].1 {
+                    content.extend(blocks);
+                    if stop.is_some() {
+                        *s = stop;
+                    }
+                    if usage.is_some() {
+                        *u = usage;
+                    }
+                    return;
+                }
+            }
+        }
+        self.entries.push((uuid, Entry::Message(Message::Assistant { content: blocks, model, stop, usage })));
+        self.open = msg_id.map(|id| (self.entries.len() - 1, id));
+    }
+
+    fn done(self) -> Vec<SourceEvent> {
+        let mut out = Vec::with_capacity(self.entries.len() + self.side.len());
+        let mut side = self.side.into_iter().peekable();
+        let mut parent: Option<String> = None;
+        for (i, (id, entry)) in self.entries.into_iter().enumerate() {
+            while side.peek().is_some_and(|(at, _)| *at <= i) {
+                out.push(side.next().expect("peeked").1);
+            }
+            out.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.replace(id), entry });
+        }
+        out.extend(side.map(|(_, e)| e));
+        out
+    }
+}

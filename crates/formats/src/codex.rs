@@ -1,0 +1,275 @@
+//! Codex CLI rollout JSONL. The model-visible history is the `response_item` stream: consecutive
+//! assistant-side items (reasoning, messages, tool calls) form one assistant message; tool outputs pair
+//! with calls by `call_id`. A `compacted` line replaces the history with its `replacement_history`.
+//! `event_msg` lines are UI telemetry; only token counts and context windows are taken from them.
+
+use crate::jsonl::{json_text, str_of, take_str, Diagnostic, Line};
+use crate::Output;
+use condense_events::{Block, Entry, Message, SourceEvent, Usage, UserOrigin};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
+    let mut events = Vec::new();
+    let mut diags = Vec::new();
+    let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
+    let meta = lines.iter().find(|l| str_of(&l.value, "type") == Some("session_meta")).map(|l| l.value.get("payload"));
+    let meta = meta.flatten();
+    events.push(SourceEvent::SessionStarted {
+        source: "codex".into(),
+        source_id: meta.and_then(|m| str_of(m, "id")).map(str::to_string),
+        cwd: meta.and_then(|m| str_of(m, "cwd")).map(str::to_string),
+        timestamp: meta.and_then(|m| str_of(m, "timestamp")).map(str::to_string),
+    });
+    let mut h = History::default();
+    let mut model: Option<String> = None;
+    let mut window: Option<u64> = None;
+    let mut parent: Option<String> = None;
+    for mut line in lines {
+        let n = line.line;
+        let kind = str_of(&line.value, "type").unwrap_or("").to_string();
+        let mut payload = line.value.get_mut("payload").map(Value::take).unwrap_or(Value::Null);
+        let ptype = str_of(&payload, "type").unwrap_or("").to_string();
+        let mut model_event = None;
+        match kind.as_str() {
+            "session_meta" => {}
+            "response_item" => h.item(&mut payload, n, &mut |m| diags.push(diag(n, m))),
+            "compacted" => {
+                let mut replacement = History::default();
+                if let Some(Value::Array(items)) = payload.get_mut("replacement_history").map(Value::take) {
+                    for mut item in items {
+                        replacement.item(&mut item, n, &mut |m| diags.push(diag(n, m)));
+                    }
+                }
+                let summary = take_str(&mut payload, "message").filter(|s| !s.is_empty());
+                h.names.extend(replacement.names);
+                let replacement = replacement.entries.into_iter().filter_map(|e| match e {
+                    Entry::Message(m) => Some(m),
+                    _ => None,
+                });
+                h.push(Entry::HostCompaction {
+                    summary,
+                    first_kept: None,
+                    replacement: replacement.collect(),
+                    tokens_before: None,
+                });
+            }
+            "turn_context" => {
+                if let Some(m) = str_of(&payload, "model") {
+                    if model.as_deref() != Some(m) {
+                        model = Some(m.to_string());
+                        model_event = Some(());
+                    }
+                }
+            }
+            "event_msg" => match ptype.as_str() {
+                "task_started" => {
+                    let w = payload.get("model_context_window").and_then(Value::as_u64);
+                    if w.is_some() && w != window {
+                        window = w;
+                        model_event = model.as_ref().map(|_| ());
+                    }
+                }
+                "token_count" => {
+                    let info = payload.get("info");
+                    if let Some(w) = info.and_then(|i| i.get("model_context_window")).and_then(Value::as_u64) {
+                        if Some(w) != window {
+                            window = Some(w);
+                            model_event = model.as_ref().map(|_| ());
+                        }
+                    }
+                    if let Some(u) = info.and_then(|i| i.get("last_token_usage")) {
+                        let total_in = u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0);
+                        let cached = u.get("cached_input_tokens").and_then(Value::as_u64).unwrap_or(0);
+                        h.side(SourceEvent::ProviderUsage(Usage {
+                            input: total_in.saturating_sub(cached),
+                            output: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
+                            cache_read: cached,
+                            cache_write: 0,
+                        }));
+                    }
+                }
+                _ => {}
+            },
+            other => diags.push(diag(n, format!("unknown line type `{other}` skipped"))),
+        }
+        if model_event.is_some() {
+            h.side(SourceEvent::ModelChanged {
+                provider: Some("openai".into()),
+                model: model.clone().unwrap_or_default(),
+                context_window: window,
+                max_output: None,
+            });
+        }
+    }
+    let History { entries, side, .. } = h;
+    let mut side = side.into_iter().peekable();
+    for (i, entry) in entries.into_iter().enumerate() {
+        while side.peek().is_some_and(|(at, _)| *at <= i) {
+            events.push(side.next().expect("peeked").1);
+        }
+        let id = format!("r{}", i + 1);
+        events.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.replace(id), entry });
+    }
+    events.extend(side.map(|(_, e)| e));
+    Output { events, diagnostics: diags }
+}
+
+#[derive(Default)]
+struct History {
+    entries: Vec<Entry>,
+    /// Whether the last entry is an assistant message still open for more assistant-side items.
+    open: bool,
+    names: BTreeMap<String, String>,
+    side: Vec<(usize, SourceEvent)>,
+}
+
+/// Developer messages and the environment, permission and AGENTS.md blocks Codex injects are not prompts.
+fn user_origin(role: &str, text: &str) -> UserOrigin {
+    let t = text.trim();
+    if role != "user" || (t.starts_with('<') && t.ends_with('>')) || t.starts_with("# AGENTS.md") {
+        UserOrigin::Injected
+    } else {
+        UserOrigin::Prompt
+    }
+}
+
+impl History {
+    fn side(&mut self, ev: SourceEvent) {
+        self.side.push((self.entries.len(), ev));
+    }
+
+    fn push(&mut self, e: Entry) {
+        self.open = false;
+        self.entries.push(e);
+    }
+
+    fn assistant_block(&mut self, b: Block) {
+        if let Block::ToolCall { id, name, .. } = &b {
+            self.names.insert(id.clone(), name.clone());
+        }
+        if self.open {
+            if let Some(Entry::Message(Message::Assistant { content, .. })) = self.entries.last_mut() {
+                content.push(b);
+                return;
+            }
+        }
+        self.entries.push(Entry::Message(Message::Assistant { content: vec![b], model: None, stop: None, usage: None }));
+        self.open = true;
+    }
+
+    fn result(&mut self, call_id: String, output: Option<Value>) {
+        let tool_name = self.names.get(&call_id).cloned().unwrap_or_default();
+        let (text, is_error) = output_text(output);
+        self.push(Entry::Message(Message::ToolResult { call_id, tool_name, content: vec![Block::Text { text }], is_error }));
+    }
+
+    fn item(&mut self, p: &mut Value, n: u64, diag: &mut dyn FnMut(String)) {
+        let t = str_of(p, "type").unwrap_or("").to_string();
+        match t.as_str() {
+            "message" => {
+                let role = str_of(p, "role").unwrap_or("").to_string();
+                let mut blocks = Vec::new();
+                if let Some(Value::Array(items)) = p.get_mut("content").map(Value::take) {
+                    for mut c in items {
+                        match str_of(&c, "type") {
+                            Some("input_text" | "output_text" | "text") => {
+                                blocks.push(Block::Text { text: take_str(&mut c, "text").unwrap_or_default() });
+                            }
+                            Some("input_image") => {
+                                let url = take_str(&mut c, "image_url").unwrap_or_default();
+                                let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
+                                blocks.push(Block::Image { mime, data: url });
+                            }
+                            other => diag(format!("unknown message content type {other:?} dropped")),
+                        }
+                    }
+                }
+                if role == "assistant" {
+                    for b in blocks {
+                        self.assistant_block(b);
+                    }
+                } else {
+                    let text: String = blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.as_str()), _ => None }).collect();
+                    let origin = user_origin(&role, &text);
+                    self.push(Entry::Message(Message::User { content: blocks, origin }));
+                }
+            }
+            "reasoning" => {
+                let mut text = String::new();
+                if let Some(Value::Array(parts)) = p.get("summary") {
+                    for part in parts {
+                        if let Some(s) = str_of(part, "text") {
+                            if !text.is_empty() {
+                                text.push('\n');
+                            }
+                            text.push_str(s);
+                        }
+                    }
+                }
+                let signature = take_str(p, "encrypted_content");
+                self.assistant_block(Block::Thinking { thinking: text, signature });
+            }
+            "function_call" | "custom_tool_call" | "local_shell_call" | "tool_search_call" => {
+                let id = str_of(p, "call_id").or_else(|| str_of(p, "id")).map_or_else(|| format!("call_line{n}"), str::to_string);
+                let name = str_of(p, "name").map_or_else(|| t.trim_end_matches("_call").to_string(), str::to_string);
+                let arguments = match (p.get("arguments"), p.get("input"), p.get("action")) {
+                    (Some(Value::String(a)), _, _) => a.clone(),
+                    (Some(a), _, _) => json_text(a),
+                    (None, Some(Value::String(i)), _) => i.clone(),
+                    (None, _, Some(action)) => json_text(action),
+                    _ => "{}".to_string(),
+                };
+                self.assistant_block(Block::ToolCall { id, name, arguments });
+            }
+            "function_call_output" | "custom_tool_call_output" | "local_shell_call_output" | "tool_search_output" => {
+                let id = str_of(p, "call_id").unwrap_or("").to_string();
+                if !self.names.contains_key(&id) {
+                    diag(format!("tool output `{id}` has no matching call"));
+                }
+                let output = p.get_mut("output").map(Value::take).or_else(|| p.get_mut("tools").map(Value::take));
+                self.result(id, output);
+            }
+            "web_search_call" => {
+                // Codex records a web search without a separate output item; condense gives the call a
+                // result that states its status, so the pair stays valid for every provider.
+                let id = str_of(p, "id").map_or_else(|| format!("ws_line{n}"), str::to_string);
+                let arguments = p.get("action").map_or_else(|| "{}".to_string(), json_text);
+                self.assistant_block(Block::ToolCall { id: id.clone(), name: "web_search".into(), arguments });
+                let status = str_of(p, "status").unwrap_or("unknown").to_string();
+                self.result(id, Some(Value::String(format!("web search {status}"))));
+            }
+            "ghost_snapshot" => {}
+            other => diag(format!("unknown response item `{other}` skipped")),
+        }
+    }
+}
+
+/// Text of a tool output and whether it reports a failure (a non-zero exit code).
+fn output_text(output: Option<Value>) -> (String, bool) {
+    let text = match output {
+        Some(Value::String(s)) => s,
+        Some(Value::Array(items)) => {
+            let mut s = String::new();
+            for it in &items {
+                match str_of(it, "text") {
+                    Some(t) => s.push_str(t),
+                    None => s.push_str(&json_text(it)),
+                }
+            }
+            s
+        }
+        Some(Value::Null) | None => String::new(),
+        Some(other) => json_text(&other),
+    };
+    let exit = if let Some(rest) = text.split("Process exited with code ").nth(1) {
+        rest.split(|c: char| !c.is_ascii_digit()).next().and_then(|d| d.parse::<i64>().ok())
+    } else if text.starts_with('{') {
+        serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("metadata").and_then(|m| m.get("exit_code")).and_then(Value::as_i64))
+    } else {
+        None
+    };
+    (text, exit.is_some_and(|c| c != 0))
+}

@@ -1,0 +1,158 @@
+//! Tolerant JSON-lines reading: blank lines skipped, several objects on one line split apart, invalid
+//! escapes repaired, and anything that still does not parse reported with its line number.
+
+use serde_json::Value;
+
+/// A problem met while importing, tied to a file and a 1-based line (0 when not tied to a line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// File as named to the importer.
+    pub file: String,
+    /// 1-based line number.
+    pub line: u64,
+    /// What was wrong and what was done.
+    pub message: String,
+}
+
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: {}", self.file, self.line, self.message)
+    }
+}
+
+/// One JSON value and the line it came from.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// 1-based line number.
+    pub line: u64,
+    /// The parsed value.
+    pub value: Value,
+}
+
+/// Parses every line of `bytes`.
+pub fn read_lines(file: &str, bytes: &[u8]) -> (Vec<Line>, Vec<Diagnostic>) {
+    let mut out = Vec::new();
+    let mut diags = Vec::new();
+    let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
+    for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
+        let n = i as u64 + 1;
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let text = match std::str::from_utf8(raw) {
+            Ok(t) => std::borrow::Cow::Borrowed(t),
+            Err(e) => {
+                diags.push(diag(n, format!("invalid UTF-8 at byte {}; replaced with U+FFFD", e.valid_up_to())));
+                String::from_utf8_lossy(raw)
+            }
+        };
+        match parse_line(&text) {
+            Ok(values) => {
+                if values.len() > 1 {
+                    diags.push(diag(n, format!("{} JSON objects on one line; each kept as its own entry", values.len())));
+                }
+                out.extend(values.into_iter().map(|value| Line { line: n, value }));
+            }
+            Err((values, err)) => {
+                if let Some(repaired) = repair_escapes(&text) {
+                    if let Ok(values) = parse_line(&repaired) {
+                        diags.push(diag(n, format!("invalid escape repaired ({err})")));
+                        out.extend(values.into_iter().map(|value| Line { line: n, value }));
+                        continue;
+                    }
+                }
+                let kept = values.len();
+                out.extend(values.into_iter().map(|value| Line { line: n, value }));
+                let what = if kept > 0 { format!("kept {kept} object(s) before it, ") } else { String::new() };
+                diags.push(diag(n, format!("malformed JSON ({err}); {what}rest of line skipped")));
+            }
+        }
+    }
+    (out, diags)
+}
+
+/// Parses one or more concatenated JSON values; on error returns the values before it.
+fn parse_line(text: &str) -> Result<Vec<Value>, (Vec<Value>, serde_json::Error)> {
+    let mut values = Vec::with_capacity(1);
+    for v in serde_json::Deserializer::from_str(text).into_iter::<Value>() {
+        match v {
+            Ok(v) => values.push(v),
+            Err(e) => return Err((values, e)),
+        }
+    }
+    Ok(values)
+}
+
+/// Doubles every backslash that does not start a valid JSON escape inside a string. Returns `None` when
+/// nothing needed repair.
+fn repair_escapes(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut in_string = false;
+    let mut changed = false;
+    let mut i = 0;
+    let mut last = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => in_string = !in_string,
+            b'\\' if in_string => {
+                let next = b.get(i + 1).copied();
+                let valid = match next {
+                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => true,
+                    Some(b'u') => b.get(i + 2..i + 6).is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)),
+                    _ => false,
+                };
+                if valid {
+                    i += 2;
+                    continue;
+                }
+                out.push_str(&text[last..i]);
+                out.push_str("\\\\");
+                last = i + 1;
+                changed = true;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out.push_str(&text[last..]);
+    changed.then_some(out)
+}
+
+/// A string field, or `None`.
+pub(crate) fn str_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+/// Moves a string out of a value, leaving `Null` behind (avoids copying large texts).
+pub(crate) fn take_str(v: &mut Value, key: &str) -> Option<String> {
+    match v.get_mut(key).map(Value::take) {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    }
+}
+
+/// Compact JSON text of a value (keys in source order).
+pub(crate) fn json_text(v: &Value) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_concatenated_objects_and_repairs_escapes() {
+        let input = b"{\"a\":1}{\"b\":2}\n\n{\"c\":\"x\\*y\"}\n{\"d\":\n{\"e\":3}\n";
+        let (lines, diags) = read_lines("f.jsonl", input);
+        let got: Vec<_> = lines.iter().map(|l| (l.line, l.value.to_string())).collect();
+        assert_eq!(
+            got,
+            vec![(1, r#"{"a":1}"#.into()), (1, r#"{"b":2}"#.into()), (3, r#"{"c":"x\\*y"}"#.into()), (5, r#"{"e":3}"#.into())]
+        );
+        let lines_of: Vec<_> = diags.iter().map(|d| d.line).collect();
+        assert_eq!(lines_of, vec![1, 3, 4]);
+        assert!(diags[2].to_string().starts_with("f.jsonl:4: malformed JSON"));
+    }
+}
