@@ -1,1 +1,215 @@
-//! Placeholder.
+//! The embedding facade. A host opens a [`Store`], gets a [`Session`], appends the events it sees and
+//! calls [`Session::render`] before each model request.
+//!
+//! Each session keeps a warm [`Projection`] in memory: appends update it with the events they wrote, and a
+//! render that finds the log ahead (another handle appended) folds the missing events first. Rendering at
+//! an earlier point (`render_at`) folds a fresh projection from the log.
+
+pub mod demo;
+mod stats;
+
+use condense_events::{Event, Seq, SessionId, SourceEvent};
+use condense_log::{Log, LogError, SessionInfo};
+use condense_render::{Projection, Rendered};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+pub use condense_formats::{Diagnostic, Format};
+pub use stats::Stats;
+
+/// Events are written in chunks of this many, one durable group each.
+const APPEND_CHUNK: usize = 4096;
+
+/// Errors of the engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The log failed.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// An import failed as a whole.
+    #[error(transparent)]
+    Format(#[from] condense_formats::FormatError),
+    /// No session has this name.
+    #[error("no session named `{0}`")]
+    UnknownSession(String),
+    /// A render was asked for at a sequence number past the session's head.
+    #[error("session `{name}` has {head} events; cannot render at {at}")]
+    PastHead {
+        /// The session.
+        name: String,
+        /// Its head.
+        head: Seq,
+        /// The requested point.
+        at: Seq,
+    },
+}
+
+/// Result type of the engine.
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+struct Inner {
+    log: Log,
+    warm: Mutex<BTreeMap<SessionId, Arc<Mutex<Projection>>>>,
+}
+
+/// An open store: the event log plus the warm projections of the sessions used so far.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+/// A handle to one session of a store.
+#[derive(Clone)]
+pub struct Session {
+    store: Store,
+    id: SessionId,
+    name: String,
+}
+
+/// The outcome of importing one session file.
+#[derive(Debug, Clone)]
+pub struct ImportOutcome {
+    /// The session's name in the store.
+    pub name: String,
+    /// The detected format.
+    pub format: Format,
+    /// Events written.
+    pub events: u64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Problems met (also stored as events).
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Store {
+    /// Opens (or creates) a store in `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
+        Ok(Store { inner: Arc::new(Inner { log: Log::open(dir)?, warm: Mutex::new(BTreeMap::new()) }) })
+    }
+
+    /// The underlying log.
+    pub fn log(&self) -> &Log {
+        &self.inner.log
+    }
+
+    /// Every session, in id order.
+    pub fn sessions(&self) -> Result<Vec<SessionInfo>> {
+        Ok(self.inner.log.sessions()?)
+    }
+
+    /// Creates a new, empty session.
+    pub fn create_session(&self, name: &str) -> Result<Session> {
+        let id = self.inner.log.create_session(name)?;
+        Ok(Session { store: self.clone(), id, name: name.to_string() })
+    }
+
+    /// Opens an existing session by name.
+    pub fn session(&self, name: &str) -> Result<Session> {
+        let id = self.inner.log.session_id(name)?.ok_or_else(|| EngineError::UnknownSession(name.to_string()))?;
+        Ok(Session { store: self.clone(), id, name: name.to_string() })
+    }
+
+    /// Imports a session file (pi, Claude Code or Codex, detected) as a new session named `name`.
+    pub fn import_file(&self, path: &Path, name: &str) -> Result<ImportOutcome> {
+        let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let imported = condense_formats::import_file(path)?;
+        let session = self.create_session(name)?;
+        let events = imported.events.len() as u64;
+        session.append(imported.events)?;
+        Ok(ImportOutcome { name: name.to_string(), format: imported.format, events, bytes, diagnostics: imported.diagnostics })
+    }
+
+    fn warm(&self, id: SessionId) -> Arc<Mutex<Projection>> {
+        self.inner.warm.lock().expect("warm lock").entry(id).or_default().clone()
+    }
+}
+
+impl Session {
+    /// The session's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The session's numeric id.
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
+    /// The newest sequence number.
+    pub fn head(&self) -> Result<Seq> {
+        Ok(self.store.inner.log.head(self.id)?)
+    }
+
+    /// Appends source events at the current head and returns the new head once they are durable.
+    pub fn append(&self, events: Vec<SourceEvent>) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let mut events: Vec<Event> = events.into_iter().map(Event::Source).collect();
+        let mut head = proj.seq();
+        while !events.is_empty() {
+            let rest = events.split_off(events.len().min(APPEND_CHUNK));
+            let chunk = std::mem::replace(&mut events, rest);
+            let new_head = self.store.inner.log.append(self.id, head, chunk.clone())?;
+            // The head check guarantees these are exactly the events at head+1..=new_head.
+            for (i, e) in chunk.iter().enumerate() {
+                proj.apply(head + 1 + i as u64, e);
+            }
+            head = new_head;
+        }
+        Ok(head)
+    }
+
+    fn catch_up(&self, proj: &mut Projection) -> Result<()> {
+        let head = self.store.inner.log.head(self.id)?;
+        if proj.seq() < head {
+            self.store.inner.log.for_each(self.id, proj.seq() + 1, head, |env| {
+                proj.apply(env.seq, &env.body);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Renders the context to send next, from the warm projection.
+    pub fn render(&self) -> Result<Rendered> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        Ok(proj.render())
+    }
+
+    /// A copy of the warm projection, caught up with the log.
+    pub fn projection(&self) -> Result<Projection> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        Ok(proj.clone())
+    }
+
+    /// Folds a fresh projection from the log up to `at` (inclusive).
+    pub fn projection_at(&self, at: Seq) -> Result<Projection> {
+        let head = self.head()?;
+        if at > head {
+            return Err(EngineError::PastHead { name: self.name.clone(), head, at });
+        }
+        let mut proj = Projection::new();
+        self.store.inner.log.for_each(self.id, 1, at, |env| {
+            proj.apply(env.seq, &env.body);
+            Ok(())
+        })?;
+        Ok(proj)
+    }
+
+    /// Renders the context as it was after event `at`.
+    pub fn render_at(&self, at: Seq) -> Result<Rendered> {
+        Ok(self.projection_at(at)?.render())
+    }
+
+    /// Counts of the session (see [`Stats`]).
+    pub fn stats(&self) -> Result<Stats> {
+        Ok(Stats::of(&self.projection()?))
+    }
+}

@@ -1,1 +1,181 @@
-pub fn placeholder() {}
+//! Exporters: a rendered context as an OpenAI Chat Completions `messages` array, as an Anthropic Messages
+//! request body, or as condense's own neutral JSON.
+//!
+//! Rules where the providers differ from the neutral model (documented in `docs/events.md`):
+//! OpenAI gets no thinking blocks and no images inside tool messages (replaced by a marker text);
+//! Anthropic gets thinking blocks only when they carry a signature, tool arguments that are not a JSON
+//! object wrapped as `{"input": <text>}`, no empty text blocks, and adjacent messages of the same role
+//! merged into one (tool results travel inside user messages).
+
+use condense_events::{Block, Message};
+use serde_json::{json, Map, Value};
+
+/// The neutral JSON form of a context (the serde form of the message model).
+pub fn neutral<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
+    Value::Array(messages.iter().map(|m| neutral_message(m)).collect())
+}
+
+fn neutral_message(m: &Message) -> Value {
+    let blocks: Vec<Value> = m.content().iter().map(neutral_block).collect();
+    match m {
+        Message::User { origin, .. } => json!({"role": "user", "origin": format!("{origin:?}").to_lowercase(), "content": blocks}),
+        Message::Assistant { model, stop, .. } => {
+            let mut o = json!({"role": "assistant", "content": blocks});
+            if let Some(model) = model {
+                o["model"] = json!(model);
+            }
+            if let Some(stop) = stop {
+                o["stop"] = json!(format!("{stop:?}").to_lowercase());
+            }
+            o
+        }
+        Message::ToolResult { call_id, tool_name, is_error, .. } => {
+            json!({"role": "tool", "call_id": call_id, "tool_name": tool_name, "is_error": is_error, "content": blocks})
+        }
+    }
+}
+
+fn neutral_block(b: &Block) -> Value {
+    match b {
+        Block::Text { text } => json!({"type": "text", "text": text}),
+        Block::Thinking { thinking, signature } => json!({"type": "thinking", "thinking": thinking, "signature": signature}),
+        Block::ToolCall { id, name, arguments } => json!({"type": "tool_call", "id": id, "name": name, "arguments": arguments}),
+        Block::Image { mime, data } => json!({"type": "image", "mime": mime, "data": data}),
+    }
+}
+
+fn data_url(mime: &str, data: &str) -> String {
+    if data.starts_with("data:") || data.starts_with("http") {
+        data.to_string()
+    } else {
+        format!("data:{mime};base64,{data}")
+    }
+}
+
+/// The context as OpenAI Chat Completions messages.
+pub fn openai<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
+        match &**m {
+            Message::User { content, .. } => {
+                let only_text = content.iter().all(|b| matches!(b, Block::Text { .. }));
+                let c = if only_text {
+                    json!(m.text())
+                } else {
+                    Value::Array(
+                        content
+                            .iter()
+                            .filter_map(|b| match b {
+                                Block::Text { text } => Some(json!({"type": "text", "text": text})),
+                                Block::Image { mime, data } => {
+                                    Some(json!({"type": "image_url", "image_url": {"url": data_url(mime, data)}}))
+                                }
+                                _ => None,
+                            })
+                            .collect(),
+                    )
+                };
+                out.push(json!({"role": "user", "content": c}));
+            }
+            Message::Assistant { .. } => {
+                let text = m.text();
+                let mut o = Map::new();
+                o.insert("role".into(), json!("assistant"));
+                o.insert("content".into(), if text.is_empty() { Value::Null } else { json!(text) });
+                let calls: Vec<Value> = m
+                    .tool_calls()
+                    .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
+                    .collect();
+                if !calls.is_empty() {
+                    o.insert("tool_calls".into(), Value::Array(calls));
+                }
+                out.push(Value::Object(o));
+            }
+            Message::ToolResult { call_id, content, .. } => {
+                let mut text = String::new();
+                for b in content {
+                    match b {
+                        Block::Text { text: t } => text.push_str(t),
+                        Block::Image { .. } => text.push_str("[image omitted: tool messages carry text only]"),
+                        _ => {}
+                    }
+                }
+                out.push(json!({"role": "tool", "tool_call_id": call_id, "content": text}));
+            }
+        }
+    }
+    Value::Array(out)
+}
+
+fn anthropic_image(mime: &str, data: &str) -> Value {
+    if data.starts_with("http") {
+        json!({"type": "image", "source": {"type": "url", "url": data}})
+    } else {
+        let raw = data.split_once(";base64,").map_or(data, |(_, d)| d);
+        json!({"type": "image", "source": {"type": "base64", "media_type": mime, "data": raw}})
+    }
+}
+
+/// The context as an Anthropic Messages request body (`{"messages": [...]}`; model, system prompt and
+/// tool definitions are the host's to add).
+pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
+    let mut out: Vec<(String, Vec<Value>)> = Vec::new();
+    for m in messages {
+        let (role, blocks) = match &**m {
+            Message::User { content, .. } => (
+                "user",
+                content
+                    .iter()
+                    .filter_map(|b| match b {
+                        Block::Text { text } if !text.is_empty() => Some(json!({"type": "text", "text": text})),
+                        Block::Image { mime, data } => Some(anthropic_image(mime, data)),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            Message::Assistant { content, .. } => (
+                "assistant",
+                content
+                    .iter()
+                    .filter_map(|b| match b {
+                        Block::Text { text } if !text.is_empty() => Some(json!({"type": "text", "text": text})),
+                        Block::Thinking { thinking, signature: Some(sig) } if !thinking.is_empty() => {
+                            Some(json!({"type": "thinking", "thinking": thinking, "signature": sig}))
+                        }
+                        Block::ToolCall { id, name, arguments } => {
+                            let input = match serde_json::from_str::<Value>(arguments) {
+                                Ok(v @ Value::Object(_)) => v,
+                                _ => json!({"input": arguments}),
+                            };
+                            Some(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+                        }
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            Message::ToolResult { call_id, content, is_error, .. } => {
+                let inner: Vec<Value> = content
+                    .iter()
+                    .filter_map(|b| match b {
+                        Block::Text { text } if !text.is_empty() => Some(json!({"type": "text", "text": text})),
+                        Block::Image { mime, data } => Some(anthropic_image(mime, data)),
+                        _ => None,
+                    })
+                    .collect();
+                let mut r = json!({"type": "tool_result", "tool_use_id": call_id, "content": inner});
+                if *is_error {
+                    r["is_error"] = json!(true);
+                }
+                ("user", vec![r])
+            }
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match out.last_mut() {
+            Some((r, b)) if r == role => b.extend(blocks),
+            _ => out.push((role.to_string(), blocks)),
+        }
+    }
+    json!({"messages": out.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect::<Vec<_>>()})
+}
