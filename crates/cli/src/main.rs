@@ -1,1 +1,25 @@
-fn main() {}
+//! `condense`: import agent sessions into a store, inspect them, render their context, verify the store.
+//!
+//! Every command takes `--store DIR` (default `./.condense`) and the reporting ones `--json`. Errors are
+//! one line on stderr and a non-zero exit.
+
+mod args;
+mod commands;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    match commands::run(argv) {
+        Ok(code) => code,
+        Err(e) => {
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                msg.push_str(": ");
+                msg.push_str(&cause.to_string());
+            }
+            eprintln!("condense: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}

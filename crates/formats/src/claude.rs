@@ -78,7 +78,11 @@ pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
                 b.assistant(uuid, msg_id, blocks, take_str(&mut msg, "model"), stop, usage);
             }
             "user" => {
-                if v.get("isVisibleInTranscriptOnly").and_then(Value::as_bool) == Some(true) {
+                // Lines shown only in the transcript are not sent to the model, except the continuation
+                // summary after a compaction, which Claude Code marks that way and does send.
+                if v.get("isVisibleInTranscriptOnly").and_then(Value::as_bool) == Some(true)
+                    && v.get("isCompactSummary").and_then(Value::as_bool) != Some(true)
+                {
                     continue;
                 }
                 let origin = if v.get("isCompactSummary").and_then(Value::as_bool) == Some(true) {

@@ -239,6 +239,15 @@ impl History {
                 let status = str_of(p, "status").unwrap_or("unknown").to_string();
                 self.result(id, Some(Value::String(format!("web search {status}"))));
             }
+            "compaction" | "compaction_summary" => {
+                // A remote compaction's summary is encrypted by the provider; condense keeps a marker in
+                // its place (the encrypted bytes mean nothing to any other model).
+                let len = str_of(p, "encrypted_content").map_or(0, str::len);
+                self.push(Entry::Message(Message::user_text(
+                    format!("[Codex compaction summary, encrypted by the provider ({len} bytes)]"),
+                    UserOrigin::Summary,
+                )));
+            }
             "ghost_snapshot" => {}
             other => diag(format!("unknown response item `{other}` skipped")),
         }

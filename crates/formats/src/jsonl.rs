@@ -72,6 +72,30 @@ pub fn read_lines(file: &str, bytes: &[u8]) -> (Vec<Line>, Vec<Diagnostic>) {
     (out, diags)
 }
 
+/// Reads the whole buffer as a stream of JSON values (for pretty-printed files). `None` if any part of it
+/// is not JSON.
+pub fn read_stream(bytes: &[u8]) -> Option<Vec<Line>> {
+    let mut out = Vec::new();
+    let mut stream = serde_json::Deserializer::from_slice(bytes).into_iter::<Value>();
+    let mut line = 1u64;
+    let mut counted = 0usize;
+    loop {
+        // The value starts after any whitespace following the previous one.
+        let mut start = stream.byte_offset();
+        while bytes.get(start).is_some_and(u8::is_ascii_whitespace) {
+            start += 1;
+        }
+        let value = match stream.next() {
+            None => return Some(out),
+            Some(Ok(v)) => v,
+            Some(Err(_)) => return None,
+        };
+        line += bytes[counted..start].iter().filter(|&&b| b == b'\n').count() as u64;
+        counted = start;
+        out.push(Line { line, value });
+    }
+}
+
 /// Parses one or more concatenated JSON values; on error returns the values before it.
 fn parse_line(text: &str) -> Result<Vec<Value>, (Vec<Value>, serde_json::Error)> {
     let mut values = Vec::with_capacity(1);

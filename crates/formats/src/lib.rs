@@ -107,7 +107,18 @@ pub fn import_file(path: &Path) -> Result<Imported, FormatError> {
 
 /// Imports a session held in memory; `file` names it in diagnostics.
 pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
-    let (lines, mut diagnostics) = jsonl::read_lines(file, bytes);
+    let (mut lines, mut diagnostics) = jsonl::read_lines(file, bytes);
+    if detect(&lines).is_none() {
+        // Some tools save pretty-printed objects, one per several lines: read the file as a stream.
+        if let Some(stream) = jsonl::read_stream(bytes) {
+            diagnostics = vec![Diagnostic {
+                file: file.to_string(),
+                line: 1,
+                message: "objects span several lines; read as a JSON stream".into(),
+            }];
+            lines = stream;
+        }
+    }
     if lines.is_empty() {
         return Err(if diagnostics.is_empty() { "the file holds no JSON lines".into() } else { diagnostics[0].to_string() });
     }

@@ -1,0 +1,334 @@
+//! The commands. Each returns its exit code; errors bubble up to one line on stderr.
+
+use crate::args::Args;
+use anyhow::{anyhow, bail, Context as _, Result};
+use condense_engine::{demo, Session, Stats, Store};
+use condense_events::Message;
+use condense_render::{check, Projection};
+use serde_json::{json, Value};
+use std::io::{IsTerminal, Write};
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+const USAGE: &str = "\
+usage: condense [--store DIR] <command> [options]
+
+commands:
+  demo                          generate a long realistic session, import it, print its stats
+  import PATH...                import session files or folders (pi, Claude Code, Codex; recursive),
+                                or a store export written by `condense export`
+  sessions                      list the sessions in the store
+  stats SESSION                 entries, turns, user-turn-groups, tool calls, tokens by role and tool
+  render SESSION [--as openai|anthropic|neutral] [--at SEQ]
+                                print the context the model would be sent next (or after event SEQ)
+  verify                        check the log, replay every session and compare with a fresh render,
+                                run the provider-validity check; exits 1 on any difference
+  export FILE                   write the whole store to one portable file
+
+options:
+  --store DIR                   the store folder (default ./.condense)
+  --json                        machine-readable output (import, sessions, stats, verify, demo)
+";
+
+pub fn run(argv: Vec<String>) -> Result<ExitCode> {
+    let Some(pos) = argv.iter().position(|a| !a.starts_with("--") && !is_value_of_store(&argv, a)) else {
+        print!("{USAGE}");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let command = argv[pos].clone();
+    let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
+    let a = Args::parse(&rest, &["store", "as", "at"], &["json", "help"])?;
+    if a.flag("help") || command == "help" {
+        print!("{USAGE}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let store_dir = PathBuf::from(a.get("store").unwrap_or(".condense"));
+    let open = || Store::open(&store_dir).with_context(|| format!("opening store {}", store_dir.display()));
+    match command.as_str() {
+        "import" => import(&open()?, &a),
+        "export" => {
+            let [file] = a.positional.as_slice() else { bail!("export takes one FILE") };
+            let s = open()?.log().export(file)?;
+            println!("exported {} sessions, {} events, {} blobs ({} bytes) to {file}", s.sessions, s.events, s.blobs, s.bytes);
+            Ok(ExitCode::SUCCESS)
+        }
+        "sessions" => sessions(&open()?, &a),
+        "stats" => {
+            let [name] = a.positional.as_slice() else { bail!("stats takes one SESSION") };
+            let store = open()?;
+            print_stats(&store.session(name)?, a.flag("json"))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        "render" => render(&open()?, &a),
+        "verify" => verify(&open()?, &a),
+        "demo" => run_demo(&open()?, &store_dir, &a),
+        other => bail!("unknown command `{other}` (see `condense help`)"),
+    }
+}
+
+fn is_value_of_store(argv: &[String], a: &String) -> bool {
+    argv.windows(2).any(|w| (w[0] == "--store" || w[0] == "--as" || w[0] == "--at") && std::ptr::eq(&w[1], a))
+}
+
+/// A session name from the path as given: its normal components joined by `/` (no `..`, no root), so
+/// importing the same tree from anywhere gives the same names.
+fn name_of(path: &Path) -> String {
+    let parts: Vec<String> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect();
+    parts.join("/")
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading folder {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let ft = e.file_type()?;
+        let p = e.path();
+        if ft.is_dir() {
+            walk(&p, out)?;
+        } else if ft.is_file() && p.extension().is_some_and(|x| x == "jsonl") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+fn is_export(path: &Path) -> bool {
+    let mut head = [0u8; 15];
+    std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok() && &head == b"CONDENSE-EXPORT"
+}
+
+fn import(store: &Store, a: &Args) -> Result<ExitCode> {
+    if a.positional.is_empty() {
+        bail!("import takes at least one PATH");
+    }
+    let mut files: Vec<(PathBuf, bool)> = Vec::new();
+    for p in &a.positional {
+        let path = PathBuf::from(p);
+        if path.is_dir() {
+            let mut found = Vec::new();
+            walk(&path, &mut found)?;
+            files.extend(found.into_iter().map(|f| (f, false)));
+        } else if path.is_file() {
+            if is_export(&path) {
+                let s = store.log().import(&path)?;
+                println!("restored {} sessions, {} events, {} blobs from {p}", s.sessions, s.events, s.blobs);
+                continue;
+            }
+            files.push((path, true));
+        } else {
+            bail!("{p}: no such file or folder");
+        }
+    }
+    let json_out = a.flag("json");
+    let progress = files.len() > 20 && std::io::stderr().is_terminal() && !json_out;
+    let mut reports = Vec::new();
+    let mut failed = false;
+    let (mut imported, mut skipped, mut diags) = (0u64, 0u64, 0u64);
+    for (i, (file, named)) in files.iter().enumerate() {
+        if progress {
+            let width = 30;
+            let done = (i + 1) * width / files.len();
+            eprint!("\r[{}{}] {}/{} ", "#".repeat(done), " ".repeat(width - done), i + 1, files.len());
+            let _ = std::io::stderr().flush();
+        }
+        let name = name_of(file);
+        if store.log().session_id(&name)?.is_some() {
+            skipped += 1;
+            reports.push(json!({"file": file.display().to_string(), "status": "exists", "session": name}));
+            continue;
+        }
+        match store.import_file(file, &name) {
+            Ok(o) => {
+                imported += 1;
+                diags += o.diagnostics.len() as u64;
+                if !json_out && !progress {
+                    println!("{name}: {} ({} events, {} diagnostics)", o.format.name(), o.events, o.diagnostics.len());
+                    for d in o.diagnostics.iter().take(5) {
+                        println!("  {d}");
+                    }
+                    if o.diagnostics.len() > 5 {
+                        println!("  … {} more (stored as import_diagnostic events)", o.diagnostics.len() - 5);
+                    }
+                }
+                reports.push(json!({
+                    "file": file.display().to_string(), "status": "imported", "session": name,
+                    "format": o.format.name(), "events": o.events, "bytes": o.bytes,
+                    "diagnostics": o.diagnostics.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+                }));
+            }
+            Err(condense_engine::EngineError::Format(e)) if !named => {
+                skipped += 1;
+                reports.push(json!({"file": file.display().to_string(), "status": "skipped", "reason": e.to_string()}));
+            }
+            Err(e) => {
+                failed = true;
+                if !json_out {
+                    eprintln!("condense: {e}");
+                }
+                reports.push(json!({"file": file.display().to_string(), "status": "failed", "reason": e.to_string()}));
+            }
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&json!({"imported": imported, "skipped": skipped, "diagnostics": diags, "files": reports}))?);
+    } else {
+        println!("imported {imported} sessions, skipped {skipped} files ({diags} diagnostics)");
+    }
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}
+
+fn sessions(store: &Store, a: &Args) -> Result<ExitCode> {
+    let list = store.sessions()?;
+    if a.flag("json") {
+        let v: Vec<Value> = list.iter().map(|s| json!({"id": s.id, "name": s.name, "events": s.head})).collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for s in &list {
+            println!("{:>5}  {:>8} events  {}", s.id, s.head, s.name);
+        }
+        println!("{} sessions", list.len());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stats_json(s: &Stats) -> Value {
+    json!({
+        "entries": s.entries, "messages": s.messages, "turns": s.turns, "user_turn_groups": s.user_turn_groups,
+        "tool_calls": s.tool_calls, "tool_results": s.tool_results, "tool_errors": s.tool_errors,
+        "branch_tokens": s.branch_tokens, "context_messages": s.context_messages, "context_tokens": s.context_tokens,
+        "tokens_by_role": s.tokens_by_role, "tokens_by_tool": s.tokens_by_tool,
+    })
+}
+
+fn print_stats(session: &Session, json_out: bool) -> Result<()> {
+    let s = session.stats()?;
+    if json_out {
+        let mut v = stats_json(&s);
+        v["session"] = json!(session.name());
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("session            {}", session.name());
+    println!("entries            {}", s.entries);
+    println!("messages (branch)  {}", s.messages);
+    println!("turns              {}", s.turns);
+    println!("user-turn-groups   {}", s.user_turn_groups);
+    println!("tool calls         {} ({} results, {} errors)", s.tool_calls, s.tool_results, s.tool_errors);
+    println!("tokens (branch)    {}  [chars/4, pi's estimate]", s.branch_tokens);
+    for (role, t) in &s.tokens_by_role {
+        println!("  {role:<16} {t}");
+    }
+    println!("tokens by tool");
+    let mut tools: Vec<_> = s.tokens_by_tool.iter().collect();
+    tools.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    for (tool, t) in tools {
+        println!("  {tool:<16} {t}");
+    }
+    println!("rendered context   {} messages, {} tokens", s.context_messages, s.context_tokens);
+    Ok(())
+}
+
+fn encode(messages: &[Arc<Message>], how: &str) -> Result<Value> {
+    Ok(match how {
+        "neutral" => condense_formats::export::neutral(messages),
+        "openai" => condense_formats::export::openai(messages),
+        "anthropic" => condense_formats::export::anthropic(messages),
+        other => bail!("--as takes openai, anthropic or neutral, not `{other}`"),
+    })
+}
+
+fn render(store: &Store, a: &Args) -> Result<ExitCode> {
+    let [name] = a.positional.as_slice() else { bail!("render takes one SESSION") };
+    let session = store.session(name)?;
+    let rendered = match a.get("at") {
+        Some(at) => session.render_at(at.parse().map_err(|_| anyhow!("--at takes an event number, not `{at}`"))?)?,
+        None => session.render()?,
+    };
+    let v = encode(&rendered.messages, a.get("as").unwrap_or("neutral"))?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The bytes a render is compared by.
+fn bytes_of(p: &Projection) -> Vec<u8> {
+    serde_json::to_vec(&condense_formats::export::neutral(&p.render().messages)).expect("JSON of a context")
+}
+
+fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
+    let report = store.log().verify()?;
+    let mut rows = Vec::new();
+    let mut bad = 0;
+    for info in store.sessions()? {
+        let session = store.session(&info.name)?;
+        // A: one fresh fold of the whole log. B: the warm path, folded in turn-sized steps with a render
+        // after each, as a live host would. They must agree byte for byte.
+        let fresh = session.projection_at(info.head)?;
+        let mut live = Projection::new();
+        let mut steps = 0u64;
+        store.log().for_each(info.id, 1, info.head, |env| {
+            live.apply(env.seq, &env.body);
+            if env.seq % 64 == 0 {
+                let _ = live.render();
+                steps += 1;
+            }
+            Ok(())
+        })?;
+        let rendered = fresh.render();
+        let violations = check(&rendered.messages);
+        let same = bytes_of(&fresh) == bytes_of(&live) && bytes_of(&fresh) == bytes_of(&session.projection()?);
+        if !same || !violations.is_empty() {
+            bad += 1;
+        }
+        rows.push(json!({
+            "session": info.name, "events": info.head, "messages": rendered.messages.len(), "identical": same,
+            "violations": violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+            "synthetic_results": rendered.report.synthetic_results.len(),
+            "orphan_results": rendered.report.orphan_results.len(),
+            "empty_assistants": rendered.report.empty_assistants,
+        }));
+        if !a.flag("json") && (!same || !violations.is_empty()) {
+            println!("FAIL {}: identical={same}", info.name);
+            for v in violations.iter().take(5) {
+                println!("  {v}");
+            }
+        }
+    }
+    if a.flag("json") {
+        println!("{}", serde_json::to_string_pretty(&json!({
+            "sessions": report.sessions, "events": report.events, "blobs": report.blobs, "failed": bad, "results": rows,
+        }))?);
+    } else {
+        println!("verified {} sessions, {} events, {} blobs: {} failed", report.sessions, report.events, report.blobs, bad);
+    }
+    Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn run_demo(store: &Store, dir: &Path, a: &Args) -> Result<ExitCode> {
+    let name = "demo";
+    if store.log().session_id(name)?.is_none() {
+        let text = demo::generate(demo::DemoConfig::default());
+        let folder = dir.join("demo");
+        std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
+        let file = folder.join("demo-session.jsonl");
+        std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
+        let o = store.import_file(&file, name)?;
+        if !a.flag("json") {
+            println!("generated {} ({} bytes) and imported it as session `{name}` ({} events)\n", file.display(), text.len(), o.events);
+        }
+    }
+    print_stats(&store.session(name)?, a.flag("json"))?;
+    Ok(ExitCode::SUCCESS)
+}
