@@ -1,1 +1,62 @@
-//! Cross-crate tests.
+//! Helpers shared by the cross-crate tests: where the corpus is, and the rendered *shape* of a context.
+
+use condense_events::{Block, Message};
+use std::path::{Path, PathBuf};
+
+/// The shared corpus: `../shared/corpus` beside the repository (or `CONDENSE_CORPUS`). Tests that need it
+/// fail loudly when it is missing rather than pass on nothing.
+pub fn corpus_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("CONDENSE_CORPUS") {
+        return PathBuf::from(dir);
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus");
+    assert!(dir.is_dir(), "the corpus is not at {} (set CONDENSE_CORPUS)", dir.display());
+    dir
+}
+
+/// Every `.jsonl` file under the corpus folders of the formats condense imports, sorted.
+pub fn corpus_sessions() -> Vec<PathBuf> {
+    let root = corpus_dir();
+    let mut out = Vec::new();
+    for sub in ["pi", "claude-code", "codex"] {
+        walk(&root.join(sub), &mut out);
+    }
+    out.sort();
+    out
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk(&p, out);
+        } else if p.extension().is_some_and(|x| x == "jsonl") {
+            out.push(p);
+        }
+    }
+}
+
+/// The session's path relative to the corpus, with `/`.
+pub fn corpus_name(path: &Path) -> String {
+    path.strip_prefix(corpus_dir()).unwrap_or(path).to_string_lossy().replace('\\', "/")
+}
+
+/// One line per message: index, role, block kinds, ids, byte length and a short hash of its neutral JSON.
+pub fn shape<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> String {
+    let mut out = String::new();
+    for (i, m) in messages.iter().enumerate() {
+        let json = serde_json::to_vec(&condense_formats::export::neutral(std::slice::from_ref(m))).expect("json");
+        let hash = blake3::hash(&json).to_hex();
+        let kinds: Vec<&str> = m.content().iter().map(Block::kind).collect();
+        let ids: Vec<String> = match &**m {
+            Message::Assistant { .. } => m.tool_calls().map(|(id, name, _)| format!("{name}:{id}")).collect(),
+            Message::ToolResult { call_id, tool_name, is_error, .. } => {
+                vec![format!("{tool_name}:{call_id}{}", if *is_error { " ERR" } else { "" })]
+            }
+            Message::User { origin, .. } => vec![format!("{origin:?}")],
+        };
+        out.push_str(&format!("{i:>4} {:<9} [{}] {} {}B {}\n", m.role(), kinds.join(","), ids.join(" "), json.len(), &hash.as_str()[..10]));
+    }
+    out
+}

@@ -110,7 +110,7 @@ pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
     let (mut lines, mut diagnostics) = jsonl::read_lines(file, bytes);
     if detect(&lines).is_none() {
         // Some tools save pretty-printed objects, one per several lines: read the file as a stream.
-        if let Some(stream) = jsonl::read_stream(bytes) {
+        if let Some(stream) = jsonl::read_stream(bytes).filter(|s| detect(s).is_some()) {
             diagnostics = vec![Diagnostic {
                 file: file.to_string(),
                 line: 1,

@@ -1,0 +1,47 @@
+//! Every pi, Claude Code and Codex session of the corpus: it imports, its rendered shape matches the
+//! snapshot, the context is provider-valid, and the render is identical live, after reopening the store,
+//! and after an export/import round trip.
+
+use condense_engine::Store;
+use condense_render::check;
+use condense_tests::{corpus_name, corpus_sessions, shape};
+
+fn neutral_bytes(store: &Store, name: &str) -> Vec<u8> {
+    let r = store.session(name).unwrap().render().unwrap();
+    serde_json::to_vec(&condense_formats::export::neutral(&r.messages)).unwrap()
+}
+
+#[test]
+fn corpus_renders_valid_stable_and_as_snapshotted() {
+    let files = corpus_sessions();
+    assert!(files.len() >= 50, "expected the corpus's pi, Claude Code and Codex sessions, found {}", files.len());
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("a")).unwrap();
+    let mut names = Vec::new();
+    let mut failures = Vec::new();
+    for file in &files {
+        let name = corpus_name(file);
+        store.import_file(file, &name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let rendered = store.session(&name).unwrap().render().unwrap();
+        let violations = check(&rendered.messages);
+        if !violations.is_empty() {
+            failures.push(format!("{name}: {}", violations[0]));
+        }
+        let snap = name.replace(['/', '.'], "_");
+        insta::assert_snapshot!(snap, shape(&rendered.messages));
+        names.push(name);
+    }
+    assert!(failures.is_empty(), "invalid contexts:\n{}", failures.join("\n"));
+
+    let live: Vec<Vec<u8>> = names.iter().map(|n| neutral_bytes(&store, n)).collect();
+    let export = dir.path().join("store.export");
+    store.log().export(&export).unwrap();
+    drop(store);
+    let reopened = Store::open(dir.path().join("a")).unwrap();
+    let other = Store::open(dir.path().join("b")).unwrap();
+    other.log().import(&export).unwrap();
+    for (n, bytes) in names.iter().zip(&live) {
+        assert_eq!(&neutral_bytes(&reopened, n), bytes, "{n}: reopened store renders differently");
+        assert_eq!(&neutral_bytes(&other, n), bytes, "{n}: imported export renders differently");
+    }
+}
