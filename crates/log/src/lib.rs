@@ -153,7 +153,7 @@ impl Log {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
         let path = dir.join("db");
-        let db = sled::Config::new().path(&path).cache_capacity(256 << 20).open().map_err(sled_err(&path))?;
+        let db = sled::Config::new().path(&path).cache_capacity(256 << 20).mode(sled::Mode::HighThroughput).open().map_err(sled_err(&path))?;
         let events = db.open_tree("events").map_err(sled_err(&path))?;
         let sessions = db.open_tree("sessions").map_err(sled_err(&path))?;
         let mut heads = BTreeMap::new();
