@@ -153,7 +153,28 @@ impl Log {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
         let path = dir.join("db");
-        let db = sled::Config::new().path(&path).cache_capacity(256 << 20).mode(sled::Mode::HighThroughput).open().map_err(sled_err(&path))?;
+        // Every group commit flushes explicitly, so sled's background flusher is off. The file lock can be
+        // held for a moment by a handle being dropped, or by a child process forked meanwhile (the lock
+        // travels with inherited descriptors until exec): retry for up to five seconds.
+        let config = sled::Config::new()
+            .path(&path)
+            .cache_capacity(256 << 20)
+            .mode(sled::Mode::HighThroughput)
+            .flush_every_ms(None);
+        let mut tries = 0;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e))
+                    if (e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock"))
+                        && tries < 250 =>
+                {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(LogError::Sled { path, source: e }),
+            }
+        };
         let events = db.open_tree("events").map_err(sled_err(&path))?;
         let sessions = db.open_tree("sessions").map_err(sled_err(&path))?;
         let mut heads = BTreeMap::new();

@@ -21,10 +21,20 @@ pub struct ModelInfo {
     pub max_output: Option<u64>,
 }
 
+/// What render needs to know of a message without touching its body: its kind and its tool-call ids,
+/// interned as numbers when the entry was folded. Keeping this beside the tree makes a render of a long
+/// session a walk over small, contiguous records.
+#[derive(Debug, Clone)]
+enum Meta {
+    User,
+    Assistant { calls: Box<[u32]>, empty: bool },
+    Result { call: u32 },
+}
+
 #[derive(Debug, Clone)]
 enum Node {
-    Message(Arc<Message>),
-    Compaction { summary: Option<Arc<Message>>, first_kept: Option<String>, replacement: Vec<Arc<Message>> },
+    Message(Arc<Message>, Meta),
+    Compaction { summary: Option<Arc<Message>>, first_kept: Option<String>, replacement: Vec<(Arc<Message>, Meta)> },
     Marker,
 }
 
@@ -41,6 +51,8 @@ pub struct Projection {
     items: Vec<Item>,
     // Used for lookups only, never iterated, so its order cannot reach a rendered byte.
     index: HashMap<String, usize>,
+    // Tool-call ids interned as numbers (lookups only).
+    call_ids: HashMap<String, u32>,
     leaf: Option<usize>,
     model: Option<ModelInfo>,
     seq: Seq,
@@ -107,16 +119,19 @@ impl Projection {
             SourceEvent::EntryAppended { id, parent, entry } => {
                 let parent = parent.as_ref().and_then(|p| self.index.get(p).copied());
                 let node = match entry {
-                    Entry::Message(m) => Node::Message(Arc::new(m.clone())),
+                    Entry::Message(m) => Node::Message(Arc::new(m.clone()), self.meta(m)),
                     Entry::HostCompaction { summary, first_kept, replacement, .. } => Node::Compaction {
                         summary: summary.as_deref().map(summary_message),
                         first_kept: first_kept.clone(),
-                        replacement: replacement.iter().cloned().map(Arc::new).collect(),
+                        replacement: replacement.iter().map(|m| (Arc::new(m.clone()), self.meta(m))).collect(),
                     },
-                    Entry::BranchSummary { summary, .. } => Node::Message(Arc::new(Message::user_text(
-                        format!("[Summary of a branch this conversation came back from]\n\n{summary}"),
-                        UserOrigin::Summary,
-                    ))),
+                    Entry::BranchSummary { summary, .. } => Node::Message(
+                        Arc::new(Message::user_text(
+                            format!("[Summary of a branch this conversation came back from]\n\n{summary}"),
+                            UserOrigin::Summary,
+                        )),
+                        Meta::User,
+                    ),
                     Entry::Marker { .. } => Node::Marker,
                 };
                 let ix = self.items.len();
@@ -137,6 +152,26 @@ impl Projection {
                 });
             }
             _ => {}
+        }
+    }
+
+    fn intern(&mut self, id: &str) -> u32 {
+        if let Some(&n) = self.call_ids.get(id) {
+            return n;
+        }
+        let n = self.call_ids.len() as u32;
+        self.call_ids.insert(id.to_string(), n);
+        n
+    }
+
+    fn meta(&mut self, m: &Message) -> Meta {
+        match m {
+            Message::User { .. } => Meta::User,
+            Message::Assistant { content, .. } => Meta::Assistant {
+                calls: m.tool_calls().map(|(id, _, _)| id.to_string()).collect::<Vec<_>>().iter().map(|id| self.intern(id)).collect(),
+                empty: content.is_empty(),
+            },
+            Message::ToolResult { call_id, .. } => Meta::Result { call: self.intern(call_id) },
         }
     }
 
@@ -167,7 +202,7 @@ impl Projection {
         self.path()
             .into_iter()
             .filter_map(|i| match &self.items[i].node {
-                Node::Message(m) => Some(m.clone()),
+                Node::Message(m, _) => Some(m.clone()),
                 _ => None,
             })
             .collect()
@@ -179,33 +214,33 @@ impl Projection {
     pub fn render(&self) -> Rendered {
         let path = self.path();
         let newest = path.iter().rposition(|&i| matches!(self.items[i].node, Node::Compaction { .. }));
-        let mut raw: Vec<Arc<Message>> = Vec::with_capacity(path.len() + 4);
+        let mut raw: Vec<(&Arc<Message>, &Meta)> = Vec::with_capacity(path.len() + 4);
         let start = match newest {
             None => 0,
             Some(c) => {
                 let Node::Compaction { summary, first_kept, replacement } = &self.items[path[c]].node else {
                     unreachable!("position found by the match above")
                 };
-                raw.extend(summary.iter().cloned());
-                raw.extend(replacement.iter().cloned());
+                raw.extend(summary.iter().map(|m| (m, &Meta::User)));
+                raw.extend(replacement.iter().map(|(m, meta)| (m, meta)));
                 let kept_from = first_kept
                     .as_ref()
                     .and_then(|k| path[..c].iter().position(|&i| &self.items[i].id == k))
                     .unwrap_or(c);
                 for &i in &path[kept_from..c] {
-                    if let Node::Message(m) = &self.items[i].node {
-                        raw.push(m.clone());
+                    if let Node::Message(m, meta) = &self.items[i].node {
+                        raw.push((m, meta));
                     }
                 }
                 c + 1
             }
         };
         for &i in &path[start..] {
-            if let Node::Message(m) = &self.items[i].node {
-                raw.push(m.clone());
+            if let Node::Message(m, meta) = &self.items[i].node {
+                raw.push((m, meta));
             }
         }
-        repair(raw)
+        repair(&raw, self.call_ids.len())
     }
 }
 
@@ -215,42 +250,50 @@ impl Projection {
 /// error result; a result with no open call before it is dropped and reported; an assistant message with
 /// no content is dropped. Provider call ids can repeat over a session, so a result answers the newest
 /// open call with its id.
-pub fn repair(raw: Vec<Arc<Message>>) -> Rendered {
+fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Rendered {
     let mut report = RenderReport::default();
-    // Pass 1: bind each result to the newest open call with its id.
-    let mut open: HashMap<&str, (usize, usize)> = HashMap::new();
-    let mut answer: HashMap<(usize, usize), usize> = HashMap::new();
-    for (pos, m) in raw.iter().enumerate() {
-        match &**m {
-            Message::Assistant { .. } => {
-                for (k, (id, _, _)) in m.tool_calls().enumerate() {
-                    open.insert(id, (pos, k));
+    // Pass 1: bind each result to the newest open call with its id. `open[id]` is 1 + the slot of that
+    // call in `answers`; `answers[slot]` is 1 + the position of its result.
+    let mut open = vec![0u32; ids];
+    let mut answers: Vec<u32> = Vec::new();
+    for (pos, (m, meta)) in raw.iter().enumerate() {
+        match meta {
+            Meta::Assistant { calls, .. } => {
+                for &c in calls.iter() {
+                    answers.push(0);
+                    open[c as usize] = answers.len() as u32;
                 }
             }
-            Message::ToolResult { call_id, .. } => {
-                if let Some(slot) = open.remove(call_id.as_str()) {
-                    answer.insert(slot, pos);
-                } else {
-                    report.orphan_results.push(call_id.clone());
+            Meta::Result { call } => match std::mem::take(&mut open[*call as usize]) {
+                0 => {
+                    if let Message::ToolResult { call_id, .. } = &***m {
+                        report.orphan_results.push(call_id.clone());
+                    }
                 }
-            }
-            Message::User { .. } => {}
+                slot => answers[slot as usize - 1] = pos as u32 + 1,
+            },
+            Meta::User => {}
         }
     }
     // Pass 2: emit, placing results right after their calls.
     let mut out: Context = Vec::with_capacity(raw.len());
-    for (pos, m) in raw.iter().enumerate() {
-        match &**m {
-            Message::Assistant { content, .. } => {
-                if content.is_empty() {
+    let mut slot = 0usize;
+    for (m, meta) in raw {
+        match meta {
+            Meta::Assistant { calls, empty } => {
+                let base = slot;
+                slot += calls.len();
+                if *empty {
                     report.empty_assistants += 1;
                     continue;
                 }
-                out.push(m.clone());
+                out.push((*m).clone());
+                if calls.is_empty() {
+                    continue;
+                }
                 for (k, (id, name, _)) in m.tool_calls().enumerate() {
-                    match answer.get(&(pos, k)) {
-                        Some(&r) => out.push(raw[r].clone()),
-                        None => {
+                    match answers[base + k] {
+                        0 => {
                             report.synthetic_results.push(id.to_string());
                             out.push(Arc::new(Message::ToolResult {
                                 call_id: id.to_string(),
@@ -259,11 +302,12 @@ pub fn repair(raw: Vec<Arc<Message>>) -> Rendered {
                                 is_error: true,
                             }));
                         }
+                        r => out.push(raw[r as usize - 1].0.clone()),
                     }
                 }
             }
-            Message::ToolResult { .. } => {}
-            Message::User { .. } => out.push(m.clone()),
+            Meta::Result { .. } => {}
+            Meta::User => out.push((*m).clone()),
         }
     }
     Rendered { messages: out, report }
