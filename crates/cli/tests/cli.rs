@@ -1,0 +1,68 @@
+//! The `condense` binary end to end: demo, import, stats, render in every format, verify, export and
+//! restore, and one-line errors with a non-zero exit.
+
+use std::process::Command;
+
+fn condense(store: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(store).args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn demo_import_render_verify_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (code, out, _) = condense(&store, &["demo", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["tool_calls"], 360);
+    assert_eq!(v["user_turn_groups"], 12);
+    assert!(v["tool_errors"].as_u64().unwrap() > 0);
+
+    let (code, out, _) = condense(&store, &["render", "demo", "--as", "anthropic", "--at", "20"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let msgs = v["messages"].as_array().unwrap();
+    assert_eq!(msgs[0]["role"], "user");
+    assert_eq!(msgs[1]["content"].as_array().unwrap().last().unwrap()["type"], "tool_use");
+    let (code, out, _) = condense(&store, &["render", "demo", "--as", "openai"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 744);
+
+    let (code, out, _) = condense(&store, &["verify", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["failed"], 0);
+
+    let export = dir.path().join("x.export");
+    assert_eq!(condense(&store, &["export", export.to_str().unwrap()]).0, 0);
+    let other = dir.path().join("other");
+    let (code, out, _) = condense(&other, &["import", export.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(out.contains("restored 1 sessions"), "{out}");
+    let a = condense(&store, &["render", "demo"]).1;
+    let b = condense(&other, &["render", "demo"]).1;
+    assert_eq!(a, b);
+}
+
+#[test]
+fn errors_are_one_line_and_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (code, _, err) = condense(&store, &["stats", "nope"]);
+    assert_eq!(code, 2);
+    assert_eq!(err.trim(), "condense: no session named `nope`");
+    assert_eq!(err.lines().count(), 1);
+    let (code, _, err) = condense(&store, &["render", "x", "--as", "xml"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no session named `x`"), "{err}");
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"hello\":1}\n").unwrap();
+    let (code, _, err) = condense(&store, &["import", bad.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("bad.jsonl: not a pi, Claude Code or Codex session"), "{err}");
+    let (code, _, err) = condense(&store, &["frobnicate"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown command `frobnicate`"));
+}
