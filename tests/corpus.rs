@@ -45,3 +45,20 @@ fn corpus_renders_valid_stable_and_as_snapshotted() {
         assert_eq!(&neutral_bytes(&other, n), bytes, "{n}: imported export renders differently");
     }
 }
+
+/// The render kept up to date event by event equals a render from scratch after every single event.
+#[test]
+fn incremental_render_equals_full_render_after_every_event() {
+    for file in corpus_sessions() {
+        let name = corpus_name(&file);
+        let imported = condense_formats::import_file(&file).unwrap();
+        let mut p = condense_render::Projection::new();
+        for (i, e) in imported.events.into_iter().enumerate() {
+            p.apply(i as u64 + 1, &condense_events::Event::Source(e));
+            let kept = p.render();
+            let full = p.render_full_now();
+            assert_eq!(*kept.messages, *full.messages, "{name}: after event {}", i + 1);
+            assert_eq!(kept.report, full.report, "{name}: report after event {}", i + 1);
+        }
+    }
+}

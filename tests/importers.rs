@@ -25,7 +25,7 @@ fn check_import(input: &str) -> String {
     for v in check(&r.messages) {
         out.push_str(&format!("VIOLATION: {v}\n"));
     }
-    for m in &r.messages {
+    for m in r.messages.iter() {
         let body: Vec<String> = m
             .content()
             .iter()

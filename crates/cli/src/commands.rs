@@ -298,6 +298,7 @@ fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
             "synthetic_results": rendered.report.synthetic_results.len(),
             "orphan_results": rendered.report.orphan_results.len(),
             "empty_assistants": rendered.report.empty_assistants,
+            "duplicate_calls": rendered.report.duplicate_calls,
         }));
         if !a.flag("json") && (!same || !violations.is_empty()) {
             println!("FAIL {}: identical={same}", info.name);

@@ -8,5 +8,5 @@
 mod project;
 mod validity;
 
-pub use project::{ModelInfo, Projection, RenderReport, Rendered, SYNTHETIC_RESULT_TEXT};
+pub use project::{Messages, ModelInfo, Projection, RenderReport, Rendered, SYNTHETIC_RESULT_TEXT};
 pub use validity::{check, Violation};

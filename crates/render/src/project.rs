@@ -2,7 +2,7 @@
 
 use condense_events::{Block, Context, Entry, Event, Message, Seq, SourceEvent, UserOrigin};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Text of the result condense supplies for a call whose result the source never recorded (an aborted
 /// turn, a crash). Like pi, condense answers such a call with an error result so the pair stays valid.
@@ -27,7 +27,9 @@ pub struct ModelInfo {
 #[derive(Debug, Clone)]
 enum Meta {
     User,
-    Assistant { calls: Box<[u32]>, empty: bool },
+    /// `calls` holds each distinct call id once; `dedup` is the message with repeated call ids removed,
+    /// rendered in place of the original when the provider would reject the repeat.
+    Assistant { calls: Box<[u32]>, empty: bool, dedup: Option<Arc<Message>> },
     Result { call: u32 },
 }
 
@@ -45,8 +47,25 @@ struct Item {
     node: Node,
 }
 
-/// The folded state of one session.
+/// The render kept up to date as entries extend the branch it was made for, so a render per turn costs
+/// what the turn added, not the length of the session.
 #[derive(Debug, Clone, Default)]
+struct Incremental {
+    /// Whether `out` is the render of `leaf`.
+    valid: bool,
+    leaf: Option<usize>,
+    out: Messages,
+    report: RenderReport,
+    /// Unanswered calls: interned call id → position of its synthetic result in `out`.
+    pending: HashMap<u32, usize>,
+}
+
+/// The messages of a rendered context, shared with the projection that keeps them up to date. Drop a
+/// render before appending to the session again, or the next render copies the list instead of extending it.
+pub type Messages = Arc<Vec<Arc<Message>>>;
+
+/// The folded state of one session.
+#[derive(Debug, Default)]
 pub struct Projection {
     items: Vec<Item>,
     // Used for lookups only, never iterated, so its order cannot reach a rendered byte.
@@ -57,6 +76,22 @@ pub struct Projection {
     model: Option<ModelInfo>,
     seq: Seq,
     source: Option<String>,
+    inc: Mutex<Incremental>,
+}
+
+impl Clone for Projection {
+    fn clone(&self) -> Projection {
+        Projection {
+            items: self.items.clone(),
+            index: self.index.clone(),
+            call_ids: self.call_ids.clone(),
+            leaf: self.leaf,
+            model: self.model.clone(),
+            seq: self.seq,
+            source: self.source.clone(),
+            inc: Mutex::new(self.inc.lock().expect("render cache lock").clone()),
+        }
+    }
 }
 
 /// What rendering had to do to make the branch provider-valid.
@@ -68,13 +103,15 @@ pub struct RenderReport {
     pub orphan_results: Vec<String>,
     /// Assistant messages dropped because they had no content at all.
     pub empty_assistants: usize,
+    /// Assistant messages rendered without a repeated tool-call id (the first call with the id stays).
+    pub duplicate_calls: usize,
 }
 
 /// A rendered context and the report of its repairs.
 #[derive(Debug, Clone, Default)]
 pub struct Rendered {
     /// The messages, in order.
-    pub messages: Context,
+    pub messages: Messages,
     /// Repairs made.
     pub report: RenderReport,
 }
@@ -139,9 +176,14 @@ impl Projection {
                 // A repeated id points at its newest entry; the importers rename duplicates anyway.
                 self.index.insert(id.clone(), ix);
                 self.leaf = Some(ix);
+                self.extend_render(parent, ix);
             }
             SourceEvent::LeafMoved { leaf } => {
                 self.leaf = leaf.as_ref().and_then(|l| self.index.get(l).copied());
+                let inc = self.inc.get_mut().expect("render cache lock");
+                if inc.leaf != self.leaf {
+                    inc.valid = false;
+                }
             }
             SourceEvent::ModelChanged { provider, model, context_window, max_output } => {
                 self.model = Some(ModelInfo {
@@ -152,6 +194,52 @@ impl Projection {
                 });
             }
             _ => {}
+        }
+    }
+
+    /// Extends the kept render with entry `ix` when it follows the leaf that render was made for;
+    /// anything else (a branch switch, a host compaction) leaves the next render to start over.
+    fn extend_render(&mut self, parent: Option<usize>, ix: usize) {
+        let inc = self.inc.get_mut().expect("render cache lock");
+        if !inc.valid || parent != inc.leaf {
+            inc.valid = false;
+            return;
+        }
+        inc.leaf = Some(ix);
+        match &self.items[ix].node {
+            Node::Marker => {}
+            Node::Compaction { .. } => inc.valid = false,
+            Node::Message(m, Meta::User) => Arc::make_mut(&mut inc.out).push(m.clone()),
+            Node::Message(_, Meta::Assistant { empty: true, .. }) => inc.report.empty_assistants += 1,
+            Node::Message(m, Meta::Assistant { calls, dedup, .. }) => {
+                let out = Arc::make_mut(&mut inc.out);
+                let m = dedup.as_ref().unwrap_or(m);
+                if dedup.is_some() {
+                    inc.report.duplicate_calls += 1;
+                }
+                out.push(m.clone());
+                for (&c, (id, name, _)) in calls.iter().zip(m.tool_calls()) {
+                    inc.pending.insert(c, out.len());
+                    inc.report.synthetic_results.push(id.to_string());
+                    out.push(synthetic(id, name));
+                }
+            }
+            Node::Message(m, Meta::Result { call }) => match inc.pending.remove(call) {
+                Some(pos) => {
+                    let out = Arc::make_mut(&mut inc.out);
+                    if let Message::ToolResult { call_id, .. } = &*out[pos] {
+                        if let Some(k) = inc.report.synthetic_results.iter().rposition(|s| s == call_id) {
+                            inc.report.synthetic_results.remove(k);
+                        }
+                    }
+                    out[pos] = m.clone();
+                }
+                None => {
+                    if let Message::ToolResult { call_id, .. } = &**m {
+                        inc.report.orphan_results.push(call_id.clone());
+                    }
+                }
+            },
         }
     }
 
@@ -167,10 +255,24 @@ impl Projection {
     fn meta(&mut self, m: &Message) -> Meta {
         match m {
             Message::User { .. } => Meta::User,
-            Message::Assistant { content, .. } => Meta::Assistant {
-                calls: m.tool_calls().map(|(id, _, _)| id.to_string()).collect::<Vec<_>>().iter().map(|id| self.intern(id)).collect(),
-                empty: content.is_empty(),
-            },
+            Message::Assistant { content, model, stop, usage } => {
+                let mut seen: Vec<&str> = Vec::new();
+                let mut kept = Vec::with_capacity(content.len());
+                for b in content {
+                    if let Block::ToolCall { id, .. } = b {
+                        if seen.contains(&id.as_str()) {
+                            continue;
+                        }
+                        seen.push(id);
+                    }
+                    kept.push(b.clone());
+                }
+                let dedup = (kept.len() != content.len()).then(|| {
+                    Arc::new(Message::Assistant { content: kept, model: model.clone(), stop: *stop, usage: *usage })
+                });
+                let calls = seen.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+                Meta::Assistant { calls: calls.iter().map(|id| self.intern(id)).collect(), empty: content.is_empty(), dedup }
+            }
             Message::ToolResult { call_id, .. } => Meta::Result { call: self.intern(call_id) },
         }
     }
@@ -212,6 +314,21 @@ impl Projection {
     /// replaces what came before it (its summary, its replacement history, the entries it keeps), then
     /// tool-call pairing is repaired (see [`repair`]).
     pub fn render(&self) -> Rendered {
+        let mut inc = self.inc.lock().expect("render cache lock");
+        if !inc.valid {
+            *inc = self.render_full();
+        }
+        Rendered { messages: inc.out.clone(), report: inc.report.clone() }
+    }
+
+    /// Renders from scratch, ignoring the kept render (what `render` does after a branch switch or a
+    /// host compaction; public so benchmarks and tests can compare the two paths).
+    pub fn render_full_now(&self) -> Rendered {
+        let inc = self.render_full();
+        Rendered { messages: inc.out, report: inc.report }
+    }
+
+    fn render_full(&self) -> Incremental {
         let path = self.path();
         let newest = path.iter().rposition(|&i| matches!(self.items[i].node, Node::Compaction { .. }));
         let mut raw: Vec<(&Arc<Message>, &Meta)> = Vec::with_capacity(path.len() + 4);
@@ -240,7 +357,9 @@ impl Projection {
                 raw.push((m, meta));
             }
         }
-        repair(&raw, self.call_ids.len())
+        let mut inc = repair(&raw, self.call_ids.len());
+        inc.leaf = self.leaf;
+        inc
     }
 }
 
@@ -250,7 +369,16 @@ impl Projection {
 /// error result; a result with no open call before it is dropped and reported; an assistant message with
 /// no content is dropped. Provider call ids can repeat over a session, so a result answers the newest
 /// open call with its id.
-fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Rendered {
+fn synthetic(id: &str, name: &str) -> Arc<Message> {
+    Arc::new(Message::ToolResult {
+        call_id: id.to_string(),
+        tool_name: name.to_string(),
+        content: vec![Block::Text { text: SYNTHETIC_RESULT_TEXT.to_string() }],
+        is_error: true,
+    })
+}
+
+fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental {
     let mut report = RenderReport::default();
     // Pass 1: bind each result to the newest open call with its id. `open[id]` is 1 + the slot of that
     // call in `answers`; `answers[slot]` is 1 + the position of its result.
@@ -276,18 +404,24 @@ fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Rendered {
         }
     }
     // Pass 2: emit, placing results right after their calls.
-    let mut out: Context = Vec::with_capacity(raw.len());
+    let mut out: Vec<Arc<Message>> = Vec::with_capacity(raw.len());
     let mut slot = 0usize;
+    // Where each call's synthetic result landed in `out`, for calls still open at the end.
+    let mut synthetic_at: Vec<usize> = vec![usize::MAX; answers.len()];
     for (m, meta) in raw {
         match meta {
-            Meta::Assistant { calls, empty } => {
+            Meta::Assistant { calls, empty, dedup } => {
                 let base = slot;
                 slot += calls.len();
                 if *empty {
                     report.empty_assistants += 1;
                     continue;
                 }
-                out.push((*m).clone());
+                let m = dedup.as_ref().unwrap_or(m);
+                if dedup.is_some() {
+                    report.duplicate_calls += 1;
+                }
+                out.push(m.clone());
                 if calls.is_empty() {
                     continue;
                 }
@@ -295,12 +429,8 @@ fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Rendered {
                     match answers[base + k] {
                         0 => {
                             report.synthetic_results.push(id.to_string());
-                            out.push(Arc::new(Message::ToolResult {
-                                call_id: id.to_string(),
-                                tool_name: name.to_string(),
-                                content: vec![Block::Text { text: SYNTHETIC_RESULT_TEXT.to_string() }],
-                                is_error: true,
-                            }));
+                            synthetic_at[base + k] = out.len();
+                            out.push(synthetic(id, name));
                         }
                         r => out.push(raw[r as usize - 1].0.clone()),
                     }
@@ -310,5 +440,11 @@ fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Rendered {
             Meta::User => out.push((*m).clone()),
         }
     }
-    Rendered { messages: out, report }
+    let mut pending = HashMap::new();
+    for (c, &slot) in open.iter().enumerate() {
+        if slot != 0 && synthetic_at[slot as usize - 1] != usize::MAX {
+            pending.insert(c as u32, synthetic_at[slot as usize - 1]);
+        }
+    }
+    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending }
 }
