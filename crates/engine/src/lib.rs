@@ -143,21 +143,44 @@ impl Session {
     }
 
     /// Appends source events at the current head and returns the new head once they are durable.
+    ///
+    /// Large batches go in chunks, pipelined: while the log writer makes one chunk durable, this thread
+    /// encodes the next. The warm projection takes each chunk's events (moving their bodies, not copying
+    /// them) only after the chunk is acknowledged.
     pub fn append(&self, events: Vec<SourceEvent>) -> Result<Seq> {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
-        let mut events: Vec<Event> = events.into_iter().map(Event::Source).collect();
+        let log = &self.store.inner.log;
         let mut head = proj.seq();
-        while !events.is_empty() {
-            let rest = events.split_off(events.len().min(APPEND_CHUNK));
-            let chunk = std::mem::replace(&mut events, rest);
-            let new_head = self.store.inner.log.append(self.id, head, chunk.clone())?;
-            // The head check guarantees these are exactly the events at head+1..=new_head.
-            for (i, e) in chunk.iter().enumerate() {
-                proj.apply(head + 1 + i as u64, e);
+        let mut in_flight: Option<(Vec<Event>, crossbeam_channel::Receiver<condense_log::Result<Seq>>)> = None;
+        let mut events = events.into_iter().map(Event::Source).peekable();
+        loop {
+            let chunk: Vec<Event> = events.by_ref().take(APPEND_CHUNK).collect();
+            let sent = if chunk.is_empty() {
+                None
+            } else {
+                let values = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(i, body)| condense_log::encode_event(self.id, head + 1 + i as u64, body))
+                    .collect();
+                let rx = log.append_encoded(self.id, head, values)?;
+                let first = head + 1;
+                head += chunk.len() as u64;
+                Some((first, chunk, rx))
+            };
+            if let Some((done, rx)) = in_flight.take() {
+                let acked = rx.recv().map_err(|_| LogError::Closed)??;
+                let first = acked + 1 - done.len() as u64;
+                for (i, e) in done.into_iter().enumerate() {
+                    proj.apply_owned(first + i as u64, e);
+                }
             }
-            head = new_head;
+            match sent {
+                Some((_, chunk, rx)) => in_flight = Some((chunk, rx)),
+                None => break,
+            }
         }
         Ok(head)
     }

@@ -9,20 +9,15 @@ use condense_events::{Block, Entry, Message, SourceEvent, StopReason, Usage, Use
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
+pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     let mut events = Vec::new();
     let mut diags = Vec::new();
     let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
-    let first = lines.iter().find(|l| matches!(str_of(&l.value, "type"), Some("user" | "assistant")));
+    // The session's identity comes from its first message line, read as the lines stream by.
+    let mut started: Option<SourceEvent> = None;
     // Older Claude Code wrote subagent lines into the main file; a file whose first message is not a
     // sidechain keeps only the main thread.
-    let main_is_sidechain = first.is_some_and(|l| l.value.get("isSidechain").and_then(Value::as_bool) == Some(true));
-    events.push(SourceEvent::SessionStarted {
-        source: "claude-code".into(),
-        source_id: first.and_then(|l| str_of(&l.value, "sessionId")).map(str::to_string),
-        cwd: first.and_then(|l| str_of(&l.value, "cwd")).map(str::to_string),
-        timestamp: first.and_then(|l| str_of(&l.value, "timestamp")).map(str::to_string),
-    });
+    let mut main_is_sidechain = false;
     let mut b = Builder::default();
     let mut model: Option<String> = None;
     let mut skipped_sidechain = 0u64;
@@ -30,6 +25,15 @@ pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
         let n = line.line;
         let v = &mut line.value;
         let kind = str_of(v, "type").unwrap_or("").to_string();
+        if started.is_none() && matches!(kind.as_str(), "user" | "assistant") {
+            main_is_sidechain = v.get("isSidechain").and_then(Value::as_bool) == Some(true);
+            started = Some(SourceEvent::SessionStarted {
+                source: "claude-code".into(),
+                source_id: str_of(v, "sessionId").map(str::to_string),
+                cwd: str_of(v, "cwd").map(str::to_string),
+                timestamp: str_of(v, "timestamp").map(str::to_string),
+            });
+        }
         if matches!(kind.as_str(), "user" | "assistant")
             && v.get("isSidechain").and_then(Value::as_bool) == Some(true)
             && !main_is_sidechain
@@ -147,6 +151,12 @@ pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
     if skipped_sidechain > 0 {
         diags.push(diag(0, format!("{skipped_sidechain} sidechain (subagent) lines skipped; import the subagent file itself")));
     }
+    events.push(started.unwrap_or(SourceEvent::SessionStarted {
+        source: "claude-code".into(),
+        source_id: None,
+        cwd: None,
+        timestamp: None,
+    }));
     events.extend(b.done());
     Output { events, diagnostics: diags }
 }

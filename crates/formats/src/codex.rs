@@ -9,18 +9,12 @@ use condense_events::{Block, Entry, Message, SourceEvent, Usage, UserOrigin};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
+pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     let mut events = Vec::new();
     let mut diags = Vec::new();
     let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
-    let meta = lines.iter().find(|l| str_of(&l.value, "type") == Some("session_meta")).map(|l| l.value.get("payload"));
-    let meta = meta.flatten();
-    events.push(SourceEvent::SessionStarted {
-        source: "codex".into(),
-        source_id: meta.and_then(|m| str_of(m, "id")).map(str::to_string),
-        cwd: meta.and_then(|m| str_of(m, "cwd")).map(str::to_string),
-        timestamp: meta.and_then(|m| str_of(m, "timestamp")).map(str::to_string),
-    });
+    let mut started = SourceEvent::SessionStarted { source: "codex".into(), source_id: None, cwd: None, timestamp: None };
+    let mut have_meta = false;
     let mut h = History::default();
     let mut model: Option<String> = None;
     let mut window: Option<u64> = None;
@@ -32,6 +26,15 @@ pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
         let ptype = str_of(&payload, "type").unwrap_or("").to_string();
         let mut model_event = None;
         match kind.as_str() {
+            "session_meta" if !have_meta => {
+                have_meta = true;
+                started = SourceEvent::SessionStarted {
+                    source: "codex".into(),
+                    source_id: str_of(&payload, "id").map(str::to_string),
+                    cwd: str_of(&payload, "cwd").map(str::to_string),
+                    timestamp: str_of(&payload, "timestamp").map(str::to_string),
+                };
+            }
             "session_meta" => {}
             "response_item" => h.item(&mut payload, n, &mut |m| diags.push(diag(n, m))),
             "compacted" => {
@@ -102,6 +105,7 @@ pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
             });
         }
     }
+    events.push(started);
     let History { entries, side, .. } = h;
     let mut side = side.into_iter().peekable();
     for (i, entry) in entries.into_iter().enumerate() {

@@ -29,47 +29,92 @@ pub struct Line {
     pub value: Value,
 }
 
-/// Parses every line of `bytes`.
+/// Parses every line of `bytes` at once (the tests' view of [`Lines`]).
+#[cfg(test)]
 pub fn read_lines(file: &str, bytes: &[u8]) -> (Vec<Line>, Vec<Diagnostic>) {
-    let mut out = Vec::new();
-    let mut diags = Vec::new();
-    let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
-    for (i, raw) in bytes.split(|&b| b == b'\n').enumerate() {
-        let n = i as u64 + 1;
-        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-        if raw.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let text = match std::str::from_utf8(raw) {
-            Ok(t) => std::borrow::Cow::Borrowed(t),
-            Err(e) => {
-                diags.push(diag(n, format!("invalid UTF-8 at byte {}; replaced with U+FFFD", e.valid_up_to())));
-                String::from_utf8_lossy(raw)
+    let mut lines = Lines::new(file, bytes);
+    let out: Vec<Line> = lines.by_ref().collect();
+    (out, lines.diagnostics)
+}
+
+/// The lines of a buffer as parsed JSON values, one at a time, so an importer converts each value while
+/// it is still in cache and never holds the whole file as values. Problems collect in `diagnostics`.
+pub struct Lines<'a> {
+    file: &'a str,
+    rest: &'a [u8],
+    n: u64,
+    queue: std::collections::VecDeque<Line>,
+    /// Problems met so far.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl<'a> Lines<'a> {
+    /// Lines of `bytes`; `file` names them in diagnostics.
+    pub fn new(file: &'a str, bytes: &'a [u8]) -> Lines<'a> {
+        Lines { file, rest: bytes, n: 0, queue: std::collections::VecDeque::new(), diagnostics: Vec::new() }
+    }
+
+    fn diag(&mut self, line: u64, message: String) {
+        self.diagnostics.push(Diagnostic { file: self.file.to_string(), line, message });
+    }
+
+    /// Parses the next non-blank line into the queue; false at the end of the buffer.
+    fn fill(&mut self) -> bool {
+        while !self.rest.is_empty() {
+            let (raw, rest) = match self.rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (&self.rest[..i], &self.rest[i + 1..]),
+                None => (self.rest, &self.rest[self.rest.len()..]),
+            };
+            self.rest = rest;
+            self.n += 1;
+            let n = self.n;
+            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+            if raw.iter().all(u8::is_ascii_whitespace) {
+                continue;
             }
-        };
-        match parse_line(&text) {
-            Ok(values) => {
-                if values.len() > 1 {
-                    diags.push(diag(n, format!("{} JSON objects on one line; each kept as its own entry", values.len())));
+            let text = match std::str::from_utf8(raw) {
+                Ok(t) => std::borrow::Cow::Borrowed(t),
+                Err(e) => {
+                    self.diag(n, format!("invalid UTF-8 at byte {}; replaced with U+FFFD", e.valid_up_to()));
+                    String::from_utf8_lossy(raw)
                 }
-                out.extend(values.into_iter().map(|value| Line { line: n, value }));
-            }
-            Err((values, err)) => {
-                if let Some(repaired) = repair_escapes(&text) {
-                    if let Ok(values) = parse_line(&repaired) {
-                        diags.push(diag(n, format!("invalid escape repaired ({err})")));
-                        out.extend(values.into_iter().map(|value| Line { line: n, value }));
-                        continue;
+            };
+            match parse_line(&text) {
+                Ok(values) => {
+                    if values.len() > 1 {
+                        self.diag(n, format!("{} JSON objects on one line; each kept as its own entry", values.len()));
+                    }
+                    self.queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+                }
+                Err((values, err)) => {
+                    if let Some(Ok(values)) = repair_escapes(&text).map(|r| parse_line(&r)) {
+                        self.diag(n, format!("invalid escape repaired ({err})"));
+                        self.queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+                    } else {
+                        let kept = values.len();
+                        self.queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+                        let what = if kept > 0 { format!("kept {kept} object(s) before it, ") } else { String::new() };
+                        self.diag(n, format!("malformed JSON ({err}); {what}rest of line skipped"));
                     }
                 }
-                let kept = values.len();
-                out.extend(values.into_iter().map(|value| Line { line: n, value }));
-                let what = if kept > 0 { format!("kept {kept} object(s) before it, ") } else { String::new() };
-                diags.push(diag(n, format!("malformed JSON ({err}); {what}rest of line skipped")));
+            }
+            if !self.queue.is_empty() {
+                return true;
             }
         }
+        false
     }
-    (out, diags)
+}
+
+impl Iterator for Lines<'_> {
+    type Item = Line;
+
+    fn next(&mut self) -> Option<Line> {
+        if self.queue.is_empty() && !self.fill() {
+            return None;
+        }
+        self.queue.pop_front()
+    }
 }
 
 /// Reads the whole buffer as a stream of JSON values (for pretty-printed files). `None` if any part of it

@@ -105,35 +105,61 @@ pub fn import_file(path: &Path) -> Result<Imported, FormatError> {
         .map_err(|reason| FormatError::Unrecognized { path: path.to_path_buf(), reason })
 }
 
+/// Lines read before the format is decided.
+const DETECT_LINES: usize = 50;
+
 /// Imports a session held in memory; `file` names it in diagnostics.
 pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
-    let (mut lines, mut diagnostics) = jsonl::read_lines(file, bytes);
-    if detect(&lines).is_none() {
-        // Some tools save pretty-printed objects, one per several lines: read the file as a stream.
-        if let Some(stream) = jsonl::read_stream(bytes).filter(|s| detect(s).is_some()) {
-            diagnostics = vec![Diagnostic {
-                file: file.to_string(),
-                line: 1,
-                message: "objects span several lines; read as a JSON stream".into(),
-            }];
-            lines = stream;
+    let mut lines = jsonl::Lines::new(file, bytes);
+    let head: Vec<jsonl::Line> = lines.by_ref().take(DETECT_LINES).collect();
+    let (format, mut out, mut diagnostics) = match detect(&head) {
+        Some(format) => {
+            let mut out = run(format, file, head.into_iter().chain(lines.by_ref()));
+            let mut diagnostics = std::mem::take(&mut lines.diagnostics);
+            diagnostics.append(&mut out.diagnostics);
+            (format, out, diagnostics)
         }
-    }
-    if lines.is_empty() {
-        return Err(if diagnostics.is_empty() { "the file holds no JSON lines".into() } else { diagnostics[0].to_string() });
-    }
-    let format = detect(&lines).ok_or_else(|| "no line has a known shape".to_string())?;
-    let mut out = match format {
-        Format::Pi => pi::import(file, lines),
-        Format::ClaudeCode => claude::import(file, lines),
-        Format::Codex => codex::import(file, lines),
+        None => {
+            // Some tools save pretty-printed objects, one per several lines: read the file as a stream.
+            let stream = jsonl::read_stream(bytes).filter(|s| !s.is_empty());
+            let format = stream.as_deref().and_then(detect);
+            match (stream, format) {
+                (Some(stream), Some(format)) => {
+                    let mut out = run(format, file, stream.into_iter());
+                    let mut diagnostics = vec![Diagnostic {
+                        file: file.to_string(),
+                        line: 1,
+                        message: "objects span several lines; read as a JSON stream".into(),
+                    }];
+                    diagnostics.append(&mut out.diagnostics);
+                    (format, out, diagnostics)
+                }
+                _ => {
+                    let rest: Vec<_> = lines.by_ref().collect();
+                    return Err(if !head.is_empty() || !rest.is_empty() {
+                        "no line has a known shape".to_string()
+                    } else if let Some(d) = lines.diagnostics.first() {
+                        d.to_string()
+                    } else {
+                        "the file holds no JSON lines".into()
+                    });
+                }
+            }
+        }
     };
-    diagnostics.append(&mut out.diagnostics);
     diagnostics.sort_by_key(|d| d.line);
     for d in &diagnostics {
         out.events.push(SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() });
     }
     Ok(Imported { format, events: out.events, diagnostics })
+}
+
+fn run(format: Format, file: &str, lines: impl Iterator<Item = jsonl::Line>) -> Output {
+    match format {
+        Format::Pi => pi::import(file, lines),
+        Format::ClaudeCode => claude::import(file, lines),
+        Format::Codex => codex::import(file, lines),
+    }
 }
 
 /// What a format importer produces before the shared diagnostics are merged in.

@@ -8,11 +8,11 @@ use condense_events::{Block, Entry, Message, SourceEvent, StopReason, Usage, Use
 use serde_json::Value;
 use std::collections::BTreeSet;
 
-pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
+pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     let mut events = Vec::new();
     let mut diags = Vec::new();
     let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
-    let mut iter = lines.into_iter().peekable();
+    let mut iter = lines.peekable();
     let header = match iter.peek() {
         Some(l) if str_of(&l.value, "type") == Some("session") => iter.next(),
         Some(l) => {
@@ -21,10 +21,9 @@ pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
         }
         None => None,
     };
-    let rest: Vec<Line> = iter.collect();
     let version = match &header {
         Some(h) => h.value.get("version").and_then(Value::as_u64).unwrap_or(1),
-        None if rest.iter().any(|l| l.value.get("id").is_some() && l.value.get("parentId").is_some()) => 3,
+        None if iter.peek().is_some_and(|l| l.value.get("id").is_some() && l.value.get("parentId").is_some()) => 3,
         None => 1,
     };
     let h = header.as_ref().map(|h| &h.value);
@@ -46,7 +45,7 @@ pub(crate) fn import(file: &str, lines: Vec<Line>) -> Output {
     let mut previous: Option<String> = None;
     // Position among parsed objects, header included, as pi's version-1 `firstKeptEntryIndex` counts.
     let offset = u64::from(header.is_some());
-    for (i, mut line) in rest.into_iter().enumerate() {
+    for (i, mut line) in iter.enumerate() {
         let n = line.line;
         let index = i as u64 + offset;
         let (mut id, parent) = if version >= 2 {

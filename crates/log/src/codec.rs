@@ -33,9 +33,18 @@ pub(crate) fn session_from_key(k: &[u8]) -> SessionId {
 
 /// Encodes an envelope as stored: the format byte, then bincode with the legacy configuration.
 pub fn encode_envelope(env: &Envelope) -> Vec<u8> {
-    let mut out = vec![FORMAT_VERSION];
-    bincode::serde::encode_into_std_write(env, &mut out, bincode::config::legacy())
+    encode_event(env.session, env.seq, &env.body)
+}
+
+/// Encodes the envelope `{SCHEMA_VERSION, session, seq, body}` without building it, so the caller keeps
+/// its event. The bytes are those of [`encode_envelope`]: bincode writes a struct as its fields in order.
+pub fn encode_event(session: SessionId, seq: Seq, body: &condense_events::Event) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.push(FORMAT_VERSION);
+    let cfg = bincode::config::legacy();
+    bincode::serde::encode_into_std_write((SCHEMA_VERSION, session, seq), &mut out, cfg)
         .expect("encoding into a Vec cannot fail");
+    bincode::serde::encode_into_std_write(body, &mut out, cfg).expect("encoding into a Vec cannot fail");
     out
 }
 

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use blob::BlobHash;
-pub use codec::{decode_envelope, encode_envelope, FORMAT_VERSION};
+pub use codec::{decode_envelope, encode_envelope, encode_event, FORMAT_VERSION};
 pub use export::ExportSummary;
 
 /// Errors of the log. Every message names the session, sequence number, file or offset involved.
@@ -243,6 +243,18 @@ impl Log {
     /// events are durable.
     pub fn append(&self, session: SessionId, expected_head: Seq, events: Vec<Event>) -> Result<Seq> {
         self.writer.append(session, expected_head, events)
+    }
+
+    /// Starts an append of envelopes the caller encoded itself (with [`encode_envelope`], for the seqs
+    /// `expected_head + 1 ..`) and returns at once; the receiver yields the new head once the values are
+    /// durable, or the error. A caller can encode its next chunk while this one is written.
+    pub fn append_encoded(
+        &self,
+        session: SessionId,
+        expected_head: Seq,
+        values: Vec<Vec<u8>>,
+    ) -> Result<Receiver<Result<Seq>>> {
+        self.writer.append_prepared(session, expected_head, values)
     }
 
     /// Reads the events of `session` with `from <= seq <= to`, in order.

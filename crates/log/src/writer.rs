@@ -14,6 +14,8 @@ const MAX_GROUP: usize = 512;
 enum Request {
     Create { name: String, reply: Sender<Result<SessionId>> },
     Append { session: SessionId, expected: Seq, events: Vec<Event>, reply: Sender<Result<Seq>> },
+    /// Values already encoded by the caller for seq `expected + 1 ..`.
+    Prepared { session: SessionId, expected: Seq, values: Vec<Vec<u8>>, reply: Sender<Result<Seq>> },
 }
 
 pub(crate) struct WriterHandle {
@@ -46,6 +48,17 @@ impl WriterHandle {
         let (reply, rx) = bounded(1);
         self.send(Request::Append { session, expected, events, reply })?;
         rx.recv().map_err(|_| LogError::Closed)?
+    }
+
+    pub(crate) fn append_prepared(
+        &self,
+        session: SessionId,
+        expected: Seq,
+        values: Vec<Vec<u8>>,
+    ) -> Result<crossbeam_channel::Receiver<Result<Seq>>> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Prepared { session, expected, values, reply })?;
+        Ok(rx)
     }
 
     pub(crate) fn stop(&self) {
@@ -85,6 +98,42 @@ enum Reply {
     Appended(Sender<Result<Seq>>, Result<Seq>),
 }
 
+/// Checks an append against the session's head and adds its values to the group's batch.
+#[allow(clippy::too_many_arguments)]
+fn stage(
+    heads: &mut BTreeMap<SessionId, Seq>,
+    batch: &mut sled::Batch,
+    wrote: &mut bool,
+    notices: &mut Vec<Appended>,
+    replies: &mut Vec<Reply>,
+    session: SessionId,
+    expected: Seq,
+    values: Vec<Vec<u8>>,
+    reply: Sender<Result<Seq>>,
+) {
+    let Some(&head) = heads.get(&session) else {
+        replies.push(Reply::Appended(reply, Err(LogError::UnknownSession(session.to_string()))));
+        return;
+    };
+    if head != expected {
+        replies.push(Reply::Appended(reply, Err(LogError::HeadMismatch { session, expected, actual: head })));
+        return;
+    }
+    if values.is_empty() {
+        replies.push(Reply::Appended(reply, Ok(head)));
+        return;
+    }
+    let mut seq = head;
+    for v in values {
+        seq += 1;
+        batch.insert(&key(session, seq)[..], v);
+    }
+    *wrote = true;
+    heads.insert(session, seq);
+    notices.push(Appended { session, first: head + 1, last: seq });
+    replies.push(Reply::Appended(reply, Ok(seq)));
+}
+
 /// Applies one group as a single sled batch and flushes; replies go out only after the flush.
 fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<Request>) {
     let mut heads = shared.heads.lock().expect("heads lock").clone();
@@ -111,31 +160,17 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
                 replies.push(Reply::Created(reply, Ok(id)));
             }
             Request::Append { session, expected, events, reply } => {
-                let Some(&head) = heads.get(&session) else {
-                    replies.push(Reply::Appended(reply, Err(LogError::UnknownSession(session.to_string()))));
-                    continue;
-                };
-                if head != expected {
-                    replies.push(Reply::Appended(
-                        reply,
-                        Err(LogError::HeadMismatch { session, expected, actual: head }),
-                    ));
-                    continue;
-                }
-                if events.is_empty() {
-                    replies.push(Reply::Appended(reply, Ok(head)));
-                    continue;
-                }
-                let mut seq = head;
-                for body in events {
-                    seq += 1;
-                    let env = Envelope { schema: SCHEMA_VERSION, session, seq, body };
-                    batch.insert(&key(session, seq)[..], encode_envelope(&env));
-                }
-                wrote = true;
-                heads.insert(session, seq);
-                notices.push(Appended { session, first: head + 1, last: seq });
-                replies.push(Reply::Appended(reply, Ok(seq)));
+                let values = events
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, body)| {
+                        encode_envelope(&Envelope { schema: SCHEMA_VERSION, session, seq: expected + 1 + i as u64, body })
+                    })
+                    .collect();
+                stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
+            }
+            Request::Prepared { session, expected, values, reply } => {
+                stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
             }
         }
     }

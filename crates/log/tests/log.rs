@@ -266,3 +266,10 @@ fn crash_test_kill_9() {
         }
     }
 }
+
+#[test]
+fn encode_event_matches_encode_envelope() {
+    let body = note("same bytes".into());
+    let env = condense_events::Envelope { schema: condense_events::SCHEMA_VERSION, session: 7, seq: 42, body: body.clone() };
+    assert_eq!(condense_log::encode_event(7, 42, &body), condense_log::encode_envelope(&env));
+}

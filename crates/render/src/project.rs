@@ -147,6 +147,29 @@ impl Projection {
         self.items.len()
     }
 
+    /// Absorbs one event the caller gives up, moving its message bodies into the projection instead of
+    /// copying them.
+    pub fn apply_owned(&mut self, seq: Seq, event: Event) {
+        match event {
+            Event::Source(SourceEvent::EntryAppended { id, parent, entry: Entry::Message(m) }) => {
+                self.seq = seq;
+                let meta = self.meta(&m);
+                self.push_entry(id, parent.as_deref(), Node::Message(Arc::new(m), meta));
+            }
+            other => self.apply(seq, &other),
+        }
+    }
+
+    fn push_entry(&mut self, id: String, parent: Option<&str>, node: Node) {
+        let parent = parent.and_then(|p| self.index.get(p).copied());
+        let ix = self.items.len();
+        // A repeated id points at its newest entry; the importers rename duplicates anyway.
+        self.index.insert(id.clone(), ix);
+        self.items.push(Item { id, parent, node });
+        self.leaf = Some(ix);
+        self.extend_render(parent, ix);
+    }
+
     /// Absorbs one event.
     pub fn apply(&mut self, seq: Seq, event: &Event) {
         self.seq = seq;
@@ -154,7 +177,6 @@ impl Projection {
         match ev {
             SourceEvent::SessionStarted { source, .. } => self.source = Some(source.clone()),
             SourceEvent::EntryAppended { id, parent, entry } => {
-                let parent = parent.as_ref().and_then(|p| self.index.get(p).copied());
                 let node = match entry {
                     Entry::Message(m) => Node::Message(Arc::new(m.clone()), self.meta(m)),
                     Entry::HostCompaction { summary, first_kept, replacement, .. } => Node::Compaction {
@@ -171,12 +193,7 @@ impl Projection {
                     ),
                     Entry::Marker { .. } => Node::Marker,
                 };
-                let ix = self.items.len();
-                self.items.push(Item { id: id.clone(), parent, node });
-                // A repeated id points at its newest entry; the importers rename duplicates anyway.
-                self.index.insert(id.clone(), ix);
-                self.leaf = Some(ix);
-                self.extend_render(parent, ix);
+                self.push_entry(id.clone(), parent.as_deref(), node);
             }
             SourceEvent::LeafMoved { leaf } => {
                 self.leaf = leaf.as_ref().and_then(|l| self.index.get(l).copied());
