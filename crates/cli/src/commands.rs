@@ -11,6 +11,14 @@ use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+/// `println!` that returns the write error instead of panicking (a closed pipe ends the command quietly).
+macro_rules! outln {
+    ($($t:tt)*) => { writeln!(std::io::stdout(), $($t)*)? };
+}
+macro_rules! out {
+    ($($t:tt)*) => { write!(std::io::stdout(), $($t)*)? };
+}
+
 const USAGE: &str = "\
 usage: condense [--store DIR] <command> [options]
 
@@ -33,14 +41,14 @@ options:
 
 pub fn run(argv: Vec<String>) -> Result<ExitCode> {
     let Some(pos) = argv.iter().position(|a| !a.starts_with("--") && !is_value_of_store(&argv, a)) else {
-        print!("{USAGE}");
+        out!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
     };
     let command = argv[pos].clone();
     let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
     let a = Args::parse(&rest, &["store", "as", "at"], &["json", "help"])?;
     if a.flag("help") || command == "help" {
-        print!("{USAGE}");
+        out!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
     }
     let store_dir = PathBuf::from(a.get("store").unwrap_or(".condense"));
@@ -50,7 +58,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
         "export" => {
             let [file] = a.positional.as_slice() else { bail!("export takes one FILE") };
             let s = open()?.log().export(file)?;
-            println!("exported {} sessions, {} events, {} blobs ({} bytes) to {file}", s.sessions, s.events, s.blobs, s.bytes);
+            outln!("exported {} sessions, {} events, {} blobs ({} bytes) to {file}", s.sessions, s.events, s.blobs, s.bytes);
             Ok(ExitCode::SUCCESS)
         }
         "sessions" => sessions(&open()?, &a),
@@ -121,7 +129,7 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
         } else if path.is_file() {
             if is_export(&path) {
                 let s = store.log().import(&path)?;
-                println!("restored {} sessions, {} events, {} blobs from {p}", s.sessions, s.events, s.blobs);
+                outln!("restored {} sessions, {} events, {} blobs from {p}", s.sessions, s.events, s.blobs);
                 continue;
             }
             files.push((path, true));
@@ -152,12 +160,12 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
                 imported += 1;
                 diags += o.diagnostics.len() as u64;
                 if !json_out && !progress {
-                    println!("{name}: {} ({} events, {} diagnostics)", o.format.name(), o.events, o.diagnostics.len());
+                    outln!("{name}: {} ({} events, {} diagnostics)", o.format.name(), o.events, o.diagnostics.len());
                     for d in o.diagnostics.iter().take(5) {
-                        println!("  {d}");
+                        outln!("  {d}");
                     }
                     if o.diagnostics.len() > 5 {
-                        println!("  … {} more (stored as import_diagnostic events)", o.diagnostics.len() - 5);
+                        outln!("  … {} more (stored as import_diagnostic events)", o.diagnostics.len() - 5);
                     }
                 }
                 reports.push(json!({
@@ -183,9 +191,9 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
         eprintln!();
     }
     if json_out {
-        println!("{}", serde_json::to_string_pretty(&json!({"imported": imported, "skipped": skipped, "diagnostics": diags, "files": reports}))?);
+        outln!("{}", serde_json::to_string_pretty(&json!({"imported": imported, "skipped": skipped, "diagnostics": diags, "files": reports}))?);
     } else {
-        println!("imported {imported} sessions, skipped {skipped} files ({diags} diagnostics)");
+        outln!("imported {imported} sessions, skipped {skipped} files ({diags} diagnostics)");
     }
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
@@ -194,12 +202,12 @@ fn sessions(store: &Store, a: &Args) -> Result<ExitCode> {
     let list = store.sessions()?;
     if a.flag("json") {
         let v: Vec<Value> = list.iter().map(|s| json!({"id": s.id, "name": s.name, "events": s.head})).collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         for s in &list {
-            println!("{:>5}  {:>8} events  {}", s.id, s.head, s.name);
+            outln!("{:>5}  {:>8} events  {}", s.id, s.head, s.name);
         }
-        println!("{} sessions", list.len());
+        outln!("{} sessions", list.len());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -218,26 +226,26 @@ fn print_stats(session: &Session, json_out: bool) -> Result<()> {
     if json_out {
         let mut v = stats_json(&s);
         v["session"] = json!(session.name());
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("session            {}", session.name());
-    println!("entries            {}", s.entries);
-    println!("messages (branch)  {}", s.messages);
-    println!("turns              {}", s.turns);
-    println!("user-turn-groups   {}", s.user_turn_groups);
-    println!("tool calls         {} ({} results, {} errors)", s.tool_calls, s.tool_results, s.tool_errors);
-    println!("tokens (branch)    {}  [chars/4, pi's estimate]", s.branch_tokens);
+    outln!("session            {}", session.name());
+    outln!("entries            {}", s.entries);
+    outln!("messages (branch)  {}", s.messages);
+    outln!("turns              {}", s.turns);
+    outln!("user-turn-groups   {}", s.user_turn_groups);
+    outln!("tool calls         {} ({} results, {} errors)", s.tool_calls, s.tool_results, s.tool_errors);
+    outln!("tokens (branch)    {}  [chars/4, pi's estimate]", s.branch_tokens);
     for (role, t) in &s.tokens_by_role {
-        println!("  {role:<16} {t}");
+        outln!("  {role:<16} {t}");
     }
-    println!("tokens by tool");
+    outln!("tokens by tool");
     let mut tools: Vec<_> = s.tokens_by_tool.iter().collect();
     tools.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     for (tool, t) in tools {
-        println!("  {tool:<16} {t}");
+        outln!("  {tool:<16} {t}");
     }
-    println!("rendered context   {} messages, {} tokens", s.context_messages, s.context_tokens);
+    outln!("rendered context   {} messages, {} tokens", s.context_messages, s.context_tokens);
     Ok(())
 }
 
@@ -258,7 +266,7 @@ fn render(store: &Store, a: &Args) -> Result<ExitCode> {
         None => session.render()?,
     };
     let v = encode(&rendered.messages, a.get("as").unwrap_or("neutral"))?;
-    println!("{}", serde_json::to_string_pretty(&v)?);
+    outln!("{}", serde_json::to_string_pretty(&v)?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -301,18 +309,18 @@ fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
             "duplicate_calls": rendered.report.duplicate_calls,
         }));
         if !a.flag("json") && (!same || !violations.is_empty()) {
-            println!("FAIL {}: identical={same}", info.name);
+            outln!("FAIL {}: identical={same}", info.name);
             for v in violations.iter().take(5) {
-                println!("  {v}");
+                outln!("  {v}");
             }
         }
     }
     if a.flag("json") {
-        println!("{}", serde_json::to_string_pretty(&json!({
+        outln!("{}", serde_json::to_string_pretty(&json!({
             "sessions": report.sessions, "events": report.events, "blobs": report.blobs, "failed": bad, "results": rows,
         }))?);
     } else {
-        println!("verified {} sessions, {} events, {} blobs: {} failed", report.sessions, report.events, report.blobs, bad);
+        outln!("verified {} sessions, {} events, {} blobs: {} failed", report.sessions, report.events, report.blobs, bad);
     }
     Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
@@ -327,7 +335,7 @@ fn run_demo(store: &Store, dir: &Path, a: &Args) -> Result<ExitCode> {
         std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
         let o = store.import_file(&file, name)?;
         if !a.flag("json") {
-            println!("generated {} ({} bytes) and imported it as session `{name}` ({} events)\n", file.display(), text.len(), o.events);
+            outln!("generated {} ({} bytes) and imported it as session `{name}` ({} events)\n", file.display(), text.len(), o.events);
         }
     }
     print_stats(&store.session(name)?, a.flag("json"))?;

@@ -12,6 +12,10 @@ fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     match commands::run(argv) {
         Ok(code) => code,
+        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
+            // The reader went away (`condense … | head`): not an error of ours.
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             let mut msg = e.to_string();
             for cause in e.chain().skip(1) {

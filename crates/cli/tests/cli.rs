@@ -66,3 +66,24 @@ fn errors_are_one_line_and_non_zero() {
     assert_eq!(code, 2);
     assert!(err.contains("unknown command `frobnicate`"));
 }
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    assert_eq!(condense(&store, &["demo"]).0, 0);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_condense"))
+        .arg("--store")
+        .arg(&store)
+        .args(["render", "demo"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap(); // then the pipe closes
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty());
+}
