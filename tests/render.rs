@@ -3,20 +3,8 @@
 //! up to date equals a render from scratch after every event.
 
 use condense_events::{Block, Entry, Event, Message, SourceEvent, UserOrigin};
+use condense_engine::demo::Rng;
 use condense_render::{check, Projection};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn random_event(rng: &mut Rng, n: u64, ids: &[String], calls: &[String]) -> SourceEvent {
     let parent = match rng.below(10) {

@@ -19,15 +19,21 @@ impl Default for DemoConfig {
     }
 }
 
-struct Rng(u64);
+/// A small deterministic generator (xorshift64) for generated sessions and tests: the same seed gives the
+/// same sequence on every machine. The seed must not be 0.
+pub struct Rng(pub u64);
+
 impl Rng {
-    fn next(&mut self) -> u64 {
+    /// The next value.
+    pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
-    fn below(&mut self, n: u64) -> u64 {
+
+    /// A value in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 }
