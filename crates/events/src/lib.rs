@@ -6,8 +6,13 @@
 //! positional encoding stays valid; new variants are only ever appended at the end of an enum, so older
 //! logs keep decoding.
 
+mod config;
 mod message;
 
+pub use config::{
+    normalize_count, BatchingMode, PruneConfig, PruneOn, RawConfig, AUTO_BUDGET_CAP, AUTO_BUDGET_PRESETS,
+    DEFAULT_AUTO_BUDGET, MIN_BATCH_CHARS_PRESETS, RECOVERY_GRACE_PRESETS, ROLLING_WINDOW_PRESETS,
+};
 pub use message::{Block, Context, Message, StopReason, Usage, UserOrigin};
 
 use serde::{Deserialize, Serialize};
@@ -168,6 +173,68 @@ pub enum Entry {
     },
 }
 
+/// The one name of the recovery tool, shared by the tool, the grace window and chain deferral.
+pub const QUERY_TOOL_NAME: &str = "context_tree_query";
+
+/// A captured tool output: the index record behind a `tN` ref.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The ref number (`t<ref_n>`).
+    pub ref_n: u32,
+    /// The batch it was captured in.
+    pub batch: u32,
+    /// Entry id of the tool-result message.
+    pub entry: String,
+    /// Entry id of the assistant message holding the call.
+    pub call_entry: String,
+    /// The provider's call id.
+    pub call_id: String,
+    /// Occurrence key `toolCallId@resultTimestamp` (the result's entry id stands in for the timestamp,
+    /// which the neutral model does not keep: it is unique per occurrence all the same).
+    pub occurrence: String,
+    /// Tool name.
+    pub tool: String,
+    /// Arguments of the call (JSON text).
+    pub arguments: String,
+    /// Whether the tool reported an error.
+    pub is_error: bool,
+    /// Characters (UTF-16 units) of the output text.
+    pub chars: u64,
+    /// blake3 of tool name + normalized text (the dedup key), hex.
+    pub hash: String,
+    /// Turn index (assistant messages before the call on the branch).
+    pub turn: u32,
+    /// User-turn-group (prompts at or before the result on the branch).
+    pub utg: u32,
+    /// Never stubbed (protected tool or path).
+    pub protected: bool,
+}
+
+/// How a batch ended at prune time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchOutcome {
+    /// Its outputs were summarized and are rendered as stubs.
+    Summarized,
+    /// Every output in it duplicates an earlier one.
+    SkippedDeduped,
+    /// It is smaller than `minBatchChars`.
+    SkippedTrivial,
+    /// Its summary was not smaller than its raw text.
+    SkippedOversized,
+}
+
+impl BatchOutcome {
+    /// The outcome's name as the seed writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BatchOutcome::Summarized => "summarized",
+            BatchOutcome::SkippedDeduped => "skipped-deduped",
+            BatchOutcome::SkippedTrivial => "skipped-trivial",
+            BatchOutcome::SkippedOversized => "skipped-oversized",
+        }
+    }
+}
+
 /// Decisions of the engine's stages. Later stages add variants at the end of this enum.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum DecisionEvent {
@@ -178,12 +245,77 @@ pub enum DecisionEvent {
         /// What it decided.
         text: String,
     },
+    /// A tool output was captured and indexed.
+    OutputCaptured(Record),
+    /// An output was written to a blob file; its stub shows the preview.
+    OutputSpilled {
+        /// The ref.
+        ref_n: u32,
+        /// blake3 of the blob (hex).
+        blob: String,
+        /// Bytes of the output.
+        bytes: u64,
+        /// The head preview shown in the stub.
+        preview: String,
+    },
+    /// An output duplicates an earlier one and stands for it.
+    OutputAliased {
+        /// The duplicate's ref.
+        ref_n: u32,
+        /// The original's ref.
+        original: u32,
+    },
+    /// A batch was closed at prune time.
+    BatchClosed {
+        /// The batch.
+        batch: u32,
+        /// Its refs.
+        refs: Vec<u32>,
+        /// What happened to it.
+        outcome: BatchOutcome,
+        /// The summary of each summarized ref, in ref order.
+        summaries: Vec<(u32, String)>,
+    },
+    /// The frontier moved: every tool result up to this entry is captured.
+    FrontierAdvanced {
+        /// The last entry captured.
+        entry: String,
+    },
+    /// The arguments of a failed call are replaced by a marker from now on.
+    ErrorArgsPurged {
+        /// Entry id of the assistant message.
+        entry: String,
+        /// The call id.
+        call_id: String,
+        /// Characters of the arguments purged.
+        chars: u64,
+    },
+    /// A closed chain was compressed into one block.
+    ChainCompressed {
+        /// The block number (`b<block>`).
+        block: u32,
+        /// Entry id of the chain's user prompt.
+        first: String,
+        /// Entry id of the chain's final text-only reply.
+        last: String,
+        /// The tool refs inside the chain.
+        refs: Vec<u32>,
+        /// The block's text.
+        body: String,
+    },
 }
 
 impl DecisionEvent {
     fn kind(&self) -> &'static str {
         match self {
             DecisionEvent::Note { .. } => "note",
+            DecisionEvent::OutputCaptured(_) => "output_captured",
+            DecisionEvent::OutputSpilled { .. } => "output_spilled",
+            DecisionEvent::OutputAliased { .. } => "output_aliased",
+            DecisionEvent::BatchClosed { .. } => "batch_closed",
+            DecisionEvent::FrontierAdvanced { .. } => "frontier_advanced",
+            DecisionEvent::ErrorArgsPurged { .. } => "error_args_purged",
+            DecisionEvent::ChainCompressed { .. } => "chain_compressed",
         }
     }
 }

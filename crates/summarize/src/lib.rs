@@ -1,0 +1,247 @@
+//! Summarizing tool outputs. [`Summarizer`] is what the pruning pipeline calls, once per batch; the
+//! embedded default, [`Extractive`], needs no network and no model: it keeps a header naming the ref,
+//! tool and size, the lines that report errors, the paths mentioned, and the head and tail of the text.
+//! Its output depends only on its input, so a replay writes the same summaries.
+
+/// One output of a batch, as the summarizer sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Item<'a> {
+    /// The ref number (`t<ref_n>`).
+    pub ref_n: u32,
+    /// Tool name.
+    pub tool: &'a str,
+    /// Arguments of the call (JSON text).
+    pub arguments: &'a str,
+    /// The output text.
+    pub text: &'a str,
+    /// Whether the tool reported an error.
+    pub is_error: bool,
+}
+
+/// Why a summarizer failed.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum SummarizeError {
+    /// The summarizer answered with a different number of summaries than items.
+    #[error("{name}: {got} summaries for {want} outputs")]
+    Count {
+        /// Summarizer.
+        name: String,
+        /// Summaries received.
+        got: usize,
+        /// Outputs sent.
+        want: usize,
+    },
+    /// The summarizer could not be reached or answered with an error.
+    #[error("{name}: {reason}")]
+    Failed {
+        /// Summarizer.
+        name: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Turns a batch of tool outputs into one summary per output, each naming its ref.
+pub trait Summarizer: Send + Sync {
+    /// A short name for reports.
+    fn name(&self) -> &str;
+    /// Summarizes a batch in one request; the result has one summary per item, in order.
+    fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError>;
+}
+
+/// The deterministic extractive summarizer.
+#[derive(Debug, Clone, Copy)]
+pub struct Extractive {
+    /// Longest line kept, in characters.
+    pub line_chars: usize,
+    /// Lines kept from the head and from the tail.
+    pub head_tail: usize,
+    /// Error lines kept.
+    pub error_lines: usize,
+    /// Paths kept.
+    pub paths: usize,
+}
+
+impl Default for Extractive {
+    fn default() -> Self {
+        Extractive { line_chars: 100, head_tail: 2, error_lines: 3, paths: 5 }
+    }
+}
+
+fn clip(s: &str, max: usize) -> String {
+    let s = s.trim();
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+fn is_error_line(l: &str) -> bool {
+    let lower = l.to_ascii_lowercase();
+    ["error", "failed", "panic", "exception", "traceback", "fatal", "denied", "not found"].iter().any(|w| lower.contains(w))
+}
+
+/// A token with surrounding punctuation and a `:line:col` suffix removed.
+fn path_part(tok: &str) -> &str {
+    let t = tok.trim_matches(|c: char| !(c.is_alphanumeric() || "/._-".contains(c)));
+    t.split(':').next().unwrap_or(t)
+}
+
+fn looks_like_path(tok: &str) -> bool {
+    let t = path_part(tok);
+    t.len() > 3
+        && t.len() < 120
+        && t.contains('/')
+        && t.rsplit('/').next().is_some_and(|f| f.contains('.') && !f.ends_with('.'))
+        && !t.starts_with("http")
+        && !t.contains("//")
+}
+
+impl Extractive {
+    /// The summary of one output.
+    pub fn one(&self, item: &Item<'_>) -> String {
+        let lines: Vec<&str> = item.text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let mut out = format!(
+            "t{} {}{}: {} chars, {} lines{}",
+            item.ref_n,
+            item.tool,
+            args_hint(item.arguments),
+            item.text.chars().count(),
+            item.text.lines().count(),
+            if item.is_error { ", error" } else { "" }
+        );
+        let errors: Vec<&str> = lines.iter().copied().filter(|l| is_error_line(l)).take(self.error_lines).collect();
+        for e in &errors {
+            out.push_str("\n  ! ");
+            out.push_str(&clip(e, self.line_chars));
+        }
+        let mut paths: Vec<String> = Vec::new();
+        'scan: for l in &lines {
+            for tok in l.split_whitespace() {
+                if looks_like_path(tok) {
+                    let p = path_part(tok).to_string();
+                    if !paths.contains(&p) {
+                        paths.push(p);
+                        if paths.len() == self.paths {
+                            break 'scan;
+                        }
+                    }
+                }
+            }
+        }
+        if !paths.is_empty() {
+            out.push_str("\n  paths: ");
+            out.push_str(&paths.join(", "));
+        }
+        let n = self.head_tail;
+        if lines.len() <= 2 * n {
+            for l in &lines {
+                out.push_str("\n  | ");
+                out.push_str(&clip(l, self.line_chars));
+            }
+        } else {
+            for l in &lines[..n] {
+                out.push_str("\n  | ");
+                out.push_str(&clip(l, self.line_chars));
+            }
+            out.push_str(&format!("\n  | … {} lines …", lines.len() - 2 * n));
+            for l in &lines[lines.len() - n..] {
+                out.push_str("\n  | ");
+                out.push_str(&clip(l, self.line_chars));
+            }
+        }
+        out
+    }
+}
+
+/// A short hint of the call's arguments: the first string value, clipped.
+fn args_hint(arguments: &str) -> String {
+    // Arguments are JSON text; a string value is the part between the first `":"` and the next quote.
+    let Some(start) = arguments.find(":\"") else { return String::new() };
+    let rest = &arguments[start + 2..];
+    let mut value = String::new();
+    let mut escaped = false;
+    for c in rest.chars() {
+        match (escaped, c) {
+            (true, 'n') => {
+                value.push(' ');
+                escaped = false;
+            }
+            (true, c) => {
+                value.push(c);
+                escaped = false;
+            }
+            (false, '\\') => escaped = true,
+            (false, '"') => break,
+            (false, c) => value.push(c),
+        }
+        if value.chars().count() > 60 {
+            break;
+        }
+    }
+    if value.is_empty() { String::new() } else { format!(" ({})", clip(&value, 60)) }
+}
+
+impl Summarizer for Extractive {
+    fn name(&self) -> &str {
+        "extractive"
+    }
+
+    fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
+        Ok(batch.iter().map(|i| self.one(i)).collect())
+    }
+}
+
+/// A summarizer that falls back to another when the first fails or miscounts.
+pub struct WithFallback<P, F> {
+    /// Tried first.
+    pub primary: P,
+    /// Used when the primary fails.
+    pub fallback: F,
+}
+
+impl<P: Summarizer, F: Summarizer> Summarizer for WithFallback<P, F> {
+    fn name(&self) -> &str {
+        self.primary.name()
+    }
+
+    fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
+        match self.primary.summarize(batch) {
+            Ok(s) if s.len() == batch.len() => Ok(s),
+            _ => self.fallback.summarize(batch),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extractive_keeps_errors_paths_head_and_tail() {
+        let text = "Compiling app v0.1.0 (/work/app)\nwarning: unused\nerror[E0425]: cannot find value `x` in src/main.rs\n --> src/main.rs:3:5\nline a\nline b\nline c\nerror: could not compile `app`\n";
+        let s = Extractive::default().one(&Item { ref_n: 7, tool: "bash", arguments: r#"{"command":"cargo build"}"#, text, is_error: true });
+        assert_eq!(
+            s,
+            "t7 bash (cargo build): 173 chars, 8 lines, error\n  ! error[E0425]: cannot find value `x` in src/main.rs\n  ! error: could not compile `app`\n  paths: src/main.rs\n  | Compiling app v0.1.0 (/work/app)\n  | warning: unused\n  | … 4 lines …\n  | line c\n  | error: could not compile `app`"
+        );
+    }
+
+    struct Broken;
+    impl Summarizer for Broken {
+        fn name(&self) -> &str {
+            "broken"
+        }
+        fn summarize(&self, _: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
+            Err(SummarizeError::Failed { name: "broken".into(), reason: "timeout".into() })
+        }
+    }
+
+    #[test]
+    fn fallback_takes_over() {
+        let s = WithFallback { primary: Broken, fallback: Extractive::default() };
+        let out = s.summarize(&[Item { ref_n: 1, tool: "read", arguments: "{}", text: "a\nb", is_error: false }]).unwrap();
+        assert_eq!(out, vec!["t1 read: 3 chars, 2 lines\n  | a\n  | b".to_string()]);
+    }
+}
