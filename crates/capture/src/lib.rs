@@ -1,0 +1,110 @@
+//! Capture: which tool results form a batch, which are protected, and the occurrence key of each.
+//!
+//! A batch is the results of one turn (`batchingMode: turn`) or of one agent message
+//! (`agent-message`: every turn up to a final text-only reply). A result is protected when its tool is in
+//! `protectedTools` or one of its call's string arguments matches a `protectedPaths` glob.
+
+use condense_events::{Block, Message, PruneConfig};
+
+/// Text of a tool result: its text blocks joined, images as a marker (they are not text).
+pub fn output_text(m: &Message) -> String {
+    let mut out = String::new();
+    for b in m.content() {
+        match b {
+            Block::Text { text } => out.push_str(text),
+            Block::Image { mime, .. } => out.push_str(&format!("[image {mime}]")),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether an assistant message is a final reply: text and no tool calls.
+pub fn is_final_reply(m: &Message) -> bool {
+    matches!(m, Message::Assistant { .. }) && m.tool_calls().next().is_none() && !m.text().trim().is_empty()
+}
+
+/// Whether a call is protected by the configuration.
+pub fn is_protected(cfg: &PruneConfig, tool: &str, arguments: &str) -> bool {
+    cfg.protected_tools.iter().any(|t| t == tool)
+        || json_strings(arguments).iter().any(|s| cfg.protected_paths.iter().any(|g| glob_match(g, s)))
+}
+
+/// Every string literal in a JSON text, unescaped (keys too: they never look like paths).
+pub fn json_strings(json: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chars = json.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut s = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('n') => s.push('\n'),
+                    Some('t') => s.push('\t'),
+                    Some('u') => {
+                        let hex: String = chars.by_ref().take(4).collect();
+                        if let Some(ch) = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
+                            s.push(ch);
+                        }
+                    }
+                    Some(other) => s.push(other),
+                    None => break,
+                },
+                c => s.push(c),
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// Glob matching: `**` matches any run of characters including `/` (and `**/` also matches nothing),
+/// `*` any run without `/`, `?` one character other than `/`.
+pub fn glob_match(pattern: &str, path: &str) -> bool {
+    fn go(p: &[char], s: &[char]) -> bool {
+        match p.first() {
+            None => s.is_empty(),
+            Some('*') if p.get(1) == Some(&'*') => {
+                let rest = if p.get(2) == Some(&'/') { &p[3..] } else { &p[2..] };
+                (0..=s.len()).any(|i| go(rest, &s[i..])) || (p.get(2) == Some(&'/') && go(&p[2..], s))
+            }
+            Some('*') => (0..=s.len()).take_while(|&i| i == 0 || s[i - 1] != '/').any(|i| go(&p[1..], &s[i..])),
+            Some('?') => s.first().is_some_and(|&c| c != '/') && go(&p[1..], &s[1..]),
+            Some(&c) => s.first() == Some(&c) && go(&p[1..], &s[1..]),
+        }
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let s: Vec<char> = path.chars().collect();
+    go(&p, &s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        let g = "**/skills/**/*.md";
+        assert!(glob_match(g, "/home/u/.pi/skills/pdf/SKILL.md"));
+        assert!(glob_match(g, "skills/a.md"));
+        assert!(glob_match(g, "x/skills/a/b/c.md"));
+        assert!(!glob_match(g, "x/skills/a/b/c.rs"));
+        assert!(!glob_match(g, "x/skill/a.md"));
+        assert!(glob_match("src/*.rs", "src/main.rs"));
+        assert!(!glob_match("src/*.rs", "src/a/main.rs"));
+        assert!(glob_match("a?c", "abc"));
+    }
+
+    #[test]
+    fn protection() {
+        let cfg = PruneConfig { protected_tools: vec!["todo".into()], ..PruneConfig::default() };
+        assert!(is_protected(&cfg, "todo", "{}"));
+        assert!(is_protected(&cfg, "read", r#"{"path":"/w/.agents/skills/git/SKILL.md"}"#));
+        assert!(!is_protected(&cfg, "read", r#"{"path":"/w/src/SKILL.md"}"#));
+        assert_eq!(json_strings(r#"{"a":"x\"y","b":["\u0041"]}"#), vec!["a", "x\"y", "b", "A"]);
+    }
+}

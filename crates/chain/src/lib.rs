@@ -1,0 +1,133 @@
+//! Chains: a user prompt, the tool-using assistant turns it caused, and the final text-only reply that
+//! closed it. Closed chains older than the rolling window are compressed into one block with a `bN` ref
+//! whose body fuses the summaries of the outputs inside (or, when none were summarized, a deterministic
+//! digest: call count, tool histogram, first and last arguments). Protected outputs are relocated into
+//! the block verbatim.
+
+use std::collections::BTreeMap;
+
+/// A closed chain on the branch, as positions in the branch's entry list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    /// Position of the user prompt.
+    pub first: usize,
+    /// Position of the final reply.
+    pub last: usize,
+}
+
+/// A call inside a chain, for the block body.
+#[derive(Debug, Clone)]
+pub struct CallInfo<'a> {
+    /// Ref of its output, when captured.
+    pub ref_n: Option<u32>,
+    /// Tool name.
+    pub tool: &'a str,
+    /// Arguments (JSON text).
+    pub arguments: &'a str,
+    /// Summary of its output, when summarized.
+    pub summary: Option<&'a str>,
+    /// The output, when protected (relocated verbatim).
+    pub protected_output: Option<&'a str>,
+}
+
+/// Closed chains among the branch's messages. `is_prompt(i)` says whether entry `i` is a user prompt,
+/// `is_final(i)` whether it is a final text-only reply, `has_calls(i)` whether it is an assistant
+/// message with tool calls. A chain is a prompt, at least one tool-using turn, and the first final reply
+/// after them with no other prompt in between.
+pub fn closed_chains(n: usize, is_prompt: impl Fn(usize) -> bool, is_final: impl Fn(usize) -> bool, has_calls: impl Fn(usize) -> bool) -> Vec<Span> {
+    let mut out = Vec::new();
+    let mut start: Option<usize> = None;
+    let mut tools = false;
+    for i in 0..n {
+        if is_prompt(i) {
+            start = Some(i);
+            tools = false;
+        } else if has_calls(i) {
+            tools = true;
+        } else if is_final(i) {
+            if let (Some(s), true) = (start, tools) {
+                out.push(Span { first: s, last: i });
+            }
+            start = None;
+            tools = false;
+        }
+    }
+    out
+}
+
+fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// The text of a compressed chain block.
+pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
+    let refs: Vec<String> = calls.iter().filter_map(|c| c.ref_n.map(|r| format!("t{r}"))).collect();
+    let mut out = format!(
+        "[Compressed chain b{block}: {} tool call{}{}]",
+        calls.len(),
+        if calls.len() == 1 { "" } else { "s" },
+        if refs.is_empty() { String::new() } else { format!("; outputs {}", refs.join(" ")) }
+    );
+    let summaries: Vec<&str> = calls.iter().filter_map(|c| c.summary).collect();
+    if summaries.is_empty() {
+        let mut hist: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in calls {
+            *hist.entry(c.tool).or_default() += 1;
+        }
+        let h: Vec<String> = hist.iter().map(|(t, n)| format!("{t}×{n}")).collect();
+        out.push_str(&format!("\ntools: {}", h.join(", ")));
+        if let Some(first) = calls.first() {
+            out.push_str(&format!("\nfirst: {} {}", first.tool, clip(first.arguments, 160)));
+        }
+        if calls.len() > 1 {
+            if let Some(last) = calls.last() {
+                out.push_str(&format!("\nlast: {} {}", last.tool, clip(last.arguments, 160)));
+            }
+        }
+    } else {
+        for s in summaries {
+            out.push('\n');
+            out.push_str(s);
+        }
+    }
+    for c in calls {
+        if let (Some(text), Some(r)) = (c.protected_output, c.ref_n) {
+            out.push_str(&format!("\n[protected output t{r} ({}), verbatim]\n{text}", c.tool));
+        }
+    }
+    out.push_str(&format!(
+        "\nRecover originals with {}({{\"refs\":[\"b{block}\"]}}) or by tN ref.",
+        condense_events::QUERY_TOOL_NAME
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chains_need_tools_and_a_final_reply() {
+        // 0 prompt, 1 calls, 2 result-ish (neither), 3 final, 4 prompt, 5 final (no tools), 6 prompt, 7 calls
+        let prompt = [0, 4, 6];
+        let fin = [3, 5];
+        let calls = [1, 7];
+        let spans = closed_chains(8, |i| prompt.contains(&i), |i| fin.contains(&i), |i| calls.contains(&i));
+        assert_eq!(spans, vec![Span { first: 0, last: 3 }]);
+    }
+
+    #[test]
+    fn body_without_summaries_is_a_digest() {
+        let calls = [
+            CallInfo { ref_n: Some(1), tool: "read", arguments: "{\"path\":\"a\"}", summary: None, protected_output: None },
+            CallInfo { ref_n: None, tool: "bash", arguments: "{\"command\":\"ls\"}", summary: None, protected_output: Some("keep me") },
+        ];
+        assert_eq!(
+            block_body(2, &calls),
+            "[Compressed chain b2: 2 tool calls; outputs t1]\ntools: bash×1, read×1\nfirst: read {\"path\":\"a\"}\nlast: bash {\"command\":\"ls\"}\nRecover originals with context_tree_query({\"refs\":[\"b2\"]}) or by tN ref."
+        );
+    }
+}

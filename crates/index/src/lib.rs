@@ -1,0 +1,151 @@
+//! The index: every captured output's record behind its `tN` ref, the batches and their outcomes, the
+//! frontier, spills, aliases, purges and compressed chains, folded from decision events. Lookups take a
+//! ref (`t12`, `b3`) or a raw tool-call id. Ref numbers are given in capture order, so they depend only
+//! on the events.
+
+use condense_events::{BatchOutcome, DecisionEvent, Record};
+use std::collections::BTreeMap;
+
+/// A spilled output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spill {
+    /// blake3 of the blob (hex).
+    pub blob: String,
+    /// Bytes of the output.
+    pub bytes: u64,
+    /// Head preview.
+    pub preview: String,
+}
+
+/// A compressed chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// Block number (`b<block>`).
+    pub block: u32,
+    /// Entry id of the chain's user prompt.
+    pub first: String,
+    /// Entry id of its final reply.
+    pub last: String,
+    /// Tool refs inside.
+    pub refs: Vec<u32>,
+    /// The block text.
+    pub body: String,
+}
+
+/// Everything the pipeline decided so far for one session.
+#[derive(Debug, Clone, Default)]
+pub struct Index {
+    /// Records by ref number.
+    pub records: BTreeMap<u32, Record>,
+    /// Ref by tool-result entry id.
+    pub by_entry: BTreeMap<String, u32>,
+    /// Refs by raw call id (a provider may reuse an id: every occurrence, in order).
+    pub by_call: BTreeMap<String, Vec<u32>>,
+    /// Spilled refs.
+    pub spills: BTreeMap<u32, Spill>,
+    /// Duplicate ref → original ref.
+    pub aliases: BTreeMap<u32, u32>,
+    /// Summaries of summarized refs.
+    pub summaries: BTreeMap<u32, String>,
+    /// Outcome of each closed batch.
+    pub outcomes: BTreeMap<u32, BatchOutcome>,
+    /// Refs of each batch.
+    pub batches: BTreeMap<u32, Vec<u32>>,
+    /// Purged calls: (assistant entry id, call id) → chars purged.
+    pub purged: BTreeMap<(String, String), u64>,
+    /// Compressed chains by block number.
+    pub chains: BTreeMap<u32, Chain>,
+    /// The last entry captured.
+    pub frontier: Option<String>,
+}
+
+/// What a ref names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// A tool output.
+    Output(u32),
+    /// A compressed chain.
+    Chain(u32),
+}
+
+impl Index {
+    /// Folds one decision.
+    pub fn apply(&mut self, d: &DecisionEvent) {
+        match d {
+            DecisionEvent::Note { .. } => {}
+            DecisionEvent::OutputCaptured(r) => {
+                self.by_entry.insert(r.entry.clone(), r.ref_n);
+                self.by_call.entry(r.call_id.clone()).or_default().push(r.ref_n);
+                self.batches.entry(r.batch).or_default().push(r.ref_n);
+                self.records.insert(r.ref_n, r.clone());
+            }
+            DecisionEvent::OutputSpilled { ref_n, blob, bytes, preview } => {
+                self.spills.insert(*ref_n, Spill { blob: blob.clone(), bytes: *bytes, preview: preview.clone() });
+            }
+            DecisionEvent::OutputAliased { ref_n, original } => {
+                self.aliases.insert(*ref_n, *original);
+            }
+            DecisionEvent::BatchClosed { batch, outcome, summaries, .. } => {
+                self.outcomes.insert(*batch, *outcome);
+                for (r, s) in summaries {
+                    self.summaries.insert(*r, s.clone());
+                }
+            }
+            DecisionEvent::FrontierAdvanced { entry } => self.frontier = Some(entry.clone()),
+            DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {
+                self.purged.insert((entry.clone(), call_id.clone()), *chars);
+            }
+            DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
+                self.chains.insert(
+                    *block,
+                    Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone() },
+                );
+            }
+        }
+    }
+
+    /// The next ref number to give.
+    pub fn next_ref(&self) -> u32 {
+        self.records.keys().next_back().map_or(1, |r| r + 1)
+    }
+
+    /// The next batch number to give.
+    pub fn next_batch(&self) -> u32 {
+        self.batches.keys().next_back().map_or(1, |b| b + 1)
+    }
+
+    /// The next chain block number to give.
+    pub fn next_block(&self) -> u32 {
+        self.chains.keys().next_back().map_or(1, |b| b + 1)
+    }
+
+    /// Batches captured but not closed yet, in order.
+    pub fn pending_batches(&self) -> Vec<u32> {
+        self.batches.keys().copied().filter(|b| !self.outcomes.contains_key(b)).collect()
+    }
+
+    /// Whether the output behind `ref_n` is rendered as a stub (summarized, spilled or aliased), before
+    /// protection and the recovery grace window are considered.
+    pub fn is_pruned(&self, ref_n: u32) -> bool {
+        self.spills.contains_key(&ref_n)
+            || self.summaries.contains_key(&ref_n)
+            || (self.aliases.contains_key(&ref_n)
+                && self.records.get(&ref_n).is_some_and(|r| self.outcomes.contains_key(&r.batch)))
+    }
+
+    /// Resolves `t12`, `b3` or a raw call id (its newest occurrence).
+    pub fn lookup(&self, key: &str) -> Option<Target> {
+        let key = key.trim();
+        if let Some(n) = key.strip_prefix('t').and_then(|n| n.parse::<u32>().ok()) {
+            if self.records.contains_key(&n) {
+                return Some(Target::Output(n));
+            }
+        }
+        if let Some(n) = key.strip_prefix('b').and_then(|n| n.parse::<u32>().ok()) {
+            if self.chains.contains_key(&n) {
+                return Some(Target::Chain(n));
+            }
+        }
+        self.by_call.get(key).and_then(|v| v.last()).map(|&r| Target::Output(r))
+    }
+}
