@@ -6,9 +6,12 @@
 //! an earlier point (`render_at`) folds a fresh projection from the log.
 
 pub mod demo;
+pub mod pipeline;
+pub mod query;
 mod stats;
 
-use condense_events::{Event, Seq, SessionId, SourceEvent};
+use condense_events::{Event, PruneConfig, Seq, SessionId, SourceEvent};
+use condense_summarize::{Extractive, Summarizer};
 use condense_log::{Log, LogError, SessionInfo};
 use condense_render::{Projection, Rendered};
 use std::collections::BTreeMap;
@@ -34,6 +37,14 @@ pub enum EngineError {
     /// No session has this name.
     #[error("no session named `{0}`")]
     UnknownSession(String),
+    /// A pipeline stage failed (a summarizer, a blob write); nothing of that run was stored.
+    #[error("session `{name}`: pruning pipeline: {reason}")]
+    Pipeline {
+        /// The session.
+        name: String,
+        /// What failed.
+        reason: String,
+    },
     /// A render was asked for at a sequence number past the session's head.
     #[error("session `{name}` has {head} events; cannot render at {at}")]
     PastHead {
@@ -52,6 +63,7 @@ pub type Result<T> = std::result::Result<T, EngineError>;
 struct Inner {
     log: Log,
     warm: Mutex<BTreeMap<SessionId, Arc<Mutex<Projection>>>>,
+    summarizer: Mutex<Arc<dyn Summarizer>>,
 }
 
 /// An open store: the event log plus the warm projections of the sessions used so far.
@@ -86,7 +98,18 @@ pub struct ImportOutcome {
 impl Store {
     /// Opens (or creates) a store in `dir`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
-        Ok(Store { inner: Arc::new(Inner { log: Log::open(dir)?, warm: Mutex::new(BTreeMap::new()) }) })
+        Ok(Store {
+            inner: Arc::new(Inner {
+                log: Log::open(dir)?,
+                warm: Mutex::new(BTreeMap::new()),
+                summarizer: Mutex::new(Arc::new(Extractive::default())),
+            }),
+        })
+    }
+
+    /// Replaces the summarizer the pruning pipeline uses (the embedded default is [`Extractive`]).
+    pub fn set_summarizer(&self, summarizer: Arc<dyn Summarizer>) {
+        *self.inner.summarizer.lock().expect("summarizer lock") = summarizer;
     }
 
     /// The underlying log.
@@ -151,10 +174,14 @@ impl Session {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
+        self.append_locked(&mut proj, events.into_iter().map(Event::Source).collect())
+    }
+
+    fn append_locked(&self, proj: &mut Projection, events: Vec<Event>) -> Result<Seq> {
         let log = &self.store.inner.log;
         let mut head = proj.seq();
         let mut in_flight: Option<(Vec<Event>, crossbeam_channel::Receiver<condense_log::Result<Seq>>)> = None;
-        let mut events = events.into_iter().map(Event::Source).peekable();
+        let mut events = events.into_iter().peekable();
         loop {
             let chunk: Vec<Event> = events.by_ref().take(APPEND_CHUNK).collect();
             let sent = if chunk.is_empty() {
@@ -229,6 +256,59 @@ impl Session {
     /// Renders the context as it was after event `at`.
     pub fn render_at(&self, at: Seq) -> Result<Rendered> {
         Ok(self.projection_at(at)?.render())
+    }
+
+    /// Sets the pruning configuration from here on (written as an event, so a replay uses it too).
+    pub fn configure(&self, config: PruneConfig) -> Result<Seq> {
+        self.append(vec![SourceEvent::PruneConfigured(config)])
+    }
+
+    /// Runs the pruning pipeline as before a model request, stores its decisions, and renders the
+    /// context to send. This is what a host calls before each request.
+    pub fn prepare(&self) -> Result<Rendered> {
+        self.run_pipeline(pipeline::Trigger::Request)?;
+        self.render()
+    }
+
+    /// Prunes everything the model has read, now (`pruneOn: on-demand`).
+    pub fn prune_now(&self) -> Result<Seq> {
+        self.run_pipeline(pipeline::Trigger::Now)
+    }
+
+    fn run_pipeline(&self, trigger: pipeline::Trigger) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
+        let log = &self.store.inner.log;
+        let decisions = pipeline::plan(&proj, summarizer.as_ref(), trigger, &mut |bytes| {
+            log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string())
+        })
+        .map_err(|reason| EngineError::Pipeline { name: self.name.clone(), reason })?;
+        if decisions.is_empty() {
+            return Ok(proj.seq());
+        }
+        self.append_locked(&mut proj, decisions.into_iter().map(Event::Decision).collect())
+    }
+
+    /// Answers `context_tree_query` for refs (`t12`, `b3`) or raw tool-call ids: the originals, byte for
+    /// byte, from the log or the spill blobs.
+    pub fn query(&self, keys: &[String]) -> Result<query::Answer> {
+        let proj = self.projection()?;
+        Ok(query::answer(&proj, keys, &|hash| {
+            condense_log::BlobHash::parse(hash)
+                .ok_or_else(|| format!("bad blob hash {hash}"))
+                .and_then(|h| self.store.inner.log.get_blob(&h).map_err(|e| e.to_string()))
+        }))
+    }
+
+    /// Runs the model-facing `context_tree_query` tool on its JSON arguments (`{"refs": [...]}`, with
+    /// `ids` or `toolCallIds` accepted as synonyms).
+    pub fn query_tool(&self, arguments: &str) -> Result<query::Answer> {
+        match query::keys_from_arguments(arguments) {
+            Ok(keys) => self.query(&keys),
+            Err(answer) => Ok(answer),
+        }
     }
 
     /// Counts of the session (see [`Stats`]).

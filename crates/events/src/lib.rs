@@ -122,6 +122,8 @@ pub enum SourceEvent {
         /// What was wrong and what was done about it.
         message: String,
     },
+    /// The pruning configuration in force from here on (normalized).
+    PruneConfigured(PruneConfig),
 }
 
 impl SourceEvent {
@@ -137,6 +139,7 @@ impl SourceEvent {
             SourceEvent::ProviderOverflow { .. } => "provider_overflow",
             SourceEvent::ConfigChanged { .. } => "config_changed",
             SourceEvent::ImportDiagnostic { .. } => "import_diagnostic",
+            SourceEvent::PruneConfigured(_) => "prune_configured",
         }
     }
 }

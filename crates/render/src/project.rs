@@ -1,6 +1,7 @@
 //! Folding events into the session tree and rendering the active branch.
 
-use condense_events::{Block, Context, Entry, Event, Message, Seq, SourceEvent, UserOrigin};
+use condense_events::{Block, Context, DecisionEvent, Entry, Event, Message, PruneConfig, Seq, SourceEvent, UserOrigin, QUERY_TOOL_NAME};
+use condense_index::Index;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -77,6 +78,8 @@ pub struct Projection {
     seq: Seq,
     source: Option<String>,
     inc: Mutex<Incremental>,
+    decisions: Index,
+    config: PruneConfig,
 }
 
 impl Clone for Projection {
@@ -90,6 +93,8 @@ impl Clone for Projection {
             seq: self.seq,
             source: self.source.clone(),
             inc: Mutex::new(self.inc.lock().expect("render cache lock").clone()),
+            decisions: self.decisions.clone(),
+            config: self.config.clone(),
         }
     }
 }
@@ -170,10 +175,30 @@ impl Projection {
         self.extend_render(parent, ix);
     }
 
+    /// The pruning decisions folded so far.
+    pub fn index(&self) -> &Index {
+        &self.decisions
+    }
+
+    /// The pruning configuration in force.
+    pub fn config(&self) -> &PruneConfig {
+        &self.config
+    }
+
     /// Absorbs one event.
     pub fn apply(&mut self, seq: Seq, event: &Event) {
         self.seq = seq;
-        let Event::Source(ev) = event else { return };
+        let ev = match event {
+            Event::Source(ev) => ev,
+            Event::Decision(d) => {
+                if !matches!(d, DecisionEvent::Note { .. } | DecisionEvent::FrontierAdvanced { .. }) {
+                    // A decision changes what earlier positions render as: start over at the next render.
+                    self.inc.get_mut().expect("render cache lock").valid = false;
+                }
+                self.decisions.apply(d);
+                return;
+            }
+        };
         match ev {
             SourceEvent::SessionStarted { source, .. } => self.source = Some(source.clone()),
             SourceEvent::EntryAppended { id, parent, entry } => {
@@ -202,6 +227,10 @@ impl Projection {
                     inc.valid = false;
                 }
             }
+            SourceEvent::PruneConfigured(cfg) => {
+                self.config = cfg.clone();
+                self.inc.get_mut().expect("render cache lock").valid = false;
+            }
             SourceEvent::ModelChanged { provider, model, context_window, max_output } => {
                 self.model = Some(ModelInfo {
                     provider: provider.clone(),
@@ -223,6 +252,15 @@ impl Projection {
             return;
         }
         inc.leaf = Some(ix);
+        if let Node::Message(m, _) = &self.items[ix].node {
+            // A new prompt ages recovery outputs in their grace window: one may turn back into a stub.
+            if matches!(**m, Message::User { origin: UserOrigin::Prompt, .. })
+                && self.decisions.records.values().any(|r| r.tool == QUERY_TOOL_NAME)
+            {
+                inc.valid = false;
+                return;
+            }
+        }
         match &self.items[ix].node {
             Node::Marker => {}
             Node::Compaction { .. } => inc.valid = false,
@@ -316,6 +354,25 @@ impl Projection {
         path
     }
 
+    /// The message of entry `id`, on any branch.
+    pub fn entry_message(&self, id: &str) -> Option<&Arc<Message>> {
+        match &self.items[*self.index.get(id)?].node {
+            Node::Message(m, _) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Entry ids and messages on the active branch, root first: the transcript the pipeline works on.
+    pub fn branch_entries(&self) -> Vec<(&str, &Arc<Message>)> {
+        self.path()
+            .into_iter()
+            .filter_map(|i| match &self.items[i].node {
+                Node::Message(m, _) => Some((self.items[i].id.as_str(), m)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Messages on the active branch before compaction and repair: the whole visible transcript.
     pub fn branch_messages(&self) -> Context {
         self.path()
@@ -348,22 +405,23 @@ impl Projection {
     fn render_full(&self) -> Incremental {
         let path = self.path();
         let newest = path.iter().rposition(|&i| matches!(self.items[i].node, Node::Compaction { .. }));
-        let mut raw: Vec<(&Arc<Message>, &Meta)> = Vec::with_capacity(path.len() + 4);
+        // Each message with the entry it came from (none for a compaction's summary and replacement).
+        let mut raw: Vec<(Option<usize>, &Arc<Message>, &Meta)> = Vec::with_capacity(path.len() + 4);
         let start = match newest {
             None => 0,
             Some(c) => {
                 let Node::Compaction { summary, first_kept, replacement } = &self.items[path[c]].node else {
                     unreachable!("position found by the match above")
                 };
-                raw.extend(summary.iter().map(|m| (m, &Meta::User)));
-                raw.extend(replacement.iter().map(|(m, meta)| (m, meta)));
+                raw.extend(summary.iter().map(|m| (None, m, &Meta::User)));
+                raw.extend(replacement.iter().map(|(m, meta)| (None, m, meta)));
                 let kept_from = first_kept
                     .as_ref()
                     .and_then(|k| path[..c].iter().position(|&i| &self.items[i].id == k))
                     .unwrap_or(c);
                 for &i in &path[kept_from..c] {
                     if let Node::Message(m, meta) = &self.items[i].node {
-                        raw.push((m, meta));
+                        raw.push((Some(i), m, meta));
                     }
                 }
                 c + 1
@@ -371,21 +429,139 @@ impl Projection {
         };
         for &i in &path[start..] {
             if let Node::Message(m, meta) = &self.items[i].node {
-                raw.push((m, meta));
+                raw.push((Some(i), m, meta));
             }
         }
-        let mut inc = repair(&raw, self.call_ids.len());
+        let mut inc = if self.decisions.records.is_empty() && self.decisions.chains.is_empty() {
+            let plain: Vec<(&Arc<Message>, &Meta)> = raw.iter().map(|(_, m, meta)| (*m, *meta)).collect();
+            repair(&plain, self.call_ids.len())
+        } else {
+            let phased = self.phases(&raw);
+            let refs: Vec<(&Arc<Message>, &Meta)> = phased.iter().map(|(m, meta)| (m, *meta)).collect();
+            repair(&refs, self.call_ids.len())
+        };
         inc.leaf = self.leaf;
         inc
     }
+
+    /// Render phases over the branch (seed 000 and the pipeline it takes for granted):
+    /// 1. stub replace: a pruned output becomes its stub, unless protected or a `context_tree_query`
+    ///    output still in its recovery grace window;
+    /// 2. errored-argument purge: purged calls show a marker instead of their arguments;
+    /// 3. chain compression: a compressed chain keeps its prompt, then its block, then its final reply
+    ///    (thinking stripped);
+    /// 4. the orphan sweep is `repair`, which runs after these phases.
+    fn phases<'a>(&'a self, raw: &[(Option<usize>, &'a Arc<Message>, &'a Meta)]) -> Vec<(Arc<Message>, &'a Meta)> {
+        let idx = &self.decisions;
+        let grace = self.config.recovery_grace_turns;
+        // Positional user-turn-groups: prompts at or before each position, and in all.
+        let mut utg_at = Vec::with_capacity(raw.len());
+        let mut utg = 0u64;
+        for (_, m, _) in raw {
+            if matches!(***m, Message::User { origin: UserOrigin::Prompt, .. }) {
+                utg += 1;
+            }
+            utg_at.push(utg);
+        }
+        let now_utg = utg;
+        let chain_by_first: std::collections::BTreeMap<&str, &condense_index::Chain> =
+            idx.chains.values().map(|c| (c.first.as_str(), c)).collect();
+        let position_of = |id: &str| raw.iter().position(|(i, _, _)| i.is_some_and(|i| self.items[i].id == id));
+        let mut out: Vec<(Arc<Message>, &Meta)> = Vec::with_capacity(raw.len());
+        let mut k = 0;
+        while k < raw.len() {
+            let (item, m, meta) = raw[k];
+            let id = item.map(|i| self.items[i].id.as_str());
+            // Phase 3: a compressed chain starting here.
+            if let Some(chain) = id.and_then(|id| chain_by_first.get(id)) {
+                if let Some(last) = position_of(&chain.last).filter(|&l| l > k) {
+                    out.push((m.clone(), meta));
+                    out.push((Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)), &Meta::User));
+                    let (_, fm, fmeta) = raw[last];
+                    let stripped = if self.config.thinking_strip {
+                        strip_thinking(fm)
+                    } else {
+                        fm.clone()
+                    };
+                    out.push((stripped, fmeta));
+                    k = last + 1;
+                    continue;
+                }
+            }
+            let rendered = match (meta, id) {
+                (Meta::Result { .. }, Some(id)) => match idx.by_entry.get(id).and_then(|r| idx.records.get(r)) {
+                    Some(rec) if !rec.protected && idx.is_pruned(rec.ref_n) => {
+                        let in_grace = rec.tool == QUERY_TOOL_NAME && grace > 0 && now_utg - utg_at[k] <= grace;
+                        if in_grace { m.clone() } else { Arc::new(stub(idx, rec, m)) }
+                    }
+                    _ => m.clone(),
+                },
+                (Meta::Assistant { dedup: None, .. }, Some(id)) if idx.purged.keys().any(|(e, _)| e == id) => {
+                    Arc::new(purge(idx, id, m))
+                }
+                _ => m.clone(),
+            };
+            out.push((rendered, meta));
+            k += 1;
+        }
+        out
+    }
 }
 
-/// Makes a message list provider-valid: each tool call is followed, before the next non-result message,
-/// by exactly one result, in call order. A result that arrives later than that (after a user line in
-/// Claude Code, say) moves up to its call; a call with no result gets [`SYNTHETIC_RESULT_TEXT`] as an
-/// error result; a result with no open call before it is dropped and reported; an assistant message with
-/// no content is dropped. Provider call ids can repeat over a session, so a result answers the newest
-/// open call with its id.
+/// A copy of an assistant message without its thinking blocks.
+fn strip_thinking(m: &Arc<Message>) -> Arc<Message> {
+    match &**m {
+        Message::Assistant { content, model, stop, usage } if content.iter().any(|b| matches!(b, Block::Thinking { .. })) => {
+            let content: Vec<Block> = content.iter().filter(|b| !matches!(b, Block::Thinking { .. })).cloned().collect();
+            Arc::new(Message::Assistant { content, model: model.clone(), stop: *stop, usage: *usage })
+        }
+        _ => m.clone(),
+    }
+}
+
+/// The stub that stands for a pruned output: same bytes on every render.
+fn stub(idx: &Index, rec: &condense_events::Record, original: &Message) -> Message {
+    let r = rec.ref_n;
+    let recover = format!("{QUERY_TOOL_NAME}({{\"refs\":[\"t{r}\"]}})");
+    let text = if let Some(sp) = idx.spills.get(&r) {
+        format!(
+            "[t{r} · {} · {} bytes, spilled to storage · head preview follows]\n{}\n[… rest of t{r} not shown; recover the full output with {recover}]",
+            rec.tool, sp.bytes, sp.preview
+        )
+    } else if let Some(orig) = idx.aliases.get(&r) {
+        format!("[t{r} · {} · identical to the output of t{orig}; recover it with {recover}]", rec.tool)
+    } else if let Some(summary) = idx.summaries.get(&r) {
+        format!("{summary}\n[pruned output t{r}; recover the original with {recover}]")
+    } else {
+        format!("[t{r} · {} · pruned; recover it with {recover}]", rec.tool)
+    };
+    let (call_id, tool_name, is_error) = match original {
+        Message::ToolResult { call_id, tool_name, is_error, .. } => (call_id.clone(), tool_name.clone(), *is_error),
+        _ => (rec.call_id.clone(), rec.tool.clone(), rec.is_error),
+    };
+    Message::ToolResult { call_id, tool_name, content: vec![Block::Text { text }], is_error }
+}
+
+/// A copy of an assistant message whose purged calls show a marker instead of their arguments.
+fn purge(idx: &Index, entry: &str, m: &Message) -> Message {
+    let Message::Assistant { content, model, stop, usage } = m else { return m.clone() };
+    let content = content
+        .iter()
+        .map(|b| match b {
+            Block::ToolCall { id, name, .. } if idx.purged.contains_key(&(entry.to_string(), id.clone())) => {
+                let chars = idx.purged[&(entry.to_string(), id.clone())];
+                Block::ToolCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                    arguments: format!("{{\"purged\":\"arguments of a failed call ({chars} chars) removed\"}}"),
+                }
+            }
+            other => other.clone(),
+        })
+        .collect();
+    Message::Assistant { content, model: model.clone(), stop: *stop, usage: *usage }
+}
+
 fn synthetic(id: &str, name: &str) -> Arc<Message> {
     Arc::new(Message::ToolResult {
         call_id: id.to_string(),

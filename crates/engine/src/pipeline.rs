@@ -1,0 +1,348 @@
+//! The pruning pipeline: capture → index → spill → dedup → summarize → chain, run before a model request.
+//! It reads the warm projection, decides, and returns decision events; the session appends them, and the
+//! render reads only those events. Every choice here depends only on the events and the configuration,
+//! so a replay decides the same.
+
+use condense_capture::{is_final_reply, is_protected, output_text};
+use condense_events::{BatchOutcome, BatchingMode, DecisionEvent, Message, PruneOn, Record, UserOrigin, QUERY_TOOL_NAME};
+use condense_render::Projection;
+use condense_summarize::{Item, Summarizer};
+use condense_tokens::js_len;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Why the pipeline prunes now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// Before a model request: prune if `pruneOn` or the budget says so.
+    Request,
+    /// Asked for (`on-demand`): prune everything the model has read.
+    Now,
+}
+
+/// Where a call sits.
+struct CallSite<'a> {
+    pos: usize,
+    entry: &'a str,
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// Decides what the pipeline does now. `put_blob` stores a spilled output and returns its hash.
+pub fn plan(
+    p: &Projection,
+    summarizer: &dyn Summarizer,
+    trigger: Trigger,
+    put_blob: &mut dyn FnMut(&[u8]) -> Result<String, String>,
+) -> Result<Vec<DecisionEvent>, String> {
+    let cfg = p.config();
+    if !cfg.enabled {
+        return Ok(Vec::new());
+    }
+    let idx = p.index();
+    let branch = p.branch_entries();
+    let n = branch.len();
+    let mut out = Vec::new();
+
+    // Positional counters: turns (assistant messages before) and user-turn-groups (prompts at or before).
+    let mut turn_at = Vec::with_capacity(n);
+    let mut utg_at = Vec::with_capacity(n);
+    let mut chain_at = Vec::with_capacity(n);
+    let (mut turns, mut utg, mut chains) = (0u32, 0u32, 0u32);
+    for (_, m) in &branch {
+        if matches!(***m, Message::User { origin: UserOrigin::Prompt, .. }) {
+            utg += 1;
+        }
+        turn_at.push(turns);
+        utg_at.push(utg);
+        chain_at.push(chains);
+        if matches!(***m, Message::Assistant { .. }) {
+            turns += 1;
+        }
+        if is_final_reply(m) {
+            chains += 1;
+        }
+    }
+    let last_assistant = branch.iter().rposition(|(_, m)| matches!(***m, Message::Assistant { .. }));
+    let last_final = branch.iter().rposition(|(_, m)| is_final_reply(m));
+
+    // Capture: every tool result on the branch not captured yet, with the call it answers.
+    let mut calls: BTreeMap<&str, CallSite<'_>> = BTreeMap::new();
+    let mut seen_hash: BTreeMap<&str, u32> = BTreeMap::new();
+    for r in idx.records.values() {
+        seen_hash.entry(r.hash.as_str()).or_insert(r.ref_n);
+    }
+    let mut new_hash: BTreeMap<String, u32> = BTreeMap::new();
+    let mut next_ref = idx.next_ref();
+    let mut next_batch = idx.next_batch();
+    let mut batch_of_key: BTreeMap<u32, u32> = BTreeMap::new();
+    // In agent-message mode a batch still open from an earlier capture keeps growing.
+    let open_batch = idx.pending_batches().last().copied();
+    let mut new_records: Vec<Record> = Vec::new();
+    let mut texts: BTreeMap<u32, String> = BTreeMap::new();
+    for (pos, (id, m)) in branch.iter().enumerate() {
+        match &***m {
+            Message::Assistant { .. } => {
+                for (cid, name, arguments) in m.tool_calls() {
+                    calls.insert(cid, CallSite { pos, entry: id, name, arguments });
+                }
+            }
+            Message::ToolResult { call_id, is_error, .. } => {
+                if idx.by_entry.contains_key(*id) {
+                    continue;
+                }
+                let Some(call) = calls.get(call_id.as_str()) else { continue };
+                let text = output_text(m);
+                let key = match cfg.batching_mode {
+                    BatchingMode::Turn => call.pos as u32,
+                    BatchingMode::AgentMessage => chain_at[pos],
+                };
+                let batch = *batch_of_key.entry(key).or_insert_with(|| {
+                    let reuse = cfg.batching_mode == BatchingMode::AgentMessage
+                        && open_batch.is_some_and(|b| {
+                            idx.batches[&b].iter().any(|r| {
+                                let e = &idx.records[r].entry;
+                                branch.iter().position(|(i, _)| i == e).is_some_and(|p| chain_at[p] == key)
+                            })
+                        });
+                    if reuse {
+                        open_batch.expect("checked")
+                    } else {
+                        next_batch += 1;
+                        next_batch - 1
+                    }
+                });
+                let tool = if m.role() == "tool" { tool_name(m, call.name) } else { call.name.to_string() };
+                let hash = condense_dedup::key(&tool, &text);
+                let ref_n = next_ref;
+                next_ref += 1;
+                let rec = Record {
+                    ref_n,
+                    batch,
+                    entry: id.to_string(),
+                    call_entry: call.entry.to_string(),
+                    call_id: call_id.clone(),
+                    occurrence: format!("{call_id}@{id}"),
+                    protected: is_protected(cfg, &tool, call.arguments),
+                    tool,
+                    arguments: call.arguments.to_string(),
+                    is_error: *is_error,
+                    chars: js_len(&text) as u64,
+                    hash: hash.clone(),
+                    turn: turn_at[call.pos],
+                    utg: utg_at[pos],
+                };
+                out.push(DecisionEvent::OutputCaptured(rec.clone()));
+                if cfg.dedup {
+                    if let Some(&orig) = seen_hash.get(hash.as_str()).or(new_hash.get(&hash)) {
+                        out.push(DecisionEvent::OutputAliased { ref_n, original: orig });
+                    } else {
+                        new_hash.insert(hash, ref_n);
+                    }
+                }
+                if condense_spill::should_spill(rec.chars, cfg.spill_threshold) && !rec.protected {
+                    let blob = put_blob(text.as_bytes())?;
+                    out.push(DecisionEvent::OutputSpilled {
+                        ref_n,
+                        blob,
+                        bytes: text.len() as u64,
+                        preview: condense_spill::preview(&text, cfg.spill_preview_bytes),
+                    });
+                }
+                texts.insert(ref_n, text);
+                new_records.push(rec);
+            }
+            Message::User { .. } => {}
+        }
+    }
+    if let Some((last, _)) = branch.last() {
+        if idx.frontier.as_deref() != Some(*last) {
+            out.push(DecisionEvent::FrontierAdvanced { entry: last.to_string() });
+        }
+    }
+
+    // Which pending batches close now.
+    let position: BTreeMap<&str, usize> = branch.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+    let mut pending: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    for b in idx.pending_batches() {
+        pending.insert(b, idx.batches[&b].iter().map(|r| &idx.records[r]).collect());
+    }
+    for r in &new_records {
+        pending.entry(r.batch).or_default().push(r);
+    }
+    let pos_of = |r: &Record| position.get(r.entry.as_str()).copied();
+    let read_before = |limit: Option<usize>, recs: &[&Record]| {
+        limit.is_some_and(|l| recs.iter().all(|r| pos_of(r).is_some_and(|p| p < l)))
+    };
+    let seen: Vec<u32> = pending.iter().filter(|(_, recs)| read_before(last_assistant, recs)).map(|(b, _)| *b).collect();
+    let closing: Vec<u32> = match trigger {
+        Trigger::Now => seen.clone(),
+        Trigger::Request => {
+            let by_reply: Vec<u32> = if cfg.prune_on == PruneOn::AgentMessage {
+                pending.iter().filter(|(_, recs)| read_before(last_final, recs)).map(|(b, _)| *b).collect()
+            } else {
+                Vec::new()
+            };
+            let verbatim_tokens: u64 = seen
+                .iter()
+                .flat_map(|b| pending[b].iter())
+                .filter(|r| !r.protected && !idx.spills.contains_key(&r.ref_n))
+                .map(|r| r.chars.div_ceil(4))
+                .sum();
+            if cfg.auto_budget_threshold > 0 && verbatim_tokens >= cfg.auto_budget_threshold {
+                seen.clone()
+            } else {
+                by_reply
+            }
+        }
+    };
+    if closing.is_empty() {
+        return Ok(out);
+    }
+
+    // Close them: trivial, deduplicated, summarized or oversized.
+    let aliased: Vec<u32> = out
+        .iter()
+        .filter_map(|d| match d {
+            DecisionEvent::OutputAliased { ref_n, .. } => Some(*ref_n),
+            _ => None,
+        })
+        .chain(idx.aliases.keys().copied())
+        .collect();
+    let spilled: Vec<u32> = out
+        .iter()
+        .filter_map(|d| match d {
+            DecisionEvent::OutputSpilled { ref_n, .. } => Some(*ref_n),
+            _ => None,
+        })
+        .chain(idx.spills.keys().copied())
+        .collect();
+    let mut new_summaries: BTreeMap<u32, String> = BTreeMap::new();
+    for b in &closing {
+        let recs = &pending[b];
+        let refs: Vec<u32> = recs.iter().map(|r| r.ref_n).collect();
+        let total: u64 = recs.iter().map(|r| r.chars).sum();
+        let (outcome, summaries) = if total < cfg.min_batch_chars {
+            (BatchOutcome::SkippedTrivial, Vec::new())
+        } else if recs.iter().all(|r| aliased.contains(&r.ref_n)) {
+            (BatchOutcome::SkippedDeduped, Vec::new())
+        } else {
+            let todo: Vec<&&Record> =
+                recs.iter().filter(|r| !aliased.contains(&r.ref_n) && !spilled.contains(&r.ref_n) && !r.protected).collect();
+            let bodies: Vec<String> = todo.iter().map(|r| text_of(p, &branch, &position, r, &texts)).collect();
+            let items: Vec<Item<'_>> = todo
+                .iter()
+                .zip(&bodies)
+                .map(|(r, text)| Item { ref_n: r.ref_n, tool: &r.tool, arguments: &r.arguments, text, is_error: r.is_error })
+                .collect();
+            let sums = if items.is_empty() { Vec::new() } else { summarizer.summarize(&items).map_err(|e| e.to_string())? };
+            let raw: usize = bodies.iter().map(|b| b.len()).sum();
+            let short: usize = sums.iter().map(String::len).sum();
+            if !items.is_empty() && short >= raw {
+                (BatchOutcome::SkippedOversized, Vec::new())
+            } else {
+                (BatchOutcome::Summarized, todo.iter().map(|r| r.ref_n).zip(sums).collect())
+            }
+        };
+        for (r, s) in &summaries {
+            new_summaries.insert(*r, s.clone());
+        }
+        out.push(DecisionEvent::BatchClosed { batch: *b, refs, outcome, summaries });
+    }
+
+    // Errored-argument purge, at the same prune so it shares its cache break.
+    if cfg.purge_errors {
+        let results: BTreeMap<&str, bool> = branch
+            .iter()
+            .filter_map(|(_, m)| match &***m {
+                Message::ToolResult { call_id, is_error, .. } => Some((call_id.as_str(), *is_error)),
+                _ => None,
+            })
+            .collect();
+        for (pos, (id, m)) in branch.iter().enumerate() {
+            if turns.saturating_sub(turn_at[pos]) < cfg.purge_after_turns as u32 + 1 {
+                continue;
+            }
+            for (cid, _, args) in m.tool_calls() {
+                let chars = js_len(args) as u64;
+                if results.get(cid) == Some(&true)
+                    && chars >= cfg.purge_min_chars
+                    && !idx.purged.contains_key(&(id.to_string(), cid.to_string()))
+                {
+                    out.push(DecisionEvent::ErrorArgsPurged { entry: id.to_string(), call_id: cid.to_string(), chars });
+                }
+            }
+        }
+    }
+
+    // Chain compression: closed chains older than the rolling window.
+    let spans = condense_chain::closed_chains(
+        n,
+        |i| matches!(**branch[i].1, Message::User { origin: UserOrigin::Prompt, .. }),
+        |i| is_final_reply(branch[i].1),
+        |i| branch[i].1.tool_calls().next().is_some(),
+    );
+    let keep = cfg.rolling_window as usize;
+    let compressed: Vec<&str> = idx.chains.values().map(|c| c.first.as_str()).collect();
+    let mut block = idx.next_block();
+    let all_records: Vec<&Record> = idx.records.values().chain(new_records.iter()).collect();
+    let by_entry: BTreeMap<&str, &Record> = all_records.iter().map(|r| (r.entry.as_str(), *r)).collect();
+    for span in spans.iter().take(spans.len().saturating_sub(keep)) {
+        if compressed.contains(&branch[span.first].0) {
+            continue;
+        }
+        let inside: Vec<&Record> =
+            (span.first..=span.last).filter_map(|i| by_entry.get(branch[i].0).copied()).collect();
+        let grace = cfg.recovery_grace_turns as u32;
+        let in_grace = inside.iter().any(|r| r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace);
+        if in_grace {
+            continue; // Deferred until the recovery ages out (seed 000, Implementation 2).
+        }
+        let mut infos = Vec::new();
+        let protected_texts: BTreeMap<u32, String> =
+            inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, text_of(p, &branch, &position, r, &texts))).collect();
+        for i in span.first..=span.last {
+            for (cid, name, args) in branch[i].1.tool_calls() {
+                let rec = inside.iter().find(|r| r.call_id == cid && r.call_entry == branch[i].0);
+                infos.push(condense_chain::CallInfo {
+                    ref_n: rec.map(|r| r.ref_n),
+                    tool: name,
+                    arguments: args,
+                    summary: rec.and_then(|r| new_summaries.get(&r.ref_n).or(idx.summaries.get(&r.ref_n))).map(String::as_str),
+                    protected_output: rec.and_then(|r| protected_texts.get(&r.ref_n)).map(String::as_str),
+                });
+            }
+        }
+        let body = condense_chain::block_body(block, &infos);
+        out.push(DecisionEvent::ChainCompressed {
+            block,
+            first: branch[span.first].0.to_string(),
+            last: branch[span.last].0.to_string(),
+            refs: inside.iter().map(|r| r.ref_n).collect(),
+            body,
+        });
+        block += 1;
+    }
+    Ok(out)
+}
+
+fn tool_name(m: &Message, call_name: &str) -> String {
+    match m {
+        Message::ToolResult { tool_name, .. } if !tool_name.is_empty() => tool_name.clone(),
+        _ => call_name.to_string(),
+    }
+}
+
+/// The output text of a record, from this run's captures or from the branch.
+fn text_of(
+    _p: &Projection,
+    branch: &[(&str, &Arc<Message>)],
+    position: &BTreeMap<&str, usize>,
+    r: &Record,
+    texts: &BTreeMap<u32, String>,
+) -> String {
+    if let Some(t) = texts.get(&r.ref_n) {
+        return t.clone();
+    }
+    position.get(r.entry.as_str()).map(|&i| output_text(branch[i].1)).unwrap_or_default()
+}
