@@ -33,6 +33,12 @@ commands:
   verify                        check the log, replay every session and compare with a fresh render,
                                 run the provider-validity check; exits 1 on any difference
   export FILE                   write the whole store to one portable file
+  simulate PATH... [--config FILE] [--plot FILE.svg] [--keep]
+                                replay sessions turn by turn with pruning on and report tokens, cost,
+                                cache breaks, stubs, chains and recovery (--keep stores them as
+                                `simulated/<name>` for `render` and `query`)
+  query SESSION REF...          print the originals behind refs (tN, bN) or raw tool-call ids
+  config [--config FILE]        print the pruning configuration in force (defaults, or FILE normalized)
 
 options:
   --store DIR                   the store folder (default ./.condense)
@@ -46,7 +52,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
     };
     let command = argv[pos].clone();
     let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
-    let a = Args::parse(&rest, &["store", "as", "at"], &["json", "help"])?;
+    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot"], &["json", "help", "keep"])?;
     if a.flag("help") || command == "help" {
         out!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
@@ -71,12 +77,171 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
         "render" => render(&open()?, &a),
         "verify" => verify(&open()?, &a),
         "demo" => run_demo(&open()?, &store_dir, &a),
+        "simulate" => simulate(&open()?, &a),
+        "query" => query(&open()?, &a),
+        "config" => {
+            let (raw, prices) = load_config(&a)?;
+            outln!("{}", serde_json::to_string_pretty(&condense_engine::config::to_json(&raw.normalize(), prices))?);
+            Ok(ExitCode::SUCCESS)
+        }
         other => bail!("unknown command `{other}` (see `condense help`)"),
     }
 }
 
 fn is_value_of_store(argv: &[String], a: &String) -> bool {
-    argv.windows(2).any(|w| (w[0] == "--store" || w[0] == "--as" || w[0] == "--at") && std::ptr::eq(&w[1], a))
+    argv.windows(2)
+        .any(|w| ["--store", "--as", "--at", "--config", "--plot"].contains(&w[0].as_str()) && std::ptr::eq(&w[1], a))
+}
+
+fn load_config(a: &Args) -> Result<(condense_events::RawConfig, condense_engine::simulate::Prices)> {
+    match a.get("config") {
+        None => Ok(Default::default()),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+            condense_engine::config::parse(&text).map_err(|e| anyhow!("{path}: {e}"))
+        }
+    }
+}
+
+fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
+    json!({
+        "turns": f.turns, "tool_calls": f.tool_calls,
+        "raw_tokens_peak": f.raw_tokens_peak, "rendered_tokens_peak": f.rendered_tokens_peak,
+        "raw_input_tokens_total": f.raw_input_tokens_total, "rendered_input_tokens_total": f.rendered_input_tokens_total,
+        "cached_prefix_tokens_total": f.cached_prefix_tokens_total, "cache_breaks": f.cache_breaks,
+        "cost_units_raw": (f.cost_units_raw * 100.0).round() / 100.0,
+        "cost_units_rendered": (f.cost_units_rendered * 100.0).round() / 100.0,
+        "stubs": f.stubs, "spills": f.spills, "dedups": f.dedups, "chains": f.chains,
+        "refs_checked": f.refs_checked, "refs_recovered_exact": f.refs_recovered_exact,
+        "validity_errors": f.validity_errors,
+        "token_ratio": (f.token_ratio() * 10000.0).round() / 10000.0,
+        "cost_ratio": (f.cost_ratio() * 10000.0).round() / 10000.0,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+fn simulate(store: &Store, a: &Args) -> Result<ExitCode> {
+    if a.positional.is_empty() {
+        bail!("simulate takes at least one PATH");
+    }
+    let (raw, prices) = load_config(a)?;
+    let config = raw.normalize();
+    let mut files = Vec::new();
+    for p in &a.positional {
+        let path = PathBuf::from(p);
+        if path.is_dir() {
+            walk(&path, &mut files)?;
+        } else if path.is_file() {
+            files.push(path);
+        } else {
+            bail!("{p}: no such file or folder");
+        }
+    }
+    let scratch = std::env::temp_dir().join(format!("condense-simulate-{}", std::process::id()));
+    let temp = if a.flag("keep") { None } else { Some(Store::open(&scratch)?) };
+    let target = temp.as_ref().unwrap_or(store);
+    let mut total = condense_engine::simulate::Figures::default();
+    let mut rows = Vec::new();
+    let (mut token_ratios, mut cost_ratios) = (Vec::new(), Vec::new());
+    let mut plot = Vec::new();
+    for file in &files {
+        let imported = match condense_formats::import_file(file) {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("condense: skipped {e}");
+                continue;
+            }
+        };
+        let name = format!("simulated/{}", name_of(file));
+        let f = condense_engine::simulate::replay(target, &name, imported.events, config.clone(), prices)?;
+        if !a.flag("json") {
+            outln!(
+                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, refs {}/{} exact, {} validity errors",
+                f.turns, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
+                f.refs_recovered_exact, f.refs_checked, f.validity_errors
+            );
+        }
+        if f.turns > 0 {
+            token_ratios.push(f.token_ratio());
+            cost_ratios.push(f.cost_ratio());
+        }
+        let mut row = figures_json(&f);
+        row["session"] = json!(name);
+        rows.push(row);
+        plot.push((name, f.series.clone()));
+        total.add(&f);
+    }
+    drop(temp);
+    let _ = std::fs::remove_dir_all(&scratch);
+    if let Some(svg) = a.get("plot") {
+        std::fs::write(svg, plot_svg(&plot)).with_context(|| format!("writing {svg}"))?;
+    }
+    let mut t = figures_json(&total);
+    t["sessions"] = json!(rows.len());
+    t["median_token_ratio"] = json!((median(token_ratios) * 10000.0).round() / 10000.0);
+    t["median_cost_ratio"] = json!((median(cost_ratios) * 10000.0).round() / 10000.0);
+    if a.flag("json") {
+        outln!("{}", serde_json::to_string_pretty(&json!({"config": condense_engine::config::to_json(&config, prices), "total": t, "sessions": rows}))?);
+    } else {
+        outln!(
+            "total: {} sessions, tokens {:.1}% of raw (median {:.1}%), cost {:.1}% of raw (median {:.1}%), {} cache breaks, refs {}/{} exact, {} validity errors",
+            rows.len(), total.token_ratio() * 100.0, t["median_token_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            total.cost_ratio() * 100.0, t["median_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0, total.cache_breaks,
+            total.refs_recovered_exact, total.refs_checked, total.validity_errors
+        );
+    }
+    let ok = total.validity_errors == 0 && total.refs_recovered_exact == total.refs_checked;
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Raw and rendered tokens per request, one panel per session, as a plain SVG.
+fn plot_svg(sessions: &[(String, Vec<(u64, u64)>)]) -> String {
+    let (w, h, pad) = (760.0, 220.0, 40.0);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n",
+        h * sessions.len().max(1) as f64
+    );
+    for (k, (name, series)) in sessions.iter().enumerate() {
+        let y0 = h * k as f64;
+        let max = series.iter().map(|(r, _)| *r).max().unwrap_or(1).max(1) as f64;
+        let n = series.len().max(2) as f64 - 1.0;
+        let line = |pick: &dyn Fn(&(u64, u64)) -> u64| {
+            series
+                .iter()
+                .enumerate()
+                .map(|(i, p)| format!("{:.1},{:.1}", pad + (w - 2.0 * pad) * i as f64 / n, y0 + h - pad - (h - 2.0 * pad) * pick(p) as f64 / max))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        svg.push_str(&format!("<text x=\"{pad}\" y=\"{:.0}\">{} (peak raw {} tokens; red raw, blue rendered)</text>\n", y0 + 20.0, name, max as u64));
+        svg.push_str(&format!("<polyline fill=\"none\" stroke=\"#c33\" points=\"{}\"/>\n", line(&|p| p.0)));
+        svg.push_str(&format!("<polyline fill=\"none\" stroke=\"#36c\" points=\"{}\"/>\n", line(&|p| p.1)));
+        svg.push_str(&format!("<line x1=\"{pad}\" y1=\"{:.0}\" x2=\"{:.0}\" y2=\"{:.0}\" stroke=\"#999\"/>\n", y0 + h - pad, w - pad, y0 + h - pad));
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+fn query(store: &Store, a: &Args) -> Result<ExitCode> {
+    let [name, keys @ ..] = a.positional.as_slice() else { bail!("query takes SESSION and at least one REF") };
+    if keys.is_empty() {
+        bail!("query takes SESSION and at least one REF");
+    }
+    let answer = store.session(name)?.query(keys)?;
+    if a.flag("json") {
+        outln!("{}", serde_json::to_string_pretty(&json!({"is_error": answer.is_error, "text": answer.text}))?);
+    } else {
+        outln!("{}", answer.text);
+    }
+    Ok(if answer.is_error { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// A session name from the path as given: its normal components joined by `/` (no `..`, no root), so

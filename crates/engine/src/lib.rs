@@ -5,9 +5,11 @@
 //! render that finds the log ahead (another handle appended) folds the missing events first. Rendering at
 //! an earlier point (`render_at`) folds a fresh projection from the log.
 
+pub mod config;
 pub mod demo;
 pub mod pipeline;
 pub mod query;
+pub mod simulate;
 mod stats;
 
 use condense_events::{Event, PruneConfig, Seq, SessionId, SourceEvent};

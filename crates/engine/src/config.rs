@@ -1,0 +1,123 @@
+//! Reading a configuration file: JSON with the seed's camelCase keys. Unknown keys and values of the wrong
+//! type are errors that name the key; numbers are normalized as the seed says (see `RawConfig`).
+
+use crate::simulate::Prices;
+use condense_events::{BatchingMode, PruneConfig, PruneOn, RawConfig};
+use serde_json::Value;
+
+/// A configuration file that cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("config key `{key}`: {reason}")]
+pub struct ConfigError {
+    /// The key at fault (`(file)` for the file as a whole).
+    pub key: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Every key the file may hold.
+pub const KEYS: &[&str] = &[
+    "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
+    "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "cachedPrice", "uncachedPrice",
+];
+
+fn err(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.to_string(), reason: reason.into() }
+}
+
+/// Parses a configuration file's text into the raw configuration and the simulation's prices.
+pub fn parse(text: &str) -> Result<(RawConfig, Prices), ConfigError> {
+    let v: Value = serde_json::from_str(text).map_err(|e| err("(file)", format!("not JSON: {e}")))?;
+    let Value::Object(map) = v else { return Err(err("(file)", "expected a JSON object")) };
+    let mut raw = RawConfig::default();
+    let mut prices = Prices::default();
+    for (key, value) in &map {
+        let num = || match value {
+            Value::Number(n) => n.as_f64().ok_or_else(|| err(key, "not a finite number")),
+            _ => Err(err(key, format!("expected a number, found {value}"))),
+        };
+        let boolean = || value.as_bool().ok_or_else(|| err(key, format!("expected true or false, found {value}")));
+        let strings = || match value {
+            Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_string).ok_or_else(|| err(key, "expected a list of strings"))).collect(),
+            _ => Err(err(key, "expected a list of strings")),
+        };
+        match key.as_str() {
+            "enabled" => raw.enabled = Some(boolean()?),
+            "batchingMode" => {
+                raw.batching_mode = Some(match value.as_str() {
+                    Some("turn") => BatchingMode::Turn,
+                    Some("agent-message") => BatchingMode::AgentMessage,
+                    _ => return Err(err(key, format!("expected \"turn\" or \"agent-message\", found {value}"))),
+                })
+            }
+            "pruneOn" => {
+                raw.prune_on = Some(match value.as_str() {
+                    Some("agent-message") => PruneOn::AgentMessage,
+                    Some("on-demand") => PruneOn::OnDemand,
+                    _ => return Err(err(key, format!("expected \"agent-message\" or \"on-demand\", found {value}"))),
+                })
+            }
+            "minBatchChars" => raw.min_batch_chars = Some(num()?),
+            "protectedTools" => raw.protected_tools = Some(strings()?),
+            "protectedPaths" => raw.protected_paths = Some(strings()?),
+            "spillThreshold" => raw.spill_threshold = Some(num()?),
+            "spillPreviewBytes" => raw.spill_preview_bytes = Some(num()?),
+            "autoBudgetThreshold" => raw.auto_budget_threshold = Some(num()?),
+            "rollingWindow" => raw.rolling_window = Some(num()?),
+            "recoveryGraceTurns" => raw.recovery_grace_turns = Some(num()?),
+            "purgeErrors" => raw.purge_errors = Some(boolean()?),
+            "purgeMinChars" => raw.purge_min_chars = Some(num()?),
+            "purgeAfterTurns" => raw.purge_after_turns = Some(num()?),
+            "dedup" => raw.dedup = Some(boolean()?),
+            "thinkingStrip" => raw.thinking_strip = Some(boolean()?),
+            "cachedPrice" => prices.cached = num()?,
+            "uncachedPrice" => prices.uncached = num()?,
+            other => return Err(err(other, format!("unknown key (known keys: {})", KEYS.join(", ")))),
+        }
+    }
+    Ok((raw, prices))
+}
+
+/// The configuration as a file would write it (every key, normalized values).
+pub fn to_json(c: &PruneConfig, prices: Prices) -> Value {
+    serde_json::json!({
+        "enabled": c.enabled,
+        "batchingMode": match c.batching_mode { BatchingMode::Turn => "turn", BatchingMode::AgentMessage => "agent-message" },
+        "minBatchChars": c.min_batch_chars,
+        "protectedTools": c.protected_tools,
+        "protectedPaths": c.protected_paths,
+        "spillThreshold": c.spill_threshold,
+        "spillPreviewBytes": c.spill_preview_bytes,
+        "pruneOn": match c.prune_on { PruneOn::AgentMessage => "agent-message", PruneOn::OnDemand => "on-demand" },
+        "autoBudgetThreshold": c.auto_budget_threshold,
+        "rollingWindow": c.rolling_window,
+        "recoveryGraceTurns": c.recovery_grace_turns,
+        "purgeErrors": c.purge_errors,
+        "purgeMinChars": c.purge_min_chars,
+        "purgeAfterTurns": c.purge_after_turns,
+        "dedup": c.dedup,
+        "thinkingStrip": c.thinking_strip,
+        "cachedPrice": prices.cached,
+        "uncachedPrice": prices.uncached,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_key() {
+        assert_eq!(parse(r#"{"rollingWindow":"x"}"#).unwrap_err().key, "rollingWindow");
+        assert_eq!(parse(r#"{"rollingWindw":3}"#).unwrap_err().key, "rollingWindw");
+        assert_eq!(parse(r#"{"pruneOn":"never"}"#).unwrap_err().key, "pruneOn");
+        assert_eq!(parse("[1]").unwrap_err().key, "(file)");
+        let (raw, prices) = parse(r#"{"recoveryGraceTurns":2.7,"minBatchChars":0,"rollingWindow":-4,"cachedPrice":0.2}"#).unwrap();
+        let c = raw.normalize();
+        assert_eq!((c.recovery_grace_turns, c.min_batch_chars, c.rolling_window), (2, 0, 3));
+        assert_eq!(prices.cached, 0.2);
+        let back = to_json(&c, prices);
+        assert_eq!(back["recoveryGraceTurns"], 2);
+    }
+}

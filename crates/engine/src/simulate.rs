@@ -1,0 +1,200 @@
+//! Replaying a session turn by turn as if live, with the pruning pipeline on, and measuring what the model
+//! would have been sent. Definitions (issue 3, the same as the reference figures): a request is the
+//! context before each assistant message of the replayed branch; tokens are pi's chars/4 estimate per
+//! message, summed; the cached prefix of a request is its leading messages identical to the same positions
+//! of the previous request; a cache break is a request whose cached prefix is shorter than the whole
+//! previous request; cost units are `cached_price` per cached-prefix token and `uncached_price` per other
+//! input token.
+
+use crate::{Result, Store};
+use condense_capture::output_text;
+use condense_events::{Entry, Event, Message, PruneConfig, SourceEvent};
+use condense_render::{check, Projection};
+use condense_tokens::estimate;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The prompt-cache price model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prices {
+    /// Cost of a token in the cached prefix.
+    pub cached: f64,
+    /// Cost of any other input token.
+    pub uncached: f64,
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        Prices { cached: 0.1, uncached: 1.25 }
+    }
+}
+
+/// The figures of one replayed session.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Figures {
+    /// Requests (model calls) replayed.
+    pub turns: u64,
+    /// Tool calls on the branch.
+    pub tool_calls: u64,
+    /// Largest raw request, tokens.
+    pub raw_tokens_peak: u64,
+    /// Largest rendered request, tokens.
+    pub rendered_tokens_peak: u64,
+    /// Raw input tokens summed over requests.
+    pub raw_input_tokens_total: u64,
+    /// Rendered input tokens summed over requests.
+    pub rendered_input_tokens_total: u64,
+    /// Rendered tokens that were a cached prefix, summed.
+    pub cached_prefix_tokens_total: u64,
+    /// Rendered requests that broke the cache.
+    pub cache_breaks: u64,
+    /// Raw requests that broke the cache (host compactions).
+    pub raw_cache_breaks: u64,
+    /// Cost of the raw requests.
+    pub cost_units_raw: f64,
+    /// Cost of the rendered requests.
+    pub cost_units_rendered: f64,
+    /// Outputs rendered as summary stubs at the end.
+    pub stubs: u64,
+    /// Outputs spilled.
+    pub spills: u64,
+    /// Outputs aliased to an earlier identical one.
+    pub dedups: u64,
+    /// Chains compressed.
+    pub chains: u64,
+    /// Refs checked for recovery at the end.
+    pub refs_checked: u64,
+    /// Refs whose recovery was byte-exact.
+    pub refs_recovered_exact: u64,
+    /// Provider-validity violations over every rendered request.
+    pub validity_errors: u64,
+    /// Raw and rendered tokens of each request (for plots).
+    pub series: Vec<(u64, u64)>,
+}
+
+impl Figures {
+    /// Rendered over raw input tokens.
+    pub fn token_ratio(&self) -> f64 {
+        ratio(self.rendered_input_tokens_total as f64, self.raw_input_tokens_total as f64)
+    }
+
+    /// Rendered over raw cost.
+    pub fn cost_ratio(&self) -> f64 {
+        ratio(self.cost_units_rendered, self.cost_units_raw)
+    }
+
+    /// Adds another session's figures (peaks take the maximum).
+    pub fn add(&mut self, o: &Figures) {
+        self.turns += o.turns;
+        self.tool_calls += o.tool_calls;
+        self.raw_tokens_peak = self.raw_tokens_peak.max(o.raw_tokens_peak);
+        self.rendered_tokens_peak = self.rendered_tokens_peak.max(o.rendered_tokens_peak);
+        self.raw_input_tokens_total += o.raw_input_tokens_total;
+        self.rendered_input_tokens_total += o.rendered_input_tokens_total;
+        self.cached_prefix_tokens_total += o.cached_prefix_tokens_total;
+        self.cache_breaks += o.cache_breaks;
+        self.raw_cache_breaks += o.raw_cache_breaks;
+        self.cost_units_raw += o.cost_units_raw;
+        self.cost_units_rendered += o.cost_units_rendered;
+        self.stubs += o.stubs;
+        self.spills += o.spills;
+        self.dedups += o.dedups;
+        self.chains += o.chains;
+        self.refs_checked += o.refs_checked;
+        self.refs_recovered_exact += o.refs_recovered_exact;
+        self.validity_errors += o.validity_errors;
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b == 0.0 { 1.0 } else { a / b }
+}
+
+/// Tracks the previous request for prefix comparison, with token estimates cached per message.
+#[derive(Default)]
+struct Meter {
+    prev: Vec<Arc<Message>>,
+    // Keyed by the message's address; the map keeps every message it saw alive, so an address is never
+    // reused for another message while it is a key.
+    tokens: HashMap<usize, (Arc<Message>, u64)>,
+}
+
+impl Meter {
+    fn tokens(&mut self, m: &Arc<Message>) -> u64 {
+        let key = Arc::as_ptr(m) as usize;
+        self.tokens.entry(key).or_insert_with(|| (m.clone(), estimate(m))).1
+    }
+
+    /// Total tokens, cached-prefix tokens, and whether the cache broke.
+    fn request(&mut self, msgs: &[Arc<Message>]) -> (u64, u64, bool) {
+        let mut same = 0;
+        while same < msgs.len() && same < self.prev.len() && (Arc::ptr_eq(&msgs[same], &self.prev[same]) || msgs[same] == self.prev[same]) {
+            same += 1;
+        }
+        let broke = !self.prev.is_empty() && same < self.prev.len();
+        let mut total = 0;
+        let mut cached = 0;
+        for (i, m) in msgs.iter().enumerate() {
+            let t = self.tokens(m);
+            total += t;
+            if i < same {
+                cached += t;
+            }
+        }
+        self.prev = msgs.to_vec();
+        (total, cached, broke)
+    }
+}
+
+/// Replays `events` (a session's source events) into a new session `name` of `store` with `config`,
+/// preparing a request before each assistant message, and measures both the raw and the rendered
+/// requests.
+pub fn replay(store: &Store, name: &str, events: Vec<SourceEvent>, config: PruneConfig, prices: Prices) -> Result<Figures> {
+    let session = store.create_session(name)?;
+    session.configure(config)?;
+    let mut raw = Projection::new();
+    let mut raw_meter = Meter::default();
+    let mut meter = Meter::default();
+    let mut f = Figures::default();
+    for (i, ev) in events.into_iter().enumerate() {
+        let is_request = matches!(&ev, SourceEvent::EntryAppended { entry: Entry::Message(Message::Assistant { .. }), .. });
+        if is_request {
+            let r = raw.render();
+            let (raw_total, raw_cached, raw_broke) = raw_meter.request(&r.messages);
+            drop(r);
+            let rendered = session.prepare()?;
+            let (total, cached, broke) = meter.request(&rendered.messages);
+            f.validity_errors += check(&rendered.messages[..]).len() as u64;
+            drop(rendered);
+            f.turns += 1;
+            f.raw_tokens_peak = f.raw_tokens_peak.max(raw_total);
+            f.rendered_tokens_peak = f.rendered_tokens_peak.max(total);
+            f.raw_input_tokens_total += raw_total;
+            f.rendered_input_tokens_total += total;
+            f.cached_prefix_tokens_total += cached;
+            f.cache_breaks += u64::from(broke);
+            f.raw_cache_breaks += u64::from(raw_broke);
+            f.cost_units_raw += prices.cached * raw_cached as f64 + prices.uncached * (raw_total - raw_cached) as f64;
+            f.cost_units_rendered += prices.cached * cached as f64 + prices.uncached * (total - cached) as f64;
+            f.series.push((raw_total, total));
+        }
+        raw.apply(i as u64 + 1, &Event::Source(ev.clone()));
+        session.append(vec![ev])?;
+    }
+    let proj = session.projection()?;
+    let idx = proj.index();
+    f.tool_calls = proj.branch_messages().iter().map(|m| m.tool_calls().count() as u64).sum();
+    f.stubs = idx.summaries.len() as u64;
+    f.spills = idx.spills.len() as u64;
+    f.dedups = idx.aliases.len() as u64;
+    f.chains = idx.chains.len() as u64;
+    for (r, rec) in &idx.records {
+        f.refs_checked += 1;
+        let original = proj.entry_message(&rec.entry).map(|m| output_text(m)).unwrap_or_default();
+        let answer = session.query(&[format!("t{r}")])?;
+        if !answer.is_error && answer.originals.len() == 1 && answer.originals[0].1 == original {
+            f.refs_recovered_exact += 1;
+        }
+    }
+    Ok(f)
+}
