@@ -19,7 +19,7 @@ pub struct ConfigError {
 pub const KEYS: &[&str] = &[
     "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
     "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
-    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "cachedPrice", "uncachedPrice",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "cachedPrice", "uncachedPrice",
 ];
 
 fn err(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -71,6 +71,7 @@ pub fn parse(text: &str) -> Result<(RawConfig, Prices), ConfigError> {
             "purgeAfterTurns" => raw.purge_after_turns = Some(num()?),
             "dedup" => raw.dedup = Some(boolean()?),
             "thinkingStrip" => raw.thinking_strip = Some(boolean()?),
+            "condenseArgsChars" => raw.condense_args_chars = Some(num()?),
             "cachedPrice" => prices.cached = num()?,
             "uncachedPrice" => prices.uncached = num()?,
             other => return Err(err(other, format!("unknown key (known keys: {})", KEYS.join(", ")))),
@@ -98,6 +99,7 @@ pub fn to_json(c: &PruneConfig, prices: Prices) -> Value {
         "purgeAfterTurns": c.purge_after_turns,
         "dedup": c.dedup,
         "thinkingStrip": c.thinking_strip,
+        "condenseArgsChars": c.condense_args_chars,
         "cachedPrice": prices.cached,
         "uncachedPrice": prices.uncached,
     })

@@ -55,8 +55,11 @@ pub struct PruneConfig {
     pub purge_after_turns: u64,
     /// Alias identical outputs to the first one.
     pub dedup: bool,
-    /// Strip thinking from the final reply of a compressed chain.
+    /// Strip thinking from the final reply of a compressed chain and from turns whose outputs are pruned.
     pub thinking_strip: bool,
+    /// In a turn whose outputs are pruned, argument string values longer than this are shortened to a
+    /// marker naming the ref (0 keeps arguments whole).
+    pub condense_args_chars: u64,
 }
 
 /// The largest budget trigger accepted.
@@ -81,6 +84,7 @@ impl Default for PruneConfig {
             purge_after_turns: 2,
             dedup: true,
             thinking_strip: true,
+            condense_args_chars: 300,
         }
     }
 }
@@ -123,6 +127,8 @@ pub struct RawConfig {
     pub dedup: Option<bool>,
     /// See [`PruneConfig::thinking_strip`].
     pub thinking_strip: Option<bool>,
+    /// See [`PruneConfig::condense_args_chars`].
+    pub condense_args_chars: Option<f64>,
 }
 
 /// The scalar convention of seed 000: unset, negative, NaN or non-finite → the default; an explicit 0 is
@@ -155,6 +161,7 @@ impl RawConfig {
             purge_after_turns: normalize_count(self.purge_after_turns, d.purge_after_turns),
             dedup: self.dedup.unwrap_or(d.dedup),
             thinking_strip: self.thinking_strip.unwrap_or(d.thinking_strip),
+            condense_args_chars: normalize_count(self.condense_args_chars, d.condense_args_chars),
         }
     }
 }

@@ -39,6 +39,8 @@ pub struct Index {
     pub records: BTreeMap<u32, Record>,
     /// Ref by tool-result entry id.
     pub by_entry: BTreeMap<String, u32>,
+    /// Refs of the calls each assistant entry made.
+    pub by_call_entry: BTreeMap<String, Vec<u32>>,
     /// Refs by raw call id (a provider may reuse an id: every occurrence, in order).
     pub by_call: BTreeMap<String, Vec<u32>>,
     /// Spilled refs.
@@ -75,6 +77,7 @@ impl Index {
             DecisionEvent::Note { .. } => {}
             DecisionEvent::OutputCaptured(r) => {
                 self.by_entry.insert(r.entry.clone(), r.ref_n);
+                self.by_call_entry.entry(r.call_entry.clone()).or_default().push(r.ref_n);
                 self.by_call.entry(r.call_id.clone()).or_default().push(r.ref_n);
                 self.batches.entry(r.batch).or_default().push(r.ref_n);
                 self.records.insert(r.ref_n, r.clone());
@@ -131,6 +134,15 @@ impl Index {
             || self.summaries.contains_key(&ref_n)
             || (self.aliases.contains_key(&ref_n)
                 && self.records.get(&ref_n).is_some_and(|r| self.outcomes.contains_key(&r.batch)))
+    }
+
+    /// Whether every call of the assistant entry `entry` has its output in a closed batch: from then on
+    /// the message renders condensed (thinking stripped, long arguments shortened).
+    pub fn turn_closed(&self, entry: &str) -> Option<&[u32]> {
+        let refs = self.by_call_entry.get(entry)?;
+        refs.iter()
+            .all(|r| self.records.get(r).is_some_and(|rec| self.outcomes.contains_key(&rec.batch)))
+            .then_some(refs.as_slice())
     }
 
     /// Resolves `t12`, `b3` or a raw call id (its newest occurrence).

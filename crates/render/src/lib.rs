@@ -5,6 +5,7 @@
 //! and repairs tool-call pairing the way providers require. Nothing here reads a clock, the environment or
 //! a `HashMap`'s iteration order: the same events always give the same bytes.
 
+mod args;
 mod project;
 mod validity;
 

@@ -496,8 +496,13 @@ impl Projection {
                     }
                     _ => m.clone(),
                 },
-                (Meta::Assistant { dedup: None, .. }, Some(id)) if idx.purged.keys().any(|(e, _)| e == id) => {
-                    Arc::new(purge(idx, id, m))
+                (Meta::Assistant { dedup: None, .. }, Some(id)) => {
+                    let purged = idx.purged.keys().any(|(e, _)| e == id);
+                    match idx.turn_closed(id) {
+                        Some(refs) => Arc::new(condense_turn(idx, &self.config, id, refs, m)),
+                        None if purged => Arc::new(purge(idx, id, m)),
+                        None => m.clone(),
+                    }
                 }
                 _ => m.clone(),
             };
@@ -540,6 +545,33 @@ fn stub(idx: &Index, rec: &condense_events::Record, original: &Message) -> Messa
         _ => (rec.call_id.clone(), rec.tool.clone(), rec.is_error),
     };
     Message::ToolResult { call_id, tool_name, content: vec![Block::Text { text }], is_error }
+}
+
+/// An assistant message whose calls' outputs are all in closed batches: thinking stripped (providers drop
+/// the thinking of earlier turns anyway), purged calls marked, and every string value of an argument longer
+/// than `condense_args_chars` replaced by a marker naming the call's ref (the original arguments come back
+/// with `context_tree_query`).
+fn condense_turn(idx: &Index, cfg: &PruneConfig, entry: &str, refs: &[u32], m: &Message) -> Message {
+    let purged = purge(idx, entry, m);
+    let Message::Assistant { content, model, stop, usage } = purged else { return purged };
+    let content = content
+        .into_iter()
+        .filter(|b| !(cfg.thinking_strip && matches!(b, Block::Thinking { .. })))
+        .map(|b| match b {
+            Block::ToolCall { id, name, arguments } if cfg.condense_args_chars > 0 => {
+                let r = refs.iter().copied().find(|r| idx.records.get(r).is_some_and(|rec| rec.call_id == id));
+                let arguments = match r {
+                    Some(r) if !idx.purged.contains_key(&(entry.to_string(), id.clone())) => {
+                        crate::args::shorten(&arguments, cfg.condense_args_chars as usize, r)
+                    }
+                    _ => arguments,
+                };
+                Block::ToolCall { id, name, arguments }
+            }
+            other => other,
+        })
+        .collect();
+    Message::Assistant { content, model, stop, usage }
 }
 
 /// A copy of an assistant message whose purged calls show a marker instead of their arguments.
