@@ -19,7 +19,7 @@ pub struct ConfigError {
 pub const KEYS: &[&str] = &[
     "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
     "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
-    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "cachedPrice", "uncachedPrice",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice",
 ];
 
 fn err(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -72,6 +72,7 @@ pub fn parse(text: &str) -> Result<(RawConfig, Prices), ConfigError> {
             "dedup" => raw.dedup = Some(boolean()?),
             "thinkingStrip" => raw.thinking_strip = Some(boolean()?),
             "condenseArgsChars" => raw.condense_args_chars = Some(num()?),
+            "minPruneTokens" => raw.min_prune_tokens = Some(num()?),
             "cachedPrice" => prices.cached = num()?,
             "uncachedPrice" => prices.uncached = num()?,
             other => return Err(err(other, format!("unknown key (known keys: {})", KEYS.join(", ")))),
@@ -100,6 +101,7 @@ pub fn to_json(c: &PruneConfig, prices: Prices) -> Value {
         "dedup": c.dedup,
         "thinkingStrip": c.thinking_strip,
         "condenseArgsChars": c.condense_args_chars,
+        "minPruneTokens": c.min_prune_tokens,
         "cachedPrice": prices.cached,
         "uncachedPrice": prices.uncached,
     })
@@ -117,7 +119,7 @@ mod tests {
         assert_eq!(parse("[1]").unwrap_err().key, "(file)");
         let (raw, prices) = parse(r#"{"recoveryGraceTurns":2.7,"minBatchChars":0,"rollingWindow":-4,"cachedPrice":0.2}"#).unwrap();
         let c = raw.normalize();
-        assert_eq!((c.recovery_grace_turns, c.min_batch_chars, c.rolling_window), (2, 0, 3));
+        assert_eq!((c.recovery_grace_turns, c.min_batch_chars, c.rolling_window), (2, 0, 1));
         assert_eq!(prices.cached, 0.2);
         let back = to_json(&c, prices);
         assert_eq!(back["recoveryGraceTurns"], 2);

@@ -12,7 +12,7 @@ pub mod query;
 pub mod simulate;
 mod stats;
 
-use condense_events::{Event, PruneConfig, Seq, SessionId, SourceEvent};
+use condense_events::{DecisionEvent, Event, PruneConfig, Seq, SessionId, SourceEvent};
 use condense_summarize::{Extractive, Summarizer};
 use condense_log::{Log, LogError, SessionInfo};
 use condense_render::{Projection, Rendered};
@@ -151,6 +151,34 @@ impl Store {
     }
 }
 
+/// Keeps a prune only if it shrinks the context by at least `minPruneTokens`; captures always stay.
+fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEvent> {
+    let is_prune = |d: &DecisionEvent| {
+        matches!(d, DecisionEvent::BatchClosed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. })
+    };
+    let min = proj.config().min_prune_tokens;
+    if min == 0 || !decisions.iter().any(is_prune) {
+        return decisions;
+    }
+    let (captures, _): (Vec<DecisionEvent>, Vec<DecisionEvent>) = decisions.iter().cloned().partition(|d| !is_prune(d));
+    let mut before = proj.clone();
+    let mut after = proj.clone();
+    for d in &captures {
+        before.apply(0, &Event::Decision(d.clone()));
+    }
+    for d in &decisions {
+        after.apply(0, &Event::Decision(d.clone()));
+    }
+    let (b, a) = (before.render_full_now().messages, after.render_full_now().messages);
+    let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| condense_tokens::estimate(m)).sum::<u64>();
+    let saved = count(&b).saturating_sub(count(&a));
+    // Everything after the first changed message is sent uncached once more: the prune must save more
+    // than that, or it costs more than it brings back.
+    let same = b.iter().zip(a.iter()).take_while(|(x, y)| Arc::ptr_eq(x, y) || x == y).count();
+    let resent = count(&a[same..]);
+    if saved >= min && saved >= resent { decisions } else { captures }
+}
+
 impl Session {
     /// The session's name.
     pub fn name(&self) -> &str {
@@ -287,6 +315,7 @@ impl Session {
             log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string())
         })
         .map_err(|reason| EngineError::Pipeline { name: self.name.clone(), reason })?;
+        let decisions = if trigger == pipeline::Trigger::Request { worth_it(&proj, decisions) } else { decisions };
         if decisions.is_empty() {
             return Ok(proj.seq());
         }

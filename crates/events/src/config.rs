@@ -60,6 +60,9 @@ pub struct PruneConfig {
     /// In a turn whose outputs are pruned, argument string values longer than this are shortened to a
     /// marker naming the ref (0 keeps arguments whole).
     pub condense_args_chars: u64,
+    /// A prune before a request goes ahead only if it shrinks the context by at least this many tokens:
+    /// a smaller one would cost more in re-sent (uncached) tokens than it saves. 0 prunes whatever the gain.
+    pub min_prune_tokens: u64,
 }
 
 /// The largest budget trigger accepted.
@@ -77,7 +80,7 @@ impl Default for PruneConfig {
             spill_preview_bytes: 2048,
             prune_on: PruneOn::AgentMessage,
             auto_budget_threshold: DEFAULT_AUTO_BUDGET,
-            rolling_window: 3,
+            rolling_window: 1,
             recovery_grace_turns: 3,
             purge_errors: true,
             purge_min_chars: 500,
@@ -85,12 +88,13 @@ impl Default for PruneConfig {
             dedup: true,
             thinking_strip: true,
             condense_args_chars: 300,
+            min_prune_tokens: 1000,
         }
     }
 }
 
 /// The budget trigger's default, chosen from the corpus figures (see `docs/pruning.md`).
-pub const DEFAULT_AUTO_BUDGET: u64 = 20_000;
+pub const DEFAULT_AUTO_BUDGET: u64 = 4_000;
 
 /// A configuration as a user wrote it: every field optional, numbers as given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -129,6 +133,8 @@ pub struct RawConfig {
     pub thinking_strip: Option<bool>,
     /// See [`PruneConfig::condense_args_chars`].
     pub condense_args_chars: Option<f64>,
+    /// See [`PruneConfig::min_prune_tokens`].
+    pub min_prune_tokens: Option<f64>,
 }
 
 /// The scalar convention of seed 000: unset, negative, NaN or non-finite → the default; an explicit 0 is
@@ -162,6 +168,7 @@ impl RawConfig {
             dedup: self.dedup.unwrap_or(d.dedup),
             thinking_strip: self.thinking_strip.unwrap_or(d.thinking_strip),
             condense_args_chars: normalize_count(self.condense_args_chars, d.condense_args_chars),
+            min_prune_tokens: normalize_count(self.min_prune_tokens, d.min_prune_tokens),
         }
     }
 }
