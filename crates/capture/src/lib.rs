@@ -24,10 +24,53 @@ pub fn is_final_reply(m: &Message) -> bool {
     matches!(m, Message::Assistant { .. }) && m.tool_calls().next().is_none() && !m.text().trim().is_empty()
 }
 
-/// Whether a call is protected by the configuration.
+/// Whether a call is protected by the configuration: its tool is protected, or one of its path arguments
+/// (string values under a key naming a path or file, such as `path`, `file_path`, `filePath`, `files`)
+/// matches a protected glob. A shell command that mentions a path is not a path argument.
 pub fn is_protected(cfg: &PruneConfig, tool: &str, arguments: &str) -> bool {
     cfg.protected_tools.iter().any(|t| t == tool)
-        || json_strings(arguments).iter().any(|s| cfg.protected_paths.iter().any(|g| glob_match(g, s)))
+        || path_arguments(arguments).iter().any(|s| cfg.protected_paths.iter().any(|g| glob_match(g, s)))
+}
+
+/// String values whose key names a path or file.
+pub fn path_arguments(json: &str) -> Vec<String> {
+    let strings = json_strings_with_role(json);
+    let mut out = Vec::new();
+    let mut key: Option<String> = None;
+    for (s, is_key) in strings {
+        if is_key {
+            key = Some(s.to_ascii_lowercase());
+        } else if key.as_deref().is_some_and(|k| k.contains("path") || k.contains("file")) {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// String literals of a JSON text, each with whether it is an object key (followed by `:`).
+fn json_strings_with_role(json: &str) -> Vec<(String, bool)> {
+    let strings = json_strings(json);
+    // Re-scan for what follows each literal; json_strings walked the same literals in the same order.
+    let mut roles = Vec::with_capacity(strings.len());
+    let b = json.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+            let mut j = i;
+            while j < b.len() && b[j].is_ascii_whitespace() {
+                j += 1;
+            }
+            roles.push(b.get(j) == Some(&b':'));
+            continue;
+        }
+        i += 1;
+    }
+    strings.into_iter().zip(roles).collect()
 }
 
 /// Every string literal in a JSON text, unescaped (keys too: they never look like paths).
@@ -105,6 +148,8 @@ mod tests {
         assert!(is_protected(&cfg, "todo", "{}"));
         assert!(is_protected(&cfg, "read", r#"{"path":"/w/.agents/skills/git/SKILL.md"}"#));
         assert!(!is_protected(&cfg, "read", r#"{"path":"/w/src/SKILL.md"}"#));
+        assert!(!is_protected(&cfg, "bash", r#"{"command":"cat /w/skills/git/SKILL.md"}"#));
+        assert!(is_protected(&cfg, "multi", r#"{"files":["a.rs","/x/skills/y/z.md"]}"#));
         assert_eq!(json_strings(r#"{"a":"x\"y","b":["\u0041"]}"#), vec!["a", "x\"y", "b", "A"]);
     }
 }

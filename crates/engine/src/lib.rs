@@ -175,7 +175,9 @@ fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEve
     // Everything after the first changed message is sent uncached once more: the prune must save more
     // than that, or it costs more than it brings back.
     let same = b.iter().zip(a.iter()).take_while(|(x, y)| Arc::ptr_eq(x, y) || x == y).count();
-    let resent = count(&a[same..]);
+    // What came after the last assistant message is new to the model and goes uncached either way.
+    let fresh_from = a.iter().rposition(|m| matches!(**m, condense_events::Message::Assistant { .. })).map_or(0, |i| i + 1);
+    let resent = count(&a[same.min(fresh_from)..fresh_from]);
     if saved >= min && saved >= resent { decisions } else { captures }
 }
 
