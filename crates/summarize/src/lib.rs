@@ -65,7 +65,7 @@ pub struct Extractive {
 
 impl Default for Extractive {
     fn default() -> Self {
-        Extractive { line_chars: 100, head_tail: 2, error_lines: 3, paths: 5 }
+        Extractive { line_chars: 80, head_tail: 1, error_lines: 2, paths: 3 }
     }
 }
 
