@@ -196,9 +196,6 @@ pub fn plan(
             }
         }
     };
-    if closing.is_empty() {
-        return Ok(out);
-    }
 
     // Close them: trivial, deduplicated, summarized or oversized.
     let aliased: Vec<u32> = out
@@ -251,7 +248,7 @@ pub fn plan(
     }
 
     // Errored-argument purge, at the same prune so it shares its cache break.
-    if cfg.purge_errors {
+    if cfg.purge_errors && !closing.is_empty() {
         let results: BTreeMap<&str, bool> = branch
             .iter()
             .filter_map(|(_, m)| match &***m {

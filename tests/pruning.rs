@@ -1,0 +1,344 @@
+//! Seed 000's Testing section, as written there, on hand-built sessions: the recovery grace window in the
+//! stub-replace phase, chain-compression deferral, and the other render phases; then the pipeline end to
+//! end through the engine (capture, dedup, spill, summarize, chains, recovery).
+
+use condense_events::{
+    BatchOutcome, Block, DecisionEvent, Entry, Event, Message, PruneConfig, Record, SourceEvent, UserOrigin, QUERY_TOOL_NAME,
+};
+use condense_render::Projection;
+
+/// Builds a session event by event.
+struct S {
+    p: Projection,
+    seq: u64,
+    n: usize,
+    last: Option<String>,
+    next_ref: u32,
+}
+
+impl S {
+    fn new(cfg: PruneConfig) -> S {
+        let mut s = S { p: Projection::new(), seq: 0, n: 0, last: None, next_ref: 1 };
+        s.ev(Event::Source(SourceEvent::PruneConfigured(cfg)));
+        s
+    }
+    fn ev(&mut self, e: Event) {
+        self.seq += 1;
+        self.p.apply(self.seq, &e);
+    }
+    fn msg(&mut self, m: Message) -> String {
+        self.n += 1;
+        let id = format!("e{}", self.n);
+        let parent = self.last.replace(id.clone());
+        self.ev(Event::Source(SourceEvent::EntryAppended { id: id.clone(), parent, entry: Entry::Message(m) }));
+        id
+    }
+    fn prompt(&mut self, t: &str) {
+        self.msg(Message::user_text(t, UserOrigin::Prompt));
+    }
+    fn reply(&mut self, t: &str) {
+        self.msg(Message::Assistant { content: vec![Block::Text { text: t.into() }], model: None, stop: None, usage: None });
+    }
+    /// A call and its result; returns (call entry, result entry).
+    fn call(&mut self, id: &str, tool: &str, output: &str) -> (String, String) {
+        let a = self.msg(Message::Assistant {
+            content: vec![Block::ToolCall { id: id.into(), name: tool.into(), arguments: "{\"refs\":[\"t1\"]}".into() }],
+            model: None,
+            stop: None,
+            usage: None,
+        });
+        let r = self.msg(Message::ToolResult {
+            call_id: id.into(),
+            tool_name: tool.into(),
+            content: vec![Block::Text { text: output.into() }],
+            is_error: false,
+        });
+        (a, r)
+    }
+    /// Records and summarizes the output of `(call entry, result entry)` as one batch.
+    fn prune(&mut self, call: &(String, String), call_id: &str, tool: &str, protected: bool) -> u32 {
+        let r = self.next_ref;
+        self.next_ref += 1;
+        let rec = Record {
+            ref_n: r,
+            batch: r,
+            entry: call.1.clone(),
+            call_entry: call.0.clone(),
+            call_id: call_id.into(),
+            occurrence: format!("{call_id}@{}", call.1),
+            tool: tool.into(),
+            arguments: "{}".into(),
+            is_error: false,
+            chars: 5000,
+            hash: format!("h{r}"),
+            turn: 0,
+            utg: 0,
+            protected,
+        };
+        self.ev(Event::Decision(DecisionEvent::OutputCaptured(rec)));
+        self.ev(Event::Decision(DecisionEvent::BatchClosed {
+            batch: r,
+            refs: vec![r],
+            outcome: BatchOutcome::Summarized,
+            summaries: vec![(r, format!("summary of t{r}"))],
+        }));
+        r
+    }
+    /// Text of the rendered result of `call_id`.
+    fn shown(&self, call_id: &str) -> Vec<String> {
+        self.p
+            .render()
+            .messages
+            .iter()
+            .filter_map(|m| match &**m {
+                Message::ToolResult { call_id: c, .. } if c == call_id => Some(m.text()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+const BIG: &str = "recovered original text, long enough to matter\n";
+
+fn grace(k: u64) -> PruneConfig {
+    PruneConfig { recovery_grace_turns: k, ..PruneConfig::default() }
+}
+
+/// A recovery made in the first user-turn-group, then `age` more user-turn-groups.
+fn recovery_aged(k: u64, age: usize, tool: &str, protected: bool) -> S {
+    let mut s = S::new(grace(k));
+    s.prompt("recover t1");
+    let c = s.call("q1", tool, &BIG.repeat(40));
+    s.prune(&c, "q1", tool, protected);
+    s.reply("done");
+    for i in 0..age {
+        s.prompt(&format!("next {i}"));
+        s.reply("ok");
+    }
+    s
+}
+
+#[test]
+fn recovery_output_at_age_0_is_verbatim() {
+    let s = recovery_aged(3, 0, QUERY_TOOL_NAME, false);
+    assert_eq!(s.shown("q1"), vec![BIG.repeat(40)]);
+}
+
+#[test]
+fn recovery_output_aged_exactly_k_is_verbatim() {
+    let s = recovery_aged(3, 3, QUERY_TOOL_NAME, false);
+    assert_eq!(s.shown("q1"), vec![BIG.repeat(40)]);
+}
+
+#[test]
+fn recovery_output_aged_k_plus_1_is_stubbed() {
+    let s = recovery_aged(3, 4, QUERY_TOOL_NAME, false);
+    assert!(s.shown("q1")[0].starts_with("summary of t1\n[pruned; original: context_tree_query"), "{:?}", s.shown("q1"));
+}
+
+#[test]
+fn grace_0_stubs_recovery_output_immediately() {
+    let s = recovery_aged(0, 0, QUERY_TOOL_NAME, false);
+    assert!(s.shown("q1")[0].starts_with("summary of t1"));
+}
+
+#[test]
+fn other_tools_are_stubbed_at_age_0() {
+    let s = recovery_aged(3, 0, "bash", false);
+    assert!(s.shown("q1")[0].starts_with("summary of t1"));
+}
+
+#[test]
+fn protected_recovery_stays_verbatim_at_any_age() {
+    let s = recovery_aged(3, 10, QUERY_TOOL_NAME, true);
+    assert_eq!(s.shown("q1"), vec![BIG.repeat(40)]);
+}
+
+#[test]
+fn spilled_recovery_in_grace_is_verbatim_then_a_spill_pointer() {
+    for (age, verbatim) in [(0, true), (3, true), (4, false)] {
+        let mut s = S::new(grace(3));
+        s.prompt("recover");
+        let c = s.call("q1", QUERY_TOOL_NAME, &BIG.repeat(2000));
+        let r = s.prune(&c, "q1", QUERY_TOOL_NAME, false);
+        s.ev(Event::Decision(DecisionEvent::OutputSpilled { ref_n: r, blob: "ab".repeat(32), bytes: 96_000, preview: "recovered original".into() }));
+        s.reply("done");
+        for i in 0..age {
+            s.prompt(&format!("p{i}"));
+            s.reply("ok");
+        }
+        let shown = &s.shown("q1")[0];
+        if verbatim {
+            assert_eq!(shown, &BIG.repeat(2000), "age {age}");
+        } else {
+            assert!(shown.starts_with("[t1 · context_tree_query · 96000 bytes, spilled to storage"), "age {age}: {shown}");
+        }
+    }
+}
+
+#[test]
+fn repeated_recoveries_are_judged_each_by_its_own_position() {
+    let mut s = S::new(grace(1));
+    s.prompt("first");
+    let c1 = s.call("q1", QUERY_TOOL_NAME, &BIG.repeat(40));
+    s.prune(&c1, "q1", QUERY_TOOL_NAME, false);
+    s.reply("ok");
+    s.prompt("second");
+    let c2 = s.call("q2", QUERY_TOOL_NAME, &BIG.repeat(40));
+    s.prune(&c2, "q2", QUERY_TOOL_NAME, false);
+    s.reply("ok");
+    s.prompt("third");
+    s.reply("ok");
+    // now = 3: q1 (utg 1) is aged 2 > 1 → stub; q2 (utg 2) is aged 1 → verbatim.
+    assert!(s.shown("q1")[0].starts_with("summary of t1"));
+    assert_eq!(s.shown("q2"), vec![BIG.repeat(40)]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The pipeline through the engine.
+
+use condense_engine::{Session, Store};
+
+struct Live {
+    _dir: tempfile::TempDir,
+    s: Session,
+    n: usize,
+}
+
+impl Live {
+    fn new(cfg: PruneConfig) -> Live {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.create_session("live").unwrap();
+        s.configure(cfg).unwrap();
+        Live { _dir: dir, s, n: 0 }
+    }
+    fn add(&mut self, m: Message) {
+        let parent = (self.n > 0).then(|| format!("e{}", self.n));
+        self.n += 1;
+        self.s.append(vec![SourceEvent::EntryAppended { id: format!("e{}", self.n), parent, entry: Entry::Message(m) }]).unwrap();
+    }
+    fn prompt(&mut self, t: &str) {
+        self.add(Message::user_text(t, UserOrigin::Prompt));
+    }
+    /// A request: the pipeline runs, then the assistant answers.
+    fn answer(&mut self, content: Vec<Block>) {
+        let r = self.s.prepare().unwrap();
+        assert!(condense_render::check(&r.messages[..]).is_empty());
+        self.add(Message::Assistant { content, model: None, stop: None, usage: None });
+    }
+    fn tool(&mut self, id: &str, name: &str, args: &str, output: &str, is_error: bool) {
+        self.answer(vec![Block::ToolCall { id: id.into(), name: name.into(), arguments: args.into() }]);
+        self.add(Message::ToolResult { call_id: id.into(), tool_name: name.into(), content: vec![Block::Text { text: output.into() }], is_error });
+    }
+    fn reply(&mut self, t: &str) {
+        self.answer(vec![Block::Text { text: t.into() }]);
+    }
+    fn chains(&self) -> usize {
+        self.s.projection().unwrap().index().chains.len()
+    }
+}
+
+fn eager() -> PruneConfig {
+    PruneConfig { rolling_window: 0, min_prune_tokens: 0, recovery_grace_turns: 1, ..PruneConfig::default() }
+}
+
+#[test]
+fn chain_with_in_grace_recovery_is_deferred_then_compressed() {
+    let mut l = Live::new(eager());
+    l.prompt("look at t1 again");
+    l.tool("q1", QUERY_TOOL_NAME, "{\"refs\":[\"t1\"]}", &BIG.repeat(60), false);
+    l.reply("here it is");
+    l.prompt("and now?");
+    l.answer(vec![Block::Text { text: "thinking".into() }]);
+    assert_eq!(l.chains(), 0, "recovery at age 1 with grace 1: the chain waits");
+    l.prompt("later");
+    l.reply("sure");
+    assert_eq!(l.chains(), 1, "aged out: the chain is compressed");
+}
+
+#[test]
+fn chain_without_recovery_is_compressed_at_once() {
+    let mut l = Live::new(eager());
+    l.prompt("run the tests");
+    l.tool("b1", "bash", "{\"command\":\"cargo test\"}", &"test x ... ok\n".repeat(200), false);
+    l.reply("all green");
+    l.prompt("thanks");
+    l.reply("welcome");
+    assert_eq!(l.chains(), 1);
+    let r = l.s.render().unwrap();
+    assert!(r.messages.iter().any(|m| m.text().starts_with("[Compressed chain b1: 1 tool call; outputs t1]")));
+    assert!(!r.messages.iter().any(|m| matches!(**m, Message::ToolResult { .. })));
+}
+
+#[test]
+fn pipeline_stubs_dedups_spills_and_every_ref_recovers_exactly() {
+    let cfg = PruneConfig { spill_threshold: 20_000, min_prune_tokens: 0, ..PruneConfig::default() };
+    let mut l = Live::new(cfg);
+    let log = "line of build output with src/main.rs:10\n".repeat(100);
+    let huge = "x".repeat(30_000);
+    l.prompt("build it");
+    l.tool("c1", "bash", "{\"command\":\"make\"}", &log, false);
+    l.tool("c2", "bash", "{\"command\":\"make\"}", &(log.clone() + "   \r\n"), false);
+    l.tool("c3", "read", "{\"path\":\"big.txt\"}", &huge, false);
+    l.tool("c4", "bash", "{\"command\":\"ls\"}", "a\nb", false);
+    l.reply("built");
+    l.prompt("next");
+    l.reply("ok");
+    let p = l.s.projection().unwrap();
+    let idx = p.index();
+    assert_eq!(idx.records.len(), 4);
+    assert_eq!(idx.aliases.get(&2), Some(&1), "c2 repeats c1 up to trailing whitespace");
+    assert!(idx.spills.contains_key(&3));
+    assert!(idx.summaries.contains_key(&1));
+    for (r, text) in [(1, log.clone()), (2, log.clone() + "   \r\n"), (3, huge.clone()), (4, "a\nb".to_string())] {
+        let a = l.s.query(&[format!("t{r}")]).unwrap();
+        assert!(!a.is_error);
+        assert_eq!(a.originals, vec![(r, text)], "t{r}");
+    }
+    // Raw ids work too, and bad arguments say what to pass.
+    assert_eq!(l.s.query(&["c3".into()]).unwrap().originals[0].0, 3);
+    let empty = l.s.query_tool("{}").unwrap();
+    assert!(empty.is_error && empty.text.contains("Pass {\"refs\": [\"t12\"]}"), "{}", empty.text);
+    let unknown = l.s.query_tool("{\"refs\":[\"t99\"]}").unwrap();
+    assert!(unknown.is_error && unknown.text.contains("unknown ref t99 (known refs are t1–t4)"), "{}", unknown.text);
+    // A stub, once shown, is shown identically on every later turn.
+    let before: Vec<String> = l.s.render().unwrap().messages.iter().filter(|m| m.role() == "tool").map(|m| m.text()).collect();
+    l.prompt("one more");
+    l.reply("fine");
+    let after: Vec<String> = l.s.render().unwrap().messages.iter().filter(|m| m.role() == "tool").map(|m| m.text()).collect();
+    assert_eq!(before[..before.len().min(after.len())], after[..before.len().min(after.len())]);
+}
+
+#[test]
+fn errored_arguments_are_purged_after_two_turns() {
+    let cfg = PruneConfig { min_prune_tokens: 0, auto_budget_threshold: 0, ..PruneConfig::default() };
+    let mut l = Live::new(cfg);
+    l.prompt("edit");
+    let big = format!("{{\"path\":\"a.rs\",\"oldText\":\"{}\"}}", "y".repeat(800));
+    l.tool("e1", "edit", &big, "Error: oldText not found", true);
+    l.tool("e2", "bash", "{\"command\":\"ls\"}", &"z\n".repeat(600), false);
+    l.tool("e3", "bash", "{\"command\":\"ls\"}", &"w\n".repeat(600), false);
+    l.reply("gave up");
+    l.prompt("ok");
+    l.reply("yes");
+    let p = l.s.projection().unwrap();
+    assert_eq!(p.index().purged.get(&("e2".to_string(), "e1".to_string())), Some(&(big.len() as u64)));
+    let r = l.s.render().unwrap();
+    let args: Vec<String> = r.messages.iter().flat_map(|m| m.tool_calls().filter(|c| c.0 == "e1").map(|c| c.2.to_string()).collect::<Vec<_>>()).collect();
+    assert_eq!(args, vec![format!("{{\"purged\":\"arguments of a failed call ({} chars) removed\"}}", big.len())]);
+}
+
+#[test]
+fn replaying_the_same_events_decides_the_same() {
+    let run = || {
+        let mut l = Live::new(eager());
+        for i in 0..4 {
+            l.prompt(&format!("task {i}"));
+            l.tool(&format!("c{i}"), "bash", "{\"command\":\"make\"}", &format!("output {i}\n").repeat(300), i % 2 == 0);
+            l.reply("done");
+        }
+        serde_json::to_string(&condense_formats::export::neutral(&l.s.render().unwrap().messages[..])).unwrap()
+    };
+    assert_eq!(run(), run());
+}
