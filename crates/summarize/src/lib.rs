@@ -224,7 +224,7 @@ mod tests {
         let s = Extractive::default().one(&Item { ref_n: 7, tool: "bash", arguments: r#"{"command":"cargo build"}"#, text, is_error: true });
         assert_eq!(
             s,
-            "t7 bash (cargo build): 173 chars, 8 lines, error\n  ! error[E0425]: cannot find value `x` in src/main.rs\n  ! error: could not compile `app`\n  paths: src/main.rs\n  | Compiling app v0.1.0 (/work/app)\n  | warning: unused\n  | … 4 lines …\n  | line c\n  | error: could not compile `app`"
+            "t7 bash (cargo build): 173 chars, 8 lines, error\n  ! error[E0425]: cannot find value `x` in src/main.rs\n  ! error: could not compile `app`\n  paths: src/main.rs\n  | Compiling app v0.1.0 (/work/app)\n  | … 6 lines …\n  | error: could not compile `app`"
         );
     }
 
@@ -243,5 +243,7 @@ mod tests {
         let s = WithFallback { primary: Broken, fallback: Extractive::default() };
         let out = s.summarize(&[Item { ref_n: 1, tool: "read", arguments: "{}", text: "a\nb", is_error: false }]).unwrap();
         assert_eq!(out, vec!["t1 read: 3 chars, 2 lines\n  | a\n  | b".to_string()]);
+        let three = s.summarize(&[Item { ref_n: 2, tool: "read", arguments: "{}", text: "a\nb\nc", is_error: false }]).unwrap();
+        assert_eq!(three, vec!["t2 read: 5 chars, 3 lines\n  | a\n  | … 1 lines …\n  | c".to_string()]);
     }
 }
