@@ -1,7 +1,7 @@
 //! Hand-built sessions for each importer and each real-world defect: what is kept, what is reported, and
 //! the context that renders from it. Expectations are insta snapshots of a readable rendering.
 
-use condense_events::{Block, Message, SourceEvent};
+use condense_events::SourceEvent;
 use condense_formats::import_bytes;
 use condense_render::{check, Projection};
 
@@ -25,24 +25,7 @@ fn check_import(input: &str) -> String {
     for v in check(&r.messages) {
         out.push_str(&format!("VIOLATION: {v}\n"));
     }
-    for m in r.messages.iter() {
-        let body: Vec<String> = m
-            .content()
-            .iter()
-            .map(|b| match b {
-                Block::Text { text } => format!("text {:?}", text.chars().take(70).collect::<String>()),
-                Block::Thinking { thinking, .. } => format!("thinking {:?}", thinking.chars().take(30).collect::<String>()),
-                Block::ToolCall { id, name, arguments } => format!("call {name}#{id} {arguments}"),
-                Block::Image { mime, .. } => format!("image {mime}"),
-            })
-            .collect();
-        let head = match &**m {
-            Message::User { origin, .. } => format!("user({origin:?})"),
-            Message::Assistant { .. } => "assistant".to_string(),
-            Message::ToolResult { call_id, tool_name, is_error, .. } => format!("tool {tool_name}#{call_id} error={is_error}"),
-        };
-        out.push_str(&format!("{head}: {}\n", body.join(" | ")));
-    }
+    out.push_str(&condense_tests::readable(&r.messages[..]));
     out
 }
 

@@ -60,3 +60,28 @@ pub fn shape<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> String {
     }
     out
 }
+
+/// One readable line per message: role (origin, tool and call id, error flag) and each block, texts cut
+/// to 70 characters.
+pub fn readable<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        let body: Vec<String> = m
+            .content()
+            .iter()
+            .map(|b| match b {
+                Block::Text { text } => format!("text {:?}", text.chars().take(70).collect::<String>()),
+                Block::Thinking { thinking, .. } => format!("thinking {:?}", thinking.chars().take(30).collect::<String>()),
+                Block::ToolCall { id, name, arguments } => format!("call {name}#{id} {arguments}"),
+                Block::Image { mime, .. } => format!("image {mime}"),
+            })
+            .collect();
+        let head = match &**m {
+            Message::User { origin, .. } => format!("user({origin:?})"),
+            Message::Assistant { .. } => "assistant".to_string(),
+            Message::ToolResult { call_id, tool_name, is_error, .. } => format!("tool {tool_name}#{call_id} error={is_error}"),
+        };
+        out.push_str(&format!("{head}: {}\n", body.join(" | ")));
+    }
+    out
+}

@@ -402,8 +402,38 @@ impl Projection {
         Rendered { messages: inc.out, report: inc.report }
     }
 
+    /// The context after each render phase, for inspection and snapshots: the branch as the host would
+    /// send it (no repair), after phase 1 (stub replace), 2 (errored-argument purge and condensed turns),
+    /// 3 (chain compression), and 4 (the orphan sweep and pairing repair: what `render` returns).
+    pub fn render_stages(&self) -> Vec<(&'static str, Vec<Arc<Message>>)> {
+        let path = self.path();
+        let raw = self.raw_messages(&path);
+        let mut out = vec![("branch", raw.iter().map(|(_, m, _)| (*m).clone()).collect())];
+        for (name, upto) in [("phase 1: stub replace", 1), ("phase 2: errored-argument purge", 2), ("phase 3: chain compression", 3)] {
+            out.push((name, self.phases(&raw, upto).into_iter().map(|(m, _)| m).collect()));
+        }
+        out.push(("phase 4: orphan sweep", self.render_full_now().messages.to_vec()));
+        out
+    }
+
     fn render_full(&self) -> Incremental {
         let path = self.path();
+        let raw = self.raw_messages(&path);
+        let mut inc = if self.decisions.records.is_empty() && self.decisions.chains.is_empty() {
+            let plain: Vec<(&Arc<Message>, &Meta)> = raw.iter().map(|(_, m, meta)| (*m, *meta)).collect();
+            repair(&plain, self.call_ids.len())
+        } else {
+            let phased = self.phases(&raw, 3);
+            let refs: Vec<(&Arc<Message>, &Meta)> = phased.iter().map(|(m, meta)| (m, *meta)).collect();
+            repair(&refs, self.call_ids.len())
+        };
+        inc.leaf = self.leaf;
+        inc
+    }
+
+    /// The branch's messages after the newest host compaction, each with the entry it came from (none for
+    /// a compaction's summary and replacement history).
+    fn raw_messages(&self, path: &[usize]) -> Vec<(Option<usize>, &Arc<Message>, &Meta)> {
         let newest = path.iter().rposition(|&i| matches!(self.items[i].node, Node::Compaction { .. }));
         // Each message with the entry it came from (none for a compaction's summary and replacement).
         let mut raw: Vec<(Option<usize>, &Arc<Message>, &Meta)> = Vec::with_capacity(path.len() + 4);
@@ -432,16 +462,7 @@ impl Projection {
                 raw.push((Some(i), m, meta));
             }
         }
-        let mut inc = if self.decisions.records.is_empty() && self.decisions.chains.is_empty() {
-            let plain: Vec<(&Arc<Message>, &Meta)> = raw.iter().map(|(_, m, meta)| (*m, *meta)).collect();
-            repair(&plain, self.call_ids.len())
-        } else {
-            let phased = self.phases(&raw);
-            let refs: Vec<(&Arc<Message>, &Meta)> = phased.iter().map(|(m, meta)| (m, *meta)).collect();
-            repair(&refs, self.call_ids.len())
-        };
-        inc.leaf = self.leaf;
-        inc
+        raw
     }
 
     /// Render phases over the branch (seed 000 and the pipeline it takes for granted):
@@ -451,7 +472,7 @@ impl Projection {
     /// 3. chain compression: a compressed chain keeps its prompt, then its block, then its final reply
     ///    (thinking stripped);
     /// 4. the orphan sweep is `repair`, which runs after these phases.
-    fn phases<'a>(&'a self, raw: &[(Option<usize>, &'a Arc<Message>, &'a Meta)]) -> Vec<(Arc<Message>, &'a Meta)> {
+    fn phases<'a>(&'a self, raw: &[(Option<usize>, &'a Arc<Message>, &'a Meta)], upto: u8) -> Vec<(Arc<Message>, &'a Meta)> {
         let idx = &self.decisions;
         let grace = self.config.recovery_grace_turns;
         // Positional user-turn-groups: prompts at or before each position, and in all.
@@ -473,7 +494,7 @@ impl Projection {
             let (item, m, meta) = raw[k];
             let id = item.map(|i| self.items[i].id.as_str());
             // Phase 3: a compressed chain starting here.
-            if let Some(chain) = id.and_then(|id| chain_by_first.get(id)) {
+            if let Some(chain) = id.and_then(|id| chain_by_first.get(id)).filter(|_| upto >= 3) {
                 if let Some(last) = position_of(&chain.last).filter(|&l| l > k) {
                     out.push((m.clone(), meta));
                     out.push((Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)), &Meta::User));
@@ -489,14 +510,14 @@ impl Projection {
                 }
             }
             let rendered = match (meta, id) {
-                (Meta::Result { .. }, Some(id)) => match idx.by_entry.get(id).and_then(|r| idx.records.get(r)) {
+                (Meta::Result { .. }, Some(id)) if upto >= 1 => match idx.by_entry.get(id).and_then(|r| idx.records.get(r)) {
                     Some(rec) if !rec.protected && idx.is_pruned(rec.ref_n) => {
                         let in_grace = rec.tool == QUERY_TOOL_NAME && grace > 0 && now_utg - utg_at[k] <= grace;
                         if in_grace { m.clone() } else { Arc::new(stub(idx, rec, m)) }
                     }
                     _ => m.clone(),
                 },
-                (Meta::Assistant { dedup: None, .. }, Some(id)) => {
+                (Meta::Assistant { dedup: None, .. }, Some(id)) if upto >= 2 => {
                     let purged = idx.purged.keys().any(|(e, _)| e == id);
                     match idx.turn_closed(id) {
                         Some(refs) => Arc::new(condense_turn(idx, &self.config, id, refs, m)),
