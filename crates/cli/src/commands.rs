@@ -38,7 +38,9 @@ commands:
                                 cache breaks, stubs, chains and recovery (--keep stores them as
                                 `simulated/<name>` for `render` and `query`)
   query SESSION REF...          print the originals behind refs (tN, bN) or raw tool-call ids
-  config [--config FILE]        print the pruning configuration in force (defaults, or FILE normalized)
+  config [--config FILE]        print the pruning configuration in force, normalized: FILE, or the
+                                store's config.json, or the defaults
+  config set KEY VALUE          set one key in the store's config.json (checked before it is written)
 
 options:
   --store DIR                   the store folder (default ./.condense)
@@ -77,13 +79,9 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
         "render" => render(&open()?, &a),
         "verify" => verify(&open()?, &a),
         "demo" => run_demo(&open()?, &store_dir, &a),
-        "simulate" => simulate(&open()?, &a),
+        "simulate" => simulate(&open()?, &store_dir, &a),
         "query" => query(&open()?, &a),
-        "config" => {
-            let (raw, prices) = load_config(&a)?;
-            outln!("{}", serde_json::to_string_pretty(&condense_engine::config::to_json(&raw.normalize(), prices))?);
-            Ok(ExitCode::SUCCESS)
-        }
+        "config" => config(&store_dir, &a),
         other => bail!("unknown command `{other}` (see `condense help`)"),
     }
 }
@@ -93,13 +91,64 @@ fn is_value_of_store(argv: &[String], a: &String) -> bool {
         .any(|w| ["--store", "--as", "--at", "--config", "--plot"].contains(&w[0].as_str()) && std::ptr::eq(&w[1], a))
 }
 
-fn load_config(a: &Args) -> Result<(condense_events::RawConfig, condense_engine::simulate::Prices)> {
-    match a.get("config") {
-        None => Ok(Default::default()),
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-            condense_engine::config::parse(&text).map_err(|e| anyhow!("{path}: {e}"))
+/// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults.
+fn load_config(a: &Args, store_dir: &Path) -> Result<condense_engine::config::FileConfig> {
+    let path = match a.get("config") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let p = store_dir.join("config.json");
+            if !p.exists() {
+                return Ok(Default::default());
+            }
+            p
         }
+    };
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    condense_engine::config::parse_file(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+}
+
+fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {
+    match a.positional.as_slice() {
+        [] => {
+            let f = load_config(a, store_dir)?;
+            let mut v = condense_engine::config::to_json(&f.raw.normalize(), f.prices);
+            v["summarizer"] = match &f.summarizer {
+                condense_engine::config::SummarizerChoice::Extractive => json!("extractive"),
+                condense_engine::config::SummarizerChoice::Http { base_url, model, api_key_env, idle_secs, total_secs } => json!({
+                    "kind": "http", "baseUrl": base_url, "model": model, "apiKeyEnv": api_key_env,
+                    "idleTimeoutSecs": idle_secs, "totalTimeoutSecs": total_secs,
+                }),
+            };
+            outln!("{}", serde_json::to_string_pretty(&v)?);
+            if !a.flag("json") {
+                outln!(
+                    "presets: recoveryGraceTurns {:?}, minBatchChars {:?}, rollingWindow {:?}, autoBudgetThreshold {:?}",
+                    condense_events::RECOVERY_GRACE_PRESETS,
+                    condense_events::MIN_BATCH_CHARS_PRESETS,
+                    condense_events::ROLLING_WINDOW_PRESETS,
+                    condense_events::AUTO_BUDGET_PRESETS
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        [set, key, value] if set == "set" => {
+            let path = store_dir.join("config.json");
+            let mut current: serde_json::Map<String, Value> = if path.exists() {
+                let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+                serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object", path.display()))?
+            } else {
+                serde_json::Map::new()
+            };
+            let v: Value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.clone()));
+            current.insert(key.clone(), v);
+            let text = serde_json::to_string_pretty(&Value::Object(current))?;
+            condense_engine::config::parse_file(&text).map_err(|e| anyhow!("{e}"))?;
+            std::fs::create_dir_all(store_dir).with_context(|| format!("creating {}", store_dir.display()))?;
+            std::fs::write(&path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+            outln!("set {key} = {value} in {}", path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => bail!("config takes no argument (show) or `set KEY VALUE`"),
     }
 }
 
@@ -128,12 +177,27 @@ fn median(mut v: Vec<f64>) -> f64 {
     if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
 }
 
-fn simulate(store: &Store, a: &Args) -> Result<ExitCode> {
+fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
     if a.positional.is_empty() {
         bail!("simulate takes at least one PATH");
     }
-    let (raw, prices) = load_config(a)?;
-    let config = raw.normalize();
+    let file_config = load_config(a, store_dir)?;
+    let prices = file_config.prices;
+    let config = file_config.raw.normalize();
+    let summarizer: Option<Arc<dyn condense_summarize::Summarizer>> = match &file_config.summarizer {
+        condense_engine::config::SummarizerChoice::Extractive => None,
+        condense_engine::config::SummarizerChoice::Http { base_url, model, api_key_env, idle_secs, total_secs } => {
+            // The key is read here, in the binary; it never reaches an event.
+            let key = api_key_env.as_ref().and_then(|v| std::env::var(v).ok());
+            let mut c = condense_summarize::HttpConfig::new(base_url, model, key);
+            c.idle = std::time::Duration::from_secs(*idle_secs);
+            c.total = std::time::Duration::from_secs(*total_secs);
+            Some(Arc::new(condense_summarize::WithFallback {
+                primary: condense_summarize::HttpSummarizer::new(c),
+                fallback: condense_summarize::Extractive::default(),
+            }))
+        }
+    };
     let mut files = Vec::new();
     for p in &a.positional {
         let path = PathBuf::from(p);
@@ -148,6 +212,9 @@ fn simulate(store: &Store, a: &Args) -> Result<ExitCode> {
     let scratch = std::env::temp_dir().join(format!("condense-simulate-{}", std::process::id()));
     let temp = if a.flag("keep") { None } else { Some(Store::open(&scratch)?) };
     let target = temp.as_ref().unwrap_or(store);
+    if let Some(s) = summarizer {
+        target.set_summarizer(s);
+    }
     let mut total = condense_engine::simulate::Figures::default();
     let mut rows = Vec::new();
     let (mut token_ratios, mut cost_ratios) = (Vec::new(), Vec::new());

@@ -87,3 +87,41 @@ fn a_closed_pipe_ends_quietly() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stderr.is_empty());
 }
+
+#[test]
+fn simulate_query_and_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/pi/badlogic__pi-mono/session.jsonl");
+    let svg = dir.path().join("plot.svg");
+    let (code, out, err) = condense(&store, &["simulate", "--json", "--keep", "--plot", svg.to_str().unwrap(), corpus.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = &v["total"];
+    for key in [
+        "turns", "tool_calls", "raw_tokens_peak", "rendered_tokens_peak", "raw_input_tokens_total", "rendered_input_tokens_total",
+        "cached_prefix_tokens_total", "cache_breaks", "cost_units_raw", "cost_units_rendered", "stubs", "spills", "dedups",
+        "chains", "refs_checked", "refs_recovered_exact", "validity_errors",
+    ] {
+        assert!(t.get(key).is_some(), "missing key {key}");
+    }
+    assert_eq!(t["refs_checked"], t["refs_recovered_exact"]);
+    assert_eq!(t["validity_errors"], 0);
+    assert!(t["rendered_input_tokens_total"].as_u64() < t["raw_input_tokens_total"].as_u64());
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    let name = v["sessions"][0]["session"].as_str().unwrap().to_string();
+    let (code, out, _) = condense(&store, &["query", &name, "t1"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("=== t1 · "), "{out}");
+    let (code, out, _) = condense(&store, &["query", &name, "t99999"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("unknown ref t99999"), "{out}");
+    // Config: set, show, refuse a bad key without touching the file.
+    assert_eq!(condense(&store, &["config", "set", "recoveryGraceTurns", "2.7"]).0, 0);
+    let (code, out, _) = condense(&store, &["config", "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["recoveryGraceTurns"], 2);
+    let (code, _, err) = condense(&store, &["config", "set", "rollingWindw", "2"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("config key `rollingWindw`: unknown key"), "{err}");
+}

@@ -15,11 +15,74 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// Which summarizer the pipeline uses.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum SummarizerChoice {
+    /// The embedded deterministic extractive summarizer.
+    #[default]
+    Extractive,
+    /// An OpenAI-compatible endpoint, falling back to the extractive summarizer on failure.
+    Http {
+        /// Base URL (`.../v1`).
+        base_url: String,
+        /// Model name.
+        model: String,
+        /// Name of the environment variable holding the API key.
+        api_key_env: Option<String>,
+        /// Idle timeout, seconds.
+        idle_secs: u64,
+        /// Total timeout, seconds.
+        total_secs: u64,
+    },
+}
+
+/// Everything a configuration file sets.
+#[derive(Debug, Clone, Default)]
+pub struct FileConfig {
+    /// The pruning configuration as written.
+    pub raw: RawConfig,
+    /// The simulation's prices.
+    pub prices: Prices,
+    /// The summarizer.
+    pub summarizer: SummarizerChoice,
+}
+
+fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
+    let key = "summarizer";
+    match value {
+        Value::String(s) if s == "extractive" => Ok(SummarizerChoice::Extractive),
+        Value::Object(o) => {
+            let field = |name: &str| o.get(name).and_then(Value::as_str).map(str::to_string);
+            let secs = |name: &str, default: u64| match o.get(name) {
+                None => Ok(default),
+                Some(v) => v.as_u64().filter(|n| *n > 0).ok_or_else(|| err(&format!("summarizer.{name}"), "expected a whole number of seconds")),
+            };
+            for k in o.keys() {
+                if !["kind", "baseUrl", "model", "apiKeyEnv", "idleTimeoutSecs", "totalTimeoutSecs"].contains(&k.as_str()) {
+                    return Err(err(&format!("summarizer.{k}"), "unknown key"));
+                }
+            }
+            match field("kind").as_deref() {
+                Some("extractive") => Ok(SummarizerChoice::Extractive),
+                Some("http") => Ok(SummarizerChoice::Http {
+                    base_url: field("baseUrl").ok_or_else(|| err("summarizer.baseUrl", "required for kind \"http\""))?,
+                    model: field("model").ok_or_else(|| err("summarizer.model", "required for kind \"http\""))?,
+                    api_key_env: field("apiKeyEnv"),
+                    idle_secs: secs("idleTimeoutSecs", 20)?,
+                    total_secs: secs("totalTimeoutSecs", 180)?,
+                }),
+                _ => Err(err("summarizer.kind", "expected \"extractive\" or \"http\"")),
+            }
+        }
+        _ => Err(err(key, format!("expected \"extractive\" or an object with kind \"http\", found {value}"))),
+    }
+}
+
 /// Every key the file may hold.
 pub const KEYS: &[&str] = &[
     "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
     "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
-    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer",
 ];
 
 fn err(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -28,10 +91,16 @@ fn err(key: &str, reason: impl Into<String>) -> ConfigError {
 
 /// Parses a configuration file's text into the raw configuration and the simulation's prices.
 pub fn parse(text: &str) -> Result<(RawConfig, Prices), ConfigError> {
+    parse_file(text).map(|f| (f.raw, f.prices))
+}
+
+/// Parses a configuration file's text, summarizer included.
+pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
     let v: Value = serde_json::from_str(text).map_err(|e| err("(file)", format!("not JSON: {e}")))?;
     let Value::Object(map) = v else { return Err(err("(file)", "expected a JSON object")) };
     let mut raw = RawConfig::default();
     let mut prices = Prices::default();
+    let mut summarizer = SummarizerChoice::Extractive;
     for (key, value) in &map {
         let num = || match value {
             Value::Number(n) => n.as_f64().ok_or_else(|| err(key, "not a finite number")),
@@ -75,10 +144,11 @@ pub fn parse(text: &str) -> Result<(RawConfig, Prices), ConfigError> {
             "minPruneTokens" => raw.min_prune_tokens = Some(num()?),
             "cachedPrice" => prices.cached = num()?,
             "uncachedPrice" => prices.uncached = num()?,
+            "summarizer" => summarizer = summarizer_choice(value)?,
             other => return Err(err(other, format!("unknown key (known keys: {})", KEYS.join(", ")))),
         }
     }
-    Ok((raw, prices))
+    Ok(FileConfig { raw, prices, summarizer })
 }
 
 /// The configuration as a file would write it (every key, normalized values).
@@ -123,5 +193,9 @@ mod tests {
         assert_eq!(prices.cached, 0.2);
         let back = to_json(&c, prices);
         assert_eq!(back["recoveryGraceTurns"], 2);
+        let f = parse_file(r#"{"summarizer":{"kind":"http","baseUrl":"http://127.0.0.1:9/v1","model":"m","apiKeyEnv":"KEY"}}"#).unwrap();
+        assert!(matches!(f.summarizer, SummarizerChoice::Http { idle_secs: 20, total_secs: 180, .. }));
+        assert_eq!(parse_file(r#"{"summarizer":{"kind":"http","model":"m"}}"#).unwrap_err().key, "summarizer.baseUrl");
+        assert_eq!(parse_file(r#"{"summarizer":{"kind":"gpt"}}"#).unwrap_err().key, "summarizer.kind");
     }
 }

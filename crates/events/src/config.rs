@@ -181,7 +181,7 @@ pub const MIN_BATCH_CHARS_PRESETS: &[u64] = &[0, 500, 1000, 2000, 5000];
 /// Preset values offered for `rollingWindow`.
 pub const ROLLING_WINDOW_PRESETS: &[u64] = &[1, 2, 3, 5, 10];
 /// Preset values offered for `autoBudgetThreshold`.
-pub const AUTO_BUDGET_PRESETS: &[u64] = &[0, 10_000, 20_000, 50_000, 100_000, 300_000];
+pub const AUTO_BUDGET_PRESETS: &[u64] = &[0, 2_000, 4_000, 8_000, 20_000, 50_000, 300_000];
 
 #[cfg(test)]
 mod tests {

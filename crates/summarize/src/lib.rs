@@ -3,6 +3,10 @@
 //! tool and size, the lines that report errors, the paths mentioned, and the head and tail of the text.
 //! Its output depends only on its input, so a replay writes the same summaries.
 
+pub mod http;
+
+pub use http::{HttpConfig, HttpSummarizer};
+
 /// One output of a batch, as the summarizer sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Item<'a> {

@@ -1,0 +1,152 @@
+//! A summarizer that asks an OpenAI-compatible chat-completions endpoint. One request per batch; each
+//! output is labelled with its ref and tool, and the model is asked for one block per ref starting with
+//! `tN:`, so every bullet carries its ref. Timeouts: `idle` bounds each phase of the exchange (connect,
+//! send, wait for the response, each read of the body), `total` the whole call. Any failure or a reply
+//! that misses a ref is an error; wrap it in [`crate::WithFallback`] to fall back to the extractive
+//! summarizer.
+
+use crate::{Item, SummarizeError, Summarizer};
+use std::time::Duration;
+
+/// Settings of the HTTP summarizer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpConfig {
+    /// Base URL, such as `https://api.openai.com/v1` or `http://127.0.0.1:8080/v1`.
+    pub base_url: String,
+    /// Model name.
+    pub model: String,
+    /// The API key (read by the caller from the environment variable the configuration names).
+    pub api_key: Option<String>,
+    /// Idle timeout (default 20 s).
+    pub idle: Duration,
+    /// Total timeout (default 180 s).
+    pub total: Duration,
+    /// Characters of each output sent (the head and tail are kept when longer).
+    pub max_chars_per_output: usize,
+}
+
+impl HttpConfig {
+    /// Settings with the default timeouts.
+    pub fn new(base_url: &str, model: &str, api_key: Option<String>) -> HttpConfig {
+        HttpConfig {
+            base_url: base_url.trim_end_matches('/').to_string(),
+            model: model.to_string(),
+            api_key,
+            idle: Duration::from_secs(20),
+            total: Duration::from_secs(180),
+            max_chars_per_output: 12_000,
+        }
+    }
+}
+
+/// The HTTP summarizer.
+pub struct HttpSummarizer {
+    cfg: HttpConfig,
+    agent: ureq::Agent,
+}
+
+const SYSTEM: &str = "You summarize tool outputs for a coding agent whose context is being pruned. For each \
+output, write one block that starts with its ref followed by a colon (for example `t12: ...`), in at most \
+three short lines: what the tool returned, errors verbatim, file paths and counts that matter. Write nothing \
+else.";
+
+fn clip_middle(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    if n <= max {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(max / 2).collect();
+    let tail: String = text.chars().skip(n - max / 2).collect();
+    format!("{head}\n[… {} characters omitted …]\n{tail}", n - max)
+}
+
+impl HttpSummarizer {
+    /// A summarizer with these settings.
+    pub fn new(cfg: HttpConfig) -> HttpSummarizer {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(cfg.total))
+            .timeout_connect(Some(cfg.idle))
+            .timeout_send_request(Some(cfg.idle))
+            .timeout_send_body(Some(cfg.idle))
+            .timeout_recv_response(Some(cfg.idle))
+            .timeout_recv_body(Some(cfg.idle))
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        HttpSummarizer { cfg, agent }
+    }
+
+    fn request_body(&self, batch: &[Item<'_>]) -> serde_json::Value {
+        let mut user = String::new();
+        for i in batch {
+            user.push_str(&format!(
+                "### t{} ({}{}) arguments: {}\n{}\n\n",
+                i.ref_n,
+                i.tool,
+                if i.is_error { ", error" } else { "" },
+                clip_middle(i.arguments, 300),
+                clip_middle(i.text, self.cfg.max_chars_per_output)
+            ));
+        }
+        serde_json::json!({
+            "model": self.cfg.model,
+            "temperature": 0,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+        })
+    }
+}
+
+/// Splits a reply into one block per ref; `None` if a ref has no block.
+pub fn split_reply(reply: &str, refs: &[u32]) -> Option<Vec<String>> {
+    let mut starts: Vec<(usize, u32)> = Vec::new();
+    for &r in refs {
+        let label = format!("t{r}:");
+        let at = reply
+            .match_indices(&label)
+            .map(|(i, _)| i)
+            .find(|&i| i == 0 || !reply.as_bytes()[i - 1].is_ascii_alphanumeric())?;
+        starts.push((at, r));
+    }
+    let mut sorted = starts.clone();
+    sorted.sort();
+    let mut out = Vec::with_capacity(refs.len());
+    for &(at, _) in &starts {
+        let end = sorted.iter().map(|(s, _)| *s).find(|&s| s > at).unwrap_or(reply.len());
+        let block = reply[at..end].trim();
+        if block.len() <= format!("t0:").len() {
+            return None;
+        }
+        out.push(block.trim_start_matches(['-', '*', ' ']).to_string());
+    }
+    Some(out)
+}
+
+impl Summarizer for HttpSummarizer {
+    fn name(&self) -> &str {
+        "http"
+    }
+
+    fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
+        let fail = |reason: String| SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason };
+        let url = format!("{}/chat/completions", self.cfg.base_url);
+        let mut req = self.agent.post(&url).header("content-type", "application/json");
+        if let Some(key) = &self.cfg.api_key {
+            req = req.header("authorization", &format!("Bearer {key}"));
+        }
+        let body = serde_json::to_vec(&self.request_body(batch)).map_err(|e| fail(e.to_string()))?;
+        let mut resp = req.send(&body[..]).map_err(|e| fail(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().map_err(|e| fail(e.to_string()))?;
+        if status != 200 {
+            return Err(fail(format!("status {status}: {}", clip_middle(&text, 200))));
+        }
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(format!("reply is not JSON: {e}")))?;
+        let content = v["choices"][0]["message"]["content"].as_str().ok_or_else(|| fail("reply has no message content".into()))?;
+        let refs: Vec<u32> = batch.iter().map(|i| i.ref_n).collect();
+        split_reply(content, &refs).ok_or_else(|| SummarizeError::Count {
+            name: format!("http {}", self.cfg.base_url),
+            got: refs.iter().filter(|r| content.contains(&format!("t{r}:"))).count(),
+            want: refs.len(),
+        })
+    }
+}
