@@ -122,6 +122,7 @@ fn bench(args: &[String]) -> Result<()> {
     corpus_import(&mut md, &scratch)?;
     corpus_render(&mut md, &scratch)?;
     generated(&mut md, &scratch, &sizes)?;
+    pruning(&mut md, &scratch, sizes.contains(&100_000))?;
     writeln!(md, "\n## Reference figures (pi and pi-condense)\n")?;
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
     writeln!(md, "\n## Method\n")?;
@@ -208,6 +209,126 @@ fn corpus_render(md: &mut String, scratch: &Path) -> Result<()> {
     for (name, size, events, med, p99, rebuild) in &rows {
         writeln!(md, "| {name} | {:.2} | {events} | {:.3} | {:.3} | {:.2} |", *size as f64 / 1e6, ms(*med), ms(*p99), ms(*rebuild))?;
     }
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Replays `events` into a new session with the default pipeline, timing the pipeline and the render
+/// before each request. Returns (pipeline times, render times).
+fn timed_replay(session: &condense_engine::Session, events: Vec<condense_events::SourceEvent>) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let (mut pipe, mut rend) = (Vec::new(), Vec::new());
+    for ev in events {
+        let request = matches!(
+            &ev,
+            condense_events::SourceEvent::EntryAppended { entry: condense_events::Entry::Message(condense_events::Message::Assistant { .. }), .. }
+        );
+        if request {
+            let t = Instant::now();
+            session.prune_before_request()?;
+            pipe.push(t.elapsed());
+            let t = Instant::now();
+            drop(session.render()?);
+            rend.push(t.elapsed());
+        }
+        session.append(vec![ev])?;
+    }
+    Ok((pipe, rend))
+}
+
+fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
+    writeln!(md, "\n## Pruning: per-turn cost\n")?;
+    writeln!(md, "Each corpus session replayed request by request with the default pipeline: before each assistant message the pipeline runs (capture, dedup, spill, summarize, purge, chains, cost guard) and the context is rendered. Largest sessions first.\n")?;
+    writeln!(md, "| session | MB | requests | pipeline p50 ms | pipeline p99 ms | render p50 ms | render p99 ms | pipeline events/s |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    let dir = scratch.join("pruning");
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = Store::open(&dir)?;
+    let mut files = Vec::new();
+    for fmt in ["pi", "claude-code", "codex"] {
+        walk(&corpus().join(fmt), &mut files);
+    }
+    let mut sized: Vec<(u64, PathBuf)> = files.into_iter().map(|f| (std::fs::metadata(&f).map_or(0, |m| m.len()), f)).collect();
+    sized.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for (size, f) in sized.iter().take(6) {
+        let name = f.strip_prefix(corpus()).unwrap_or(f).display().to_string();
+        let imported = condense_formats::import_file(f)?;
+        let n = imported.events.len();
+        let s = store.create_session(&name)?;
+        let (pipe, rend) = timed_replay(&s, imported.events)?;
+        let total: Duration = pipe.iter().sum();
+        writeln!(md, "| {name} | {:.2} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |", *size as f64 / 1e6, pipe.len(),
+            ms(median(pipe.clone())), ms(percentile(pipe, 0.99)), ms(median(rend.clone())), ms(percentile(rend, 0.99)),
+            n as f64 / total.as_secs_f64().max(1e-9))?;
+        println!("pruning {name}: done");
+    }
+    if with_100k {
+        let file = scratch.join("pi-v3-100000.jsonl");
+        let imported = condense_formats::import_file(&file)?;
+        let mut events = imported.events;
+        let tail = events.split_off(events.len() - 400);
+        let s = store.create_session("gen-100k")?;
+        s.append(events)?;
+        let t = Instant::now();
+        s.prune_now()?;
+        let first = t.elapsed();
+        let (pipe, rend) = timed_replay(&s, tail)?;
+        writeln!(md, "\nGenerated 100k-entry pi session: one pipeline run over the whole session (captures and prunes everything read) took {:.0} ms; then the last 400 events replayed live: pipeline p50 {:.1} ms, p99 {:.1} ms; render p50 {:.2} ms, p99 {:.2} ms per request ({} requests).",
+            ms(first), ms(median(pipe.clone())), ms(percentile(pipe, 0.99)), ms(median(rend.clone())), ms(percentile(rend.clone(), 0.99)), rend.len())?;
+    }
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+    quality(md, scratch)
+}
+
+/// The simulate figures over the corpus with the defaults.
+fn quality(md: &mut String, scratch: &Path) -> Result<()> {
+    writeln!(md, "\n## Pruning: quality over the corpus (defaults)\n")?;
+    writeln!(md, "`condense simulate` with the defaults it ships, every pi, Claude Code and Codex session of the corpus. Ratios are rendered over raw input tokens summed over requests, and rendered over raw cost (0.1 per cached-prefix token, 1.25 per other input token). pi-condense 2.9.1 figures from `PEERS.md` where it was measured.\n")?;
+    writeln!(md, "| session | tool calls | requests | raw peak | rendered peak | tokens | cost | cache breaks | stubs | spills | dedups | chains | refs exact | validity errors | pi-condense tokens / cost |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
+    let peers = [
+        ("badlogic__pi-mono/before-compaction", "35.9% / 51.2%"),
+        ("badlogic__pi-mono/large-session", "25.4% / 35.4%"),
+        ("badlogic__pi-mono/session.jsonl", "13.8% / 27.1%"),
+        ("01-youtube", "39.8% / 58.9%"),
+        ("02-inline", "77.1% / 95.7%"),
+        ("03-raddit", "45.2% / 71.6%"),
+    ];
+    let dir = scratch.join("quality");
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = Store::open(&dir)?;
+    let mut files = Vec::new();
+    for fmt in ["pi", "claude-code", "codex"] {
+        walk(&corpus().join(fmt), &mut files);
+    }
+    let (mut tok, mut cost, mut all_cost) = (Vec::new(), Vec::new(), Vec::new());
+    let mut total = condense_engine::simulate::Figures::default();
+    for f in &files {
+        let name = f.strip_prefix(corpus()).unwrap_or(f).display().to_string();
+        let imported = condense_formats::import_file(f)?;
+        let fig = condense_engine::simulate::replay(&store, &name, imported.events, Default::default(), Default::default())?;
+        let peer = peers.iter().find(|(k, _)| name.contains(k)).map_or("", |(_, v)| v);
+        writeln!(md, "| {name} | {} | {} | {} | {} | {:.1}% | {:.1}% | {} | {} | {} | {} | {} | {}/{} | {} | {peer} |", fig.tool_calls, fig.turns,
+            fig.raw_tokens_peak, fig.rendered_tokens_peak, fig.token_ratio() * 100.0, fig.cost_ratio() * 100.0, fig.cache_breaks, fig.stubs,
+            fig.spills, fig.dedups, fig.chains, fig.refs_recovered_exact, fig.refs_checked, fig.validity_errors)?;
+        if fig.tool_calls >= 100 {
+            tok.push(fig.token_ratio());
+            cost.push(fig.cost_ratio());
+        }
+        if fig.turns > 0 {
+            all_cost.push(fig.cost_ratio());
+        }
+        total.add(&fig);
+    }
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        if n == 0 { 0.0 } else if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    };
+    let n_big = tok.len();
+    writeln!(md, "\nSessions with at least 100 tool calls: {n_big}; median tokens {:.1}% of raw (target ≤ 25%), median cost {:.1}% of raw (target ≤ 35%). Highest cost ratio of any session: {:.1}%. Refs recovered byte-exact: {}/{}; validity errors: {}.",
+        med(tok) * 100.0, med(cost) * 100.0, all_cost.iter().copied().fold(0.0, f64::max) * 100.0, total.refs_recovered_exact, total.refs_checked, total.validity_errors)?;
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

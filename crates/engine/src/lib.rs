@@ -298,8 +298,14 @@ impl Session {
     /// Runs the pruning pipeline as before a model request, stores its decisions, and renders the
     /// context to send. This is what a host calls before each request.
     pub fn prepare(&self) -> Result<Rendered> {
-        self.run_pipeline(pipeline::Trigger::Request)?;
+        self.prune_before_request()?;
         self.render()
+    }
+
+    /// The pipeline half of [`Session::prepare`]: captures, and prunes if `pruneOn`, the budget and the
+    /// cost guard say so. Returns the head after its decisions.
+    pub fn prune_before_request(&self) -> Result<Seq> {
+        self.run_pipeline(pipeline::Trigger::Request)
     }
 
     /// Prunes everything the model has read, now (`pruneOn: on-demand`).

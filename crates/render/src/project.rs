@@ -80,6 +80,15 @@ pub struct Projection {
     inc: Mutex<Incremental>,
     decisions: Index,
     config: PruneConfig,
+    phase_cache: Mutex<PhaseCache>,
+}
+
+/// Messages the render phases built, kept so later renders share them instead of building them again:
+/// stubs by ref, condensed turns by (entry, closed, purges). What they hold never changes for a key.
+#[derive(Debug, Clone, Default)]
+struct PhaseCache {
+    stubs: std::collections::BTreeMap<u32, Arc<Message>>,
+    turns: std::collections::BTreeMap<(usize, bool, usize), Arc<Message>>,
 }
 
 impl Clone for Projection {
@@ -95,6 +104,7 @@ impl Clone for Projection {
             inc: Mutex::new(self.inc.lock().expect("render cache lock").clone()),
             decisions: self.decisions.clone(),
             config: self.config.clone(),
+            phase_cache: Mutex::new(self.phase_cache.lock().expect("phase cache lock").clone()),
         }
     }
 }
@@ -191,7 +201,14 @@ impl Projection {
         let ev = match event {
             Event::Source(ev) => ev,
             Event::Decision(d) => {
-                if !matches!(d, DecisionEvent::Note { .. } | DecisionEvent::FrontierAdvanced { .. }) {
+                // Capturing, aliasing and moving the frontier change nothing on screen until a batch closes.
+                if !matches!(
+                    d,
+                    DecisionEvent::Note { .. }
+                        | DecisionEvent::FrontierAdvanced { .. }
+                        | DecisionEvent::OutputCaptured(_)
+                        | DecisionEvent::OutputAliased { .. }
+                ) {
                     // A decision changes what earlier positions render as: start over at the next render.
                     self.inc.get_mut().expect("render cache lock").valid = false;
                 }
@@ -229,6 +246,7 @@ impl Projection {
             }
             SourceEvent::PruneConfigured(cfg) => {
                 self.config = cfg.clone();
+                *self.phase_cache.get_mut().expect("phase cache lock") = PhaseCache::default();
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }
             SourceEvent::ModelChanged { provider, model, context_window, max_output } => {
@@ -255,7 +273,7 @@ impl Projection {
         if let Node::Message(m, _) = &self.items[ix].node {
             // A new prompt ages recovery outputs in their grace window: one may turn back into a stub.
             if matches!(**m, Message::User { origin: UserOrigin::Prompt, .. })
-                && self.decisions.records.values().any(|r| r.tool == QUERY_TOOL_NAME)
+                && self.decisions.recoveries > 0
             {
                 inc.valid = false;
                 return;
@@ -487,7 +505,20 @@ impl Projection {
         let now_utg = utg;
         let chain_by_first: std::collections::BTreeMap<&str, &condense_index::Chain> =
             idx.chains.values().map(|c| (c.first.as_str(), c)).collect();
-        let position_of = |id: &str| raw.iter().position(|(i, _, _)| i.is_some_and(|i| self.items[i].id == id));
+        // Where each chain's final reply sits, found in one pass.
+        let lasts: std::collections::BTreeSet<&str> = idx.chains.values().map(|c| c.last.as_str()).collect();
+        let mut last_pos: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+        if !lasts.is_empty() {
+            for (k, (i, _, _)) in raw.iter().enumerate() {
+                if let Some(i) = i {
+                    if let Some(id) = lasts.get(self.items[*i].id.as_str()) {
+                        last_pos.insert(id, k);
+                    }
+                }
+            }
+        }
+        let position_of = |id: &str| last_pos.get(id).copied();
+        let mut cache = self.phase_cache.lock().expect("phase cache lock");
         let mut out: Vec<(Arc<Message>, &Meta)> = Vec::with_capacity(raw.len());
         let mut k = 0;
         while k < raw.len() {
@@ -513,16 +544,30 @@ impl Projection {
                 (Meta::Result { .. }, Some(id)) if upto >= 1 => match idx.by_entry.get(id).and_then(|r| idx.records.get(r)) {
                     Some(rec) if !rec.protected && idx.is_pruned(rec.ref_n) => {
                         let in_grace = rec.tool == QUERY_TOOL_NAME && grace > 0 && now_utg - utg_at[k] <= grace;
-                        if in_grace { m.clone() } else { Arc::new(stub(idx, rec, m)) }
+                        if in_grace {
+                            m.clone()
+                        } else {
+                            cache.stubs.entry(rec.ref_n).or_insert_with(|| Arc::new(stub(idx, rec, m))).clone()
+                        }
                     }
                     _ => m.clone(),
                 },
                 (Meta::Assistant { dedup: None, .. }, Some(id)) if upto >= 2 => {
-                    let purged = idx.purged.keys().any(|(e, _)| e == id);
-                    match idx.turn_closed(id) {
-                        Some(refs) => Arc::new(condense_turn(idx, &self.config, id, refs, m)),
-                        None if purged => Arc::new(purge(idx, id, m)),
-                        None => m.clone(),
+                    let purged = idx.purged.range((id.to_string(), String::new())..).take_while(|((e, _), _)| e == id).count();
+                    let closed = idx.turn_closed(id);
+                    if closed.is_none() && purged == 0 {
+                        m.clone()
+                    } else {
+                        // The condensed form changes only when the turn closes or a purge arrives.
+                        let key = (item.unwrap_or(usize::MAX), closed.is_some(), purged);
+                        cache
+                            .turns
+                            .entry(key)
+                            .or_insert_with(|| match closed {
+                                Some(refs) => Arc::new(condense_turn(idx, &self.config, id, refs, m)),
+                                None => Arc::new(purge(idx, id, m)),
+                            })
+                            .clone()
                     }
                 }
                 _ => m.clone(),
