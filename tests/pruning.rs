@@ -403,3 +403,20 @@ fn random_sessions_stay_valid_and_recover_exactly() {
         assert!(condense_render::check(&l.s.render().unwrap().messages[..]).is_empty(), "seed {seed}");
     }
 }
+
+#[test]
+fn condensed_turn_arguments_come_back_with_the_query() {
+    let cfg = PruneConfig { min_prune_tokens: 0, ..PruneConfig::default() };
+    let mut l = Live::new(cfg);
+    let content = "fn main() { println!(\"hello\"); }\n".repeat(20);
+    let args = format!("{{\"path\":\"src/main.rs\",\"content\":{}}}", serde_json::to_string(&content).unwrap());
+    l.prompt("write main");
+    l.tool("w1", "write", &args, &"wrote 640 bytes\n".repeat(80), false);
+    l.reply("written");
+    l.prompt("next");
+    let r = l.s.prepare().unwrap();
+    let shown: Vec<String> = r.messages.iter().flat_map(|m| m.tool_calls().map(|c| c.2.to_string()).collect::<Vec<_>>()).collect();
+    assert_eq!(shown, vec!["{\"path\":\"src/main.rs\",\"content\":\"[660 chars; full arguments: context_tree_query t1]\"}".to_string()]);
+    let a = l.s.query(&["t1".into()]).unwrap();
+    assert!(a.text.contains(&format!("[arguments] {args}\n[output]\n")), "{}", a.text);
+}

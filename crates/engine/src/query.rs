@@ -85,7 +85,12 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         if !text.is_empty() {
             text.push('\n');
         }
-        text.push_str(&format!("=== t{r} · {} · call {} ===\n{original}", rec.tool, rec.call_id));
+        text.push_str(&format!("=== t{r} · {} · call {} ===\n", rec.tool, rec.call_id));
+        // Long arguments may render shortened in a condensed turn; the original comes back here.
+        if rec.arguments.chars().count() > p.config().condense_args_chars as usize && p.config().condense_args_chars > 0 {
+            text.push_str(&format!("[arguments] {}\n[output]\n", rec.arguments));
+        }
+        text.push_str(&original);
         originals.push((r, original));
     }
     Answer { text, is_error: false, originals }
