@@ -158,6 +158,7 @@ fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
         "raw_tokens_peak": f.raw_tokens_peak, "rendered_tokens_peak": f.rendered_tokens_peak,
         "raw_input_tokens_total": f.raw_input_tokens_total, "rendered_input_tokens_total": f.rendered_input_tokens_total,
         "cached_prefix_tokens_total": f.cached_prefix_tokens_total, "cache_breaks": f.cache_breaks,
+        "raw_cached_prefix_tokens_total": f.raw_cached_prefix_tokens_total,
         "cost_units_raw": (f.cost_units_raw * 100.0).round() / 100.0,
         "cost_units_rendered": (f.cost_units_rendered * 100.0).round() / 100.0,
         "stubs": f.stubs, "spills": f.spills, "dedups": f.dedups, "chains": f.chains,

@@ -46,6 +46,8 @@ pub struct Figures {
     pub rendered_input_tokens_total: u64,
     /// Rendered tokens that were a cached prefix, summed.
     pub cached_prefix_tokens_total: u64,
+    /// Raw tokens that were a cached prefix, summed.
+    pub raw_cached_prefix_tokens_total: u64,
     /// Rendered requests that broke the cache.
     pub cache_breaks: u64,
     /// Raw requests that broke the cache (host compactions).
@@ -92,6 +94,7 @@ impl Figures {
         self.raw_input_tokens_total += o.raw_input_tokens_total;
         self.rendered_input_tokens_total += o.rendered_input_tokens_total;
         self.cached_prefix_tokens_total += o.cached_prefix_tokens_total;
+        self.raw_cached_prefix_tokens_total += o.raw_cached_prefix_tokens_total;
         self.cache_breaks += o.cache_breaks;
         self.raw_cache_breaks += o.raw_cache_breaks;
         self.cost_units_raw += o.cost_units_raw;
@@ -172,6 +175,7 @@ pub fn replay(store: &Store, name: &str, events: Vec<SourceEvent>, config: Prune
             f.raw_input_tokens_total += raw_total;
             f.rendered_input_tokens_total += total;
             f.cached_prefix_tokens_total += cached;
+            f.raw_cached_prefix_tokens_total += raw_cached;
             f.cache_breaks += u64::from(broke);
             f.raw_cache_breaks += u64::from(raw_broke);
             f.cost_units_raw += prices.cached * raw_cached as f64 + prices.uncached * (raw_total - raw_cached) as f64;

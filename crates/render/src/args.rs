@@ -5,7 +5,7 @@
 /// `arguments` with every string literal longer than `max` characters replaced by
 /// `"[N chars; full arguments: context_tree_query tR]"`. Text that is not JSON is treated as one string.
 pub fn shorten(arguments: &str, max: usize, ref_n: u32) -> String {
-    let marker = |n: usize| format!("\"[{n} chars; full arguments: {} t{ref_n}]\"", condense_events::QUERY_TOOL_NAME);
+    let marker = |n: usize| format!("\"[{n} chars; {} t{ref_n}]\"", condense_events::QUERY_TOOL_NAME);
     let trimmed = arguments.trim_start();
     if !(trimmed.starts_with('{') || trimmed.starts_with('[')) {
         let n = arguments.chars().count();

@@ -602,7 +602,7 @@ fn stub(idx: &Index, rec: &condense_events::Record, original: &Message) -> Messa
     } else if let Some(orig) = idx.aliases.get(&r) {
         format!("[t{r} · {} · identical to the output of t{orig}; recover it with {recover}]", rec.tool)
     } else if let Some(summary) = idx.summaries.get(&r) {
-        format!("{summary}\n[pruned; original: {recover}]")
+        format!("{summary}\n[pruned; {QUERY_TOOL_NAME} t{r} for the original]")
     } else {
         format!("[t{r} · {} · pruned; recover it with {recover}]", rec.tool)
     };

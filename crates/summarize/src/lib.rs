@@ -180,11 +180,11 @@ fn args_hint(arguments: &str) -> String {
             (false, '"') => break,
             (false, c) => value.push(c),
         }
-        if value.chars().count() > 60 {
+        if value.chars().count() > 40 {
             break;
         }
     }
-    if value.is_empty() { String::new() } else { format!(" ({})", clip(&value, 60)) }
+    if value.is_empty() { String::new() } else { format!(" ({})", clip(&value, 40)) }
 }
 
 impl Summarizer for Extractive {
