@@ -133,7 +133,7 @@ fn recovery_output_aged_exactly_k_is_verbatim() {
 #[test]
 fn recovery_output_aged_k_plus_1_is_stubbed() {
     let s = recovery_aged(3, 4, QUERY_TOOL_NAME, false);
-    assert!(s.shown("q1")[0].starts_with("summary of t1\n[pruned; original: context_tree_query"), "{:?}", s.shown("q1"));
+    assert!(s.shown("q1")[0].starts_with("summary of t1\n[pruned; context_tree_query t1 for the original]"), "{:?}", s.shown("q1"));
 }
 
 #[test]
@@ -416,7 +416,7 @@ fn condensed_turn_arguments_come_back_with_the_query() {
     l.prompt("next");
     let r = l.s.prepare().unwrap();
     let shown: Vec<String> = r.messages.iter().flat_map(|m| m.tool_calls().map(|c| c.2.to_string()).collect::<Vec<_>>()).collect();
-    assert_eq!(shown, vec!["{\"path\":\"src/main.rs\",\"content\":\"[660 chars; full arguments: context_tree_query t1]\"}".to_string()]);
+    assert_eq!(shown, vec!["{\"path\":\"src/main.rs\",\"content\":\"[660 chars; context_tree_query t1]\"}".to_string()]);
     let a = l.s.query(&["t1".into()]).unwrap();
     assert!(a.text.contains(&format!("[arguments] {args}\n[output]\n")), "{}", a.text);
 }

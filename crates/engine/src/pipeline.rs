@@ -68,10 +68,7 @@ pub fn plan(
 
     // Capture: every tool result on the branch not captured yet, with the call it answers.
     let mut calls: BTreeMap<&str, CallSite<'_>> = BTreeMap::new();
-    let mut seen_hash: BTreeMap<&str, u32> = BTreeMap::new();
-    for r in idx.records.values() {
-        seen_hash.entry(r.hash.as_str()).or_insert(r.ref_n);
-    }
+    let seen_hash = &idx.first_by_hash;
     let mut new_hash: BTreeMap<String, u32> = BTreeMap::new();
     let mut next_ref = idx.next_ref();
     let mut next_batch = idx.next_batch();
@@ -80,7 +77,14 @@ pub fn plan(
     let open_batch = idx.pending_batches().last().copied();
     let mut new_records: Vec<Record> = Vec::new();
     let mut texts: BTreeMap<u32, String> = BTreeMap::new();
-    for (pos, (id, m)) in branch.iter().enumerate() {
+    // Only what follows the frontier is new: start at the turn that holds it (its calls may still get
+    // results), or at the root when the frontier is not on this branch.
+    let scan_from = idx
+        .frontier
+        .as_deref()
+        .and_then(|f| branch.iter().rposition(|(id, _)| *id == f))
+        .map_or(0, |f| branch[..=f].iter().rposition(|(_, m)| matches!(***m, Message::Assistant { .. })).unwrap_or(0));
+    for (pos, (id, m)) in branch.iter().enumerate().skip(scan_from) {
         match &***m {
             Message::Assistant { .. } => {
                 for (cid, name, arguments) in m.tool_calls() {
@@ -134,7 +138,7 @@ pub fn plan(
                 };
                 out.push(DecisionEvent::OutputCaptured(rec.clone()));
                 if cfg.dedup {
-                    if let Some(&orig) = seen_hash.get(hash.as_str()).or(new_hash.get(&hash)) {
+                    if let Some(&orig) = seen_hash.get(&hash).or(new_hash.get(&hash)) {
                         out.push(DecisionEvent::OutputAliased { ref_n, original: orig });
                     } else {
                         new_hash.insert(hash, ref_n);
@@ -162,7 +166,8 @@ pub fn plan(
     }
 
     // Which pending batches close now.
-    let position: BTreeMap<&str, usize> = branch.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+    // Lookups only, never iterated.
+    let position: std::collections::HashMap<&str, usize> = branch.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
     let mut pending: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for b in idx.pending_batches() {
         pending.insert(b, idx.batches[&b].iter().map(|r| &idx.records[r]).collect());
@@ -249,7 +254,7 @@ pub fn plan(
 
     // Errored-argument purge, at the same prune so it shares its cache break.
     if cfg.purge_errors && !closing.is_empty() {
-        let results: BTreeMap<&str, bool> = branch
+        let results: std::collections::HashMap<&str, bool> = branch
             .iter()
             .filter_map(|(_, m)| match &***m {
                 Message::ToolResult { call_id, is_error, .. } => Some((call_id.as_str(), *is_error)),
@@ -334,7 +339,7 @@ fn tool_name(m: &Message, call_name: &str) -> String {
 fn text_of(
     _p: &Projection,
     branch: &[(&str, &Arc<Message>)],
-    position: &BTreeMap<&str, usize>,
+    position: &std::collections::HashMap<&str, usize>,
     r: &Record,
     texts: &BTreeMap<u32, String>,
 ) -> String {

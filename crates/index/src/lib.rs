@@ -59,6 +59,8 @@ pub struct Index {
     pub chains: BTreeMap<u32, Chain>,
     /// The last entry captured.
     pub frontier: Option<String>,
+    /// The first ref captured with each dedup hash.
+    pub first_by_hash: BTreeMap<String, u32>,
     /// How many captured outputs are `context_tree_query` recoveries.
     pub recoveries: usize,
 }
@@ -82,6 +84,7 @@ impl Index {
                 self.by_call_entry.entry(r.call_entry.clone()).or_default().push(r.ref_n);
                 self.by_call.entry(r.call_id.clone()).or_default().push(r.ref_n);
                 self.batches.entry(r.batch).or_default().push(r.ref_n);
+                self.first_by_hash.entry(r.hash.clone()).or_insert(r.ref_n);
                 if r.tool == condense_events::QUERY_TOOL_NAME {
                     self.recoveries += 1;
                 }

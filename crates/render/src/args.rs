@@ -55,9 +55,9 @@ mod tests {
     fn long_strings_become_markers() {
         let long = "x".repeat(50);
         let args = format!("{{\"path\":\"src/a.rs\",\"content\":\"{long}\",\"n\":3}}");
-        assert_eq!(shorten(&args, 20, 7), "{\"path\":\"src/a.rs\",\"content\":\"[50 chars; full arguments: context_tree_query t7]\",\"n\":3}");
+        assert_eq!(shorten(&args, 20, 7), "{\"path\":\"src/a.rs\",\"content\":\"[50 chars; context_tree_query t7]\",\"n\":3}");
         assert_eq!(shorten("{\"a\":\"q\\\"uote\"}", 20, 1), "{\"a\":\"q\\\"uote\"}");
-        assert_eq!(shorten("plain text", 3, 2), "\"[10 chars; full arguments: context_tree_query t2]\"");
+        assert_eq!(shorten("plain text", 3, 2), "\"[10 chars; context_tree_query t2]\"");
         assert_eq!(shorten("{\"a\":1}", 5, 1), "{\"a\":1}");
     }
 }
