@@ -420,3 +420,33 @@ fn condensed_turn_arguments_come_back_with_the_query() {
     let a = l.s.query(&["t1".into()]).unwrap();
     assert!(a.text.contains(&format!("[arguments] {args}\n[output]\n")), "{}", a.text);
 }
+
+#[test]
+fn batch_outcomes_trivial_deduped_oversized_summarized() {
+    use condense_events::BatchOutcome::*;
+    let cfg = PruneConfig { min_prune_tokens: 0, auto_budget_threshold: 0, rolling_window: 10, ..PruneConfig::default() };
+    let mut l = Live::new(cfg);
+    let log = "compiling module with a fairly long line of output\n".repeat(60);
+    l.prompt("go");
+    l.tool("a", "bash", "{\"command\":\"make\"}", &log, false); // summarized
+    l.tool("b", "bash", "{\"command\":\"make\"}", &log, false); // a duplicate of a: skipped-deduped
+    l.tool("c", "bash", "{\"command\":\"true\"}", "ok", false); // under minBatchChars: skipped-trivial
+    l.reply("done");
+    l.prompt("next");
+    l.reply("fine");
+    let p = l.s.projection().unwrap();
+    let outcomes: Vec<_> = p.index().outcomes.values().copied().collect();
+    assert_eq!(outcomes, vec![Summarized, SkippedDeduped, SkippedTrivial]);
+
+    // A batch whose summary is not smaller than its raw text stays as it is.
+    let cfg = PruneConfig { min_prune_tokens: 0, min_batch_chars: 0, auto_budget_threshold: 0, ..PruneConfig::default() };
+    let mut l = Live::new(cfg);
+    l.prompt("go");
+    l.tool("a", "bash", "{\"command\":\"echo\"}", "short", false);
+    l.reply("done");
+    l.prompt("next");
+    l.reply("fine");
+    let p = l.s.projection().unwrap();
+    assert_eq!(p.index().outcomes.values().copied().collect::<Vec<_>>(), vec![SkippedOversized]);
+    assert!(l.s.render().unwrap().messages.iter().any(|m| m.role() == "tool" && m.text() == "short"));
+}
