@@ -203,22 +203,18 @@ pub fn plan(
     };
 
     // Close them: trivial, deduplicated, summarized or oversized.
-    let aliased: Vec<u32> = out
-        .iter()
-        .filter_map(|d| match d {
-            DecisionEvent::OutputAliased { ref_n, .. } => Some(*ref_n),
-            _ => None,
-        })
-        .chain(idx.aliases.keys().copied())
-        .collect();
-    let spilled: Vec<u32> = out
-        .iter()
-        .filter_map(|d| match d {
-            DecisionEvent::OutputSpilled { ref_n, .. } => Some(*ref_n),
-            _ => None,
-        })
-        .chain(idx.spills.keys().copied())
-        .collect();
+    // Refs aliased or spilled, by this run or earlier ones.
+    let mut aliased_now = std::collections::BTreeSet::new();
+    let mut spilled_now = std::collections::BTreeSet::new();
+    for d in &out {
+        match d {
+            DecisionEvent::OutputAliased { ref_n, .. } => drop(aliased_now.insert(*ref_n)),
+            DecisionEvent::OutputSpilled { ref_n, .. } => drop(spilled_now.insert(*ref_n)),
+            _ => {}
+        }
+    }
+    let is_aliased = |r: u32| aliased_now.contains(&r) || idx.aliases.contains_key(&r);
+    let is_spilled = |r: u32| spilled_now.contains(&r) || idx.spills.contains_key(&r);
     let mut new_summaries: BTreeMap<u32, String> = BTreeMap::new();
     for b in &closing {
         let recs = &pending[b];
@@ -226,11 +222,11 @@ pub fn plan(
         let total: u64 = recs.iter().map(|r| r.chars).sum();
         let (outcome, summaries) = if total < cfg.min_batch_chars {
             (BatchOutcome::SkippedTrivial, Vec::new())
-        } else if recs.iter().all(|r| aliased.contains(&r.ref_n)) {
+        } else if recs.iter().all(|r| is_aliased(r.ref_n)) {
             (BatchOutcome::SkippedDeduped, Vec::new())
         } else {
             let todo: Vec<&&Record> =
-                recs.iter().filter(|r| !aliased.contains(&r.ref_n) && !spilled.contains(&r.ref_n) && !r.protected).collect();
+                recs.iter().filter(|r| !is_aliased(r.ref_n) && !is_spilled(r.ref_n) && !r.protected).collect();
             let bodies: Vec<String> = todo.iter().map(|r| text_of(p, &branch, &position, r, &texts)).collect();
             let items: Vec<Item<'_>> = todo
                 .iter()
