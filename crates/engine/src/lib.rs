@@ -178,7 +178,11 @@ fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEve
     // What came after the last assistant message is new to the model and goes uncached either way.
     let fresh_from = a.iter().rposition(|m| matches!(**m, condense_events::Message::Assistant { .. })).map_or(0, |i| i + 1);
     let resent = count(&a[same.min(fresh_from)..fresh_from]);
-    if saved >= min && saved >= resent { decisions } else { captures }
+    // Expected requests still to come: as many as there were so far (a session that has run long tends
+    // to run on). The prune pays when the cached-price savings over them beat re-sending at full price.
+    let requests = proj.branch_entries().iter().filter(|(_, m)| matches!(***m, condense_events::Message::Assistant { .. })).count() as u64;
+    let horizon = (requests / 2).max(1);
+    if saved >= min && saved * horizon * 10 >= resent * 115 { decisions } else { captures }
 }
 
 impl Session {

@@ -87,14 +87,14 @@ impl Default for PruneConfig {
             purge_after_turns: 2,
             dedup: true,
             thinking_strip: true,
-            condense_args_chars: 300,
+            condense_args_chars: 80,
             min_prune_tokens: 1000,
         }
     }
 }
 
 /// The budget trigger's default, chosen from the corpus figures (see `docs/pruning.md`).
-pub const DEFAULT_AUTO_BUDGET: u64 = 4_000;
+pub const DEFAULT_AUTO_BUDGET: u64 = 1_200;
 
 /// A configuration as a user wrote it: every field optional, numbers as given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -181,7 +181,7 @@ pub const MIN_BATCH_CHARS_PRESETS: &[u64] = &[0, 500, 1000, 2000, 5000];
 /// Preset values offered for `rollingWindow`.
 pub const ROLLING_WINDOW_PRESETS: &[u64] = &[1, 2, 3, 5, 10];
 /// Preset values offered for `autoBudgetThreshold`.
-pub const AUTO_BUDGET_PRESETS: &[u64] = &[0, 2_000, 4_000, 8_000, 20_000, 50_000, 300_000];
+pub const AUTO_BUDGET_PRESETS: &[u64] = &[0, 1_200, 2_000, 4_000, 8_000, 20_000, 50_000, 300_000];
 
 #[cfg(test)]
 mod tests {
