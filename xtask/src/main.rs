@@ -327,7 +327,7 @@ fn quality(md: &mut String, scratch: &Path) -> Result<()> {
         if n == 0 { 0.0 } else if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
     };
     let n_big = tok.len();
-    writeln!(md, "\nSessions with at least 100 tool calls: {n_big}; median tokens {:.1}% of raw (target ≤ 25%), median cost {:.1}% of raw (target ≤ 35%). Highest cost ratio of any session: {:.1}%. Refs recovered byte-exact: {}/{}; validity errors: {}.",
+    writeln!(md, "\nSessions with at least 100 tool calls: {n_big}; median tokens {:.2}% of raw (target ≤ 25%), median cost {:.2}% of raw (target ≤ 35%). Highest cost ratio of any session: {:.1}%. Refs recovered byte-exact: {}/{}; validity errors: {}.",
         med(tok) * 100.0, med(cost) * 100.0, all_cost.iter().copied().fold(0.0, f64::max) * 100.0, total.refs_recovered_exact, total.refs_checked, total.validity_errors)?;
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);

@@ -81,6 +81,24 @@ pub struct Projection {
     decisions: Index,
     config: PruneConfig,
     phase_cache: Mutex<PhaseCache>,
+    // What the decisions say about each entry, by entry index (lookups only, never iterated).
+    marks: HashMap<usize, Marks>,
+}
+
+/// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
+/// up by their id string.
+#[derive(Debug, Clone, Default)]
+struct Marks {
+    /// The ref of the output this tool-result entry holds.
+    result_ref: Option<u32>,
+    /// The refs of the outputs of this assistant entry's calls.
+    call_refs: Vec<u32>,
+    /// How many of this assistant entry's calls are purged.
+    purged: usize,
+    /// The chain block that starts at this entry.
+    chain_first: Option<u32>,
+    /// The chain block that ends at this entry.
+    chain_last: Option<u32>,
 }
 
 /// Messages the render phases built, kept so later renders share them instead of building them again:
@@ -105,6 +123,7 @@ impl Clone for Projection {
             decisions: self.decisions.clone(),
             config: self.config.clone(),
             phase_cache: Mutex::new(self.phase_cache.lock().expect("phase cache lock").clone()),
+            marks: self.marks.clone(),
         }
     }
 }
@@ -185,6 +204,40 @@ impl Projection {
         self.extend_render(parent, ix);
     }
 
+    fn mark(&mut self, d: &DecisionEvent) {
+        let at = |id: &str| self.index.get(id).copied();
+        let (a, b) = match d {
+            DecisionEvent::OutputCaptured(r) => (at(&r.entry), at(&r.call_entry)),
+            DecisionEvent::ErrorArgsPurged { entry, .. } => (at(entry), None),
+            DecisionEvent::ChainCompressed { first, last, .. } => (at(first), at(last)),
+            _ => return,
+        };
+        match d {
+            DecisionEvent::OutputCaptured(r) => {
+                if let Some(i) = a {
+                    self.marks.entry(i).or_default().result_ref = Some(r.ref_n);
+                }
+                if let Some(i) = b {
+                    self.marks.entry(i).or_default().call_refs.push(r.ref_n);
+                }
+            }
+            DecisionEvent::ErrorArgsPurged { .. } => {
+                if let Some(i) = a {
+                    self.marks.entry(i).or_default().purged += 1;
+                }
+            }
+            DecisionEvent::ChainCompressed { block, .. } => {
+                if let Some(i) = a {
+                    self.marks.entry(i).or_default().chain_first = Some(*block);
+                }
+                if let Some(i) = b {
+                    self.marks.entry(i).or_default().chain_last = Some(*block);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// The pruning decisions folded so far.
     pub fn index(&self) -> &Index {
         &self.decisions
@@ -212,6 +265,7 @@ impl Projection {
                     // A decision changes what earlier positions render as: start over at the next render.
                     self.inc.get_mut().expect("render cache lock").valid = false;
                 }
+                self.mark(d);
                 self.decisions.apply(d);
                 return;
             }
@@ -503,45 +557,42 @@ impl Projection {
             utg_at.push(utg);
         }
         let now_utg = utg;
-        let chain_by_first: std::collections::BTreeMap<&str, &condense_index::Chain> =
-            idx.chains.values().map(|c| (c.first.as_str(), c)).collect();
         // Where each chain's final reply sits, found in one pass.
-        let lasts: std::collections::BTreeSet<&str> = idx.chains.values().map(|c| c.last.as_str()).collect();
-        let mut last_pos: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
-        if !lasts.is_empty() {
+        let mut last_pos: HashMap<u32, usize> = HashMap::new();
+        if upto >= 3 && !idx.chains.is_empty() {
             for (k, (i, _, _)) in raw.iter().enumerate() {
-                if let Some(i) = i {
-                    if let Some(id) = lasts.get(self.items[*i].id.as_str()) {
-                        last_pos.insert(id, k);
-                    }
+                if let Some(block) = i.and_then(|i| self.marks.get(&i)).and_then(|mk| mk.chain_last) {
+                    last_pos.insert(block, k);
                 }
             }
         }
-        let position_of = |id: &str| last_pos.get(id).copied();
         let mut cache = self.phase_cache.lock().expect("phase cache lock");
         let mut out: Vec<(Arc<Message>, &Meta)> = Vec::with_capacity(raw.len());
         let mut k = 0;
         while k < raw.len() {
             let (item, m, meta) = raw[k];
-            let id = item.map(|i| self.items[i].id.as_str());
+            let marks = item.and_then(|i| self.marks.get(&i));
+            let Some(mk) = marks else {
+                out.push((m.clone(), meta));
+                k += 1;
+                continue;
+            };
             // Phase 3: a compressed chain starting here.
-            if let Some(chain) = id.and_then(|id| chain_by_first.get(id)).filter(|_| upto >= 3) {
-                if let Some(last) = position_of(&chain.last).filter(|&l| l > k) {
-                    out.push((m.clone(), meta));
-                    out.push((Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)), &Meta::User));
-                    let (_, fm, fmeta) = raw[last];
-                    let stripped = if self.config.thinking_strip {
-                        strip_thinking(fm)
-                    } else {
-                        fm.clone()
-                    };
-                    out.push((stripped, fmeta));
-                    k = last + 1;
-                    continue;
+            if let Some(block) = mk.chain_first.filter(|_| upto >= 3) {
+                if let (Some(chain), Some(&last)) = (idx.chains.get(&block), last_pos.get(&block)) {
+                    if last > k {
+                        out.push((m.clone(), meta));
+                        out.push((Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)), &Meta::User));
+                        let (_, fm, fmeta) = raw[last];
+                        let stripped = if self.config.thinking_strip { strip_thinking(fm) } else { fm.clone() };
+                        out.push((stripped, fmeta));
+                        k = last + 1;
+                        continue;
+                    }
                 }
             }
-            let rendered = match (meta, id) {
-                (Meta::Result { .. }, Some(id)) if upto >= 1 => match idx.by_entry.get(id).and_then(|r| idx.records.get(r)) {
+            let rendered = match meta {
+                Meta::Result { .. } if upto >= 1 => match mk.result_ref.and_then(|r| idx.records.get(&r)) {
                     Some(rec) if !rec.protected && idx.is_pruned(rec.ref_n) => {
                         let in_grace = rec.tool == QUERY_TOOL_NAME && grace > 0 && now_utg - utg_at[k] <= grace;
                         if in_grace {
@@ -552,20 +603,24 @@ impl Projection {
                     }
                     _ => m.clone(),
                 },
-                (Meta::Assistant { dedup: None, .. }, Some(id)) if upto >= 2 => {
-                    let purged = idx.purged.range((id.to_string(), String::new())..).take_while(|((e, _), _)| e == id).count();
-                    let closed = idx.turn_closed(id);
-                    if closed.is_none() && purged == 0 {
+                Meta::Assistant { dedup: None, .. } if upto >= 2 => {
+                    let closed = !mk.call_refs.is_empty()
+                        && mk.call_refs.iter().all(|r| idx.records.get(r).is_some_and(|rec| idx.outcomes.contains_key(&rec.batch)));
+                    if !closed && mk.purged == 0 {
                         m.clone()
                     } else {
                         // The condensed form changes only when the turn closes or a purge arrives.
-                        let key = (item.unwrap_or(usize::MAX), closed.is_some(), purged);
+                        let i = item.expect("marked entries have an index");
+                        let id = self.items[i].id.as_str();
                         cache
                             .turns
-                            .entry(key)
-                            .or_insert_with(|| match closed {
-                                Some(refs) => Arc::new(condense_turn(idx, &self.config, id, refs, m)),
-                                None => Arc::new(purge(idx, id, m)),
+                            .entry((i, closed, mk.purged))
+                            .or_insert_with(|| {
+                                if closed {
+                                    Arc::new(condense_turn(idx, &self.config, id, &mk.call_refs, m))
+                                } else {
+                                    Arc::new(purge(idx, id, m))
+                                }
                             })
                             .clone()
                     }
