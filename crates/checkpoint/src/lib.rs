@@ -1,0 +1,225 @@
+//! Checkpoint compaction (seed 001, ADR 0030 as amended by ADRs 0049, 0061 and 0064): the budget a request
+//! must fit, where a checkpoint cuts, which recent user messages it retains, and the deterministic
+//! handoff summary that stands in for the history before the cut.
+//!
+//! Budget: headroom is the largest of the configured reserve (never more than half the window), the
+//! model's output allowance capped at 25% of the window, and 5% of the window; the hard budget is the
+//! window minus headroom. The retained tail is recent user messages only, capped at 20,000 tokens and at
+//! half of the hard budget that remains after the summary.
+
+use condense_events::{Block, Message, UserOrigin};
+use condense_tokens::estimate;
+use std::collections::BTreeSet;
+
+/// pi's default reserve, in tokens.
+pub const DEFAULT_RESERVE: u64 = 16_384;
+/// The retained tail never holds more than this many tokens.
+pub const TAIL_CAP: u64 = 20_000;
+/// The stable error code of a checkpoint that could not bring the context under budget.
+pub const CONTEXT_COMPACTION_FAILED: &str = "CONTEXT_COMPACTION_FAILED";
+
+/// The token budget of one model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// The model's context window.
+    pub window: u64,
+    /// Tokens kept free for the reply and the request's overhead.
+    pub headroom: u64,
+    /// What a request may hold: `window - headroom`.
+    pub hard: u64,
+}
+
+impl Budget {
+    /// The budget of a model with `window` tokens of context and `max_output` tokens of output, under a
+    /// configured `reserve`.
+    pub fn new(window: u64, max_output: Option<u64>, reserve: u64) -> Budget {
+        let reserve = reserve.min(window / 2);
+        let output = max_output.unwrap_or(0).min(window / 4);
+        let five = window.div_ceil(20);
+        let headroom = reserve.max(output).max(five);
+        Budget { window, headroom, hard: window.saturating_sub(headroom) }
+    }
+
+    /// The retained-tail target once a summary of `summary_tokens` is in place.
+    pub fn tail_target(&self, summary_tokens: u64) -> u64 {
+        (self.hard.saturating_sub(summary_tokens) / 2).min(TAIL_CAP)
+    }
+}
+
+/// The recent user prompts to retain, newest last: walking back from the newest, each prompt is taken
+/// while the total stays within `target` tokens. Returns positions in `messages`.
+pub fn retained_tail(messages: &[(String, std::sync::Arc<Message>)], target: u64) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    for (i, (_, m)) in messages.iter().enumerate().rev() {
+        if !matches!(**m, Message::User { origin: UserOrigin::Prompt, .. }) {
+            continue;
+        }
+        let t = estimate(m);
+        if total + t > target {
+            break;
+        }
+        total += t;
+        out.push(i);
+    }
+    out.reverse();
+    out
+}
+
+fn clip(s: &str, max: usize) -> String {
+    let s = s.trim();
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+/// A deterministic handoff summary of `messages` with the sections a handoff needs: goal, constraints,
+/// progress, decisions, files read and modified, next steps, and the refs it covers. At most `max_chars`.
+pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u32], max_chars: usize) -> String {
+    let prompts: Vec<String> = messages
+        .iter()
+        .filter(|(_, m)| matches!(**m, Message::User { origin: UserOrigin::Prompt, .. }))
+        .map(|(_, m)| m.text())
+        .collect();
+    let replies: Vec<String> = messages
+        .iter()
+        .filter(|(_, m)| matches!(**m, Message::Assistant { .. }))
+        .map(|(_, m)| m.text())
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    let mut read = BTreeSet::new();
+    let mut modified = BTreeSet::new();
+    let mut failures = Vec::new();
+    for (_, m) in messages {
+        for b in m.content() {
+            if let Block::ToolCall { name, arguments, .. } = b {
+                let lower = name.to_ascii_lowercase();
+                let paths = path_values(arguments);
+                let target = if ["edit", "write", "apply_patch", "multiedit", "notebookedit"].iter().any(|w| lower.contains(w)) {
+                    &mut modified
+                } else if ["read", "view", "cat", "open"].iter().any(|w| lower.contains(w)) {
+                    &mut read
+                } else {
+                    continue;
+                };
+                target.extend(paths);
+            }
+        }
+        if let Message::ToolResult { tool_name, is_error: true, .. } = &**m {
+            failures.push(format!("{tool_name}: {}", clip(&m.text(), 100)));
+        }
+    }
+    let mut s = format!("[Checkpoint c{n}: the conversation before this point, summarized]\n");
+    s.push_str(&format!("## Goal\n{}\n", prompts.first().map_or("(no user prompt)".to_string(), |p| clip(p, 400))));
+    if prompts.len() > 1 {
+        s.push_str("## Constraints and later requests\n");
+        for p in prompts.iter().skip(1).rev().take(5).rev() {
+            s.push_str(&format!("- {}\n", clip(p, 200)));
+        }
+    }
+    s.push_str("## Progress\n");
+    for r in replies.iter().rev().take(4).rev() {
+        s.push_str(&format!("- {}\n", clip(r, 300)));
+    }
+    if !failures.is_empty() {
+        s.push_str("## Decisions and failures to remember\n");
+        for f in failures.iter().rev().take(5).rev() {
+            s.push_str(&format!("- {f}\n"));
+        }
+    }
+    let list = |set: &BTreeSet<String>| set.iter().take(30).cloned().collect::<Vec<_>>().join(", ");
+    s.push_str(&format!("## Files read\n{}\n", if read.is_empty() { "(none)".into() } else { list(&read) }));
+    s.push_str(&format!("## Files modified\n{}\n", if modified.is_empty() { "(none)".into() } else { list(&modified) }));
+    s.push_str(&format!(
+        "## Next steps\nContinue from the latest request: {}\n",
+        prompts.last().map_or("(none)".to_string(), |p| clip(p, 200))
+    ));
+    if !refs.is_empty() {
+        let first = refs.first().expect("non-empty");
+        let last = refs.last().expect("non-empty");
+        s.push_str(&format!(
+            "## Originals\nTool outputs t{first}–t{last} of this span stay recoverable with {}.\n",
+            condense_events::QUERY_TOOL_NAME
+        ));
+    }
+    clip(&s, max_chars)
+}
+
+/// String values under keys naming a path or file in a JSON argument text.
+fn path_values(json: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = json;
+    while let Some(k) = rest.find('"') {
+        rest = &rest[k + 1..];
+        let Some(end) = rest.find('"') else { break };
+        let key = rest[..end].to_ascii_lowercase();
+        rest = &rest[end + 1..];
+        let after = rest.trim_start();
+        if let Some(v) = after.strip_prefix(':') {
+            let v = v.trim_start();
+            if (key.contains("path") || key.contains("file")) && v.starts_with('"') {
+                if let Some(e) = v[1..].find('"') {
+                    out.push(v[1..1 + e].to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn budget_math() {
+        // 200k window, 32k output, 16k reserve: output capped at 50k is 32k, 5% is 10k → headroom 32k.
+        let b = Budget::new(200_000, Some(32_000), DEFAULT_RESERVE);
+        assert_eq!((b.headroom, b.hard), (32_000, 168_000));
+        // A small window: the reserve is capped at half the window, 5% and 25% lose.
+        let b = Budget::new(20_000, Some(8_000), 16_384);
+        assert_eq!((b.headroom, b.hard), (10_000, 10_000));
+        // No output limit known: reserve wins over 5%.
+        let b = Budget::new(1_000_000, None, DEFAULT_RESERVE);
+        assert_eq!((b.headroom, b.hard), (50_000, 950_000));
+        assert_eq!(Budget::new(200_000, Some(32_000), DEFAULT_RESERVE).tail_target(8_000), 20_000);
+        // 32k window: the 16,384 reserve is capped at 16,000, so the hard budget is 16,000.
+        assert_eq!(Budget::new(32_000, None, DEFAULT_RESERVE).tail_target(2_000), 7_000);
+    }
+
+    #[test]
+    fn tail_takes_recent_prompts_within_target() {
+        let m = |t: &str, o| (String::new(), Arc::new(Message::user_text(t, o)));
+        let msgs = vec![m(&"a".repeat(400), UserOrigin::Prompt), m("injected", UserOrigin::Injected), m(&"b".repeat(40), UserOrigin::Prompt), m(&"c".repeat(40), UserOrigin::Prompt)];
+        assert_eq!(retained_tail(&msgs, 20), vec![2, 3]);
+        assert_eq!(retained_tail(&msgs, 200), vec![0, 2, 3]);
+        assert!(retained_tail(&msgs, 5).is_empty());
+    }
+
+    #[test]
+    fn handoff_has_the_sections() {
+        let msgs = vec![
+            (String::new(), Arc::new(Message::user_text("Port the parser to Rust", UserOrigin::Prompt))),
+            (
+                String::new(),
+                Arc::new(Message::Assistant {
+                    content: vec![
+                        Block::Text { text: "Reading the grammar first.".into() },
+                        Block::ToolCall { id: "1".into(), name: "read".into(), arguments: "{\"path\":\"grammar.y\"}".into() },
+                        Block::ToolCall { id: "2".into(), name: "write".into(), arguments: "{\"file_path\":\"src/parse.rs\",\"content\":\"x\"}".into() },
+                    ],
+                    model: None,
+                    stop: None,
+                    usage: None,
+                }),
+            ),
+        ];
+        let s = handoff(1, &msgs, &[3, 9], 4000);
+        assert!(s.starts_with("[Checkpoint c1"));
+        for section in ["## Goal\nPort the parser to Rust", "## Progress\n- Reading the grammar first.", "## Files read\ngrammar.y", "## Files modified\nsrc/parse.rs", "## Next steps", "t3–t9"] {
+            assert!(s.contains(section), "missing {section:?} in\n{s}");
+        }
+    }
+}
