@@ -6,6 +6,7 @@
 //! an earlier point (`render_at`) folds a fresh projection from the log.
 
 pub mod config;
+pub mod controller;
 pub mod demo;
 pub mod pipeline;
 pub mod query;
@@ -44,6 +45,17 @@ pub enum EngineError {
     Pipeline {
         /// The session.
         name: String,
+        /// What failed.
+        reason: String,
+    },
+    /// No checkpoint could bring the context under the model's budget; the run must stop before the
+    /// next request.
+    #[error("session `{name}`: {code}: {reason}")]
+    CompactionFailed {
+        /// The session.
+        name: String,
+        /// The stable error code (`CONTEXT_COMPACTION_FAILED`).
+        code: String,
         /// What failed.
         reason: String,
     },
@@ -303,7 +315,28 @@ impl Session {
     /// context to send. This is what a host calls before each request.
     pub fn prepare(&self) -> Result<Rendered> {
         self.prune_before_request()?;
+        self.checkpoint_if_due()?;
         self.render()
+    }
+
+    /// The checkpoint controller: commits a checkpoint when the context is over the model's hard budget,
+    /// or records the failure and returns [`EngineError::CompactionFailed`].
+    pub fn checkpoint_if_due(&self) -> Result<()> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        match controller::decide(&proj) {
+            controller::Outcome::Fits => Ok(()),
+            controller::Outcome::Commit(d) => {
+                self.append_locked(&mut proj, vec![Event::Decision(d)])?;
+                Ok(())
+            }
+            controller::Outcome::Failed(d) => {
+                let DecisionEvent::CheckpointFailed { code, reason } = d.clone() else { unreachable!("failure outcome") };
+                self.append_locked(&mut proj, vec![Event::Decision(d)])?;
+                Err(EngineError::CompactionFailed { name: self.name.clone(), code, reason })
+            }
+        }
     }
 
     /// The pipeline half of [`Session::prepare`]: captures, and prunes if `pruneOn`, the budget and the

@@ -24,7 +24,7 @@ fn usage(what: &str) -> Answer {
     Answer {
         text: format!(
             "{QUERY_TOOL_NAME}: {what}. Pass {{\"refs\": [\"t12\"]}} with the refs shown in stubs (tN for a tool \
-             output, bN for a compressed chain) or the raw tool-call ids of the calls you want back."
+             output, bN for a compressed chain, cN for a checkpoint) or the raw tool-call ids of the calls you want back."
         ),
         is_error: true,
         originals: Vec::new(),
@@ -61,6 +61,7 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         match idx.lookup(k) {
             Some(Target::Output(r)) => refs.push(r),
             Some(Target::Chain(b)) => refs.extend(idx.chains[&b].refs.iter().copied()),
+            Some(Target::Checkpoint(c)) => refs.extend(idx.checkpoints[&c].covers.iter().copied()),
             None => unknown.push(k.trim().to_string()),
         }
     }

@@ -306,6 +306,32 @@ pub enum DecisionEvent {
         /// The block's text.
         body: String,
     },
+    /// A checkpoint now stands in for the history up to `boundary` (seed 001).
+    CheckpointCommitted {
+        /// The checkpoint number (`c<n>`).
+        n: u32,
+        /// Entry id of the last entry the checkpoint covers.
+        boundary: String,
+        /// The summary that replaces the covered history.
+        summary: String,
+        /// Entry ids of the recent user prompts retained after the summary.
+        kept: Vec<String>,
+        /// Tool refs inside the covered span (they stay recoverable).
+        covers: Vec<u32>,
+        /// Whether this is the retained-tail recovery without a model summary (ADR 0049).
+        recovery: bool,
+        /// Tokens of the context before and after, as estimated when it was made.
+        tokens_before: u64,
+        /// See `tokens_before`.
+        tokens_after: u64,
+    },
+    /// A checkpoint could not bring the context under budget; the run stops before the next request.
+    CheckpointFailed {
+        /// Stable error code (`CONTEXT_COMPACTION_FAILED`).
+        code: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 impl DecisionEvent {
@@ -319,6 +345,8 @@ impl DecisionEvent {
             DecisionEvent::FrontierAdvanced { .. } => "frontier_advanced",
             DecisionEvent::ErrorArgsPurged { .. } => "error_args_purged",
             DecisionEvent::ChainCompressed { .. } => "chain_compressed",
+            DecisionEvent::CheckpointCommitted { .. } => "checkpoint_committed",
+            DecisionEvent::CheckpointFailed { .. } => "checkpoint_failed",
         }
     }
 }

@@ -32,6 +32,23 @@ pub struct Chain {
     pub body: String,
 }
 
+/// A committed checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Number (`c<n>`).
+    pub n: u32,
+    /// Last entry covered.
+    pub boundary: String,
+    /// The summary.
+    pub summary: String,
+    /// Retained prompts.
+    pub kept: Vec<String>,
+    /// Refs covered.
+    pub covers: Vec<u32>,
+    /// Retained-tail recovery (no model summary).
+    pub recovery: bool,
+}
+
 /// Everything the pipeline decided so far for one session.
 #[derive(Debug, Clone, Default)]
 pub struct Index {
@@ -61,6 +78,10 @@ pub struct Index {
     pub frontier: Option<String>,
     /// The first ref captured with each dedup hash.
     pub first_by_hash: BTreeMap<String, u32>,
+    /// Committed checkpoints by number.
+    pub checkpoints: BTreeMap<u32, Checkpoint>,
+    /// Checkpoint failures, in order (code, reason).
+    pub checkpoint_failures: Vec<(String, String)>,
     /// How many captured outputs are `context_tree_query` recoveries.
     pub recoveries: usize,
 }
@@ -72,6 +93,8 @@ pub enum Target {
     Output(u32),
     /// A compressed chain.
     Chain(u32),
+    /// A checkpoint.
+    Checkpoint(u32),
 }
 
 impl Index {
@@ -106,6 +129,20 @@ impl Index {
             DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {
                 self.purged.insert((entry.clone(), call_id.clone()), *chars);
             }
+            DecisionEvent::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, .. } => {
+                self.checkpoints.insert(
+                    *n,
+                    Checkpoint {
+                        n: *n,
+                        boundary: boundary.clone(),
+                        summary: summary.clone(),
+                        kept: kept.clone(),
+                        covers: covers.clone(),
+                        recovery: *recovery,
+                    },
+                );
+            }
+            DecisionEvent::CheckpointFailed { code, reason } => self.checkpoint_failures.push((code.clone(), reason.clone())),
             DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
                 self.chains.insert(
                     *block,
@@ -164,6 +201,11 @@ impl Index {
         if let Some(n) = key.strip_prefix('b').and_then(|n| n.parse::<u32>().ok()) {
             if self.chains.contains_key(&n) {
                 return Some(Target::Chain(n));
+            }
+        }
+        if let Some(n) = key.strip_prefix('c').and_then(|n| n.parse::<u32>().ok()) {
+            if self.checkpoints.contains_key(&n) {
+                return Some(Target::Checkpoint(n));
             }
         }
         self.by_call.get(key).and_then(|v| v.last()).map(|&r| Target::Output(r))

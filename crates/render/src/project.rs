@@ -83,6 +83,8 @@ pub struct Projection {
     phase_cache: Mutex<PhaseCache>,
     // What the decisions say about each entry, by entry index (lookups only, never iterated).
     marks: HashMap<usize, Marks>,
+    // The summary message of each checkpoint, built once so every render shares the same bytes.
+    checkpoint_msgs: std::collections::BTreeMap<u32, Arc<Message>>,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -124,6 +126,7 @@ impl Clone for Projection {
             config: self.config.clone(),
             phase_cache: Mutex::new(self.phase_cache.lock().expect("phase cache lock").clone()),
             marks: self.marks.clone(),
+            checkpoint_msgs: self.checkpoint_msgs.clone(),
         }
     }
 }
@@ -266,6 +269,9 @@ impl Projection {
                     self.inc.get_mut().expect("render cache lock").valid = false;
                 }
                 self.mark(d);
+                if let DecisionEvent::CheckpointCommitted { n, summary, .. } = d {
+                    self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
+                }
                 self.decisions.apply(d);
                 return;
             }
@@ -491,7 +497,7 @@ impl Projection {
     fn render_full(&self) -> Incremental {
         let path = self.path();
         let raw = self.raw_messages(&path);
-        let mut inc = if self.decisions.records.is_empty() && self.decisions.chains.is_empty() {
+        let mut inc = if self.decisions.records.is_empty() && self.decisions.chains.is_empty() && self.decisions.checkpoints.is_empty() {
             let plain: Vec<(&Arc<Message>, &Meta)> = raw.iter().map(|(_, m, meta)| (*m, *meta)).collect();
             repair(&plain, self.call_ids.len())
         } else {
@@ -533,6 +539,39 @@ impl Projection {
             if let Node::Message(m, meta) = &self.items[i].node {
                 raw.push((Some(i), m, meta));
             }
+        }
+        self.apply_checkpoint(path, raw)
+    }
+
+    /// The newest checkpoint whose boundary is on this branch and still in the context replaces
+    /// everything up to its boundary by its summary and the prompts it retained. A checkpoint whose
+    /// boundary is not on the branch (another branch's) or was already dropped by a newer host compaction
+    /// does not apply; older checkpoints never apply once a newer one does.
+    fn apply_checkpoint<'a>(
+        &'a self,
+        path: &[usize],
+        raw: Vec<(Option<usize>, &'a Arc<Message>, &'a Meta)>,
+    ) -> Vec<(Option<usize>, &'a Arc<Message>, &'a Meta)> {
+        for (n, cp) in self.decisions.checkpoints.iter().rev() {
+            let Some(&b) = self.index.get(&cp.boundary) else { continue };
+            let Some(pos) = raw.iter().position(|(i, _, _)| *i == Some(b)) else {
+                if path.contains(&b) {
+                    return raw; // On the branch but before a newer host compaction: that one rules.
+                }
+                continue;
+            };
+            let Some(summary) = self.checkpoint_msgs.get(n) else { continue };
+            let mut out = Vec::with_capacity(raw.len() - pos + cp.kept.len() + 1);
+            out.push((None, summary, &Meta::User));
+            for k in &cp.kept {
+                if let Some(&i) = self.index.get(k) {
+                    if let Node::Message(m, meta) = &self.items[i].node {
+                        out.push((Some(i), m, meta));
+                    }
+                }
+            }
+            out.extend(raw.into_iter().skip(pos + 1));
+            return out;
         }
         raw
     }

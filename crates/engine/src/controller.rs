@@ -1,0 +1,101 @@
+//! The checkpoint controller (seed 001): after the pruning pipeline, before a request, it checks the
+//! context against the model's hard budget and, when it is over, commits a checkpoint: a handoff summary
+//! plus retained recent prompts standing in for the history before the boundary. The final tool batch
+//! stays after the boundary with the assistant message that carries its calls, so no cut separates a
+//! call from its result. If the summary does not bring the context under budget, a retained-tail
+//! recovery without a summary is tried (ADR 0049); if that fails too, the run stops with
+//! `CONTEXT_COMPACTION_FAILED`.
+
+use condense_checkpoint::{handoff, retained_tail, Budget, CONTEXT_COMPACTION_FAILED, DEFAULT_RESERVE};
+use condense_events::{DecisionEvent, Event, Message, QUERY_TOOL_NAME};
+use condense_render::Projection;
+use condense_tokens::estimate;
+use std::sync::Arc;
+
+/// What the controller decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The context fits (or the window is unknown): nothing to do.
+    Fits,
+    /// Commit this checkpoint.
+    Commit(DecisionEvent),
+    /// Nothing fits: record this failure and stop before the request.
+    Failed(DecisionEvent),
+}
+
+/// Tokens of what a projection renders.
+pub fn context_tokens(p: &Projection) -> u64 {
+    p.render().messages.iter().map(|m| estimate(m)).sum()
+}
+
+/// The budget of the projection's current model, if its window is known.
+pub fn budget_of(p: &Projection) -> Option<Budget> {
+    let model = p.model()?;
+    Some(Budget::new(model.context_window?, model.max_output, DEFAULT_RESERVE))
+}
+
+/// Decides whether a checkpoint is due before the next request.
+pub fn decide(p: &Projection) -> Outcome {
+    let Some(budget) = budget_of(p) else { return Outcome::Fits };
+    let before = context_tokens(p);
+    if before <= budget.hard {
+        return Outcome::Fits;
+    }
+    let branch: Vec<(String, Arc<Message>)> = p.branch_entries().into_iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
+    // Keep after the boundary: the last tool batch with its carrier, or the trailing user messages.
+    let keep_from = match branch.last().map(|(_, m)| &**m) {
+        Some(Message::ToolResult { .. }) => branch.iter().rposition(|(_, m)| matches!(**m, Message::Assistant { .. })).unwrap_or(0),
+        Some(Message::User { .. }) => {
+            branch.iter().rposition(|(_, m)| !matches!(**m, Message::User { .. })).map_or(0, |i| i + 1)
+        }
+        _ => branch.len(),
+    };
+    let fail = |reason: String| Outcome::Failed(DecisionEvent::CheckpointFailed { code: CONTEXT_COMPACTION_FAILED.into(), reason });
+    if keep_from == 0 {
+        return fail(format!("{before} tokens over a hard budget of {}, and nothing precedes the final batch", budget.hard));
+    }
+    let covered = &branch[..keep_from];
+    let boundary = covered.last().expect("keep_from > 0").0.clone();
+    let idx = p.index();
+    let covers: Vec<u32> = covered.iter().filter_map(|(id, _)| idx.by_entry.get(id).copied()).collect();
+    let n = idx.checkpoints.keys().next_back().map_or(1, |n| n + 1);
+    // The summary takes at most a quarter of the hard budget (in chars, 4 per token), and 16k chars.
+    let max_chars = ((budget.hard / 4) * 4).min(16_384) as usize;
+    let attempt = |summary: String, recovery: bool| {
+        let summary_tokens = estimate(&Message::user_text(summary.clone(), condense_events::UserOrigin::Summary));
+        let kept: Vec<String> =
+            retained_tail(covered, budget.tail_target(summary_tokens)).into_iter().map(|i| covered[i].0.clone()).collect();
+        let mut d = DecisionEvent::CheckpointCommitted {
+            n,
+            boundary: boundary.clone(),
+            summary,
+            kept,
+            covers: covers.clone(),
+            recovery,
+            tokens_before: before,
+            tokens_after: 0,
+        };
+        let mut candidate = p.clone();
+        candidate.apply(p.seq(), &Event::Decision(d.clone()));
+        let after = context_tokens(&candidate);
+        if let DecisionEvent::CheckpointCommitted { tokens_after, .. } = &mut d {
+            *tokens_after = after;
+        }
+        (after <= budget.hard).then_some(d)
+    };
+    if let Some(d) = attempt(handoff(n, covered, &covers, max_chars), false) {
+        return Outcome::Commit(d);
+    }
+    let marker = format!(
+        "[Checkpoint c{n}: the history before this point was removed to fit the context window (no summary could \
+         be made small enough). Tool outputs of that span stay recoverable with {QUERY_TOOL_NAME} c{n}.]"
+    );
+    if let Some(d) = attempt(marker, true) {
+        return Outcome::Commit(d);
+    }
+    let after_tail: u64 = branch[keep_from..].iter().map(|(_, m)| estimate(m)).sum();
+    fail(format!(
+        "{before} tokens over a hard budget of {}; even without history the final batch and what follows take {after_tail}",
+        budget.hard
+    ))
+}
