@@ -33,10 +33,11 @@ commands:
   verify                        check the log, replay every session and compare with a fresh render,
                                 run the provider-validity check; exits 1 on any difference
   export FILE                   write the whole store to one portable file
-  simulate PATH... [--config FILE] [--plot FILE.svg] [--keep]
+  simulate PATH... [--window N] [--config FILE] [--plot FILE.svg] [--keep]
                                 replay sessions turn by turn with pruning on and report tokens, cost,
                                 cache breaks, stubs, chains and recovery (--keep stores them as
-                                `simulated/<name>` for `render` and `query`)
+                                `simulated/<name>` for `render` and `query`; --window N
+                                fires checkpoints as a model with an N-token window would)
   query SESSION REF...          print the originals behind refs (tN, bN) or raw tool-call ids
   config [--config FILE]        print the pruning configuration in force, normalized: FILE, or the
                                 store's config.json, or the defaults
@@ -54,7 +55,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
     };
     let command = argv[pos].clone();
     let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
-    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot"], &["json", "help", "keep"])?;
+    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window"], &["json", "help", "keep"])?;
     if a.flag("help") || command == "help" {
         out!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
@@ -88,7 +89,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
 
 fn is_value_of_store(argv: &[String], a: &String) -> bool {
     argv.windows(2)
-        .any(|w| ["--store", "--as", "--at", "--config", "--plot"].contains(&w[0].as_str()) && std::ptr::eq(&w[1], a))
+        .any(|w| ["--store", "--as", "--at", "--config", "--plot", "--window"].contains(&w[0].as_str()) && std::ptr::eq(&w[1], a))
 }
 
 /// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults.
@@ -164,6 +165,8 @@ fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
         "stubs": f.stubs, "spills": f.spills, "dedups": f.dedups, "chains": f.chains,
         "refs_checked": f.refs_checked, "refs_recovered_exact": f.refs_recovered_exact,
         "validity_errors": f.validity_errors,
+        "checkpoints": f.checkpoints, "over_budget_requests": f.over_budget_requests,
+        "compaction_failures": f.compaction_failures,
         "token_ratio": (f.token_ratio() * 10000.0).round() / 10000.0,
         "cost_ratio": (f.cost_ratio() * 10000.0).round() / 10000.0,
     })
@@ -182,6 +185,10 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
     if a.positional.is_empty() {
         bail!("simulate takes at least one PATH");
     }
+    let window = match a.get("window") {
+        None => None,
+        Some(w) => Some(w.parse::<u64>().ok().filter(|w| *w >= 1024).ok_or_else(|| anyhow!("--window takes a number of tokens (at least 1024), not `{w}`"))?),
+    };
     let file_config = load_config(a, store_dir)?;
     let prices = file_config.prices;
     let config = file_config.raw.normalize();
@@ -229,12 +236,12 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
             }
         };
         let name = format!("simulated/{}", name_of(file));
-        let f = condense_engine::simulate::replay(target, &name, imported.events, config.clone(), prices)?;
+        let f = condense_engine::simulate::replay_with_window(target, &name, imported.events, config.clone(), prices, window)?;
         if !a.flag("json") {
             outln!(
-                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, refs {}/{} exact, {} validity errors",
+                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures, refs {}/{} exact, {} validity errors",
                 f.turns, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
-                f.refs_recovered_exact, f.refs_checked, f.validity_errors
+                f.checkpoints, f.over_budget_requests, f.compaction_failures, f.refs_recovered_exact, f.refs_checked, f.validity_errors
             );
         }
         if f.turns > 0 {

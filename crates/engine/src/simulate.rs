@@ -70,6 +70,12 @@ pub struct Figures {
     pub refs_recovered_exact: u64,
     /// Provider-validity violations over every rendered request.
     pub validity_errors: u64,
+    /// Checkpoints committed.
+    pub checkpoints: u64,
+    /// Requests whose rendered context was over the hard budget (only with a window).
+    pub over_budget_requests: u64,
+    /// Requests before which no checkpoint could bring the context under budget.
+    pub compaction_failures: u64,
     /// Raw and rendered tokens of each request (for plots).
     pub series: Vec<(u64, u64)>,
 }
@@ -106,7 +112,14 @@ impl Figures {
         self.refs_checked += o.refs_checked;
         self.refs_recovered_exact += o.refs_recovered_exact;
         self.validity_errors += o.validity_errors;
+        self.checkpoints += o.checkpoints;
+        self.over_budget_requests += o.over_budget_requests;
+        self.compaction_failures += o.compaction_failures;
     }
+}
+
+fn total_tokens(msgs: &[Arc<Message>]) -> u64 {
+    msgs.iter().map(|m| estimate(m)).sum()
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -153,8 +166,29 @@ impl Meter {
 /// preparing a request before each assistant message, and measures both the raw and the rendered
 /// requests.
 pub fn replay(store: &Store, name: &str, events: Vec<SourceEvent>, config: PruneConfig, prices: Prices) -> Result<Figures> {
+    replay_with_window(store, name, events, config, prices, None)
+}
+
+/// [`replay`] as if the model had a context window of `window` tokens: the session's own model changes
+/// are replaced by one with that window, and the checkpoint controller runs before each request.
+pub fn replay_with_window(
+    store: &Store,
+    name: &str,
+    events: Vec<SourceEvent>,
+    config: PruneConfig,
+    prices: Prices,
+    window: Option<u64>,
+) -> Result<Figures> {
     let session = store.create_session(name)?;
     session.configure(config)?;
+    let events: Vec<SourceEvent> = match window {
+        None => events,
+        Some(w) => {
+            session.append(vec![SourceEvent::ModelChanged { provider: None, model: "simulated".into(), context_window: Some(w), max_output: None }])?;
+            events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. })).collect()
+        }
+    };
+    let budget = window.map(|w| condense_checkpoint::Budget::new(w, None, condense_checkpoint::DEFAULT_RESERVE));
     let mut raw = Projection::new();
     let mut raw_meter = Meter::default();
     let mut meter = Meter::default();
@@ -165,9 +199,19 @@ pub fn replay(store: &Store, name: &str, events: Vec<SourceEvent>, config: Prune
             let r = raw.render();
             let (raw_total, raw_cached, raw_broke) = raw_meter.request(&r.messages);
             drop(r);
-            let rendered = session.prepare()?;
+            let rendered = match session.prepare() {
+                Ok(r) => r,
+                Err(crate::EngineError::CompactionFailed { .. }) => {
+                    f.compaction_failures += 1;
+                    session.render()?
+                }
+                Err(e) => return Err(e),
+            };
             let (total, cached, broke) = meter.request(&rendered.messages);
             f.validity_errors += check(&rendered.messages[..]).len() as u64;
+            if budget.is_some_and(|b| total_tokens(&rendered.messages) > b.hard) {
+                f.over_budget_requests += 1;
+            }
             drop(rendered);
             f.turns += 1;
             f.raw_tokens_peak = f.raw_tokens_peak.max(raw_total);
@@ -192,6 +236,7 @@ pub fn replay(store: &Store, name: &str, events: Vec<SourceEvent>, config: Prune
     f.spills = idx.spills.len() as u64;
     f.dedups = idx.aliases.len() as u64;
     f.chains = idx.chains.len() as u64;
+    f.checkpoints = idx.checkpoints.len() as u64;
     for (r, rec) in &idx.records {
         f.refs_checked += 1;
         let original = proj.entry_message(&rec.entry).map(|m| output_text(m)).unwrap_or_default();
