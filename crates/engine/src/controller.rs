@@ -61,6 +61,22 @@ pub fn decide(p: &Projection) -> Outcome {
     let n = idx.checkpoints.keys().next_back().map_or(1, |n| n + 1);
     // The summary takes at most a quarter of the hard budget (in chars, 4 per token), and 16k chars.
     let max_chars = ((budget.hard / 4) * 4).min(16_384) as usize;
+    // The final batch, when it alone reaches half the hard budget, gets a bounded copy (ADR 0030).
+    let final_batch: Vec<&(String, Arc<Message>)> =
+        branch[keep_from..].iter().filter(|(_, m)| matches!(**m, Message::ToolResult { .. })).collect();
+    let batch_tokens: u64 = final_batch.iter().map(|(_, m)| estimate(m)).sum();
+    let bounded: Vec<(String, String)> = if batch_tokens * 2 >= budget.hard && !final_batch.is_empty() {
+        let share = ((budget.hard / 2) * 4 / final_batch.len() as u64) as usize;
+        final_batch
+            .iter()
+            .map(|(id, m)| {
+                let r = idx.by_entry.get(id).copied();
+                (id.clone(), bounded_copy(&m.text(), share, r))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let attempt = |summary: String, recovery: bool| {
         let summary_tokens = estimate(&Message::user_text(summary.clone(), condense_events::UserOrigin::Summary));
         let kept: Vec<String> =
@@ -72,6 +88,7 @@ pub fn decide(p: &Projection) -> Outcome {
             kept,
             covers: covers.clone(),
             recovery,
+            bounded: bounded.clone(),
             tokens_before: before,
             tokens_after: 0,
         };
@@ -98,4 +115,31 @@ pub fn decide(p: &Projection) -> Outcome {
         "{before} tokens over a hard budget of {}; even without history the final batch and what follows take {after_tail}",
         budget.hard
     ))
+}
+
+/// A checkpoint-only copy of a tool output: repeated lines dropped, then a fair share of head and tail
+/// text around an explicit truncation marker. The original stays complete in the log.
+pub fn bounded_copy(text: &str, share: usize, ref_n: Option<u32>) -> String {
+    let mut lines: Vec<&str> = Vec::new();
+    let mut dropped = 0;
+    for l in text.lines() {
+        if lines.last() == Some(&l) {
+            dropped += 1;
+        } else {
+            lines.push(l);
+        }
+    }
+    let text = if dropped > 0 { lines.join("\n") } else { text.to_string() };
+    let n = text.chars().count();
+    if n <= share {
+        return text;
+    }
+    let half = share / 2;
+    let head: String = text.chars().take(half).collect();
+    let tail: String = text.chars().skip(n - half).collect();
+    let how = match ref_n {
+        Some(r) => format!("{QUERY_TOOL_NAME} t{r} returns it whole"),
+        None => "the full output stays in the log".to_string(),
+    };
+    format!("{head}\n[… checkpoint truncation: {} of {n} characters omitted ({dropped} repeated lines dropped); {how} …]\n{tail}", n - 2 * half)
 }

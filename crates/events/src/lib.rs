@@ -320,6 +320,9 @@ pub enum DecisionEvent {
         covers: Vec<u32>,
         /// Whether this is the retained-tail recovery without a model summary (ADR 0049).
         recovery: bool,
+        /// Bounded copies of the final tool batch, used in the model context in place of the results
+        /// with these entry ids (the originals stay complete in the log).
+        bounded: Vec<(String, String)>,
         /// Tokens of the context before and after, as estimated when it was made.
         tokens_before: u64,
         /// See `tokens_before`.

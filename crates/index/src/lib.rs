@@ -47,6 +47,8 @@ pub struct Checkpoint {
     pub covers: Vec<u32>,
     /// Retained-tail recovery (no model summary).
     pub recovery: bool,
+    /// Bounded copies of the final batch: (result entry id, text).
+    pub bounded: Vec<(String, String)>,
 }
 
 /// Everything the pipeline decided so far for one session.
@@ -129,7 +131,7 @@ impl Index {
             DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {
                 self.purged.insert((entry.clone(), call_id.clone()), *chars);
             }
-            DecisionEvent::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, .. } => {
+            DecisionEvent::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, bounded, .. } => {
                 self.checkpoints.insert(
                     *n,
                     Checkpoint {
@@ -139,6 +141,7 @@ impl Index {
                         kept: kept.clone(),
                         covers: covers.clone(),
                         recovery: *recovery,
+                        bounded: bounded.clone(),
                     },
                 );
             }

@@ -85,6 +85,8 @@ pub struct Projection {
     marks: HashMap<usize, Marks>,
     // The summary message of each checkpoint, built once so every render shares the same bytes.
     checkpoint_msgs: std::collections::BTreeMap<u32, Arc<Message>>,
+    // Bounded copies of results by (checkpoint, entry index).
+    bounded_msgs: std::collections::BTreeMap<(u32, usize), Arc<Message>>,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -127,6 +129,7 @@ impl Clone for Projection {
             phase_cache: Mutex::new(self.phase_cache.lock().expect("phase cache lock").clone()),
             marks: self.marks.clone(),
             checkpoint_msgs: self.checkpoint_msgs.clone(),
+            bounded_msgs: self.bounded_msgs.clone(),
         }
     }
 }
@@ -269,8 +272,22 @@ impl Projection {
                     self.inc.get_mut().expect("render cache lock").valid = false;
                 }
                 self.mark(d);
-                if let DecisionEvent::CheckpointCommitted { n, summary, .. } = d {
+                if let DecisionEvent::CheckpointCommitted { n, summary, bounded, .. } = d {
                     self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
+                    for (entry, text) in bounded {
+                        let Some(&i) = self.index.get(entry) else { continue };
+                        if let Node::Message(m, _) = &self.items[i].node {
+                            if let Message::ToolResult { call_id, tool_name, is_error, .. } = &**m {
+                                let copy = Message::ToolResult {
+                                    call_id: call_id.clone(),
+                                    tool_name: tool_name.clone(),
+                                    content: vec![Block::Text { text: text.clone() }],
+                                    is_error: *is_error,
+                                };
+                                self.bounded_msgs.insert((*n, i), Arc::new(copy));
+                            }
+                        }
+                    }
                 }
                 self.decisions.apply(d);
                 return;
@@ -570,7 +587,12 @@ impl Projection {
                     }
                 }
             }
-            out.extend(raw.into_iter().skip(pos + 1));
+            for (i, m, meta) in raw.into_iter().skip(pos + 1) {
+                match i.and_then(|i| self.bounded_msgs.get(&(*n, i))) {
+                    Some(copy) => out.push((i, copy, meta)),
+                    None => out.push((i, m, meta)),
+                }
+            }
             return out;
         }
         raw
