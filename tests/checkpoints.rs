@@ -1,0 +1,183 @@
+//! Checkpoint paths (seed 001): the exact model request after a threshold checkpoint, with a bounded
+//! copy of an oversized final batch, after CONTEXT_COMPACTION_FAILED, after reopening the store, and on
+//! forks with and without the boundary; and a property test that no request leaves the controller over
+//! budget and no cut separates a call from its result.
+
+use condense_engine::{EngineError, Session, Store};
+use condense_events::{Block, Entry, Message, PruneConfig, SourceEvent, UserOrigin};
+use condense_tests::readable;
+
+struct Live {
+    dir: tempfile::TempDir,
+    s: Session,
+    n: usize,
+}
+
+fn no_pruning() -> PruneConfig {
+    PruneConfig { enabled: false, ..PruneConfig::default() }
+}
+
+impl Live {
+    fn new(window: u64) -> Live {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let s = store.create_session("cp").unwrap();
+        s.configure(no_pruning()).unwrap();
+        s.append(vec![SourceEvent::ModelChanged { provider: None, model: "m".into(), context_window: Some(window), max_output: None }]).unwrap();
+        Live { dir, s, n: 0 }
+    }
+    fn add(&mut self, m: Message) {
+        let parent = (self.n > 0).then(|| format!("e{}", self.n));
+        self.n += 1;
+        self.s.append(vec![SourceEvent::EntryAppended { id: format!("e{}", self.n), parent, entry: Entry::Message(m) }]).unwrap();
+    }
+    fn prompt(&mut self, t: &str) {
+        self.add(Message::user_text(t, UserOrigin::Prompt));
+    }
+    fn turn(&mut self, id: &str, output: String) -> Result<(), EngineError> {
+        let r = self.s.prepare()?;
+        assert!(condense_render::check(&r.messages[..]).is_empty());
+        self.add(Message::Assistant {
+            content: vec![Block::ToolCall { id: id.into(), name: "read".into(), arguments: format!("{{\"path\":\"src/{id}.rs\"}}") }],
+            model: None,
+            stop: None,
+            usage: None,
+        });
+        self.add(Message::ToolResult { call_id: id.into(), tool_name: "read".into(), content: vec![Block::Text { text: output }], is_error: false });
+        Ok(())
+    }
+    /// The exact request: one line per message, then the checkpoint summary in full.
+    fn request(&self) -> String {
+        let r = self.s.prepare().unwrap();
+        let mut out = readable(&r.messages[..]);
+        if let Some(m) = r.messages.first().filter(|m| m.text().starts_with("[Checkpoint")) {
+            out.push_str(&format!("--- checkpoint summary ---\n{}\n", m.text()));
+        }
+        for m in r.messages.iter().filter(|m| m.text().contains("checkpoint truncation")) {
+            let t = m.text();
+            let at = t.find("[… checkpoint truncation").unwrap_or(0);
+            out.push_str(&format!("--- bounded copy ---\n{}\n", &t[at..at + t[at..].find('\n').unwrap_or(t.len() - at)]));
+        }
+        out
+    }
+}
+
+fn lines(tag: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{tag} line {i}: some source text\n")).collect()
+}
+
+#[test]
+fn threshold_checkpoint_request() {
+    let mut l = Live::new(8_000);
+    l.prompt("Port the parser to Rust and keep the tests green.");
+    for i in 0..8 {
+        l.turn(&format!("c{i}"), lines(&format!("file{i}"), 80)).unwrap();
+    }
+    let req = l.request();
+    let p = l.s.projection().unwrap();
+    assert!(!p.index().checkpoints.is_empty());
+    insta::assert_snapshot!(req);
+}
+
+#[test]
+fn oversized_final_batch_gets_a_bounded_copy() {
+    let mut l = Live::new(20_000);
+    l.prompt("Read the two logs.");
+    l.turn("a", lines("a", 20)).unwrap();
+    l.turn("big", lines("huge", 1500)).unwrap();
+    let req = l.request();
+    let p = l.s.projection().unwrap();
+    let cp = p.index().checkpoints.values().next().expect("a checkpoint").clone();
+    assert_eq!(cp.bounded.len(), 1);
+    assert!(req.contains("checkpoint truncation") || cp.bounded[0].1.contains("checkpoint truncation"));
+    // The original stays complete in the log.
+    assert_eq!(p.branch_messages().last().unwrap().text(), lines("huge", 1500));
+    insta::assert_snapshot!(req);
+}
+
+#[test]
+fn nothing_fits_is_context_compaction_failed() {
+    let mut l = Live::new(4_000);
+    l.prompt("short");
+    l.turn("a", lines("a", 10)).unwrap();
+    l.prompt(&"an enormous pasted prompt ".repeat(2_000));
+    let err = l.s.prepare().unwrap_err();
+    assert!(matches!(&err, EngineError::CompactionFailed { code, .. } if code == "CONTEXT_COMPACTION_FAILED"), "{err}");
+    let p = l.s.projection().unwrap();
+    assert_eq!(p.index().checkpoint_failures.len(), 1);
+    assert!(p.index().checkpoints.is_empty(), "nothing partial is stored");
+}
+
+#[test]
+fn resume_after_reopening_the_store() {
+    let mut l = Live::new(8_000);
+    l.prompt("Port the parser.");
+    for i in 0..8 {
+        l.turn(&format!("c{i}"), lines(&format!("f{i}"), 80)).unwrap();
+    }
+    let before = readable(&l.s.prepare().unwrap().messages[..]);
+    let Live { dir, s, .. } = l;
+    drop(s);
+    let store = Store::open(dir.path()).unwrap();
+    let again = readable(&store.session("cp").unwrap().render().unwrap().messages[..]);
+    assert_eq!(before, again);
+}
+
+#[test]
+fn forks_with_and_without_the_boundary() {
+    let mut l = Live::new(8_000);
+    l.prompt("Port the parser.");
+    for i in 0..8 {
+        l.turn(&format!("c{i}"), lines(&format!("f{i}"), 80)).unwrap();
+    }
+    l.request();
+    let p = l.s.projection().unwrap();
+    let cp = p.index().checkpoints.values().next_back().unwrap().clone();
+    // A branch from before the boundary does not see the checkpoint.
+    l.s.append(vec![SourceEvent::LeafMoved { leaf: Some("e3".into()) }]).unwrap();
+    let early = l.s.render().unwrap();
+    assert!(!early.messages.iter().any(|m| m.text().starts_with("[Checkpoint c")));
+    // A branch that keeps the boundary does.
+    l.s.append(vec![SourceEvent::LeafMoved { leaf: Some(cp.boundary.clone()) }]).unwrap();
+    l.s.append(vec![SourceEvent::EntryAppended {
+        id: "fork1".into(),
+        parent: Some(cp.boundary.clone()),
+        entry: Entry::Message(Message::user_text("a different next step", UserOrigin::Prompt)),
+    }])
+    .unwrap();
+    let late = l.s.render().unwrap();
+    assert!(late.messages[0].text().starts_with(&format!("[Checkpoint c{}", cp.n)));
+    assert_eq!(late.messages.last().unwrap().text(), "a different next step");
+}
+
+#[test]
+fn no_request_leaves_the_controller_over_budget() {
+    use condense_engine::demo::Rng;
+    for seed in 1..=10u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let window = 6_000 + 2_000 * rng.below(5);
+        let mut l = Live::new(window);
+        if rng.below(2) == 0 {
+            l.s.configure(PruneConfig::default()).unwrap();
+        }
+        let budget = condense_checkpoint::Budget::new(window, None, condense_checkpoint::DEFAULT_RESERVE);
+        l.prompt("start");
+        for t in 0..30 {
+            if rng.below(6) == 0 {
+                l.prompt(&format!("next task {t}"));
+            }
+            let out = lines(&format!("t{t}"), 5 + rng.below(120) as usize);
+            match l.turn(&format!("c{t}"), out) {
+                Ok(()) => {}
+                Err(EngineError::CompactionFailed { .. }) => panic!("seed {seed}: nothing should be too big here"),
+                Err(e) => panic!("{e}"),
+            }
+            let r = l.s.prepare().unwrap();
+            let tokens: u64 = r.messages.iter().map(|m| condense_tokens::estimate(m)).sum();
+            assert!(tokens <= budget.hard, "seed {seed} turn {t}: {tokens} > {}", budget.hard);
+            assert!(condense_render::check(&r.messages[..]).is_empty(), "seed {seed} turn {t}");
+        }
+        let failures = l.s.projection().unwrap().index().checkpoint_failures.len();
+        assert_eq!(failures, 0);
+    }
+}
