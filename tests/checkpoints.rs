@@ -181,3 +181,40 @@ fn no_request_leaves_the_controller_over_budget() {
         assert_eq!(failures, 0);
     }
 }
+
+#[test]
+fn new_context_checkpoints_after_its_tool_turn() {
+    use condense_engine::controller::{NEW_CONTEXT_RESULT, NEW_CONTEXT_TOOL};
+    let mut l = Live::new(200_000);
+    l.prompt("Refactor the module.");
+    l.turn("c1", lines("a", 30)).unwrap();
+    // The model asks for a checkpoint; its call and result stay a normal, visible pair.
+    l.s.prepare().unwrap();
+    l.add(Message::Assistant {
+        content: vec![Block::ToolCall { id: "nc".into(), name: NEW_CONTEXT_TOOL.into(), arguments: "{}".into() }],
+        model: None,
+        stop: None,
+        usage: None,
+    });
+    assert!(l.s.projection().unwrap().index().checkpoints.is_empty(), "not before the tool turn finished");
+    l.add(Message::ToolResult { call_id: "nc".into(), tool_name: NEW_CONTEXT_TOOL.into(), content: vec![Block::Text { text: NEW_CONTEXT_RESULT.into() }], is_error: false });
+    let req = l.request();
+    assert_eq!(l.s.projection().unwrap().index().checkpoints.len(), 1);
+    // The next request does not checkpoint again.
+    l.request();
+    assert_eq!(l.s.projection().unwrap().index().checkpoints.len(), 1);
+    insta::assert_snapshot!(req);
+}
+
+#[test]
+fn manual_compaction_of_an_idle_session() {
+    let mut l = Live::new(200_000);
+    l.prompt("Summarize the repository layout.");
+    l.turn("c1", lines("tree", 50)).unwrap();
+    l.s.prepare().unwrap();
+    l.add(Message::Assistant { content: vec![Block::Text { text: "It has src/ and tests/.".into() }], model: None, stop: None, usage: None });
+    l.s.compact_now().unwrap();
+    let req = readable(&l.s.render().unwrap().messages[..]);
+    assert!(req.starts_with("user(Summary): text \"[Checkpoint c1"), "{req}");
+    insta::assert_snapshot!(req);
+}

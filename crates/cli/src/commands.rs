@@ -38,7 +38,8 @@ commands:
                                 cache breaks, stubs, chains and recovery (--keep stores them as
                                 `simulated/<name>` for `render` and `query`; --window N
                                 fires checkpoints as a model with an N-token window would)
-  query SESSION REF...          print the originals behind refs (tN, bN) or raw tool-call ids
+  query SESSION REF...          print the originals behind refs (tN, bN, cN) or raw tool-call ids
+  compact SESSION               make a checkpoint of an idle session now (fails fast)
   config [--config FILE]        print the pruning configuration in force, normalized: FILE, or the
                                 store's config.json, or the defaults
   config set KEY VALUE          set one key in the store's config.json (checked before it is written)
@@ -82,6 +83,16 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
         "demo" => run_demo(&open()?, &store_dir, &a),
         "simulate" => simulate(&open()?, &store_dir, &a),
         "query" => query(&open()?, &a),
+        "compact" => {
+            let [name] = a.positional.as_slice() else { bail!("compact takes one SESSION") };
+            let store = open()?;
+            let session = store.session(name)?;
+            session.compact_now()?;
+            let p = session.projection()?;
+            let cp = p.index().checkpoints.values().next_back().expect("a checkpoint was just committed");
+            outln!("checkpoint c{} committed over {} refs; {} prompts retained", cp.n, cp.covers.len(), cp.kept.len());
+            Ok(ExitCode::SUCCESS)
+        }
         "config" => config(&store_dir, &a),
         other => bail!("unknown command `{other}` (see `condense help`)"),
     }

@@ -34,16 +34,63 @@ pub fn budget_of(p: &Projection) -> Option<Budget> {
     Some(Budget::new(model.context_window?, model.max_output, DEFAULT_RESERVE))
 }
 
+/// The model-facing tool that asks for a checkpoint. Its call and result stay a normal tool pair; the
+/// checkpoint is made only after that tool turn has finished, before the next request.
+pub const NEW_CONTEXT_TOOL: &str = "new_context";
+
+/// What the `new_context` tool returns to the model.
+pub const NEW_CONTEXT_RESULT: &str =
+    "A context checkpoint will be made before your next turn: the history so far is replaced by a summary and your recent requests. Originals stay recoverable with context_tree_query.";
+
+/// Why a checkpoint is being considered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Before a request: only if over budget or the model asked with `new_context`.
+    Threshold,
+    /// Asked for by the user on an idle session (`condense compact`): always, failing fast.
+    Manual,
+}
+
+/// Whether the model called `new_context` in its last turn and that turn has finished (every call has
+/// its result) with no checkpoint made since.
+fn new_context_requested(p: &Projection) -> bool {
+    let branch = p.branch_entries();
+    let Some(last_asst) = branch.iter().rposition(|(_, m)| matches!(***m, Message::Assistant { .. })) else { return false };
+    let (_, asst) = branch[last_asst];
+    if !asst.tool_calls().any(|(_, name, _)| name == NEW_CONTEXT_TOOL) {
+        return false;
+    }
+    let answered = asst.tool_calls().all(|(id, _, _)| {
+        branch[last_asst + 1..].iter().any(|(_, m)| matches!(&***m, Message::ToolResult { call_id, .. } if call_id == id))
+    });
+    let done_after = p.index().checkpoints.values().any(|c| {
+        branch.iter().position(|(id, _)| *id == c.boundary).is_some_and(|b| b + 1 >= last_asst)
+    });
+    answered && !done_after
+}
+
 /// Decides whether a checkpoint is due before the next request.
 pub fn decide(p: &Projection) -> Outcome {
-    let Some(budget) = budget_of(p) else { return Outcome::Fits };
+    decide_for(p, Reason::Threshold)
+}
+
+/// Decides a checkpoint for `reason`.
+pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
+    let requested = reason == Reason::Manual || new_context_requested(p);
+    let budget = match budget_of(p) {
+        Some(b) => b,
+        // Without a known window only an explicit request makes a checkpoint; it fits any size.
+        None if requested => Budget { window: u64::MAX, headroom: 0, hard: u64::MAX / 4 },
+        None => return Outcome::Fits,
+    };
     let before = context_tokens(p);
-    if before <= budget.hard {
+    if before <= budget.hard && !requested {
         return Outcome::Fits;
     }
     let branch: Vec<(String, Arc<Message>)> = p.branch_entries().into_iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
     // Keep after the boundary: the last tool batch with its carrier, or the trailing user messages.
     let keep_from = match branch.last().map(|(_, m)| &**m) {
+        _ if reason == Reason::Manual => branch.len(),
         Some(Message::ToolResult { .. }) => branch.iter().rposition(|(_, m)| matches!(**m, Message::Assistant { .. })).unwrap_or(0),
         Some(Message::User { .. }) => {
             branch.iter().rposition(|(_, m)| !matches!(**m, Message::User { .. })).map_or(0, |i| i + 1)
@@ -102,6 +149,9 @@ pub fn decide(p: &Projection) -> Outcome {
     };
     if let Some(d) = attempt(handoff(n, covered, &covers, max_chars), false) {
         return Outcome::Commit(d);
+    }
+    if reason == Reason::Manual {
+        return fail(format!("manual compaction: the summary does not bring {before} tokens under {}", budget.hard));
     }
     let marker = format!(
         "[Checkpoint c{n}: the history before this point was removed to fit the context window (no summary could \

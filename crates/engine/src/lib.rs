@@ -322,10 +322,20 @@ impl Session {
     /// The checkpoint controller: commits a checkpoint when the context is over the model's hard budget,
     /// or records the failure and returns [`EngineError::CompactionFailed`].
     pub fn checkpoint_if_due(&self) -> Result<()> {
+        self.checkpoint(controller::Reason::Threshold)
+    }
+
+    /// Manual compaction of an idle session (`condense compact`): a checkpoint over everything so far,
+    /// failing fast (no retained-tail recovery) when it cannot be made.
+    pub fn compact_now(&self) -> Result<()> {
+        self.checkpoint(controller::Reason::Manual)
+    }
+
+    fn checkpoint(&self, reason: controller::Reason) -> Result<()> {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
-        match controller::decide(&proj) {
+        match controller::decide_for(&proj, reason) {
             controller::Outcome::Fits => Ok(()),
             controller::Outcome::Commit(d) => {
                 self.append_locked(&mut proj, vec![Event::Decision(d)])?;
