@@ -217,7 +217,16 @@ fn corpus_render(md: &mut String, scratch: &Path) -> Result<()> {
 /// Replays `events` into a new session with the default pipeline, timing the pipeline and the render
 /// before each request. Returns (pipeline times, render times).
 fn timed_replay(session: &condense_engine::Session, events: Vec<condense_events::SourceEvent>) -> Result<(Vec<Duration>, Vec<Duration>)> {
-    let (mut pipe, mut rend) = (Vec::new(), Vec::new());
+    let (p, r, _) = timed_replay3(session, events)?;
+    Ok((p, r))
+}
+
+/// As `timed_replay`, also timing the checkpoint controller's decision before each request.
+fn timed_replay3(
+    session: &condense_engine::Session,
+    events: Vec<condense_events::SourceEvent>,
+) -> Result<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
+    let (mut pipe, mut rend, mut ctl) = (Vec::new(), Vec::new(), Vec::new());
     for ev in events {
         let request = matches!(
             &ev,
@@ -228,19 +237,23 @@ fn timed_replay(session: &condense_engine::Session, events: Vec<condense_events:
             session.prune_before_request()?;
             pipe.push(t.elapsed());
             let t = Instant::now();
+            session.checkpoint_if_due()?;
+            ctl.push(t.elapsed());
+            let t = Instant::now();
             drop(session.render()?);
             rend.push(t.elapsed());
         }
         session.append(vec![ev])?;
     }
-    Ok((pipe, rend))
+    Ok((pipe, rend, ctl))
 }
 
 fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
     writeln!(md, "\n## Pruning: per-turn cost\n")?;
     writeln!(md, "Each corpus session replayed request by request with the default pipeline: before each assistant message the pipeline runs (capture, dedup, spill, summarize, purge, chains, cost guard) and the context is rendered. Largest sessions first.\n")?;
-    writeln!(md, "| session | MB | requests | pipeline p50 ms | pipeline p99 ms | render p50 ms | render p99 ms | pipeline events/s |")?;
-    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(md, "The model's window is set to 200,000 tokens so the checkpoint controller runs too (its decision with no checkpoint due: estimate plus check).\n")?;
+    writeln!(md, "| session | MB | requests | pipeline p50 ms | pipeline p99 ms | render p50 ms | render p99 ms | controller p50 ms | controller p99 ms | pipeline events/s |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     let dir = scratch.join("pruning");
     let _ = std::fs::remove_dir_all(&dir);
     let store = Store::open(&dir)?;
@@ -255,11 +268,19 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
         let imported = condense_formats::import_file(f)?;
         let n = imported.events.len();
         let s = store.create_session(&name)?;
-        let (pipe, rend) = timed_replay(&s, imported.events)?;
+        let events: Vec<_> = std::iter::once(condense_events::SourceEvent::ModelChanged {
+            provider: None,
+            model: "bench".into(),
+            context_window: Some(200_000),
+            max_output: None,
+        })
+        .chain(imported.events.into_iter().filter(|e| !matches!(e, condense_events::SourceEvent::ModelChanged { .. })))
+        .collect();
+        let (pipe, rend, ctl) = timed_replay3(&s, events)?;
         let total: Duration = pipe.iter().sum();
-        writeln!(md, "| {name} | {:.2} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |", *size as f64 / 1e6, pipe.len(),
+        writeln!(md, "| {name} | {:.2} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |", *size as f64 / 1e6, pipe.len(),
             ms(median(pipe.clone())), ms(percentile(pipe, 0.99)), ms(median(rend.clone())), ms(percentile(rend, 0.99)),
-            n as f64 / total.as_secs_f64().max(1e-9))?;
+            ms(median(ctl.clone())), ms(percentile(ctl, 0.99)), n as f64 / total.as_secs_f64().max(1e-9))?;
         println!("pruning {name}: done");
     }
     if with_100k {
