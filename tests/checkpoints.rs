@@ -218,3 +218,31 @@ fn manual_compaction_of_an_idle_session() {
     assert!(req.starts_with("user(Summary): text \"[Checkpoint c1"), "{req}");
     insta::assert_snapshot!(req);
 }
+
+#[test]
+fn provider_overflow_then_retry_then_second_overflow() {
+    let mut l = Live::new(200_000);
+    l.prompt("Analyse the logs.");
+    for i in 0..3 {
+        l.turn(&format!("c{i}"), lines(&format!("log{i}"), 30)).unwrap();
+    }
+    // The provider rejects the request; the host records the failed assistant message and the overflow.
+    l.s.prepare().unwrap();
+    l.add(Message::Assistant { content: vec![Block::Text { text: "(request failed)".into() }], model: None, stop: Some(condense_events::StopReason::Error), usage: None });
+    l.s.append(vec![SourceEvent::ProviderOverflow { message: "prompt is too long: 212000 tokens > 200000 maximum".into() }]).unwrap();
+    let retry = l.request();
+    let p = l.s.projection().unwrap();
+    assert_eq!(p.index().checkpoints.len(), 1, "one checkpoint before the retry");
+    assert!(retry.starts_with("user(Summary): text \"[Checkpoint c1"), "{retry}");
+    assert!(!retry.contains("(request failed)"), "the failed message leaves the model context");
+    assert!(p.branch_messages().iter().any(|m| m.text() == "(request failed)"), "but stays in the transcript");
+    insta::assert_snapshot!(retry);
+    // Preparing again does not checkpoint again.
+    l.request();
+    assert_eq!(l.s.projection().unwrap().index().checkpoints.len(), 1);
+    // The retry overflows too: terminal.
+    l.add(Message::Assistant { content: vec![Block::Text { text: "(failed again)".into() }], model: None, stop: Some(condense_events::StopReason::Error), usage: None });
+    l.s.append(vec![SourceEvent::ProviderOverflow { message: "prompt is too long".into() }]).unwrap();
+    let err = l.s.prepare().unwrap_err();
+    assert!(matches!(&err, EngineError::CompactionFailed { code, .. } if code == "PROVIDER_OVERFLOW_AFTER_RETRY"), "{err}");
+}

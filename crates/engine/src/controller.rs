@@ -51,6 +51,9 @@ pub enum Reason {
     Manual,
 }
 
+/// The stable error code of a second provider overflow after the one retry.
+pub const PROVIDER_OVERFLOW_AFTER_RETRY: &str = "PROVIDER_OVERFLOW_AFTER_RETRY";
+
 /// Whether the model called `new_context` in its last turn and that turn has finished (every call has
 /// its result) with no checkpoint made since.
 fn new_context_requested(p: &Projection) -> bool {
@@ -76,7 +79,19 @@ pub fn decide(p: &Projection) -> Outcome {
 
 /// Decides a checkpoint for `reason`.
 pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
-    let requested = reason == Reason::Manual || new_context_requested(p);
+    // A provider overflow: one checkpoint and one retry; a second overflow is terminal.
+    match p.overflow_streak() {
+        0 => {}
+        1 => {}
+        n => {
+            return Outcome::Failed(DecisionEvent::CheckpointFailed {
+                code: PROVIDER_OVERFLOW_AFTER_RETRY.into(),
+                reason: format!("the provider rejected the request as too long {n} times in a row"),
+            })
+        }
+    }
+    let overflowed = p.overflow_pending();
+    let requested = reason == Reason::Manual || overflowed || new_context_requested(p);
     let budget = match budget_of(p) {
         Some(b) => b,
         // Without a known window only an explicit request makes a checkpoint; it fits any size.
@@ -87,7 +102,8 @@ pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
     if before <= budget.hard && !requested {
         return Outcome::Fits;
     }
-    let branch: Vec<(String, Arc<Message>)> = p.branch_entries().into_iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
+    let branch: Vec<(String, Arc<Message>)> =
+        p.branch_entries_in_context().into_iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
     // Keep after the boundary: the last tool batch with its carrier, or the trailing user messages.
     let keep_from = match branch.last().map(|(_, m)| &**m) {
         _ if reason == Reason::Manual => branch.len(),

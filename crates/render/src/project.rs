@@ -87,6 +87,13 @@ pub struct Projection {
     checkpoint_msgs: std::collections::BTreeMap<u32, Arc<Message>>,
     // Bounded copies of results by (checkpoint, entry index).
     bounded_msgs: std::collections::BTreeMap<(u32, usize), Arc<Message>>,
+    // Assistant entries whose request the provider rejected as too long: kept in the transcript, left out
+    // of the model context.
+    overflowed: std::collections::BTreeSet<usize>,
+    // Provider overflows since the last entry that was not a failed assistant message.
+    overflow_streak: u32,
+    // Whether a checkpoint was committed since the last overflow.
+    overflow_checkpointed: bool,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -130,6 +137,9 @@ impl Clone for Projection {
             marks: self.marks.clone(),
             checkpoint_msgs: self.checkpoint_msgs.clone(),
             bounded_msgs: self.bounded_msgs.clone(),
+            overflowed: self.overflowed.clone(),
+            overflow_streak: self.overflow_streak,
+            overflow_checkpointed: self.overflow_checkpointed,
         }
     }
 }
@@ -200,7 +210,21 @@ impl Projection {
         }
     }
 
+    /// Provider overflows since the last entry that was not a failed assistant message: 1 asks for a
+    /// checkpoint and one retry, 2 is terminal.
+    pub fn overflow_streak(&self) -> u32 {
+        self.overflow_streak
+    }
+
+    /// Whether an overflow still waits for its checkpoint.
+    pub fn overflow_pending(&self) -> bool {
+        self.overflow_streak == 1 && !self.overflow_checkpointed
+    }
+
     fn push_entry(&mut self, id: String, parent: Option<&str>, node: Node) {
+        if !matches!(&node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. })) {
+            self.overflow_streak = 0;
+        }
         let parent = parent.and_then(|p| self.index.get(p).copied());
         let ix = self.items.len();
         // A repeated id points at its newest entry; the importers rename duplicates anyway.
@@ -273,6 +297,7 @@ impl Projection {
                 }
                 self.mark(d);
                 if let DecisionEvent::CheckpointCommitted { n, summary, bounded, .. } = d {
+                    self.overflow_checkpointed = true;
                     self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
                     for (entry, text) in bounded {
                         let Some(&i) = self.index.get(entry) else { continue };
@@ -320,6 +345,14 @@ impl Projection {
                 if inc.leaf != self.leaf {
                     inc.valid = false;
                 }
+            }
+            SourceEvent::ProviderOverflow { .. } => {
+                if let Some(l) = self.leaf.filter(|&l| matches!(&self.items[l].node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. }))) {
+                    self.overflowed.insert(l);
+                }
+                self.overflow_streak += 1;
+                self.overflow_checkpointed = false;
+                self.inc.get_mut().expect("render cache lock").valid = false;
             }
             SourceEvent::PruneConfigured(cfg) => {
                 self.config = cfg.clone();
@@ -468,6 +501,19 @@ impl Projection {
             .collect()
     }
 
+    /// As [`Projection::branch_entries`], without assistant messages whose request overflowed (they stay
+    /// in the transcript but not in the model context).
+    pub fn branch_entries_in_context(&self) -> Vec<(&str, &Arc<Message>)> {
+        self.path()
+            .into_iter()
+            .filter(|i| !self.overflowed.contains(i))
+            .filter_map(|i| match &self.items[i].node {
+                Node::Message(m, _) => Some((self.items[i].id.as_str(), m)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Messages on the active branch before compaction and repair: the whole visible transcript.
     pub fn branch_messages(&self) -> Context {
         self.path()
@@ -546,7 +592,9 @@ impl Projection {
                     .unwrap_or(c);
                 for &i in &path[kept_from..c] {
                     if let Node::Message(m, meta) = &self.items[i].node {
-                        raw.push((Some(i), m, meta));
+                        if !self.overflowed.contains(&i) {
+                            raw.push((Some(i), m, meta));
+                        }
                     }
                 }
                 c + 1
@@ -554,7 +602,9 @@ impl Projection {
         };
         for &i in &path[start..] {
             if let Node::Message(m, meta) = &self.items[i].node {
-                raw.push((Some(i), m, meta));
+                if !self.overflowed.contains(&i) {
+                    raw.push((Some(i), m, meta));
+                }
             }
         }
         self.apply_checkpoint(path, raw)
