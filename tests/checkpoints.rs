@@ -246,3 +246,23 @@ fn provider_overflow_then_retry_then_second_overflow() {
     let err = l.s.prepare().unwrap_err();
     assert!(matches!(&err, EngineError::CompactionFailed { code, .. } if code == "PROVIDER_OVERFLOW_AFTER_RETRY"), "{err}");
 }
+
+#[test]
+fn budget_notices_ride_at_the_end_and_are_never_stored() {
+    let mut l = Live::new(8_000); // hard budget 4,000 tokens: notices at 3,000 and 3,600
+    l.prompt("Go through the files.");
+    let mut seen = Vec::new();
+    for i in 0..30 {
+        l.turn(&format!("c{i}"), lines(&format!("f{i}"), 25)).unwrap();
+        let r = l.s.prepare().unwrap();
+        let last = r.messages.last().unwrap().text();
+        if last.starts_with("[condense notice") {
+            seen.push(last[..27].to_string());
+        }
+        assert!(condense_render::check(&r.messages[..]).is_empty());
+    }
+    assert!(seen.iter().any(|s| s.starts_with("[condense notice 1 of 2")), "{seen:?}");
+    assert!(seen.iter().any(|s| s.starts_with("[condense notice 2 of 2")), "{seen:?}");
+    let p = l.s.projection().unwrap();
+    assert!(!p.branch_messages().iter().any(|m| m.text().starts_with("[condense notice")));
+}

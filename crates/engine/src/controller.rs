@@ -209,3 +209,32 @@ pub fn bounded_copy(text: &str, share: usize, ref_n: Option<u32>) -> String {
     };
     format!("{head}\n[… checkpoint truncation: {} of {n} characters omitted ({dropped} repeated lines dropped); {how} …]\n{tail}", n - 2 * half)
 }
+
+/// The first budget notice is shown from this share of the hard budget on (in percent).
+pub const NOTICE_1_PERCENT: u64 = 75;
+/// The second, from this share on.
+pub const NOTICE_2_PERCENT: u64 = 90;
+
+/// The budget notice for the next request, if the context has reached a notice threshold: the first at
+/// 75% of the hard budget, the second at 90%. It is computed from the render (so from events only) and is
+/// appended after the last message of the request, never stored, so every earlier message stays a cached
+/// prefix.
+pub fn notice(p: &Projection, messages: &[Arc<Message>]) -> Option<Message> {
+    let budget = budget_of(p)?;
+    let tokens: u64 = messages.iter().map(|m| estimate(m)).sum();
+    let remaining = budget.hard.saturating_sub(tokens);
+    let text = if tokens * 100 >= budget.hard * NOTICE_2_PERCENT {
+        format!(
+            "[condense notice 2 of 2: about {remaining} tokens of context remain before an automatic checkpoint. \
+             Finish the current step and call {NEW_CONTEXT_TOOL} now, so the checkpoint keeps what matters.]"
+        )
+    } else if tokens * 100 >= budget.hard * NOTICE_1_PERCENT {
+        format!(
+            "[condense notice 1 of 2: about {remaining} tokens of context remain before an automatic checkpoint. \
+             Plan to reach a good stopping point; you may call {NEW_CONTEXT_TOOL} to checkpoint on your terms.]"
+        )
+    } else {
+        return None;
+    };
+    Some(Message::user_text(text, condense_events::UserOrigin::Injected))
+}

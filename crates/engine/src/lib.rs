@@ -316,7 +316,18 @@ impl Session {
     pub fn prepare(&self) -> Result<Rendered> {
         self.prune_before_request()?;
         self.checkpoint_if_due()?;
-        self.render()
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let rendered = proj.render();
+        match controller::notice(&proj, &rendered.messages) {
+            None => Ok(rendered),
+            Some(n) => {
+                let mut messages = rendered.messages.to_vec();
+                messages.push(Arc::new(n));
+                Ok(Rendered { messages: Arc::new(messages), report: rendered.report })
+            }
+        }
     }
 
     /// The checkpoint controller: commits a checkpoint when the context is over the model's hard budget,
