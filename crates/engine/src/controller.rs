@@ -98,8 +98,10 @@ pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
         None if requested => Budget { window: u64::MAX, headroom: 0, hard: u64::MAX / 4 },
         None => return Outcome::Fits,
     };
+    // Room is kept for a budget notice, which rides after the last message.
+    let hard = budget.hard.saturating_sub(NOTICE_TOKENS);
     let before = context_tokens(p);
-    if before <= budget.hard && !requested {
+    if before <= hard && !requested {
         return Outcome::Fits;
     }
     let branch: Vec<(String, Arc<Message>)> =
@@ -161,7 +163,7 @@ pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
         if let DecisionEvent::CheckpointCommitted { tokens_after, .. } = &mut d {
             *tokens_after = after;
         }
-        (after <= budget.hard).then_some(d)
+        (after <= hard).then_some(d)
     };
     if let Some(d) = attempt(handoff(n, covered, &covers, max_chars), false) {
         return Outcome::Commit(d);
@@ -209,6 +211,9 @@ pub fn bounded_copy(text: &str, share: usize, ref_n: Option<u32>) -> String {
     };
     format!("{head}\n[… checkpoint truncation: {} of {n} characters omitted ({dropped} repeated lines dropped); {how} …]\n{tail}", n - 2 * half)
 }
+
+/// Tokens kept free within the hard budget for a budget notice (the notices are about 60).
+pub const NOTICE_TOKENS: u64 = 100;
 
 /// The first budget notice is shown from this share of the hard budget on (in percent).
 pub const NOTICE_1_PERCENT: u64 = 75;
