@@ -266,3 +266,46 @@ fn budget_notices_ride_at_the_end_and_are_never_stored() {
     let p = l.s.projection().unwrap();
     assert!(!p.branch_messages().iter().any(|m| m.text().starts_with("[condense notice")));
 }
+
+#[test]
+fn a_checkpoint_exports_as_a_pi_compaction_line_that_pi_rebuilds_from() {
+    let mut l = Live::new(8_000);
+    l.prompt("Port the parser.");
+    for i in 0..8 {
+        l.turn(&format!("c{i}"), lines(&format!("f{i}"), 80)).unwrap();
+    }
+    l.request();
+    let line = l.s.checkpoint_as_pi_line(None, "2026-11-30T00:00:00.000Z").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["type"], "compaction");
+    assert_eq!(v["id"].as_str().unwrap().len(), 8);
+    assert!(v["summary"].as_str().unwrap().starts_with("[Checkpoint c"));
+    // Append it to a pi file of the same session and import: pi's rebuild keeps the summary and what
+    // follows firstKeptEntryId.
+    let p = l.s.projection().unwrap();
+    let mut file = String::from("{\"type\":\"session\",\"version\":3,\"id\":\"s\",\"timestamp\":\"t\",\"cwd\":\"/w\"}\n");
+    let mut parent = serde_json::Value::Null;
+    for (id, m) in p.branch_entries() {
+        let msg = match &**m {
+            Message::User { .. } => serde_json::json!({"role": "user", "content": m.text()}),
+            Message::Assistant { .. } => {
+                let calls: Vec<_> = m.tool_calls().map(|(id, name, args)| serde_json::json!({"type": "toolCall", "id": id, "name": name, "arguments": serde_json::from_str::<serde_json::Value>(args).unwrap()})).collect();
+                serde_json::json!({"role": "assistant", "content": calls})
+            }
+            Message::ToolResult { call_id, tool_name, .. } => serde_json::json!({"role": "toolResult", "toolCallId": call_id, "toolName": tool_name, "content": [{"type": "text", "text": m.text()}], "isError": false}),
+        };
+        file.push_str(&serde_json::json!({"type": "message", "id": id, "parentId": parent, "timestamp": "t", "message": msg}).to_string());
+        file.push('\n');
+        parent = serde_json::json!(id);
+    }
+    file.push_str(&line);
+    file.push('\n');
+    let imported = condense_formats::import_bytes("pi.jsonl", file.as_bytes()).unwrap();
+    let mut q = condense_render::Projection::new();
+    for (i, e) in imported.events.into_iter().enumerate() {
+        q.apply_owned(i as u64 + 1, condense_events::Event::Source(e));
+    }
+    let rebuilt = q.render();
+    assert!(rebuilt.messages[0].text().contains("[Checkpoint c"));
+    assert_eq!(rebuilt.messages.last().unwrap().text(), p.branch_messages().last().unwrap().text());
+}

@@ -40,6 +40,8 @@ commands:
                                 fires checkpoints as a model with an N-token window would)
   query SESSION REF...          print the originals behind refs (tN, bN, cN) or raw tool-call ids
   compact SESSION               make a checkpoint of an idle session now (fails fast)
+  checkpoint-line SESSION [cN] [--timestamp T]
+                                print a checkpoint as a pi `compaction` entry line
   config [--config FILE]        print the pruning configuration in force, normalized: FILE, or the
                                 store's config.json, or the defaults
   config set KEY VALUE          set one key in the store's config.json (checked before it is written)
@@ -56,7 +58,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
     };
     let command = argv[pos].clone();
     let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
-    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window"], &["json", "help", "keep"])?;
+    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp"], &["json", "help", "keep"])?;
     if a.flag("help") || command == "help" {
         out!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
@@ -83,6 +85,16 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
         "demo" => run_demo(&open()?, &store_dir, &a),
         "simulate" => simulate(&open()?, &store_dir, &a),
         "query" => query(&open()?, &a),
+        "checkpoint-line" => {
+            let (name, n) = match a.positional.as_slice() {
+                [name] => (name, None),
+                [name, c] => (name, Some(c.trim_start_matches('c').parse::<u32>().map_err(|_| anyhow!("`{c}` is not a checkpoint ref (cN)"))?)),
+                _ => bail!("checkpoint-line takes SESSION and an optional cN"),
+            };
+            let ts = a.get("timestamp").unwrap_or("1970-01-01T00:00:00.000Z");
+            outln!("{}", open()?.session(name)?.checkpoint_as_pi_line(n, ts)?);
+            Ok(ExitCode::SUCCESS)
+        }
         "compact" => {
             let [name] = a.positional.as_slice() else { bail!("compact takes one SESSION") };
             let store = open()?;
@@ -100,7 +112,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
 
 fn is_value_of_store(argv: &[String], a: &String) -> bool {
     argv.windows(2)
-        .any(|w| ["--store", "--as", "--at", "--config", "--plot", "--window"].contains(&w[0].as_str()) && std::ptr::eq(&w[1], a))
+        .any(|w| ["--store", "--as", "--at", "--config", "--plot", "--window", "--timestamp"].contains(&w[0].as_str()) && std::ptr::eq(&w[1], a))
 }
 
 /// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults.

@@ -17,10 +17,10 @@ use std::sync::Arc;
 pub enum Outcome {
     /// The context fits (or the window is unknown): nothing to do.
     Fits,
-    /// Commit this checkpoint.
-    Commit(DecisionEvent),
-    /// Nothing fits: record this failure and stop before the request.
-    Failed(DecisionEvent),
+    /// Commit this checkpoint (the `CheckpointStarted` event, then the commit).
+    Commit(DecisionEvent, DecisionEvent),
+    /// Nothing fits: record the start and this failure, and stop before the request.
+    Failed(DecisionEvent, DecisionEvent),
 }
 
 /// Tokens of what a projection renders.
@@ -84,10 +84,13 @@ pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
         0 => {}
         1 => {}
         n => {
-            return Outcome::Failed(DecisionEvent::CheckpointFailed {
-                code: PROVIDER_OVERFLOW_AFTER_RETRY.into(),
-                reason: format!("the provider rejected the request as too long {n} times in a row"),
-            })
+            return Outcome::Failed(
+                DecisionEvent::CheckpointStarted { reason: "overflow".into(), tokens: context_tokens(p) },
+                DecisionEvent::CheckpointFailed {
+                    code: PROVIDER_OVERFLOW_AFTER_RETRY.into(),
+                    reason: format!("the provider rejected the request as too long {n} times in a row"),
+                },
+            )
         }
     }
     let overflowed = p.overflow_pending();
@@ -115,7 +118,16 @@ pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
         }
         _ => branch.len(),
     };
-    let fail = |reason: String| Outcome::Failed(DecisionEvent::CheckpointFailed { code: CONTEXT_COMPACTION_FAILED.into(), reason });
+    let why = match reason {
+        Reason::Manual => "manual",
+        Reason::Threshold if overflowed => "overflow",
+        Reason::Threshold if before > hard => "threshold",
+        Reason::Threshold => "new_context",
+    };
+    let started = DecisionEvent::CheckpointStarted { reason: why.into(), tokens: before };
+    let fail = |reason: String| {
+        Outcome::Failed(started.clone(), DecisionEvent::CheckpointFailed { code: CONTEXT_COMPACTION_FAILED.into(), reason })
+    };
     if keep_from == 0 {
         return fail(format!("{before} tokens over a hard budget of {}, and nothing precedes the final batch", budget.hard));
     }
@@ -166,7 +178,7 @@ pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
         (after <= hard).then_some(d)
     };
     if let Some(d) = attempt(handoff(n, covered, &covers, max_chars), false) {
-        return Outcome::Commit(d);
+        return Outcome::Commit(started, d);
     }
     if reason == Reason::Manual {
         return fail(format!("manual compaction: the summary does not bring {before} tokens under {}", budget.hard));
@@ -176,7 +188,7 @@ pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
          be made small enough). Tool outputs of that span stay recoverable with {QUERY_TOOL_NAME} c{n}.]"
     );
     if let Some(d) = attempt(marker, true) {
-        return Outcome::Commit(d);
+        return Outcome::Commit(started, d);
     }
     let after_tail: u64 = branch[keep_from..].iter().map(|(_, m)| estimate(m)).sum();
     fail(format!(

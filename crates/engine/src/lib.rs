@@ -348,13 +348,13 @@ impl Session {
         self.catch_up(&mut proj)?;
         match controller::decide_for(&proj, reason) {
             controller::Outcome::Fits => Ok(()),
-            controller::Outcome::Commit(d) => {
-                self.append_locked(&mut proj, vec![Event::Decision(d)])?;
+            controller::Outcome::Commit(started, d) => {
+                self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)])?;
                 Ok(())
             }
-            controller::Outcome::Failed(d) => {
+            controller::Outcome::Failed(started, d) => {
                 let DecisionEvent::CheckpointFailed { code, reason } = d.clone() else { unreachable!("failure outcome") };
-                self.append_locked(&mut proj, vec![Event::Decision(d)])?;
+                self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)])?;
                 Err(EngineError::CompactionFailed { name: self.name.clone(), code, reason })
             }
         }
@@ -406,6 +406,23 @@ impl Session {
             Ok(keys) => self.query(&keys),
             Err(answer) => Ok(answer),
         }
+    }
+
+    /// Checkpoint `n` (the newest when `None`) as a pi `compaction` entry line. `timestamp` is the host's
+    /// (the engine reads no clock).
+    pub fn checkpoint_as_pi_line(&self, n: Option<u32>, timestamp: &str) -> Result<String> {
+        let p = self.projection()?;
+        let idx = p.index();
+        let cp = match n {
+            Some(n) => idx.checkpoints.get(&n),
+            None => idx.checkpoints.values().next_back(),
+        }
+        .ok_or_else(|| EngineError::UnknownSession(format!("{}: no such checkpoint", self.name)))?;
+        let branch = p.branch_entries();
+        let leaf = branch.last().map_or("", |(id, _)| id);
+        let first_kept = branch.iter().position(|(id, _)| *id == cp.boundary).and_then(|b| branch.get(b + 1)).map(|(id, _)| *id);
+        let kept: Vec<String> = cp.kept.iter().filter_map(|k| p.entry_message(k)).map(|m| m.text()).collect();
+        Ok(condense_formats::export::pi_compaction(&self.name, cp.n, leaf, first_kept, &cp.summary, &kept, cp.tokens_before, timestamp))
     }
 
     /// Counts of the session (see [`Stats`]).

@@ -335,6 +335,13 @@ pub enum DecisionEvent {
         /// What failed.
         reason: String,
     },
+    /// The controller started a checkpoint (written with its outcome, in the same durable group).
+    CheckpointStarted {
+        /// Why: `threshold`, `new_context`, `overflow` or `manual`.
+        reason: String,
+        /// Estimated tokens of the context when it started.
+        tokens: u64,
+    },
 }
 
 impl DecisionEvent {
@@ -350,6 +357,7 @@ impl DecisionEvent {
             DecisionEvent::ChainCompressed { .. } => "chain_compressed",
             DecisionEvent::CheckpointCommitted { .. } => "checkpoint_committed",
             DecisionEvent::CheckpointFailed { .. } => "checkpoint_failed",
+            DecisionEvent::CheckpointStarted { .. } => "checkpoint_started",
         }
     }
 }

@@ -179,3 +179,46 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
     }
     json!({"messages": out.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect::<Vec<_>>()})
 }
+
+/// A checkpoint as a pi session `compaction` entry line, so pi itself rebuilds the same context: pi keeps
+/// the entries from `firstKeptEntryId` on after the summary, so the retained prompts (which sit before the
+/// boundary) are appended to the summary text under "Recent requests". `id` is derived from the session
+/// and checkpoint, `parent` is the entry the line is appended after (the session's leaf).
+#[allow(clippy::too_many_arguments)]
+pub fn pi_compaction(
+    session: &str,
+    n: u32,
+    parent: &str,
+    first_kept: Option<&str>,
+    summary: &str,
+    kept_prompts: &[String],
+    tokens_before: u64,
+    timestamp: &str,
+) -> String {
+    // FNV-1a of session and number: a stable 8-hex-digit id like pi's.
+    let mut h: u32 = 0x811c_9dc5;
+    for b in format!("{session}#c{n}").bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    let mut text = summary.to_string();
+    if !kept_prompts.is_empty() {
+        text.push_str("\n\n## Recent requests\n");
+        for p in kept_prompts {
+            text.push_str(&format!("- {p}\n"));
+        }
+    }
+    let mut v = json!({
+        "type": "compaction",
+        "id": format!("{h:08x}"),
+        "parentId": parent,
+        "timestamp": timestamp,
+        "summary": text,
+        "tokensBefore": tokens_before,
+        "fromHook": true,
+    });
+    if let Some(k) = first_kept {
+        v["firstKeptEntryId"] = json!(k);
+    }
+    serde_json::to_string(&v).expect("JSON of a compaction line")
+}

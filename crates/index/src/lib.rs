@@ -49,6 +49,8 @@ pub struct Checkpoint {
     pub recovery: bool,
     /// Bounded copies of the final batch: (result entry id, text).
     pub bounded: Vec<(String, String)>,
+    /// Estimated tokens before the checkpoint.
+    pub tokens_before: u64,
 }
 
 /// Everything the pipeline decided so far for one session.
@@ -131,7 +133,7 @@ impl Index {
             DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {
                 self.purged.insert((entry.clone(), call_id.clone()), *chars);
             }
-            DecisionEvent::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, bounded, .. } => {
+            DecisionEvent::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, bounded, tokens_before, .. } => {
                 self.checkpoints.insert(
                     *n,
                     Checkpoint {
@@ -142,10 +144,12 @@ impl Index {
                         covers: covers.clone(),
                         recovery: *recovery,
                         bounded: bounded.clone(),
+                        tokens_before: *tokens_before,
                     },
                 );
             }
             DecisionEvent::CheckpointFailed { code, reason } => self.checkpoint_failures.push((code.clone(), reason.clone())),
+            DecisionEvent::CheckpointStarted { .. } => {}
             DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
                 self.chains.insert(
                     *block,
