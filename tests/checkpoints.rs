@@ -103,6 +103,7 @@ fn nothing_fits_is_context_compaction_failed() {
     l.prompt(&"an enormous pasted prompt ".repeat(2_000));
     let err = l.s.prepare().unwrap_err();
     assert!(matches!(&err, EngineError::CompactionFailed { code, .. } if code == "CONTEXT_COMPACTION_FAILED"), "{err}");
+    insta::assert_snapshot!(err.to_string());
     let p = l.s.projection().unwrap();
     assert_eq!(p.index().checkpoint_failures.len(), 1);
     assert!(p.index().checkpoints.is_empty(), "nothing partial is stored");
@@ -245,6 +246,7 @@ fn provider_overflow_then_retry_then_second_overflow() {
     l.s.append(vec![SourceEvent::ProviderOverflow { message: "prompt is too long".into() }]).unwrap();
     let err = l.s.prepare().unwrap_err();
     assert!(matches!(&err, EngineError::CompactionFailed { code, .. } if code == "PROVIDER_OVERFLOW_AFTER_RETRY"), "{err}");
+    insta::assert_snapshot!("second_overflow_is_terminal", err.to_string());
 }
 
 #[test]
@@ -308,4 +310,37 @@ fn a_checkpoint_exports_as_a_pi_compaction_line_that_pi_rebuilds_from() {
     let rebuilt = q.render();
     assert!(rebuilt.messages[0].text().contains("[Checkpoint c"));
     assert_eq!(rebuilt.messages.last().unwrap().text(), p.branch_messages().last().unwrap().text());
+}
+
+struct FailingSummarizer;
+impl condense_summarize::Summarizer for FailingSummarizer {
+    fn name(&self) -> &str {
+        "failing"
+    }
+    fn summarize(&self, batch: &[condense_summarize::Item<'_>]) -> Result<Vec<String>, condense_summarize::SummarizeError> {
+        condense_summarize::Extractive::default().summarize(batch)
+    }
+    fn handoff(&self, _: &str, _: usize) -> Result<Option<String>, condense_summarize::SummarizeError> {
+        Err(condense_summarize::SummarizeError::Failed { name: "failing".into(), reason: "model unavailable".into() })
+    }
+}
+
+#[test]
+fn summary_failure_then_retained_tail_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.set_summarizer(std::sync::Arc::new(FailingSummarizer));
+    let s = store.create_session("cp").unwrap();
+    s.configure(no_pruning()).unwrap();
+    s.append(vec![SourceEvent::ModelChanged { provider: None, model: "m".into(), context_window: Some(8_000), max_output: None }]).unwrap();
+    let mut l = Live { dir, s, n: 0 };
+    l.prompt("Port the parser.");
+    for i in 0..8 {
+        l.turn(&format!("c{i}"), lines(&format!("f{i}"), 80)).unwrap();
+    }
+    let req = l.request();
+    let p = l.s.projection().unwrap();
+    let cp = p.index().checkpoints.values().next().unwrap();
+    assert!(cp.recovery, "the retained-tail recovery was used");
+    insta::assert_snapshot!(req);
 }

@@ -72,13 +72,32 @@ fn new_context_requested(p: &Projection) -> bool {
     answered && !done_after
 }
 
-/// Decides whether a checkpoint is due before the next request.
+/// Decides whether a checkpoint is due before the next request, with the deterministic handoff.
 pub fn decide(p: &Projection) -> Outcome {
-    decide_for(p, Reason::Threshold)
+    decide_for(p, Reason::Threshold, &condense_summarize::Extractive::default())
 }
 
-/// Decides a checkpoint for `reason`.
-pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
+/// The covered span as plain text for a model summarizer.
+fn transcript(covered: &[(String, Arc<Message>)]) -> String {
+    let mut out = String::new();
+    for (_, m) in covered {
+        match &**m {
+            Message::User { .. } => out.push_str(&format!("USER: {}\n", m.text())),
+            Message::Assistant { .. } => {
+                out.push_str(&format!("ASSISTANT: {}\n", m.text()));
+                for (_, name, args) in m.tool_calls() {
+                    out.push_str(&format!("CALL {name} {args}\n"));
+                }
+            }
+            Message::ToolResult { tool_name, .. } => out.push_str(&format!("RESULT {tool_name}: {}\n", m.text())),
+        }
+    }
+    out
+}
+
+/// Decides a checkpoint for `reason`; the summary comes from `summarizer` when it writes handoffs, else
+/// from the deterministic handoff.
+pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summarize::Summarizer) -> Outcome {
     // A provider overflow: one checkpoint and one retry; a second overflow is terminal.
     match p.overflow_streak() {
         0 => {}
@@ -177,7 +196,19 @@ pub fn decide_for(p: &Projection, reason: Reason) -> Outcome {
         }
         (after <= hard).then_some(d)
     };
-    if let Some(d) = attempt(handoff(n, covered, &covers, max_chars), false) {
+    let summary = match summarizer.handoff(&transcript(covered), max_chars.saturating_sub(200)) {
+        Ok(Some(text)) => {
+            let refs = match (covers.first(), covers.last()) {
+                (Some(a), Some(b)) => format!("\nTool outputs t{a}–t{b} of this span stay recoverable with {QUERY_TOOL_NAME}."),
+                _ => String::new(),
+            };
+            Some(format!("[Checkpoint c{n}: the conversation before this point, summarized]\n{text}{refs}"))
+        }
+        Ok(None) => Some(handoff(n, covered, &covers, max_chars)),
+        // The summary failed: go straight to the retained-tail recovery.
+        Err(_) => None,
+    };
+    if let Some(d) = summary.and_then(|s| attempt(s, false)) {
         return Outcome::Commit(started, d);
     }
     if reason == Reason::Manual {

@@ -346,7 +346,8 @@ impl Session {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
-        match controller::decide_for(&proj, reason) {
+        let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
+        match controller::decide_for(&proj, reason, summarizer.as_ref()) {
             controller::Outcome::Fits => Ok(()),
             controller::Outcome::Commit(started, d) => {
                 self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)])?;

@@ -121,9 +121,53 @@ pub fn split_reply(reply: &str, refs: &[u32]) -> Option<Vec<String>> {
     Some(out)
 }
 
+const HANDOFF: &str = "You write the checkpoint handoff for a coding agent whose earlier conversation is being \
+replaced by your summary. Use these sections, in this order, as Markdown headings: Goal, Constraints, Progress, \
+Decisions, Files read, Files modified, Next steps. Keep exact paths, commands, error messages and refs such as t12. \
+Be brief.";
+
+impl HttpSummarizer {
+    fn chat(&self, system: &str, user: &str) -> Result<String, SummarizeError> {
+        let fail = |reason: String| SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason };
+        let url = format!("{}/chat/completions", self.cfg.base_url);
+        let mut req = self.agent.post(&url).header("content-type", "application/json");
+        if let Some(key) = &self.cfg.api_key {
+            req = req.header("authorization", &format!("Bearer {key}"));
+        }
+        let body = serde_json::json!({
+            "model": self.cfg.model,
+            "temperature": 0,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        });
+        let body = serde_json::to_vec(&body).map_err(|e| fail(e.to_string()))?;
+        let mut resp = req.send(&body[..]).map_err(|e| fail(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let text = resp.body_mut().read_to_string().map_err(|e| fail(e.to_string()))?;
+        if status != 200 {
+            return Err(fail(format!("status {status}: {}", clip_middle(&text, 200))));
+        }
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(format!("reply is not JSON: {e}")))?;
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| fail("reply has no message content".into()))
+    }
+}
+
 impl Summarizer for HttpSummarizer {
     fn name(&self) -> &str {
         "http"
+    }
+
+    fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
+        let text = self.chat(HANDOFF, &clip_middle(transcript, 200_000))?;
+        if text.trim().is_empty() || text.chars().count() > max_chars {
+            return Err(SummarizeError::Failed {
+                name: format!("http {}", self.cfg.base_url),
+                reason: format!("handoff of {} characters (blank or over {max_chars})", text.chars().count()),
+            });
+        }
+        Ok(Some(text))
     }
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {

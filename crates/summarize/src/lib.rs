@@ -52,6 +52,14 @@ pub trait Summarizer: Send + Sync {
     fn name(&self) -> &str;
     /// Summarizes a batch in one request; the result has one summary per item, in order.
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError>;
+
+    /// A checkpoint handoff of `transcript` in at most `max_chars`, with the sections a handoff needs
+    /// (goal, constraints, progress, decisions, files read and modified, next steps). `Ok(None)` means
+    /// "use the engine's deterministic handoff"; an error starts the retained-tail recovery.
+    fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
+        let _ = (transcript, max_chars);
+        Ok(None)
+    }
 }
 
 /// The deterministic extractive summarizer.
@@ -208,6 +216,13 @@ pub struct WithFallback<P, F> {
 impl<P: Summarizer, F: Summarizer> Summarizer for WithFallback<P, F> {
     fn name(&self) -> &str {
         self.primary.name()
+    }
+
+    fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
+        match self.primary.handoff(transcript, max_chars) {
+            Ok(Some(s)) => Ok(Some(s)),
+            _ => self.fallback.handoff(transcript, max_chars),
+        }
     }
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
