@@ -125,3 +125,24 @@ fn simulate_query_and_config() {
     assert_eq!(code, 2);
     assert!(err.contains("config key `rollingWindw`: unknown key"), "{err}");
 }
+
+#[test]
+fn compact_and_checkpoint_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    assert_eq!(condense(&store, &["demo"]).0, 0);
+    let (code, out, err) = condense(&store, &["compact", "demo"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("checkpoint c1 committed"), "{out}");
+    let (code, out, _) = condense(&store, &["checkpoint-line", "demo", "c1", "--timestamp", "2026-11-30T00:00:00.000Z"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["type"], "compaction");
+    assert_eq!(v["timestamp"], "2026-11-30T00:00:00.000Z");
+    let (code, out, _) = condense(&store, &["render", "demo"]);
+    assert_eq!(code, 0);
+    let msgs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(msgs[0]["content"][0]["text"].as_str().unwrap().starts_with("[Checkpoint c1"));
+    let (code, out, _) = condense(&store, &["query", "demo", "c1"]);
+    assert_eq!(code, 1, "the demo ran no pipeline, so the checkpoint covers no refs: {out}");
+}

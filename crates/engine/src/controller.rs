@@ -148,7 +148,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         Outcome::Failed(started.clone(), DecisionEvent::CheckpointFailed { code: CONTEXT_COMPACTION_FAILED.into(), reason })
     };
     if keep_from == 0 {
-        return fail(format!("{before} tokens over a hard budget of {}, and nothing precedes the final batch", budget.hard));
+        return fail(format!("{before} tokens exceed the hard budget of {}, and nothing precedes the final batch", budget.hard));
     }
     let covered = &branch[..keep_from];
     let boundary = covered.last().expect("keep_from > 0").0.clone();
@@ -223,7 +223,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
     }
     let after_tail: u64 = branch[keep_from..].iter().map(|(_, m)| estimate(m)).sum();
     fail(format!(
-        "{before} tokens over a hard budget of {}; even without history the final batch and what follows take {after_tail}",
+        "{before} tokens exceed the hard budget of {}; even without history the final batch and what follows take {after_tail}",
         budget.hard
     ))
 }

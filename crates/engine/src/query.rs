@@ -72,6 +72,13 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         };
         return usage(&format!("unknown ref{} {} ({known})", if unknown.len() > 1 { "s" } else { "" }, unknown.join(", ")));
     }
+    if refs.is_empty() {
+        return Answer {
+            text: format!("{QUERY_TOOL_NAME}: {} covers no captured tool outputs; nothing to recover", keys.join(", ")),
+            is_error: true,
+            originals: Vec::new(),
+        };
+    }
     let mut text = String::new();
     let mut originals = Vec::new();
     for r in refs {
