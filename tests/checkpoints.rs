@@ -344,3 +344,18 @@ fn summary_failure_then_retained_tail_recovery() {
     assert!(cp.recovery, "the retained-tail recovery was used");
     insta::assert_snapshot!(req);
 }
+
+#[test]
+fn provider_usage_anchors_the_estimate() {
+    // Hard budget of a 20k window: 10,000 tokens, 100 of them kept for a notice.
+    let mut l = Live::new(20_000);
+    l.prompt("Check the build.");
+    l.turn("c1", lines("log", 20)).unwrap();
+    l.s.prepare().unwrap();
+    assert!(l.s.projection().unwrap().index().checkpoints.is_empty(), "the estimate alone is far below the budget");
+    // The host reports what the provider counted for that request (system prompt, tools, images …).
+    l.s.append(vec![SourceEvent::ProviderUsage(condense_events::Usage { input: 9_800, output: 300, cache_read: 0, cache_write: 0 })]).unwrap();
+    l.add(Message::user_text("and the tests?", UserOrigin::Prompt));
+    l.s.prepare().unwrap();
+    assert_eq!(l.s.projection().unwrap().index().checkpoints.len(), 1, "usage plus what came after is over the budget");
+}

@@ -23,9 +23,12 @@ pub enum Outcome {
     Failed(DecisionEvent, DecisionEvent),
 }
 
-/// Tokens of what a projection renders.
+/// Tokens of what a projection renders: pi's chars/4 estimate, or, when the host reported the provider's
+/// usage for the last request and nothing changed the context since, that usage plus the estimate of what
+/// came after, whichever is larger.
 pub fn context_tokens(p: &Projection) -> u64 {
-    p.render().messages.iter().map(|m| estimate(m)).sum()
+    let estimate_all: u64 = p.render().messages.iter().map(|m| estimate(m)).sum();
+    p.anchored_tokens().map_or(estimate_all, |a| a.max(estimate_all))
 }
 
 /// The budget of the projection's current model, if its window is known.

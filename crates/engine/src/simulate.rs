@@ -187,6 +187,9 @@ pub fn replay_with_window(
 ) -> Result<Figures> {
     let session = store.create_session(name)?;
     session.configure(config)?;
+    // Usage recorded in a session describes the original host's requests, not the pruned ones replayed
+    // here: it must not anchor the controller's estimate.
+    let events: Vec<SourceEvent> = events.into_iter().filter(|e| !matches!(e, SourceEvent::ProviderUsage(_))).collect();
     let events: Vec<SourceEvent> = match window {
         None => events,
         Some(w) => {

@@ -94,6 +94,9 @@ pub struct Projection {
     overflow_streak: u32,
     // Whether a checkpoint was committed since the last overflow.
     overflow_checkpointed: bool,
+    // The last provider usage the host reported, with the leaf entry at that time; `None` once a decision
+    // changed the context since (the usage then describes a request that will not be sent again).
+    usage_anchor: Option<(condense_events::Usage, Option<usize>)>,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -140,6 +143,7 @@ impl Clone for Projection {
             overflowed: self.overflowed.clone(),
             overflow_streak: self.overflow_streak,
             overflow_checkpointed: self.overflow_checkpointed,
+            usage_anchor: self.usage_anchor,
         }
     }
 }
@@ -214,6 +218,30 @@ impl Projection {
     /// checkpoint and one retry, 2 is terminal.
     pub fn overflow_streak(&self) -> u32 {
         self.overflow_streak
+    }
+
+    /// The context size the provider's last reported usage implies: its input and output tokens plus the
+    /// estimate of every rendered message after the entry that was the leaf when it was reported. `None`
+    /// without a usage report, or once a decision has changed the context since.
+    pub fn anchored_tokens(&self) -> Option<u64> {
+        let (usage, leaf) = self.usage_anchor?;
+        let base = usage.context_tokens() + usage.output;
+        let r = self.render();
+        let path = self.path();
+        // Messages on the path after the anchor leaf, as rendered.
+        let after_items: std::collections::BTreeSet<usize> = match leaf {
+            Some(l) => path.iter().skip_while(|&&i| i != l).skip(1).copied().collect(),
+            None => path.iter().copied().collect(),
+        };
+        let mut later = 0;
+        for i in &after_items {
+            if let Node::Message(m, _) = &self.items[*i].node {
+                if r.messages.iter().any(|x| Arc::ptr_eq(x, m)) {
+                    later += condense_tokens::estimate(m);
+                }
+            }
+        }
+        Some(base + later)
     }
 
     /// Whether an overflow still waits for its checkpoint.
@@ -292,6 +320,7 @@ impl Projection {
                         | DecisionEvent::OutputCaptured(_)
                         | DecisionEvent::OutputAliased { .. }
                 ) {
+                    self.usage_anchor = None;
                     // A decision changes what earlier positions render as: start over at the next render.
                     self.inc.get_mut().expect("render cache lock").valid = false;
                 }
@@ -346,6 +375,7 @@ impl Projection {
                     inc.valid = false;
                 }
             }
+            SourceEvent::ProviderUsage(u) => self.usage_anchor = Some((*u, self.leaf)),
             SourceEvent::ProviderOverflow { .. } => {
                 if let Some(l) = self.leaf.filter(|&l| matches!(&self.items[l].node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. }))) {
                     self.overflowed.insert(l);
