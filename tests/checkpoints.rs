@@ -359,3 +359,36 @@ fn provider_usage_anchors_the_estimate() {
     l.s.prepare().unwrap();
     assert_eq!(l.s.projection().unwrap().index().checkpoints.len(), 1, "usage plus what came after is over the budget");
 }
+
+#[test]
+fn a_fork_copies_a_checkpoint_only_with_its_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.create_session("src").unwrap();
+    s.configure(PruneConfig { min_prune_tokens: 0, auto_budget_threshold: 0, ..PruneConfig::default() }).unwrap();
+    s.append(vec![SourceEvent::ModelChanged { provider: None, model: "m".into(), context_window: Some(8_000), max_output: None }]).unwrap();
+    let mut l = Live { dir, s, n: 0 };
+    l.prompt("Port the parser.");
+    for i in 0..10 {
+        l.turn(&format!("c{i}"), lines(&format!("f{i}"), 80)).unwrap();
+    }
+    l.request();
+    let p = l.s.projection().unwrap();
+    let cp = p.index().checkpoints.values().next_back().expect("a checkpoint").clone();
+    let boundary_pos: usize = cp.boundary.trim_start_matches('e').parse().unwrap();
+    let with = store.fork("src", "with", Some(&format!("e{}", l.n))).unwrap();
+    let without = store.fork("src", "without", Some(&format!("e{}", boundary_pos - 1))).unwrap();
+    let w = with.projection().unwrap();
+    assert_eq!(w.index().checkpoints.len(), p.index().checkpoints.len());
+    assert_eq!(
+        readable(&with.render().unwrap().messages[..]),
+        readable(&l.s.render().unwrap().messages[..]),
+        "a fork at the leaf renders the same context"
+    );
+    let wo = without.projection().unwrap();
+    assert!(wo.index().checkpoints.values().all(|c| c.n != cp.n), "the fork before the boundary has no copy of c{}", cp.n);
+    // Refs keep their numbers and recover the same originals in the fork.
+    for r in w.index().records.keys().take(3) {
+        assert_eq!(with.query(&[format!("t{r}")]).unwrap().originals, l.s.query(&[format!("t{r}")]).unwrap().originals);
+    }
+}

@@ -40,6 +40,9 @@ commands:
                                 fires checkpoints as a model with an N-token window would)
   query SESSION REF...          print the originals behind refs (tN, bN, cN) or raw tool-call ids
   compact SESSION               make a checkpoint of an idle session now (fails fast)
+  fork SESSION NAME [--at ENTRY]
+                                copy the path to ENTRY (default: the leaf) into a new session, with the
+                                decisions about it; checkpoints only when the fork includes their boundary
   checkpoint-line SESSION [cN] [--timestamp T]
                                 print a checkpoint as a pi `compaction` entry line
   config [--config FILE]        print the pruning configuration in force, normalized: FILE, or the
@@ -59,6 +62,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
     let command = argv[pos].clone();
     let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
     let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp"], &["json", "help", "keep"])?;
+    let at_entry = a.get("at").map(str::to_string);
     if a.flag("help") || command == "help" {
         out!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
@@ -93,6 +97,14 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
             };
             let ts = a.get("timestamp").unwrap_or("1970-01-01T00:00:00.000Z");
             outln!("{}", open()?.session(name)?.checkpoint_as_pi_line(n, ts)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        "fork" => {
+            let [src, name] = a.positional.as_slice() else { bail!("fork takes SESSION and NAME") };
+            let store = open()?;
+            let forked = store.fork(src, name, at_entry.as_deref())?;
+            let p = forked.projection()?;
+            outln!("forked {src} into {name}: {} entries, {} refs, {} checkpoints", p.entries(), p.index().records.len(), p.index().checkpoints.len());
             Ok(ExitCode::SUCCESS)
         }
         "compact" => {

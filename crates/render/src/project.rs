@@ -512,6 +512,11 @@ impl Projection {
         path
     }
 
+    /// Entry ids on the path from the root to the leaf.
+    pub fn path_ids(&self) -> Vec<String> {
+        self.path().into_iter().map(|i| self.items[i].id.clone()).collect()
+    }
+
     /// The message of entry `id`, on any branch.
     pub fn entry_message(&self, id: &str) -> Option<&Arc<Message>> {
         match &self.items[*self.index.get(id)?].node {
