@@ -122,6 +122,7 @@ fn resume_after_reopening_the_store() {
     let store = Store::open(dir.path()).unwrap();
     let again = readable(&store.session("cp").unwrap().render().unwrap().messages[..]);
     assert_eq!(before, again);
+    insta::assert_snapshot!(again);
 }
 
 #[test]
@@ -138,6 +139,7 @@ fn forks_with_and_without_the_boundary() {
     l.s.append(vec![SourceEvent::LeafMoved { leaf: Some("e3".into()) }]).unwrap();
     let early = l.s.render().unwrap();
     assert!(!early.messages.iter().any(|m| m.text().starts_with("[Checkpoint c")));
+    insta::assert_snapshot!("fork_without_the_boundary", readable(&early.messages[..]));
     // A branch that keeps the boundary does.
     l.s.append(vec![SourceEvent::LeafMoved { leaf: Some(cp.boundary.clone()) }]).unwrap();
     l.s.append(vec![SourceEvent::EntryAppended {
@@ -148,6 +150,7 @@ fn forks_with_and_without_the_boundary() {
     .unwrap();
     let late = l.s.render().unwrap();
     assert!(late.messages[0].text().starts_with(&format!("[Checkpoint c{}", cp.n)));
+    insta::assert_snapshot!("fork_with_the_boundary", readable(&late.messages[..]));
     assert_eq!(late.messages.last().unwrap().text(), "a different next step");
 }
 
