@@ -76,7 +76,7 @@ impl HttpSummarizer {
         HttpSummarizer { cfg, agent }
     }
 
-    fn request_body(&self, batch: &[Item<'_>]) -> serde_json::Value {
+    fn batch_text(&self, batch: &[Item<'_>]) -> String {
         let mut user = String::new();
         for i in batch {
             user.push_str(&format!(
@@ -88,11 +88,7 @@ impl HttpSummarizer {
                 clip_middle(i.text, self.cfg.max_chars_per_output)
             ));
         }
-        serde_json::json!({
-            "model": self.cfg.model,
-            "temperature": 0,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-        })
+        user
     }
 }
 
@@ -171,23 +167,9 @@ impl Summarizer for HttpSummarizer {
     }
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
-        let fail = |reason: String| SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason };
-        let url = format!("{}/chat/completions", self.cfg.base_url);
-        let mut req = self.agent.post(&url).header("content-type", "application/json");
-        if let Some(key) = &self.cfg.api_key {
-            req = req.header("authorization", &format!("Bearer {key}"));
-        }
-        let body = serde_json::to_vec(&self.request_body(batch)).map_err(|e| fail(e.to_string()))?;
-        let mut resp = req.send(&body[..]).map_err(|e| fail(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().map_err(|e| fail(e.to_string()))?;
-        if status != 200 {
-            return Err(fail(format!("status {status}: {}", clip_middle(&text, 200))));
-        }
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(format!("reply is not JSON: {e}")))?;
-        let content = v["choices"][0]["message"]["content"].as_str().ok_or_else(|| fail("reply has no message content".into()))?;
+        let content = self.chat(SYSTEM, &self.batch_text(batch))?;
         let refs: Vec<u32> = batch.iter().map(|i| i.ref_n).collect();
-        split_reply(content, &refs).ok_or_else(|| SummarizeError::Count {
+        split_reply(&content, &refs).ok_or_else(|| SummarizeError::Count {
             name: format!("http {}", self.cfg.base_url),
             got: refs.iter().filter(|r| content.contains(&format!("t{r}:"))).count(),
             want: refs.len(),
