@@ -188,15 +188,6 @@ impl Index {
                 && self.records.get(&ref_n).is_some_and(|r| self.outcomes.contains_key(&r.batch)))
     }
 
-    /// Whether every call of the assistant entry `entry` has its output in a closed batch: from then on
-    /// the message renders condensed (thinking stripped, long arguments shortened).
-    pub fn turn_closed(&self, entry: &str) -> Option<&[u32]> {
-        let refs = self.by_call_entry.get(entry)?;
-        refs.iter()
-            .all(|r| self.records.get(r).is_some_and(|rec| self.outcomes.contains_key(&rec.batch)))
-            .then_some(refs.as_slice())
-    }
-
     /// Resolves `t12`, `b3` or a raw call id (its newest occurrence).
     pub fn lookup(&self, key: &str) -> Option<Target> {
         let key = key.trim();
