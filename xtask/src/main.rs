@@ -123,6 +123,9 @@ fn bench(args: &[String]) -> Result<()> {
     corpus_render(&mut md, &scratch)?;
     generated(&mut md, &scratch, &sizes)?;
     pruning(&mut md, &scratch, sizes.contains(&100_000))?;
+    if sizes.contains(&100_000) {
+        archive_bench(&mut md, &scratch)?;
+    }
     writeln!(md, "\n## Reference figures (pi and pi-condense)\n")?;
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
     writeln!(md, "\n## Method\n")?;
@@ -300,6 +303,63 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
     quality(md, scratch)
+}
+
+/// Archive build, `history_search` and `history_read` on a 32 MiB archive made from the generated
+/// 100k-entry session.
+fn archive_bench(md: &mut String, scratch: &Path) -> Result<()> {
+    let imported = condense_formats::import_file(&scratch.join("pi-v3-100000.jsonl"))?;
+    let mut p = condense_render::Projection::new();
+    for (i, e) in imported.events.into_iter().enumerate() {
+        p.apply_owned(i as u64 + 1, condense_events::Event::Source(e));
+    }
+    let branch = p.branch_entries();
+    // Take messages in order up to 32 MiB of text.
+    let mut taken = Vec::new();
+    let mut bytes = 0;
+    for (id, m) in &branch {
+        let b: usize = m.content().iter().map(|b| match b {
+            condense_events::Block::Text { text } => text.len(),
+            condense_events::Block::ToolCall { name, arguments, .. } => name.len() + arguments.len() + 8,
+            _ => 0,
+        }).sum();
+        if bytes + b > condense_recovery::MAX_SOURCE_BYTES {
+            break;
+        }
+        bytes += b;
+        taken.push((*id, &***m, None));
+    }
+    let t = Instant::now();
+    let archive = condense_recovery::Archive::build("a1", taken.iter().map(|(i, m, r)| (*i, *m, *r)))?;
+    let build = t.elapsed();
+    let queries: [&[&str]; 6] = [
+        &["error"],
+        &["parser", "config", "timeout"],
+        &["src", "main", "rs", "test", "fail", "panic", "retry", "cache"],
+        &["nonexistentword"],
+        &["session", "token", "budget", "window", "summary", "checkpoint", "render", "prune", "chain", "stub", "ref", "query", "tool", "output", "call", "result"],
+        &["the"],
+    ];
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        for q in queries {
+            let t = Instant::now();
+            std::hint::black_box(archive.search(q, 20)?);
+            times.push(t.elapsed());
+        }
+    }
+    let ids: Vec<String> = archive.records().iter().step_by(97).map(|r| r.id.clone()).collect();
+    let mut reads = Vec::new();
+    for id in &ids {
+        let t = Instant::now();
+        std::hint::black_box(archive.read(id, 0)?);
+        reads.push(t.elapsed());
+    }
+    writeln!(md, "\n## Recovery archive (seed 004)\n")?;
+    writeln!(md, "An archive of {:.1} MiB ({} records) from the generated 100k-entry session: built and indexed in {:.0} ms. `history_search` over it, 6 queries of 1 to 16 keywords × 20 runs: p50 {:.2} ms, p99 {:.2} ms (target < 20 ms). `history_read` of a first page, {} entries: p50 {:.4} ms, p99 {:.4} ms (target < 1 ms).",
+        archive.bytes() as f64 / (1 << 20) as f64, archive.records().len(), ms(build), ms(median(times.clone())), ms(percentile(times, 0.99)),
+        reads.len(), ms(median(reads.clone())), ms(percentile(reads, 0.99)))?;
+    Ok(())
 }
 
 /// The simulate figures over the corpus with the defaults.
