@@ -40,6 +40,11 @@ commands:
                                 fires checkpoints as a model with an N-token window would)
   query SESSION REF...          print the originals behind refs (tN, bN, cN) or raw tool-call ids
   compact SESSION               make a checkpoint of an idle session now (fails fast)
+  history archive SESSION       commit an archive view of the context as it stands (seed 004)
+  history archives SESSION [--page N]
+  history search SESSION KEYWORD... [--archive aN]
+  history read SESSION ENTRY [--offset N] [--archive aN]
+                                the read-only recovery tools: list archives, search one, read an entry
   fork SESSION NAME [--at ENTRY]
                                 copy the path to ENTRY (default: the leaf) into a new session, with the
                                 decisions about it; checkpoints only when the fork includes their boundary
@@ -61,7 +66,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
     };
     let command = argv[pos].clone();
     let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
-    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp"], &["json", "help", "keep"])?;
+    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp", "page", "archive", "offset"], &["json", "help", "keep"])?;
     let at_entry = a.get("at").map(str::to_string);
     if a.flag("help") || command == "help" {
         out!("{USAGE}");
@@ -99,6 +104,7 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
             outln!("{}", open()?.session(name)?.checkpoint_as_pi_line(n, ts)?);
             Ok(ExitCode::SUCCESS)
         }
+        "history" => history(&open()?, &a),
         "fork" => {
             let [src, name] = a.positional.as_slice() else { bail!("fork takes SESSION and NAME") };
             let store = open()?;
@@ -124,7 +130,10 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
 
 fn is_value_of_store(argv: &[String], a: &String) -> bool {
     argv.windows(2)
-        .any(|w| ["--store", "--as", "--at", "--config", "--plot", "--window", "--timestamp"].contains(&w[0].as_str()) && std::ptr::eq(&w[1], a))
+        .any(|w| {
+            ["--store", "--as", "--at", "--config", "--plot", "--window", "--timestamp", "--page", "--archive", "--offset"].contains(&w[0].as_str())
+                && std::ptr::eq(&w[1], a)
+        })
 }
 
 /// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults.
@@ -338,6 +347,38 @@ fn plot_svg(sessions: &[(String, Vec<(u64, u64)>)]) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+fn history(store: &Store, a: &Args) -> Result<ExitCode> {
+    let num = |k: &str| -> Result<usize> {
+        a.get(k).map_or(Ok(0), |v| v.parse().map_err(|_| anyhow!("--{k} takes a number, not `{v}`")))
+    };
+    match a.positional.as_slice() {
+        [verb, name] if verb == "archive" => {
+            let id = store.session(name)?.archive_now()?;
+            outln!("archive {id} committed");
+        }
+        [verb, name] if verb == "archives" => {
+            let (ids, next) = store.session(name)?.history_archives(num("page")?, 20)?;
+            outln!("{}", serde_json::to_string_pretty(&json!({"archives": ids, "nextPage": next}))?);
+        }
+        [verb, name, keywords @ ..] if verb == "search" => {
+            let session = store.session(name)?;
+            let archive = session.archive(a.get("archive"))?;
+            let words: Vec<&str> = keywords.iter().map(String::as_str).collect();
+            let hits = archive.search(&words, 20).map_err(|e| anyhow!("{e}"))?;
+            let rows: Vec<Value> = hits.iter().map(|h| json!({"id": h.id, "matched": h.matched, "snippet": h.snippet})).collect();
+            outln!("{}", serde_json::to_string_pretty(&json!({"archive": archive.id, "hits": rows, "note": "snippets can be partial; ranking is not a completeness guarantee"}))?);
+        }
+        [verb, name, entry] if verb == "read" => {
+            let session = store.session(name)?;
+            let archive = session.archive(a.get("archive"))?;
+            let page = archive.read(entry, num("offset")?).map_err(|e| anyhow!("{e}"))?;
+            outln!("{}", serde_json::to_string_pretty(&json!({"archive": archive.id, "id": entry, "text": page.text, "nextOffset": page.next_offset, "length": page.len}))?);
+        }
+        _ => bail!("history takes: archive SESSION | archives SESSION | search SESSION KEYWORD... | read SESSION ENTRY"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn query(store: &Store, a: &Args) -> Result<ExitCode> {

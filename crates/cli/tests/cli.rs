@@ -146,3 +146,44 @@ fn compact_and_checkpoint_line() {
     let (code, out, _) = condense(&store, &["query", "demo", "c1"]);
     assert_eq!(code, 1, "the demo ran no pipeline, so the checkpoint covers no refs: {out}");
 }
+
+#[test]
+fn history_tools_over_an_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    assert_eq!(condense(&store, &["demo"]).0, 0);
+    assert_eq!(condense(&store, &["history", "archive", "demo"]).1.trim(), "archive a1 committed");
+    let (code, out, _) = condense(&store, &["history", "search", "demo", "FAILED", "test"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let hits = v["hits"].as_array().unwrap();
+    assert!(!hits.is_empty() && hits[0]["matched"] == 2);
+    let id = hits[0]["id"].as_str().unwrap().to_string();
+    // Page through the entry to its end, then past it.
+    let mut offset = 0u64;
+    let mut text = String::new();
+    loop {
+        let (code, out, err) = condense(&store, &["history", "read", "demo", &id, "--offset", &offset.to_string()]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        text.push_str(v["text"].as_str().unwrap());
+        match v["nextOffset"].as_u64() {
+            Some(n) => offset = n,
+            None => break,
+        }
+    }
+    assert!(text.contains("FAILED"));
+    let (code, _, err) = condense(&store, &["history", "read", "demo", &id, "--offset", "99999999"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("past the end"), "{err}");
+    let many: Vec<String> = (0..17).map(|i| format!("k{i}")).collect();
+    let mut args = vec!["history", "search", "demo"];
+    args.extend(many.iter().map(String::as_str));
+    let (code, _, err) = condense(&store, &args);
+    assert_eq!(code, 2);
+    assert!(err.contains("at most 16 keywords"), "{err}");
+    // Reopening the store restores the reference (the view is rebuilt from the log).
+    let (code, out, _) = condense(&store, &["history", "archives", "demo"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("\"a1\""));
+}

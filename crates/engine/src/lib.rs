@@ -59,6 +59,9 @@ pub enum EngineError {
         /// What failed.
         reason: String,
     },
+    /// A recovery tool was called with arguments it cannot take, or an archive cannot be built.
+    #[error(transparent)]
+    Recovery(condense_recovery::RecoveryError),
     /// A render was asked for at a sequence number past the session's head.
     #[error("session `{name}` has {head} events; cannot render at {at}")]
     PastHead {
@@ -75,6 +78,9 @@ pub enum EngineError {
 pub type Result<T> = std::result::Result<T, EngineError>;
 
 struct Inner {
+    /// Archive views built lately, by (session, archive id); at most three are kept (two committed views
+    /// plus the one in flight), older ones are rebuilt from the log.
+    archives: Mutex<Vec<((SessionId, String), Arc<condense_recovery::Archive>)>>,
     log: Log,
     warm: Mutex<BTreeMap<SessionId, Arc<Mutex<Projection>>>>,
     summarizer: Mutex<Arc<dyn Summarizer>>,
@@ -114,6 +120,7 @@ impl Store {
     pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
         Ok(Store {
             inner: Arc::new(Inner {
+                archives: Mutex::new(Vec::new()),
                 log: Log::open(dir)?,
                 warm: Mutex::new(BTreeMap::new()),
                 summarizer: Mutex::new(Arc::new(Extractive::default())),
@@ -201,6 +208,7 @@ impl Store {
                         on_path.contains(boundary) && kept.iter().all(|k| on_path.contains(k))
                     }
                     DecisionEvent::CheckpointStarted { .. } | DecisionEvent::CheckpointFailed { .. } => false,
+                    DecisionEvent::ArchiveCommitted { .. } => false,
                 },
             };
             if keep {
@@ -481,6 +489,54 @@ impl Session {
         let first_kept = branch.iter().position(|(id, _)| *id == cp.boundary).and_then(|b| branch.get(b + 1)).map(|(id, _)| *id);
         let kept: Vec<String> = cp.kept.iter().filter_map(|k| p.entry_message(k)).map(|m| m.text()).collect();
         Ok(condense_formats::export::pi_compaction(&self.name, cp.n, leaf, first_kept, &cp.summary, &kept, cp.tokens_before, timestamp))
+    }
+
+    /// Commits an archive view of the context as it stands now and returns its id (`a<n>`).
+    pub fn archive_now(&self) -> Result<String> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let id = format!("a{}", proj.index().archives.len() + 1);
+        let leaf = proj.path_ids().last().cloned();
+        let seq = proj.seq();
+        self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::ArchiveCommitted { id: id.clone(), seq, leaf })])?;
+        Ok(id)
+    }
+
+    /// The archive `id` (the newest when `None`), from the cache or rebuilt from the log.
+    pub fn archive(&self, id: Option<&str>) -> Result<Arc<condense_recovery::Archive>> {
+        let proj = self.projection()?;
+        let all = &proj.index().archives;
+        let (aid, seq, leaf) = match id {
+            Some(id) => all.iter().find(|(a, _, _)| a == id),
+            None => all.last(),
+        }
+        .cloned()
+        .ok_or_else(|| EngineError::Recovery(condense_recovery::RecoveryError::UnknownArchive(id.unwrap_or("(none yet)").to_string())))?;
+        let key = (self.id, aid.clone());
+        if let Some((_, a)) = self.store.inner.archives.lock().expect("archive cache lock").iter().find(|(k, _)| *k == key) {
+            return Ok(a.clone());
+        }
+        let mut view = self.projection_at(seq)?;
+        view.apply(seq + 1, &Event::Source(SourceEvent::LeafMoved { leaf }));
+        let idx = view.index();
+        let entries = view.branch_entries_in_context();
+        let archive = Arc::new(
+            condense_recovery::Archive::build(&aid, entries.iter().map(|(id, m)| (*id, &***m, idx.by_entry.get(*id).copied())))
+                .map_err(EngineError::Recovery)?,
+        );
+        let mut cache = self.store.inner.archives.lock().expect("archive cache lock");
+        cache.push((key, archive.clone()));
+        if cache.len() > 3 {
+            cache.remove(0);
+        }
+        Ok(archive)
+    }
+
+    /// Archive ids of this session, newest first, `size` per page.
+    pub fn history_archives(&self, page: usize, size: usize) -> Result<(Vec<String>, Option<usize>)> {
+        let ids: Vec<String> = self.projection()?.index().archives.iter().map(|(a, _, _)| a.clone()).collect();
+        Ok(condense_recovery::archives_page(&ids, page, size))
     }
 
     /// Counts of the session (see [`Stats`]).

@@ -335,6 +335,16 @@ pub enum DecisionEvent {
         /// What failed.
         reason: String,
     },
+    /// An archive view was committed: the public context as it stood after event `seq` on branch `leaf`
+    /// (seed 004). The archive is rebuilt from the log, never copied.
+    ArchiveCommitted {
+        /// The archive id (`a<n>`).
+        id: String,
+        /// The last event the view includes.
+        seq: u64,
+        /// The leaf of the branch it views.
+        leaf: Option<String>,
+    },
     /// The controller started a checkpoint (written with its outcome, in the same durable group).
     CheckpointStarted {
         /// Why: `threshold`, `new_context`, `overflow` or `manual`.
@@ -358,6 +368,7 @@ impl DecisionEvent {
             DecisionEvent::CheckpointCommitted { .. } => "checkpoint_committed",
             DecisionEvent::CheckpointFailed { .. } => "checkpoint_failed",
             DecisionEvent::CheckpointStarted { .. } => "checkpoint_started",
+            DecisionEvent::ArchiveCommitted { .. } => "archive_committed",
         }
     }
 }

@@ -82,6 +82,8 @@ pub struct Index {
     pub frontier: Option<String>,
     /// The first ref captured with each dedup hash.
     pub first_by_hash: BTreeMap<String, u32>,
+    /// Committed archive views in order: (id, last event, leaf).
+    pub archives: Vec<(String, u64, Option<String>)>,
     /// Committed checkpoints by number.
     pub checkpoints: BTreeMap<u32, Checkpoint>,
     /// Checkpoint failures, in order (code, reason).
@@ -150,6 +152,7 @@ impl Index {
             }
             DecisionEvent::CheckpointFailed { code, reason } => self.checkpoint_failures.push((code.clone(), reason.clone())),
             DecisionEvent::CheckpointStarted { .. } => {}
+            DecisionEvent::ArchiveCommitted { id, seq, leaf } => self.archives.push((id.clone(), *seq, leaf.clone())),
             DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
                 self.chains.insert(
                     *block,

@@ -319,6 +319,7 @@ impl Projection {
                         | DecisionEvent::FrontierAdvanced { .. }
                         | DecisionEvent::OutputCaptured(_)
                         | DecisionEvent::OutputAliased { .. }
+                        | DecisionEvent::ArchiveCommitted { .. }
                 ) {
                     self.usage_anchor = None;
                     // A decision changes what earlier positions render as: start over at the next render.
