@@ -149,7 +149,11 @@ fn load_config(a: &Args, store_dir: &Path) -> Result<condense_engine::config::Fi
         }
     };
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    condense_engine::config::parse_file(&text).map_err(|e| anyhow!("{}: {e}", path.display()))
+    let f = condense_engine::config::parse_file(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    for w in &f.warnings {
+        eprintln!("condense: {}: {w}", path.display());
+    }
+    Ok(f)
 }
 
 fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {

@@ -45,6 +45,8 @@ pub struct FileConfig {
     pub prices: Prices,
     /// The summarizer.
     pub summarizer: SummarizerChoice,
+    /// Values the file set that were taken as something else (each names the key and what was done).
+    pub warnings: Vec<String>,
 }
 
 fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
@@ -82,7 +84,7 @@ fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
 pub const KEYS: &[&str] = &[
     "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
     "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
-    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext",
 ];
 
 fn err(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -101,6 +103,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
     let mut raw = RawConfig::default();
     let mut prices = Prices::default();
     let mut summarizer = SummarizerChoice::Extractive;
+    let mut warnings = Vec::new();
     for (key, value) in &map {
         let num = || match value {
             Value::Number(n) => n.as_f64().ok_or_else(|| err(key, "not a finite number")),
@@ -145,10 +148,18 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
             "cachedPrice" => prices.cached = num()?,
             "uncachedPrice" => prices.uncached = num()?,
             "summarizer" => summarizer = summarizer_choice(value)?,
+            // Seed 004: an invalid explicit value turns recovery off, and says so.
+            "recoverLargeContext" => match value.as_bool() {
+                Some(b) => raw.recover_large_context = Some(b),
+                None => {
+                    raw.recover_large_context = Some(false);
+                    warnings.push(format!("config key `recoverLargeContext`: {value} is not true or false; recovery is off"));
+                }
+            },
             other => return Err(err(other, format!("unknown key (known keys: {})", KEYS.join(", ")))),
         }
     }
-    Ok(FileConfig { raw, prices, summarizer })
+    Ok(FileConfig { raw, prices, summarizer, warnings })
 }
 
 /// The configuration as a file would write it (every key, normalized values).
@@ -172,6 +183,7 @@ pub fn to_json(c: &PruneConfig, prices: Prices) -> Value {
         "thinkingStrip": c.thinking_strip,
         "condenseArgsChars": c.condense_args_chars,
         "minPruneTokens": c.min_prune_tokens,
+        "recoverLargeContext": c.recover_large_context,
         "cachedPrice": prices.cached,
         "uncachedPrice": prices.uncached,
     })
@@ -197,5 +209,11 @@ mod tests {
         assert!(matches!(f.summarizer, SummarizerChoice::Http { idle_secs: 20, total_secs: 180, .. }));
         assert_eq!(parse_file(r#"{"summarizer":{"kind":"http","model":"m"}}"#).unwrap_err().key, "summarizer.baseUrl");
         assert_eq!(parse_file(r#"{"summarizer":{"kind":"gpt"}}"#).unwrap_err().key, "summarizer.kind");
+        // recoverLargeContext: on when omitted, false turns it off, an invalid value turns it off and says so.
+        assert!(parse_file("{}").unwrap().raw.normalize().recover_large_context);
+        assert!(!parse_file(r#"{"recoverLargeContext":false}"#).unwrap().raw.normalize().recover_large_context);
+        let bad = parse_file(r#"{"recoverLargeContext":"yes"}"#).unwrap();
+        assert!(!bad.raw.normalize().recover_large_context);
+        assert_eq!(bad.warnings, vec!["config key `recoverLargeContext`: \"yes\" is not true or false; recovery is off".to_string()]);
     }
 }

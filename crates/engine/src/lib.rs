@@ -10,6 +10,7 @@ pub mod controller;
 pub mod demo;
 pub mod pipeline;
 pub mod query;
+pub mod recover;
 pub mod simulate;
 mod stats;
 
@@ -58,6 +59,17 @@ pub enum EngineError {
         code: String,
         /// What failed.
         reason: String,
+    },
+    /// The payload guard rejected an oversized request after a model change; the overflow is recorded
+    /// and the next `prepare` recovers.
+    #[error("session `{name}`: context overflow: the request is {bytes} bytes, over {limit} for the new model")]
+    ContextOverflow {
+        /// The session.
+        name: String,
+        /// The payload's size.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
     },
     /// A recovery tool was called with arguments it cannot take, or an archive cannot be built.
     #[error(transparent)]
@@ -395,6 +407,26 @@ impl Session {
         }
     }
 
+    /// The payload guard (seed 004): after a model change and until the first assistant message on the
+    /// new model, a serialized request of `bytes` over the new model's limit is rejected with
+    /// [`EngineError::ContextOverflow`] and recorded as a provider overflow, which the next `prepare`
+    /// recovers from.
+    pub fn guard_payload(&self, bytes: u64) -> Result<()> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        if !recover::guard_active(&proj) {
+            return Ok(());
+        }
+        let Some(limit) = recover::payload_limit(&proj) else { return Ok(()) };
+        if bytes <= limit {
+            return Ok(());
+        }
+        let message = format!("payload guard: {bytes} bytes over {limit} for the new model");
+        self.append_locked(&mut proj, vec![Event::Source(SourceEvent::ProviderOverflow { message })])?;
+        Err(EngineError::ContextOverflow { name: self.name.clone(), bytes, limit })
+    }
+
     /// The checkpoint controller: commits a checkpoint when the context is over the model's hard budget,
     /// or records the failure and returns [`EngineError::CompactionFailed`].
     pub fn checkpoint_if_due(&self) -> Result<()> {
@@ -412,6 +444,22 @@ impl Session {
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
         let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
+        if reason == controller::Reason::Threshold && proj.overflow_pending() && recover::guard_active(&proj) {
+            let started = DecisionEvent::CheckpointStarted { reason: "recovery".into(), tokens: controller::context_tokens(&proj) };
+            return match recover::prepare(&proj, summarizer.as_ref()) {
+                Ok(decisions) => {
+                    let mut events = vec![Event::Decision(started)];
+                    events.extend(decisions.into_iter().map(Event::Decision));
+                    self.append_locked(&mut proj, events)?;
+                    Ok(())
+                }
+                Err(why) => {
+                    let failed = DecisionEvent::CheckpointFailed { code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() };
+                    self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(failed)])?;
+                    Err(EngineError::CompactionFailed { name: self.name.clone(), code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() })
+                }
+            };
+        }
         match controller::decide_for(&proj, reason, summarizer.as_ref()) {
             controller::Outcome::Fits => Ok(()),
             controller::Outcome::Commit(started, d) => {

@@ -63,6 +63,8 @@ pub struct PruneConfig {
     /// A prune before a request goes ahead only if it shrinks the context by at least this many tokens:
     /// a smaller one would cost more in re-sent (uncached) tokens than it saves. 0 prunes whatever the gain.
     pub min_prune_tokens: u64,
+    /// Recover a large context when the session moves to a model with a smaller window (seed 004).
+    pub recover_large_context: bool,
 }
 
 /// The largest budget trigger accepted.
@@ -89,6 +91,7 @@ impl Default for PruneConfig {
             thinking_strip: true,
             condense_args_chars: 80,
             min_prune_tokens: 1000,
+            recover_large_context: true,
         }
     }
 }
@@ -135,6 +138,8 @@ pub struct RawConfig {
     pub condense_args_chars: Option<f64>,
     /// See [`PruneConfig::min_prune_tokens`].
     pub min_prune_tokens: Option<f64>,
+    /// See [`PruneConfig::recover_large_context`].
+    pub recover_large_context: Option<bool>,
 }
 
 /// The scalar convention of seed 000: unset, negative, NaN or non-finite → the default; an explicit 0 is
@@ -169,6 +174,7 @@ impl RawConfig {
             thinking_strip: self.thinking_strip.unwrap_or(d.thinking_strip),
             condense_args_chars: normalize_count(self.condense_args_chars, d.condense_args_chars),
             min_prune_tokens: normalize_count(self.min_prune_tokens, d.min_prune_tokens),
+            recover_large_context: self.recover_large_context.unwrap_or(d.recover_large_context),
         }
     }
 }

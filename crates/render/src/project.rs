@@ -97,6 +97,8 @@ pub struct Projection {
     // The last provider usage the host reported, with the leaf entry at that time; `None` once a decision
     // changed the context since (the usage then describes a request that will not be sent again).
     usage_anchor: Option<(condense_events::Usage, Option<usize>)>,
+    // The leaf when the model last changed: a model transition lasts until an assistant message follows.
+    model_change_leaf: Option<Option<usize>>,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -144,6 +146,7 @@ impl Clone for Projection {
             overflow_streak: self.overflow_streak,
             overflow_checkpointed: self.overflow_checkpointed,
             usage_anchor: self.usage_anchor,
+            model_change_leaf: self.model_change_leaf,
         }
     }
 }
@@ -242,6 +245,23 @@ impl Projection {
             }
         }
         Some(base + later)
+    }
+
+    /// Whether the session is in a model transition: the model changed and no assistant message has
+    /// been added since (the first successful response on the new model ends it).
+    pub fn in_model_transition(&self) -> bool {
+        let Some(at) = self.model_change_leaf else { return false };
+        let path = self.path();
+        let from = match at {
+            Some(l) => match path.iter().position(|&i| i == l) {
+                Some(p) => p + 1,
+                None => return false,
+            },
+            None => 0,
+        };
+        !path[from..].iter().any(|&i| {
+            !self.overflowed.contains(&i) && matches!(&self.items[i].node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. }))
+        })
     }
 
     /// Whether an overflow still waits for its checkpoint.
@@ -391,6 +411,7 @@ impl Projection {
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }
             SourceEvent::ModelChanged { provider, model, context_window, max_output } => {
+                self.model_change_leaf = Some(self.leaf);
                 self.model = Some(ModelInfo {
                     provider: provider.clone(),
                     model: model.clone(),

@@ -1,0 +1,77 @@
+//! Seed 004 on the corpus: every pi, Claude Code and Codex session, run on a 200k window and then switched
+//! to a 32k one, either recovers under the new budget or fails closed with a typed reason; no partial
+//! checkpoint is ever stored. Plus a snapshot of the handoff request on one session.
+
+use condense_engine::{EngineError, Store};
+use condense_events::{PruneConfig, SourceEvent};
+use condense_tests::{corpus_name, corpus_sessions, readable};
+
+fn model(window: u64) -> SourceEvent {
+    SourceEvent::ModelChanged { provider: None, model: format!("m{window}"), context_window: Some(window), max_output: None }
+}
+
+#[test]
+fn every_corpus_session_switched_to_32k_recovers_or_fails_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let budget = condense_checkpoint::Budget::new(32_000, None, condense_checkpoint::DEFAULT_RESERVE);
+    let (mut recovered, mut guarded_off, mut blocked) = (0, 0, Vec::new());
+    let mut snapshot = None;
+    for file in corpus_sessions() {
+        let name = corpus_name(&file);
+        let imported = condense_formats::import_file(&file).unwrap();
+        let s = store.create_session(&name).unwrap();
+        s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+        s.append(vec![model(200_000)]).unwrap();
+        s.append(imported.events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. } | SourceEvent::ProviderUsage(_))).collect()).unwrap();
+        s.append(vec![model(32_000)]).unwrap();
+        let request = s.render().unwrap();
+        let bytes = serde_json::to_vec(&condense_formats::export::openai(&request.messages[..])).unwrap().len() as u64;
+        match s.guard_payload(bytes) {
+            Ok(()) => {
+                guarded_off += 1;
+                continue;
+            }
+            Err(EngineError::ContextOverflow { .. }) => {}
+            Err(e) => panic!("{name}: {e}"),
+        }
+        match s.prepare() {
+            Ok(r) => {
+                let tokens: u64 = r.messages.iter().map(|m| condense_tokens::estimate(m)).sum();
+                assert!(tokens <= budget.hard, "{name}: recovered to {tokens} tokens, over {}", budget.hard);
+                assert!(condense_render::check(&r.messages[..]).is_empty(), "{name}");
+                let p = s.projection().unwrap();
+                assert_eq!(p.index().archives.len(), 1, "{name}: the archive view is committed with the checkpoint");
+                recovered += 1;
+                if snapshot.is_none() && name.starts_with("pi/") {
+                    snapshot = Some(format!("{name}\n{}--- handoff head ---\n{}", readable(&r.messages[..]), r.messages[0].text().chars().take(1200).collect::<String>()));
+                }
+            }
+            Err(EngineError::CompactionFailed { code, reason, .. }) => {
+                let p = s.projection().unwrap();
+                assert!(p.index().checkpoints.is_empty(), "{name}: a failed recovery stores no checkpoint ({code}: {reason})");
+                blocked.push(format!("{name}: {code}: {reason}"));
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+    assert!(recovered > 0, "some sessions are large enough to need recovery");
+    eprintln!("recovered {recovered}, under the limit already {guarded_off}, blocked {}:\n{}", blocked.len(), blocked.join("\n"));
+    insta::assert_snapshot!(snapshot.expect("a pi session recovered"));
+}
+
+#[test]
+fn recovery_off_or_small_windows_do_not_guard() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.create_session("x").unwrap();
+    s.configure(PruneConfig { recover_large_context: false, ..PruneConfig::default() }).unwrap();
+    s.append(vec![model(32_000)]).unwrap();
+    assert!(s.guard_payload(10_000_000).is_ok(), "recoverLargeContext false: no guard");
+    let t = store.create_session("y").unwrap();
+    t.append(vec![model(4_096)]).unwrap();
+    assert!(t.guard_payload(10_000_000).is_ok(), "windows below 8192 tokens are not certified");
+    let u = store.create_session("z").unwrap();
+    u.append(vec![model(32_000)]).unwrap();
+    assert!(matches!(u.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
+}
