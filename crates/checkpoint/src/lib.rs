@@ -147,7 +147,7 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
 }
 
 /// String values under keys naming a path or file in a JSON argument text.
-fn path_values(json: &str) -> Vec<String> {
+pub fn path_values(json: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = json;
     while let Some(k) = rest.find('"') {

@@ -8,7 +8,7 @@
 //! untouched.
 
 use crate::controller::context_tokens;
-use condense_checkpoint::{handoff, Budget, DEFAULT_RESERVE};
+use condense_checkpoint::{path_values, Budget, DEFAULT_RESERVE};
 use condense_events::{Block, DecisionEvent, Event, Message};
 use condense_recovery::{input_budget, summary_budget, MAX_INVOCATIONS, MAX_SOURCE_BYTES, MIN_WINDOW};
 use condense_render::Projection;
@@ -135,12 +135,12 @@ pub fn prepare(p: &Projection, summarizer: &dyn condense_summarize::Summarizer) 
     if per_piece < 64 {
         return Err(Blocked::Oversized(header.len() + 64 * pieces.len(), max_summary));
     }
-    let clip = |s: String| -> String {
-        if s.len() <= per_piece {
+    let clip = |s: String, max: usize| -> String {
+        if s.len() <= max {
             return s;
         }
         // Room for the 3-byte ellipsis, cut at a character boundary.
-        let mut end = per_piece.saturating_sub(3);
+        let mut end = max.saturating_sub(3);
         while !s.is_char_boundary(end) {
             end -= 1;
         }
@@ -154,8 +154,8 @@ pub fn prepare(p: &Projection, summarizer: &dyn condense_summarize::Summarizer) 
         let part = match summarizer.handoff(&text, per_piece).map_err(|e| Blocked::SummaryFailed(e.to_string()))? {
             Some(s) if s.len() > per_piece => return Err(Blocked::Oversized(s.len(), per_piece as u64)),
             Some(s) => s,
-            // The deterministic handoff, cut to the piece's share (it clips by characters).
-            None => clip(handoff(n, &msgs, &refs, per_piece)),
+            // The deterministic default: a one-line digest per piece (the archive holds the detail).
+            None => clip(digest(parts.len() + 1, &msgs, &refs), per_piece - 1) + "\n",
         };
         parts.push(part);
     }
@@ -192,4 +192,37 @@ pub fn prepare(p: &Projection, summarizer: &dyn condense_summarize::Summarizer) 
         *tokens_after = after;
     }
     Ok(vec![archive, cp])
+}
+
+/// One line per piece: the latest prompt in it, the files its calls touched, the refs it holds.
+fn digest(k: usize, msgs: &[(String, Arc<Message>)], refs: &[u32]) -> String {
+    let prompt = msgs
+        .iter()
+        .rev()
+        .find(|(_, m)| matches!(**m, Message::User { origin: condense_events::UserOrigin::Prompt, .. }))
+        .map(|(_, m)| m.text().split_whitespace().collect::<Vec<_>>().join(" "));
+    let mut files: Vec<String> = Vec::new();
+    for (_, m) in msgs {
+        for (_, _, args) in m.tool_calls() {
+            for p in path_values(args) {
+                let short = p.rsplit('/').next().unwrap_or(&p).to_string();
+                if !files.contains(&short) {
+                    files.push(short);
+                }
+            }
+        }
+    }
+    let mut line = format!("• {k}:");
+    if let Some(p) = prompt {
+        line.push_str(&format!(" asked \"{}\";", p.chars().take(80).collect::<String>()));
+    }
+    let calls: usize = msgs.iter().map(|(_, m)| m.tool_calls().count()).sum();
+    line.push_str(&format!(" {calls} calls"));
+    if !files.is_empty() {
+        line.push_str(&format!(" on {}", files.iter().take(6).cloned().collect::<Vec<_>>().join(", ")));
+    }
+    if let (Some(a), Some(b)) = (refs.first(), refs.last()) {
+        line.push_str(&format!("; outputs t{a}–t{b}"));
+    }
+    line
 }
