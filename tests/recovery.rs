@@ -75,3 +75,54 @@ fn recovery_off_or_small_windows_do_not_guard() {
     u.append(vec![model(32_000)]).unwrap();
     assert!(matches!(u.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
 }
+
+#[test]
+fn the_tools_reply_on_a_recovered_corpus_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let file = condense_tests::corpus_dir().join("pi/badlogic__pi-mono/large-session.jsonl");
+    let imported = condense_formats::import_file(&file).unwrap();
+    let s = store.create_session("large").unwrap();
+    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    s.append(vec![model(200_000)]).unwrap();
+    s.append(imported.events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. } | SourceEvent::ProviderUsage(_))).collect()).unwrap();
+    s.append(vec![model(32_000)]).unwrap();
+    let bytes = serde_json::to_vec(&condense_formats::export::openai(&s.render().unwrap().messages[..])).unwrap().len() as u64;
+    assert!(matches!(s.guard_payload(bytes), Err(EngineError::ContextOverflow { .. })));
+    s.prepare().unwrap();
+    let mut out = String::new();
+    for (tool, args) in [
+        ("history_archives", "{}"),
+        ("history_search", r#"{"keywords":["theme","selector"]}"#),
+        ("history_search", r#"{"keywords":[]}"#),
+        ("history_search", r#"{"keywords":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}"#),
+        ("history_read", r#"{"id":"nope"}"#),
+        ("history_read", r#"{}"#),
+    ] {
+        let a = s.history_tool(tool, args).unwrap();
+        let shown: String = a.text.chars().take(700).collect();
+        out.push_str(&format!("== {tool} {args} (error={})\n{shown}\n", a.is_error));
+    }
+    // Page an entry cited by a search to its end and past it, without naming the archive.
+    let hits: serde_json::Value = serde_json::from_str(&s.history_tool("history_search", r#"{"keywords":["theme"]}"#).unwrap().text).unwrap();
+    let id = hits["hits"][0]["id"].as_str().unwrap().to_string();
+    let mut offset = 0u64;
+    let mut pages = 0;
+    loop {
+        let a = s.history_tool("history_read", &format!("{{\"id\":\"{id}\",\"offset\":{offset}}}")).unwrap();
+        assert!(!a.is_error, "{}", a.text);
+        let v: serde_json::Value = serde_json::from_str(&a.text).unwrap();
+        assert!(v["text"].as_str().unwrap().len() <= 2048);
+        pages += 1;
+        match v["nextOffset"].as_u64() {
+            Some(n) => offset = n,
+            None => {
+                let past = s.history_tool("history_read", &format!("{{\"id\":\"{id}\",\"offset\":{}}}", v["length"].as_u64().unwrap() + 1)).unwrap();
+                assert!(past.is_error && past.text.contains("past the end"));
+                break;
+            }
+        }
+    }
+    out.push_str(&format!("== read {id}: {pages} page(s) to the end, then an error past it\n"));
+    insta::assert_snapshot!(out);
+}

@@ -581,6 +581,74 @@ impl Session {
         Ok(archive)
     }
 
+    /// `history_read` of entry `id`: in archive `archive`, or, without one, in the newest archive that
+    /// holds the entry (citations from earlier recovery checkpoints resolve this way).
+    pub fn history_read(&self, archive: Option<&str>, id: &str, offset: usize) -> Result<(String, condense_recovery::Page)> {
+        if let Some(a) = archive {
+            let arch = self.archive(Some(a))?;
+            return arch.read(id, offset).map(|p| (arch.id.clone(), p)).map_err(EngineError::Recovery);
+        }
+        let ids: Vec<String> = self.projection()?.index().archives.iter().rev().map(|(a, _, _)| a.clone()).collect();
+        let mut last_err = condense_recovery::RecoveryError::UnknownArchive("(none yet)".into());
+        for a in ids {
+            let arch = self.archive(Some(&a))?;
+            match arch.read(id, offset) {
+                Ok(p) => return Ok((a, p)),
+                Err(e) => last_err = e,
+            }
+        }
+        Err(EngineError::Recovery(last_err))
+    }
+
+    /// Runs a model-facing recovery tool (`history_archives`, `history_search`, `history_read`) on its
+    /// JSON arguments; bad arguments give an error result that says what to pass.
+    pub fn history_tool(&self, name: &str, arguments: &str) -> Result<query::Answer> {
+        let v: serde_json::Value = serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null);
+        let err = |text: String| Ok(query::Answer { text, is_error: true, originals: Vec::new() });
+        let ok = |v: serde_json::Value| Ok(query::Answer { text: v.to_string(), is_error: false, originals: Vec::new() });
+        let archive = v.get("archive").and_then(|a| a.as_str());
+        match name {
+            "history_archives" => {
+                let page = v.get("page").and_then(|p| p.as_u64()).unwrap_or(0) as usize;
+                let (ids, next) = self.history_archives(page, 20)?;
+                ok(serde_json::json!({"archives": ids, "nextPage": next}))
+            }
+            "history_search" => {
+                let words: Vec<String> = match v.get("keywords") {
+                    Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect(),
+                    Some(serde_json::Value::String(s)) => s.split_whitespace().map(str::to_string).collect(),
+                    _ => Vec::new(),
+                };
+                let arch = match self.archive(archive) {
+                    Ok(a) => a,
+                    Err(EngineError::Recovery(e)) => return err(e.to_string()),
+                    Err(e) => return Err(e),
+                };
+                let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+                match arch.search(&refs, 20) {
+                    Ok(hits) => ok(serde_json::json!({
+                        "archive": arch.id,
+                        "hits": hits.iter().map(|h| serde_json::json!({"id": h.id, "matched": h.matched, "snippet": h.snippet})).collect::<Vec<_>>(),
+                        "note": "snippets can be partial; ranking is not approval or a completeness guarantee",
+                    })),
+                    Err(e) => err(e.to_string()),
+                }
+            }
+            "history_read" => {
+                let Some(id) = v.get("id").and_then(|i| i.as_str()) else {
+                    return err("history_read needs {\"id\": \"<entry id cited by history_search or a checkpoint>\"}".into());
+                };
+                let offset = v.get("offset").and_then(|o| o.as_u64()).unwrap_or(0) as usize;
+                match self.history_read(archive, id, offset) {
+                    Ok((a, p)) => ok(serde_json::json!({"archive": a, "id": id, "text": p.text, "nextOffset": p.next_offset, "length": p.len})),
+                    Err(EngineError::Recovery(e)) => err(e.to_string()),
+                    Err(e) => Err(e),
+                }
+            }
+            other => err(format!("unknown recovery tool `{other}`; use history_archives, history_search or history_read")),
+        }
+    }
+
     /// Archive ids of this session, newest first, `size` per page.
     pub fn history_archives(&self, page: usize, size: usize) -> Result<(Vec<String>, Option<usize>)> {
         let ids: Vec<String> = self.projection()?.index().archives.iter().map(|(a, _, _)| a.clone()).collect();
