@@ -126,3 +126,66 @@ fn the_tools_reply_on_a_recovered_corpus_session() {
     out.push_str(&format!("== read {id}: {pages} page(s) to the end, then an error past it\n"));
     insta::assert_snapshot!(out);
 }
+
+struct Fake(&'static str);
+impl condense_summarize::Summarizer for Fake {
+    fn name(&self) -> &str {
+        "fake"
+    }
+    fn summarize(&self, b: &[condense_summarize::Item<'_>]) -> Result<Vec<String>, condense_summarize::SummarizeError> {
+        condense_summarize::Extractive::default().summarize(b)
+    }
+    fn handoff(&self, _: &str, max: usize) -> Result<Option<String>, condense_summarize::SummarizeError> {
+        match self.0 {
+            "blank" => Ok(Some("   ".into())),
+            "oversized" => Ok(Some("x".repeat(max + 1))),
+            "fails" => Err(condense_summarize::SummarizeError::Failed { name: "fake".into(), reason: "unavailable".into() }),
+            _ => Ok(None),
+        }
+    }
+}
+
+#[test]
+fn each_fail_closed_reason() {
+    use condense_engine::recover::{prepare, prepare_within, Blocked};
+    use condense_events::{Block, Entry, Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let session = |name: &str, window: u64, recover: bool, text: &str| {
+        let s = store.create_session(name).unwrap();
+        s.configure(PruneConfig { enabled: false, recover_large_context: recover, ..PruneConfig::default() }).unwrap();
+        let mut events = vec![model(window)];
+        for i in 0..6 {
+            let parent = (i > 0).then(|| format!("e{}", 2 * i - 1));
+            events.push(SourceEvent::EntryAppended { id: format!("e{}", 2 * i), parent, entry: Entry::Message(Message::user_text(format!("{text} {i}"), UserOrigin::Prompt)) });
+            events.push(SourceEvent::EntryAppended {
+                id: format!("e{}", 2 * i + 1),
+                parent: Some(format!("e{}", 2 * i)),
+                entry: Entry::Message(Message::Assistant { content: vec![Block::Text { text: "done".into() }], model: None, stop: None, usage: None }),
+            });
+        }
+        s.append(events).unwrap();
+        s.projection().unwrap()
+    };
+    let p = session("ok", 32_000, true, "a request");
+    assert!(prepare(&p, &Fake("default")).is_ok());
+    assert_eq!(prepare(&p, &Fake("blank")), Err(Blocked::Blank));
+    assert!(matches!(prepare(&p, &Fake("oversized")), Err(Blocked::Oversized(..))));
+    assert!(matches!(prepare(&p, &Fake("fails")), Err(Blocked::SummaryFailed(e)) if e.contains("unavailable")));
+    assert_eq!(prepare_within(&p, &Fake("default"), std::time::Duration::ZERO), Err(Blocked::Deadline(0)));
+    assert_eq!(prepare(&session("off", 32_000, false, "x"), &Fake("default")), Err(Blocked::Disabled));
+    assert_eq!(prepare(&session("tiny", 4_096, true, "x"), &Fake("default")), Err(Blocked::Window(Some(4_096))));
+    let huge = "y".repeat(6 << 20);
+    assert!(matches!(prepare(&session("huge", 32_000, true, &huge), &Fake("default")), Err(Blocked::SourceTooLarge(_))));
+    let img = store.create_session("img").unwrap();
+    img.append(vec![model(32_000), SourceEvent::EntryAppended {
+        id: "i1".into(),
+        parent: None,
+        entry: Entry::Message(Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "AA".into() }], origin: UserOrigin::Prompt }),
+    }, SourceEvent::EntryAppended {
+        id: "i2".into(),
+        parent: Some("i1".into()),
+        entry: Entry::Message(Message::Assistant { content: vec![Block::Text { text: "seen".into() }], model: None, stop: None, usage: None }),
+    }]).unwrap();
+    assert_eq!(prepare(&img.projection().unwrap(), &Fake("default")), Err(Blocked::Image("i1".into())));
+}

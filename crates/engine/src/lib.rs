@@ -628,7 +628,10 @@ impl Session {
                 match arch.search(&refs, 20) {
                     Ok(hits) => ok(serde_json::json!({
                         "archive": arch.id,
-                        "hits": hits.iter().map(|h| serde_json::json!({"id": h.id, "matched": h.matched, "snippet": h.snippet})).collect::<Vec<_>>(),
+                        "hits": hits.iter().map(|h| {
+                            let tool_ref = arch.records().iter().find(|r| r.id == h.id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"));
+                            serde_json::json!({"id": h.id, "matched": h.matched, "snippet": h.snippet, "ref": tool_ref})
+                        }).collect::<Vec<_>>(),
                         "note": "snippets can be partial; ranking is not approval or a completeness guarantee",
                     })),
                     Err(e) => err(e.to_string()),
@@ -640,7 +643,12 @@ impl Session {
                 };
                 let offset = v.get("offset").and_then(|o| o.as_u64()).unwrap_or(0) as usize;
                 match self.history_read(archive, id, offset) {
-                    Ok((a, p)) => ok(serde_json::json!({"archive": a, "id": id, "text": p.text, "nextOffset": p.next_offset, "length": p.len})),
+                    Ok((a, p)) => {
+                        // An entry that stands for a captured output names its ref: the original is one
+                        // context_tree_query away even where the archive only held a stub.
+                        let tool_ref = self.archive(Some(&a))?.records().iter().find(|r| r.id == id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"));
+                        ok(serde_json::json!({"archive": a, "id": id, "text": p.text, "nextOffset": p.next_offset, "length": p.len, "ref": tool_ref}))
+                    }
                     Err(EngineError::Recovery(e)) => err(e.to_string()),
                     Err(e) => Err(e),
                 }

@@ -35,6 +35,8 @@ pub enum Blocked {
     Oversized(usize, u64),
     /// Even the handoff leaves the context over the new budget.
     NoRoom(u64, u64),
+    /// The preparation ran past its overall deadline.
+    Deadline(u64),
 }
 
 impl std::fmt::Display for Blocked {
@@ -49,9 +51,13 @@ impl std::fmt::Display for Blocked {
             Blocked::Blank => write!(f, "the handoff is blank"),
             Blocked::Oversized(b, max) => write!(f, "the handoff is {b} bytes, over its bound of {max}"),
             Blocked::NoRoom(t, hard) => write!(f, "with the handoff the context is still {t} tokens, over {hard}"),
+            Blocked::Deadline(s) => write!(f, "preparation ran past its {s}-second deadline"),
         }
     }
 }
+
+/// The overall deadline of one preparation (summarizer calls included).
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The stable code of a recovery that failed closed.
 pub const RECOVERY_BLOCKED: &str = "RECOVERY_BLOCKED";
@@ -86,6 +92,17 @@ fn text_of(m: &Message) -> Result<String, ()> {
 /// Prepares the recovery checkpoint. Returns the decisions to commit (an archive view, then the
 /// checkpoint), or why it stopped.
 pub fn prepare(p: &Projection, summarizer: &dyn condense_summarize::Summarizer) -> Result<Vec<DecisionEvent>, Blocked> {
+    prepare_within(p, summarizer, DEADLINE)
+}
+
+/// [`prepare`] with an explicit deadline. The clock is read here, in the engine, only to stop: it never
+/// reaches an event.
+pub fn prepare_within(
+    p: &Projection,
+    summarizer: &dyn condense_summarize::Summarizer,
+    deadline: std::time::Duration,
+) -> Result<Vec<DecisionEvent>, Blocked> {
+    let started = std::time::Instant::now();
     if !p.config().recover_large_context {
         return Err(Blocked::Disabled);
     }
@@ -148,6 +165,9 @@ pub fn prepare(p: &Projection, summarizer: &dyn condense_summarize::Summarizer) 
     };
     let mut parts = Vec::new();
     for piece in &pieces {
+        if started.elapsed() > deadline {
+            return Err(Blocked::Deadline(deadline.as_secs()));
+        }
         let msgs: Vec<(String, Arc<Message>)> = piece.iter().map(|&i| covered[i].clone()).collect();
         let refs: Vec<u32> = msgs.iter().filter_map(|(id, _)| idx.by_entry.get(id).copied()).collect();
         let text: String = msgs.iter().map(|(_, m)| format!("{}: {}\n", m.role(), text_of(m).unwrap_or_default())).collect();
