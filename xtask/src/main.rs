@@ -130,7 +130,7 @@ fn bench(args: &[String]) -> Result<()> {
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
     writeln!(md, "\n## Method\n")?;
     writeln!(md, "- *Bare parse*: every line of the file parsed into a `serde_json::Value` (the floor an importer cannot beat).\n- *Parse to events*: `condense_formats::import_bytes`, the whole importer (tolerant line reading, conversion to source events) without storing.\n- *Import into store*: the same plus `Store` appends (bincode encoding, sled batch, flush, warm projection update).\n- *Full rebuild*: folding a fresh projection from every event in the log (what `render --at` and a cold start do).\n- *Full render*: `Projection::render_full_now` on a warm projection: walk the active branch, apply the newest host compaction, repair pairing, from scratch. Median of repeated runs.
-- *Per-turn render*: what a host pays before each request: one event applied to the warm projection and `render` called, measured over the session's last 200 events (the projection keeps its render up to date as entries extend the branch, so this does not grow with the session).\n- Import timings are the best of 3 runs; the ratio is throughput divided by the bare parse's throughput on the same bytes.\n- Peak memory is the process's VmHWM after the step, so it only grows down the table.")?;
+- *Per-turn render*: what a host pays before each request: one event applied to the warm projection and `render` called, measured over the session's last 200 events (the projection keeps its render up to date as entries extend the branch, so this does not grow with the session).\n- Import timings are the best of 7 runs (3 for the import into a store); the ratio is throughput divided by the bare parse's throughput on the same bytes.\n- Peak memory is the process's VmHWM after the step, so it only grows down the table.")?;
     std::fs::write(&out_path, md)?;
     println!("wrote {}", out_path.display());
     Ok(())
@@ -154,8 +154,8 @@ fn corpus_import(md: &mut String, scratch: &Path) -> Result<()> {
         let data: Vec<(PathBuf, Vec<u8>)> = files.iter().map(|f| Ok((f.clone(), std::fs::read(f)?))).collect::<Result<_>>()?;
         let bytes: usize = data.iter().map(|(_, d)| d.len()).sum();
         let mb = bytes as f64 / 1e6;
-        let (t_bare, _) = best_of(3, || data.iter().map(|(_, d)| bare_parse(d)).sum::<usize>());
-        let (t_events, events) = best_of(3, || {
+        let (t_bare, _) = best_of(7, || data.iter().map(|(_, d)| bare_parse(d)).sum::<usize>());
+        let (t_events, events) = best_of(7, || {
             data.iter().map(|(f, d)| condense_formats::import_bytes(&f.display().to_string(), d).map_or(0, |i| i.events.len())).sum::<usize>()
         });
         let mut run = 0;
