@@ -15,8 +15,9 @@ use std::sync::Arc;
 /// What the controller decided.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The context fits (or the window is unknown): nothing to do.
-    Fits,
+    /// The context fits (or the window is unknown): nothing to do. Carries the tokens measured, when
+    /// the window is known, so the budget notice does not count the context a second time.
+    Fits(Option<u64>),
     /// Commit this checkpoint (the `CheckpointStarted` event, then the commit).
     Commit(DecisionEvent, DecisionEvent),
     /// Nothing fits: record the start and this failure, and stop before the request.
@@ -121,13 +122,13 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         Some(b) => b,
         // Without a known window only an explicit request makes a checkpoint; it fits any size.
         None if requested => Budget { window: u64::MAX, headroom: 0, hard: u64::MAX / 4 },
-        None => return Outcome::Fits,
+        None => return Outcome::Fits(None),
     };
     // Room is kept for a budget notice, which rides after the last message.
     let hard = budget.hard.saturating_sub(NOTICE_TOKENS);
     let before = context_tokens(p);
     if before <= hard && !requested {
-        return Outcome::Fits;
+        return Outcome::Fits(Some(before));
     }
     let branch: Vec<(String, Arc<Message>)> =
         p.branch_entries_in_context().into_iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
@@ -269,10 +270,9 @@ pub const NOTICE_2_PERCENT: u64 = 90;
 /// The budget notice for the next request, if the context has reached a notice threshold: the first at
 /// 75% of the hard budget, the second at 90%. It is computed from the render (so from events only) and is
 /// appended after the last message of the request, never stored, so every earlier message stays a cached
-/// prefix.
-pub fn notice(p: &Projection, messages: &[Arc<Message>]) -> Option<Message> {
+/// prefix. `tokens` is the context as the controller counts it ([`context_tokens`]).
+pub fn notice(p: &Projection, tokens: u64) -> Option<Message> {
     let budget = budget_of(p)?;
-    let tokens: u64 = messages.iter().map(|m| estimate(m)).sum();
     let remaining = budget.hard.saturating_sub(tokens);
     let text = if tokens * 100 >= budget.hard * NOTICE_2_PERCENT {
         format!(

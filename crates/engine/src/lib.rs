@@ -392,12 +392,18 @@ impl Session {
     /// context to send. This is what a host calls before each request.
     pub fn prepare(&self) -> Result<Rendered> {
         self.prune_before_request()?;
-        self.checkpoint_if_due()?;
+        let measured = self.checkpoint(controller::Reason::Threshold)?;
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
         let rendered = proj.render();
-        match controller::notice(&proj, &rendered.messages) {
+        // The controller counted the context when it fitted; after a checkpoint it is counted afresh.
+        let notice = match (measured, controller::budget_of(&proj)) {
+            (_, None) => None,
+            (Some(tokens), Some(_)) => controller::notice(&proj, tokens),
+            (None, Some(_)) => controller::notice(&proj, controller::context_tokens(&proj)),
+        };
+        match notice {
             None => Ok(rendered),
             Some(n) => {
                 let mut messages = rendered.messages.to_vec();
@@ -430,16 +436,17 @@ impl Session {
     /// The checkpoint controller: commits a checkpoint when the context is over the model's hard budget,
     /// or records the failure and returns [`EngineError::CompactionFailed`].
     pub fn checkpoint_if_due(&self) -> Result<()> {
-        self.checkpoint(controller::Reason::Threshold)
+        self.checkpoint(controller::Reason::Threshold).map(drop)
     }
 
     /// Manual compaction of an idle session (`condense compact`): a checkpoint over everything so far,
     /// failing fast (no retained-tail recovery) when it cannot be made.
     pub fn compact_now(&self) -> Result<()> {
-        self.checkpoint(controller::Reason::Manual)
+        self.checkpoint(controller::Reason::Manual).map(drop)
     }
 
-    fn checkpoint(&self, reason: controller::Reason) -> Result<()> {
+    /// Runs the controller; returns the tokens it measured when the context fitted as it was.
+    fn checkpoint(&self, reason: controller::Reason) -> Result<Option<u64>> {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
@@ -451,7 +458,7 @@ impl Session {
                     let mut events = vec![Event::Decision(started)];
                     events.extend(decisions.into_iter().map(Event::Decision));
                     self.append_locked(&mut proj, events)?;
-                    Ok(())
+                    Ok(None)
                 }
                 Err(why) => {
                     let failed = DecisionEvent::CheckpointFailed { code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() };
@@ -461,10 +468,10 @@ impl Session {
             };
         }
         match controller::decide_for(&proj, reason, summarizer.as_ref()) {
-            controller::Outcome::Fits => Ok(()),
+            controller::Outcome::Fits(tokens) => Ok(tokens),
             controller::Outcome::Commit(started, d) => {
                 self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)])?;
-                Ok(())
+                Ok(None)
             }
             controller::Outcome::Failed(started, d) => {
                 let DecisionEvent::CheckpointFailed { code, reason } = d.clone() else { unreachable!("failure outcome") };
