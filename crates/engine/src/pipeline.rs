@@ -227,7 +227,7 @@ pub fn plan(
         } else {
             let todo: Vec<&&Record> =
                 recs.iter().filter(|r| !is_aliased(r.ref_n) && !is_spilled(r.ref_n) && !r.protected).collect();
-            let bodies: Vec<String> = todo.iter().map(|r| text_of(p, &branch, &position, r, &texts)).collect();
+            let bodies: Vec<String> = todo.iter().map(|r| text_of(&branch, &position, r, &texts)).collect();
             let items: Vec<Item<'_>> = todo
                 .iter()
                 .zip(&bodies)
@@ -298,7 +298,7 @@ pub fn plan(
         }
         let mut infos = Vec::new();
         let protected_texts: BTreeMap<u32, String> =
-            inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, text_of(p, &branch, &position, r, &texts))).collect();
+            inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, text_of(&branch, &position, r, &texts))).collect();
         for i in span.first..=span.last {
             for (cid, name, args) in branch[i].1.tool_calls() {
                 let rec = inside.iter().find(|r| r.call_id == cid && r.call_entry == branch[i].0);
@@ -333,7 +333,6 @@ fn tool_name(m: &Message, call_name: &str) -> String {
 
 /// The output text of a record, from this run's captures or from the branch.
 fn text_of(
-    _p: &Projection,
     branch: &[(&str, &Arc<Message>)],
     position: &std::collections::HashMap<&str, usize>,
     r: &Record,

@@ -288,16 +288,6 @@ impl Builder {
     }
 
     fn done(self) -> Vec<SourceEvent> {
-        let mut out = Vec::with_capacity(self.entries.len() + self.side.len());
-        let mut side = self.side.into_iter().peekable();
-        let mut parent: Option<String> = None;
-        for (i, (id, entry)) in self.entries.into_iter().enumerate() {
-            while side.peek().is_some_and(|(at, _)| *at <= i) {
-                out.push(side.next().expect("peeked").1);
-            }
-            out.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.replace(id), entry });
-        }
-        out.extend(side.map(|(_, e)| e));
-        out
+        crate::linear_chain(self.entries, self.side)
     }
 }

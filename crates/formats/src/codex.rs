@@ -18,7 +18,6 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     let mut h = History::default();
     let mut model: Option<String> = None;
     let mut window: Option<u64> = None;
-    let mut parent: Option<String> = None;
     for mut line in lines {
         let n = line.line;
         let kind = str_of(&line.value, "type").unwrap_or("").to_string();
@@ -107,15 +106,8 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     }
     events.push(started);
     let History { entries, side, .. } = h;
-    let mut side = side.into_iter().peekable();
-    for (i, entry) in entries.into_iter().enumerate() {
-        while side.peek().is_some_and(|(at, _)| *at <= i) {
-            events.push(side.next().expect("peeked").1);
-        }
-        let id = format!("r{}", i + 1);
-        events.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.replace(id), entry });
-    }
-    events.extend(side.map(|(_, e)| e));
+    let ids = entries.into_iter().enumerate().map(|(i, e)| (format!("r{}", i + 1), e));
+    events.extend(crate::linear_chain(ids, side));
     Output { events, diagnostics: diags }
 }
 

@@ -162,6 +162,25 @@ fn run(format: Format, file: &str, lines: impl Iterator<Item = jsonl::Line>) -> 
     }
 }
 
+/// Turns entries into a linear chain of `EntryAppended` events (each entry's parent is the one before),
+/// with each side event (model changes, usage) placed before the entry at the index it was recorded at.
+pub(crate) fn linear_chain(
+    entries: impl IntoIterator<Item = (String, condense_events::Entry)>,
+    side: Vec<(usize, SourceEvent)>,
+) -> Vec<SourceEvent> {
+    let mut out = Vec::new();
+    let mut side = side.into_iter().peekable();
+    let mut parent: Option<String> = None;
+    for (i, (id, entry)) in entries.into_iter().enumerate() {
+        while side.peek().is_some_and(|(at, _)| *at <= i) {
+            out.push(side.next().expect("peeked").1);
+        }
+        out.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.replace(id), entry });
+    }
+    out.extend(side.map(|(_, e)| e));
+    out
+}
+
 /// What a format importer produces before the shared diagnostics are merged in.
 pub(crate) struct Output {
     pub(crate) events: Vec<SourceEvent>,
