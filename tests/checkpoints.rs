@@ -27,9 +27,7 @@ impl Live {
         Live { dir, s, n: 0 }
     }
     fn add(&mut self, m: Message) {
-        let parent = (self.n > 0).then(|| format!("e{}", self.n));
-        self.n += 1;
-        self.s.append(vec![SourceEvent::EntryAppended { id: format!("e{}", self.n), parent, entry: Entry::Message(m) }]).unwrap();
+        condense_tests::append_entry(&self.s, &mut self.n, m);
     }
     fn prompt(&mut self, t: &str) {
         self.add(Message::user_text(t, UserOrigin::Prompt));

@@ -85,3 +85,13 @@ pub fn readable<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> String 
     }
     out
 }
+
+/// Appends `m` to a linear test session as entry `e<n+1>`, child of `e<n>`, and counts it.
+pub fn append_entry(session: &condense_engine::Session, n: &mut usize, m: Message) {
+    let parent = (*n > 0).then(|| format!("e{n}"));
+    *n += 1;
+    let id = format!("e{n}");
+    session
+        .append(vec![condense_events::SourceEvent::EntryAppended { id, parent, entry: condense_events::Entry::Message(m) }])
+        .expect("append to a test session");
+}

@@ -2,7 +2,7 @@
 //! every phase and on corpus sessions replayed with the default pipeline.
 
 use condense_engine::Store;
-use condense_events::{Block, Entry, Message, PruneConfig, SourceEvent, UserOrigin, QUERY_TOOL_NAME};
+use condense_events::{Block, Message, PruneConfig, UserOrigin, QUERY_TOOL_NAME};
 use condense_tests::{corpus_dir, readable, shape};
 
 fn stages_text(p: &condense_render::Projection, show: &dyn Fn(&[std::sync::Arc<Message>]) -> String) -> String {
@@ -20,11 +20,7 @@ fn every_phase_on_a_hand_built_session() {
     let s = store.create_session("phases").unwrap();
     s.configure(PruneConfig { min_prune_tokens: 0, spill_threshold: 5000, recovery_grace_turns: 1, ..PruneConfig::default() }).unwrap();
     let mut n = 0;
-    let mut add = |m: Message| {
-        let parent = (n > 0).then(|| format!("e{n}"));
-        n += 1;
-        s.append(vec![SourceEvent::EntryAppended { id: format!("e{n}"), parent, entry: Entry::Message(m) }]).unwrap();
-    };
+    let mut add = |m: Message| condense_tests::append_entry(&s, &mut n, m);
     let asst = |blocks: Vec<Block>| Message::Assistant { content: blocks, model: None, stop: None, usage: None };
     let call = |id: &str, name: &str, args: &str| Block::ToolCall { id: id.into(), name: name.into(), arguments: args.into() };
     let result = |id: &str, name: &str, text: String, is_error: bool| Message::ToolResult {
