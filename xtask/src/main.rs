@@ -217,15 +217,9 @@ fn corpus_render(md: &mut String, scratch: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Replays `events` into a new session with the default pipeline, timing the pipeline and the render
-/// before each request. Returns (pipeline times, render times).
-fn timed_replay(session: &condense_engine::Session, events: Vec<condense_events::SourceEvent>) -> Result<(Vec<Duration>, Vec<Duration>)> {
-    let (p, r, _) = timed_replay3(session, events)?;
-    Ok((p, r))
-}
-
-/// As `timed_replay`, also timing the checkpoint controller's decision before each request.
-fn timed_replay3(
+/// Replays `events` into a session, timing before each request the pipeline, the checkpoint
+/// controller's decision and the render. Returns (pipeline, render, controller) times.
+fn timed_replay(
     session: &condense_engine::Session,
     events: Vec<condense_events::SourceEvent>,
 ) -> Result<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
@@ -279,7 +273,7 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
         })
         .chain(imported.events.into_iter().filter(|e| !matches!(e, condense_events::SourceEvent::ModelChanged { .. })))
         .collect();
-        let (pipe, rend, ctl) = timed_replay3(&s, events)?;
+        let (pipe, rend, ctl) = timed_replay(&s, events)?;
         let total: Duration = pipe.iter().sum();
         writeln!(md, "| {name} | {:.2} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |", *size as f64 / 1e6, pipe.len(),
             ms(median(pipe.clone())), ms(percentile(pipe, 0.99)), ms(median(rend.clone())), ms(percentile(rend, 0.99)),
@@ -296,7 +290,7 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
         let t = Instant::now();
         s.prune_now()?;
         let first = t.elapsed();
-        let (pipe, rend) = timed_replay(&s, tail)?;
+        let (pipe, rend, _) = timed_replay(&s, tail)?;
         writeln!(md, "\nGenerated 100k-entry pi session: one pipeline run over the whole session (captures and prunes everything read) took {:.0} ms; then the last 400 events replayed live: pipeline p50 {:.1} ms, p99 {:.1} ms; render p50 {:.2} ms, p99 {:.2} ms per request ({} requests).",
             ms(first), ms(median(pipe.clone())), ms(percentile(pipe, 0.99)), ms(median(rend.clone())), ms(percentile(rend.clone(), 0.99)), rend.len())?;
     }

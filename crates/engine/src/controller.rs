@@ -28,8 +28,9 @@ pub enum Outcome {
 /// usage for the last request and nothing changed the context since, that usage plus the estimate of what
 /// came after, whichever is larger.
 pub fn context_tokens(p: &Projection) -> u64 {
-    let estimate_all: u64 = p.render().messages.iter().map(|m| estimate(m)).sum();
-    p.anchored_tokens().map_or(estimate_all, |a| a.max(estimate_all))
+    let rendered = p.render().messages;
+    let estimate_all: u64 = rendered.iter().map(|m| estimate(m)).sum();
+    p.anchored_tokens(&rendered).map_or(estimate_all, |a| a.max(estimate_all))
 }
 
 /// The budget of the projection's current model, if its window is known.

@@ -224,22 +224,21 @@ impl Projection {
     }
 
     /// The context size the provider's last reported usage implies: its input and output tokens plus the
-    /// estimate of every rendered message after the entry that was the leaf when it was reported. `None`
+    /// estimate of every message of `rendered` after the entry that was the leaf when it was reported. `None`
     /// without a usage report, or once a decision has changed the context since.
-    pub fn anchored_tokens(&self) -> Option<u64> {
+    pub fn anchored_tokens(&self, rendered: &[Arc<Message>]) -> Option<u64> {
         let (usage, leaf) = self.usage_anchor?;
         let base = usage.context_tokens() + usage.output;
-        let r = self.render();
         let path = self.path();
-        // Messages on the path after the anchor leaf, as rendered.
-        let after_items: std::collections::BTreeSet<usize> = match leaf {
-            Some(l) => path.iter().skip_while(|&&i| i != l).skip(1).copied().collect(),
-            None => path.iter().copied().collect(),
+        // Messages on the path after the anchor leaf that are in the rendered context.
+        let from = match leaf {
+            Some(l) => path.iter().position(|&i| i == l).map_or(path.len(), |p| p + 1),
+            None => 0,
         };
         let mut later = 0;
-        for i in &after_items {
-            if let Node::Message(m, _) = &self.items[*i].node {
-                if r.messages.iter().any(|x| Arc::ptr_eq(x, m)) {
+        for &i in &path[from..] {
+            if let Node::Message(m, _) = &self.items[i].node {
+                if rendered.iter().rev().any(|x| Arc::ptr_eq(x, m)) {
                     later += condense_tokens::estimate(m);
                 }
             }
@@ -549,21 +548,19 @@ impl Projection {
 
     /// Entry ids and messages on the active branch, root first: the transcript the pipeline works on.
     pub fn branch_entries(&self) -> Vec<(&str, &Arc<Message>)> {
-        self.path()
-            .into_iter()
-            .filter_map(|i| match &self.items[i].node {
-                Node::Message(m, _) => Some((self.items[i].id.as_str(), m)),
-                _ => None,
-            })
-            .collect()
+        self.entries_on_path(false)
     }
 
     /// As [`Projection::branch_entries`], without assistant messages whose request overflowed (they stay
     /// in the transcript but not in the model context).
     pub fn branch_entries_in_context(&self) -> Vec<(&str, &Arc<Message>)> {
+        self.entries_on_path(true)
+    }
+
+    fn entries_on_path(&self, skip_overflowed: bool) -> Vec<(&str, &Arc<Message>)> {
         self.path()
             .into_iter()
-            .filter(|i| !self.overflowed.contains(i))
+            .filter(|i| !(skip_overflowed && self.overflowed.contains(i)))
             .filter_map(|i| match &self.items[i].node {
                 Node::Message(m, _) => Some((self.items[i].id.as_str(), m)),
                 _ => None,
