@@ -13,7 +13,7 @@ pub use config::{
     normalize_count, BatchingMode, PruneConfig, PruneOn, RawConfig, AUTO_BUDGET_CAP, AUTO_BUDGET_PRESETS,
     DEFAULT_AUTO_BUDGET, MIN_BATCH_CHARS_PRESETS, RECOVERY_GRACE_PRESETS, ROLLING_WINDOW_PRESETS,
 };
-pub use message::{Block, Context, Message, StopReason, Usage, UserOrigin};
+pub use message::{host_summary_text, Block, Context, Message, StopReason, Usage, UserOrigin};
 
 use serde::{Deserialize, Serialize};
 

@@ -180,5 +180,11 @@ impl Message {
     }
 }
 
+/// How a host compaction's summary reads in the model context (condense's wording, shared by the
+/// render and the importers).
+pub fn host_summary_text(summary: &str) -> String {
+    format!("[Earlier conversation, compacted by the host]\n\n{summary}")
+}
+
 /// A rendered model context: messages shared with the projection that produced them.
 pub type Context = Vec<Arc<Message>>;

@@ -211,7 +211,7 @@ fn message(mut m: Value, _line: u64, diag: &mut dyn FnMut(String)) -> Entry {
             summary: take_str(&mut m, "summary").unwrap_or_default(),
         },
         "compactionSummary" => Entry::Message(Message::user_text(
-            summary_text(&take_str(&mut m, "summary").unwrap_or_default()),
+            condense_events::host_summary_text(&take_str(&mut m, "summary").unwrap_or_default()),
             UserOrigin::Summary,
         )),
         other => {
@@ -219,11 +219,6 @@ fn message(mut m: Value, _line: u64, diag: &mut dyn FnMut(String)) -> Entry {
             Entry::Marker { kind: format!("message:{other}") }
         }
     }
-}
-
-/// How a host compaction summary reads in the rendered context (condense's wording).
-pub fn summary_text(summary: &str) -> String {
-    format!("[Earlier conversation, compacted by the host]\n\n{summary}")
 }
 
 /// How a user-run shell command reads in the rendered context (condense's wording).

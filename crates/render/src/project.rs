@@ -175,7 +175,7 @@ pub struct Rendered {
 
 /// How a host compaction's summary reads in the context.
 fn summary_message(summary: &str) -> Arc<Message> {
-    Arc::new(Message::user_text(format!("[Earlier conversation, compacted by the host]\n\n{summary}"), UserOrigin::Summary))
+    Arc::new(Message::user_text(condense_events::host_summary_text(summary), UserOrigin::Summary))
 }
 
 impl Projection {
