@@ -45,8 +45,81 @@ pub struct FileConfig {
     pub prices: Prices,
     /// The summarizer.
     pub summarizer: SummarizerChoice,
+    /// Model windows and output limits the file sets (over [`DEFAULT_MODELS`]).
+    pub models: Vec<(String, ModelLimits)>,
     /// Values the file set that were taken as something else (each names the key and what was done).
     pub warnings: Vec<String>,
+}
+
+/// A model's context window and output limit, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelLimits {
+    /// Context window.
+    pub context_window: u64,
+    /// Output limit, when known.
+    pub max_output: Option<u64>,
+}
+
+/// Windows and output limits of current Anthropic and OpenAI models, by model id or by a prefix ending in
+/// `*`. The config's `models` table overrides or extends it.
+pub const DEFAULT_MODELS: &[(&str, u64, u64)] = &[
+    ("claude-*", 200_000, 64_000),
+    ("claude-opus-4-1*", 200_000, 32_000),
+    ("claude-opus-4-0*", 200_000, 32_000),
+    ("claude-opus-4-2*", 200_000, 32_000),
+    ("claude-3-5-haiku*", 200_000, 8_192),
+    ("claude-3-haiku*", 200_000, 4_096),
+    ("gpt-5*", 400_000, 128_000),
+    ("gpt-4.1*", 1_047_576, 32_768),
+    ("gpt-4o*", 128_000, 16_384),
+    ("o1*", 200_000, 100_000),
+    ("o3*", 200_000, 100_000),
+    ("o4-mini*", 200_000, 100_000),
+    ("codex-mini*", 200_000, 100_000),
+];
+
+/// The limits of `model`: an exact entry first, then the longest matching `prefix*` entry; the file's
+/// table before the defaults.
+pub fn model_limits(table: &[(String, ModelLimits)], model: &str) -> Option<ModelLimits> {
+    let defaults: Vec<(String, ModelLimits)> = DEFAULT_MODELS
+        .iter()
+        .map(|(k, w, o)| (k.to_string(), ModelLimits { context_window: *w, max_output: Some(*o) }))
+        .collect();
+    for t in [table, &defaults[..]] {
+        if let Some((_, l)) = t.iter().find(|(k, _)| k == model) {
+            return Some(*l);
+        }
+        let best = t
+            .iter()
+            .filter_map(|(k, l)| k.strip_suffix('*').filter(|p| model.starts_with(p)).map(|p| (p.len(), *l)))
+            .max_by_key(|(n, _)| *n);
+        if let Some((_, l)) = best {
+            return Some(l);
+        }
+    }
+    None
+}
+
+fn models_table(value: &Value) -> Result<Vec<(String, ModelLimits)>, ConfigError> {
+    let Value::Object(o) = value else { return Err(err("models", "expected an object of model id to {\"contextWindow\": N, \"maxOutput\": N}")) };
+    let mut out = Vec::new();
+    for (model, v) in o {
+        let key = format!("models.{model}");
+        let Value::Object(f) = v else { return Err(err(&key, "expected {\"contextWindow\": N, \"maxOutput\": N}")) };
+        for k in f.keys() {
+            if k != "contextWindow" && k != "maxOutput" {
+                return Err(err(&format!("{key}.{k}"), "unknown key (contextWindow, maxOutput)"));
+            }
+        }
+        let window = f.get("contextWindow").and_then(Value::as_u64).filter(|w| *w >= 1024)
+            .ok_or_else(|| err(&format!("{key}.contextWindow"), "expected a whole number of tokens, at least 1024"))?;
+        let max_output = match f.get("maxOutput") {
+            None => None,
+            Some(v) => Some(v.as_u64().filter(|n| *n > 0 && *n < window).ok_or_else(|| err(&format!("{key}.maxOutput"), "expected a whole number of tokens below the window"))?),
+        };
+        out.push((model.clone(), ModelLimits { context_window: window, max_output }));
+    }
+    Ok(out)
 }
 
 fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
@@ -84,7 +157,7 @@ fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
 pub const KEYS: &[&str] = &[
     "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
     "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
-    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext", "models",
 ];
 
 fn err(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -103,6 +176,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
     let mut raw = RawConfig::default();
     let mut prices = Prices::default();
     let mut summarizer = SummarizerChoice::Extractive;
+    let mut models = Vec::new();
     let mut warnings = Vec::new();
     for (key, value) in &map {
         let num = || match value {
@@ -148,6 +222,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
             "cachedPrice" => prices.cached = num()?,
             "uncachedPrice" => prices.uncached = num()?,
             "summarizer" => summarizer = summarizer_choice(value)?,
+            "models" => models = models_table(value)?,
             // Seed 004: an invalid explicit value turns recovery off, and says so.
             "recoverLargeContext" => match value.as_bool() {
                 Some(b) => raw.recover_large_context = Some(b),
@@ -159,7 +234,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
             other => return Err(err(other, format!("unknown key (known keys: {})", KEYS.join(", ")))),
         }
     }
-    Ok(FileConfig { raw, prices, summarizer, warnings })
+    Ok(FileConfig { raw, prices, summarizer, models, warnings })
 }
 
 /// The configuration as a file would write it (every key, normalized values).
@@ -215,5 +290,17 @@ mod tests {
         let bad = parse_file(r#"{"recoverLargeContext":"yes"}"#).unwrap();
         assert!(!bad.raw.normalize().recover_large_context);
         assert_eq!(bad.warnings, vec!["config key `recoverLargeContext`: \"yes\" is not true or false; recovery is off".to_string()]);
+    }
+
+    #[test]
+    fn model_table_overrides_defaults() {
+        let f = parse_file(r#"{"models":{"fake-model":{"contextWindow":32000,"maxOutput":4096},"claude-opus-9*":{"contextWindow":1000000}}}"#).unwrap();
+        assert_eq!(model_limits(&f.models, "fake-model"), Some(ModelLimits { context_window: 32_000, max_output: Some(4096) }));
+        assert_eq!(model_limits(&f.models, "claude-opus-9-1").map(|l| l.context_window), Some(1_000_000));
+        assert_eq!(model_limits(&f.models, "claude-sonnet-4-5").map(|l| l.context_window), Some(200_000));
+        assert_eq!(model_limits(&f.models, "claude-opus-4-1-2025").and_then(|l| l.max_output), Some(32_000));
+        assert_eq!(model_limits(&f.models, "mystery"), None);
+        assert_eq!(parse_file(r#"{"models":{"m":{"contextWindow":10}}}"#).unwrap_err().key, "models.m.contextWindow");
+        assert_eq!(parse_file(r#"{"models":{"m":{"window":10}}}"#).unwrap_err().key, "models.m.window");
     }
 }

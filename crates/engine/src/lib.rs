@@ -13,6 +13,7 @@ pub mod query;
 pub mod recover;
 pub mod simulate;
 mod stats;
+pub mod tools;
 
 use condense_events::{DecisionEvent, Event, PruneConfig, Seq, SessionId, SourceEvent};
 use condense_summarize::{Extractive, Summarizer};
@@ -94,11 +95,34 @@ struct Inner {
     /// plus the one in flight), older ones are rebuilt from the log.
     archives: Mutex<Vec<((SessionId, String), Arc<condense_recovery::Archive>)>>,
     log: Log,
-    warm: Mutex<BTreeMap<SessionId, Arc<Mutex<Projection>>>>,
+    warm: Mutex<Warm>,
     summarizer: Mutex<Arc<dyn Summarizer>>,
 }
 
-/// An open store: the event log plus the warm projections of the sessions used so far.
+/// The warm projections, bounded: the least recently used one that nobody holds is dropped when there are
+/// more than `limit` (it is folded again from the log when next needed).
+struct Warm {
+    map: BTreeMap<SessionId, (Arc<Mutex<Projection>>, u64)>,
+    tick: u64,
+    limit: usize,
+}
+
+/// How a store is opened.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreOptions {
+    /// sled's page cache, bytes.
+    pub cache_bytes: u64,
+    /// Warm projections kept in memory at most (the least recently used beyond it are dropped).
+    pub warm_limit: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { cache_bytes: condense_log::DEFAULT_CACHE_BYTES, warm_limit: 64 }
+    }
+}
+
+/// An open store: the event log plus the warm projections of the sessions used lately.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
@@ -130,11 +154,16 @@ pub struct ImportOutcome {
 impl Store {
     /// Opens (or creates) a store in `dir`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(dir, StoreOptions::default())
+    }
+
+    /// Opens (or creates) a store in `dir` with explicit memory bounds.
+    pub fn open_with(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         Ok(Store {
             inner: Arc::new(Inner {
                 archives: Mutex::new(Vec::new()),
-                log: Log::open(dir)?,
-                warm: Mutex::new(BTreeMap::new()),
+                log: Log::open_with(dir, options.cache_bytes)?,
+                warm: Mutex::new(Warm { map: BTreeMap::new(), tick: 0, limit: options.warm_limit.max(1) }),
                 summarizer: Mutex::new(Arc::new(Extractive::default())),
             }),
         })
@@ -236,7 +265,30 @@ impl Store {
     }
 
     fn warm(&self, id: SessionId) -> Arc<Mutex<Projection>> {
-        self.inner.warm.lock().expect("warm lock").entry(id).or_default().clone()
+        let mut w = self.inner.warm.lock().expect("warm lock");
+        w.tick += 1;
+        let tick = w.tick;
+        let p = {
+            let slot = w.map.entry(id).or_insert_with(|| (Arc::default(), 0));
+            slot.1 = tick;
+            slot.0.clone()
+        };
+        if w.map.len() > w.limit {
+            // Drop the least recently used projections nobody else holds (the one handed out now is held).
+            let mut idle: Vec<(u64, SessionId)> =
+                w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (_, t))| (*t, *id)).collect();
+            idle.sort_unstable();
+            let excess = w.map.len() - w.limit;
+            for (_, id) in idle.into_iter().take(excess) {
+                w.map.remove(&id);
+            }
+        }
+        p
+    }
+
+    /// How many projections are warm in memory now.
+    pub fn warm_count(&self) -> usize {
+        self.inner.warm.lock().expect("warm lock").map.len()
     }
 }
 
@@ -356,6 +408,14 @@ impl Session {
         Ok(proj.render())
     }
 
+    /// Runs `f` on the warm projection, caught up with the log, without copying it.
+    pub fn with_projection<R>(&self, f: impl FnOnce(&Projection) -> R) -> Result<R> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        Ok(f(&proj))
+    }
+
     /// A copy of the warm projection, caught up with the log.
     pub fn projection(&self) -> Result<Projection> {
         let warm = self.store.warm(self.id);
@@ -391,6 +451,12 @@ impl Session {
     /// Runs the pruning pipeline as before a model request, stores its decisions, and renders the
     /// context to send. This is what a host calls before each request.
     pub fn prepare(&self) -> Result<Rendered> {
+        self.prepare_then(|_, r| r.clone())
+    }
+
+    /// [`Session::prepare`], then `f` on the projection and the prepared context under the same lock (so a
+    /// host can map the rendered messages back to the entries they came from without another fold).
+    pub fn prepare_then<R>(&self, f: impl FnOnce(&Projection, &Rendered) -> R) -> Result<R> {
         self.prune_before_request()?;
         let measured = self.checkpoint(controller::Reason::Threshold)?;
         let warm = self.store.warm(self.id);
@@ -403,14 +469,23 @@ impl Session {
             (Some(tokens), Some(_)) => controller::notice(&proj, tokens),
             (None, Some(_)) => controller::notice(&proj, controller::context_tokens(&proj)),
         };
-        match notice {
-            None => Ok(rendered),
+        let rendered = match notice {
+            None => rendered,
             Some(n) => {
                 let mut messages = rendered.messages.to_vec();
                 messages.push(Arc::new(n));
-                Ok(Rendered { messages: Arc::new(messages), report: rendered.report })
+                Rendered { messages: Arc::new(messages), report: rendered.report }
             }
-        }
+        };
+        Ok(f(&proj, &rendered))
+    }
+
+    /// Writes a note into the log for audit (a `Note` decision; never rendered).
+    pub fn note(&self, stage: &str, text: &str) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::Note { stage: stage.to_string(), text: text.to_string() })])
     }
 
     /// The payload guard (seed 004): after a model change and until the first assistant message on the

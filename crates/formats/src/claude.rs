@@ -176,7 +176,7 @@ fn refine_origin(origin: UserOrigin, text: &str) -> UserOrigin {
     }
 }
 
-fn image(blk: &mut Value) -> Block {
+pub(crate) fn image(blk: &mut Value) -> Block {
     let src = blk.get_mut("source").map(Value::take).unwrap_or(Value::Null);
     Block::Image {
         mime: str_of(&src, "media_type").unwrap_or("image/png").to_string(),
@@ -184,7 +184,7 @@ fn image(blk: &mut Value) -> Block {
     }
 }
 
-fn assistant_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)) -> Vec<Block> {
+pub(crate) fn assistant_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)) -> Vec<Block> {
     let mut out = Vec::new();
     match content {
         Some(Value::Array(blocks)) => {
@@ -214,7 +214,7 @@ fn assistant_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)) -> Vec
     out
 }
 
-fn result_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)) -> Vec<Block> {
+pub(crate) fn result_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)) -> Vec<Block> {
     match content {
         Some(Value::String(text)) => vec![Block::Text { text }],
         Some(Value::Array(blocks)) => {

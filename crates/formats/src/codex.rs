@@ -121,7 +121,7 @@ struct History {
 }
 
 /// Developer messages and the environment, permission and AGENTS.md blocks Codex injects are not prompts.
-fn user_origin(role: &str, text: &str) -> UserOrigin {
+pub(crate) fn user_origin(role: &str, text: &str) -> UserOrigin {
     let t = text.trim();
     if role != "user" || (t.starts_with('<') && t.ends_with('>')) || t.starts_with("# AGENTS.md") {
         UserOrigin::Injected
@@ -251,7 +251,7 @@ impl History {
 }
 
 /// Text of a tool output and whether it reports a failure (a non-zero exit code).
-fn output_text(output: Option<Value>) -> (String, bool) {
+pub(crate) fn output_text(output: Option<Value>) -> (String, bool) {
     let text = match output {
         Some(Value::String(s)) => s,
         Some(Value::Array(items)) => {

@@ -107,6 +107,59 @@ pub fn openai<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
     Value::Array(out)
 }
 
+/// The context as OpenAI Responses input items. Thinking is left out (a reasoning item can only go back
+/// to its provider with its own id and encrypted content, which a rewritten message no longer carries);
+/// consecutive text blocks of an assistant message make one message item.
+pub fn responses<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
+    let mut out = Vec::new();
+    for m in messages {
+        match &**m {
+            Message::User { content, .. } => {
+                let parts: Vec<Value> = content
+                    .iter()
+                    .filter_map(|b| match b {
+                        Block::Text { text } => Some(json!({"type": "input_text", "text": text})),
+                        Block::Image { mime, data } => Some(json!({"type": "input_image", "image_url": data_url(mime, data)})),
+                        _ => None,
+                    })
+                    .collect();
+                out.push(json!({"type": "message", "role": "user", "content": parts}));
+            }
+            Message::Assistant { content, .. } => {
+                let mut texts: Vec<Value> = Vec::new();
+                let flush = |texts: &mut Vec<Value>, out: &mut Vec<Value>| {
+                    if !texts.is_empty() {
+                        out.push(json!({"type": "message", "role": "assistant", "content": std::mem::take(texts)}));
+                    }
+                };
+                for b in content {
+                    match b {
+                        Block::Text { text } if !text.is_empty() => texts.push(json!({"type": "output_text", "text": text, "annotations": []})),
+                        Block::ToolCall { id, name, arguments } => {
+                            flush(&mut texts, &mut out);
+                            out.push(json!({"type": "function_call", "call_id": id, "name": name, "arguments": arguments}));
+                        }
+                        _ => {}
+                    }
+                }
+                flush(&mut texts, &mut out);
+            }
+            Message::ToolResult { call_id, content, .. } => {
+                let mut text = String::new();
+                for b in content {
+                    match b {
+                        Block::Text { text: t } => text.push_str(t),
+                        Block::Image { .. } => text.push_str("[image omitted: tool outputs carry text only]"),
+                        _ => {}
+                    }
+                }
+                out.push(json!({"type": "function_call_output", "call_id": call_id, "output": text}));
+            }
+        }
+    }
+    Value::Array(out)
+}
+
 fn anthropic_image(mime: &str, data: &str) -> Value {
     if data.starts_with("http") {
         json!({"type": "image", "source": {"type": "url", "url": data}})

@@ -11,6 +11,7 @@ mod codex;
 pub mod export;
 mod jsonl;
 mod pi;
+pub mod wire;
 
 use condense_events::SourceEvent;
 use std::path::{Path, PathBuf};

@@ -101,6 +101,9 @@ pub enum LogError {
     Closed,
 }
 
+/// sled's page cache when nothing else is asked for.
+pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
+
 /// Result type of this crate.
 pub type Result<T> = std::result::Result<T, LogError>;
 
@@ -150,6 +153,12 @@ pub(crate) fn sled_err(path: &Path) -> impl FnOnce(sled::Error) -> LogError + '_
 impl Log {
     /// Opens (or creates) the log in `dir`: the sled database in `dir/db`, blobs in `dir/blobs`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Log> {
+        Log::open_with(dir, DEFAULT_CACHE_BYTES)
+    }
+
+    /// [`Log::open`] with sled's page cache bounded to `cache_bytes` (a long-running server holding many
+    /// sessions keeps its memory down with a smaller cache; evicted pages are read back from disk).
+    pub fn open_with(dir: impl AsRef<Path>, cache_bytes: u64) -> Result<Log> {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
         let path = dir.join("db");
@@ -158,7 +167,7 @@ impl Log {
         // travels with inherited descriptors until exec): retry for up to five seconds.
         let config = sled::Config::new()
             .path(&path)
-            .cache_capacity(256 << 20)
+            .cache_capacity(cache_bytes)
             .mode(sled::Mode::HighThroughput)
             .flush_every_ms(None);
         let mut tries = 0;

@@ -533,6 +533,29 @@ impl Projection {
         path
     }
 
+    /// The id of the current leaf entry (`None` before any entry, or when the leaf is before the root).
+    pub fn leaf_id(&self) -> Option<&str> {
+        self.leaf.map(|i| self.items[i].id.as_str())
+    }
+
+    /// Every entry of the tree in the order it was appended, on every branch: its id, its parent's id and
+    /// its message (`None` for host compactions and markers).
+    pub fn tree(&self) -> impl Iterator<Item = (&str, Option<&str>, Option<&Arc<Message>>)> {
+        self.items.iter().map(|it| {
+            let parent = it.parent.map(|p| self.items[p].id.as_str());
+            let m = match &it.node {
+                Node::Message(m, _) => Some(m),
+                _ => None,
+            };
+            (it.id.as_str(), parent, m)
+        })
+    }
+
+    /// Whether an entry with this id exists (on any branch).
+    pub fn has_entry(&self, id: &str) -> bool {
+        self.index.contains_key(id)
+    }
+
     /// Entry ids on the path from the root to the leaf.
     pub fn path_ids(&self) -> Vec<String> {
         self.path().into_iter().map(|i| self.items[i].id.clone()).collect()

@@ -1,0 +1,618 @@
+//! The three provider wire formats of a live request, as `condense serve` meets them: Anthropic Messages,
+//! OpenAI Chat Completions and OpenAI Responses. A request's message list is read into neutral messages,
+//! each keeping the wire JSON it came from, so a message condense leaves unchanged can be forwarded exactly
+//! as the client wrote it (fields condense does not model survive); a message condense changed is written
+//! from the neutral model. Replies are read into one neutral assistant message plus the provider's usage.
+//!
+//! Leading system and developer messages of Chat and Responses requests are the system prompt: they are
+//! not part of the conversation condense records, and stay in place. Anthropic's `cache_control` marks are
+//! taken off the client's blocks and reported, so the caller can put them back where they belong in the
+//! context it sends.
+
+use crate::claude::{assistant_blocks, result_blocks};
+use crate::jsonl::{json_text, str_of};
+use condense_events::{Block, Message, Usage, UserOrigin};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+/// A provider API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Api {
+    /// Anthropic Messages (`/v1/messages`).
+    Anthropic,
+    /// OpenAI Chat Completions (`/v1/chat/completions`).
+    Chat,
+    /// OpenAI Responses (`/v1/responses`).
+    Responses,
+}
+
+impl Api {
+    /// The short name used in session names and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Anthropic => "anthropic",
+            Api::Chat => "chat",
+            Api::Responses => "responses",
+        }
+    }
+
+    /// The request field that holds the message list.
+    pub fn list_field(self) -> &'static str {
+        match self {
+            Api::Anthropic | Api::Chat => "messages",
+            Api::Responses => "input",
+        }
+    }
+}
+
+/// A request that cannot be read, with the place that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{at}: {reason}")]
+pub struct WireError {
+    /// Where, as a JSON path (`messages[3].content[1]`).
+    pub at: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn werr(at: String, reason: impl Into<String>) -> WireError {
+    WireError { at, reason: reason.into() }
+}
+
+/// One neutral message of a client request, with the wire JSON it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WireMessage {
+    /// The message in the neutral model.
+    pub message: Message,
+    /// Index of the wire message (or Responses item) it starts at.
+    pub wire: usize,
+    /// Message-level fields of its wire message other than `content` (Anthropic, Chat; `role` included);
+    /// empty for Responses items.
+    pub envelope: Map<String, Value>,
+    /// Its wire content: Anthropic content blocks, one Chat message object, or Responses items.
+    pub parts: Vec<Value>,
+}
+
+/// A client request's message list, read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WireRequest {
+    /// Leading wire messages that are the system prompt (Chat, Responses); they stay in place.
+    pub prefix: usize,
+    /// The conversation, in order.
+    pub messages: Vec<WireMessage>,
+    /// `cache_control` values taken off the client's blocks: (index into `messages`, value).
+    pub cache_marks: Vec<(usize, Value)>,
+}
+
+/// A message of the context to send, in one API's wire form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutMessage {
+    /// Message-level fields (`role` included for Anthropic and Chat).
+    pub envelope: Map<String, Value>,
+    /// Wire content (see [`WireMessage::parts`]).
+    pub parts: Vec<Value>,
+}
+
+impl OutMessage {
+    /// The wire role, when the API has one per message.
+    pub fn role(&self) -> Option<&str> {
+        self.envelope.get("role").and_then(Value::as_str)
+    }
+}
+
+impl WireMessage {
+    /// The message as it goes out unchanged.
+    pub fn out(&self) -> OutMessage {
+        OutMessage { envelope: self.envelope.clone(), parts: self.parts.clone() }
+    }
+}
+
+/// Whether a user message's text is only tags a host injects (`<system-reminder>`, `<environment_context>`).
+fn origin_of(blocks: &[Block]) -> UserOrigin {
+    let texts: Vec<&str> = blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.trim()), _ => None }).collect();
+    if !texts.is_empty() && texts.iter().all(|t| t.is_empty() || (t.starts_with('<') && t.ends_with('>'))) {
+        UserOrigin::Injected
+    } else {
+        UserOrigin::Prompt
+    }
+}
+
+/// Removes `cache_control` from a block (and from the blocks of its `content`); returns the last one.
+fn take_cache_control(v: &mut Value) -> Option<Value> {
+    let mut found = None;
+    if let Value::Object(o) = v {
+        if let Some(c) = o.remove("cache_control") {
+            found = Some(c);
+        }
+        if let Some(Value::Array(inner)) = o.get_mut("content") {
+            for b in inner {
+                if let Some(c) = take_cache_control(b) {
+                    found = Some(c);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Reads a request's message list (`messages`, or `input` for Responses).
+pub fn parse_request(api: Api, list: &[Value]) -> Result<WireRequest, WireError> {
+    match api {
+        Api::Anthropic => parse_anthropic(list),
+        Api::Chat => parse_chat(list),
+        Api::Responses => parse_responses(list),
+    }
+}
+
+fn envelope_of(m: &Map<String, Value>) -> Map<String, Value> {
+    m.iter().filter(|(k, _)| k.as_str() != "content").map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn parse_anthropic(list: &[Value]) -> Result<WireRequest, WireError> {
+    let mut req = WireRequest::default();
+    for (i, m) in list.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(obj) = m else { return Err(werr(at, "expected an object")) };
+        let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| werr(at.clone(), "`role` is missing"))?;
+        let envelope = envelope_of(obj);
+        let mut blocks: Vec<Value> = match obj.get("content") {
+            Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
+            Some(Value::Array(a)) => a.clone(),
+            _ => return Err(werr(at, "`content` must be a string or a list of blocks")),
+        };
+        let string_content = matches!(obj.get("content"), Some(Value::String(_)));
+        for (j, b) in blocks.iter().enumerate() {
+            if !b.is_object() || str_of(b, "type").is_none() {
+                return Err(werr(format!("{at}.content[{j}]"), "expected a block object with a `type`"));
+            }
+        }
+        let mut marks: Vec<Value> = Vec::new();
+        for b in &mut blocks {
+            if let Some(c) = take_cache_control(b) {
+                marks.push(c);
+            }
+        }
+        let first = req.messages.len();
+        let mut push = |req: &mut WireRequest, message: Message, parts: Vec<Value>| {
+            // A string content goes out as it came: a one-block list would change the bytes.
+            let parts = if string_content { vec![Value::String(message.text())] } else { parts };
+            req.messages.push(WireMessage { message, wire: i, envelope: envelope.clone(), parts });
+        };
+        match role {
+            "assistant" => {
+                let content = assistant_blocks(Some(Value::Array(blocks.clone())), &mut |_| {});
+                push(&mut req, Message::Assistant { content, model: None, stop: None, usage: None }, blocks);
+            }
+            "user" | "system" => {
+                // Tool results become one neutral message each; the blocks between them one user message.
+                let mut run: Vec<Value> = Vec::new();
+                let flush = |req: &mut WireRequest, run: &mut Vec<Value>, push: &mut dyn FnMut(&mut WireRequest, Message, Vec<Value>)| {
+                    if run.is_empty() {
+                        return;
+                    }
+                    let content = user_blocks(run);
+                    let origin = if role == "system" { UserOrigin::Injected } else { origin_of(&content) };
+                    push(req, Message::User { content, origin }, std::mem::take(run));
+                };
+                for b in blocks {
+                    if str_of(&b, "type") == Some("tool_result") {
+                        flush(&mut req, &mut run, &mut push);
+                        let call_id = str_of(&b, "tool_use_id").unwrap_or("").to_string();
+                        let content = result_blocks(b.get("content").cloned(), &mut |_| {});
+                        let is_error = b.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+                        push(&mut req, Message::ToolResult { call_id, tool_name: String::new(), content, is_error }, vec![b]);
+                    } else {
+                        run.push(b);
+                    }
+                }
+                flush(&mut req, &mut run, &mut push);
+            }
+            other => return Err(werr(at, format!("unknown role `{other}`"))),
+        }
+        if let (Some(c), true) = (marks.pop(), req.messages.len() > first) {
+            req.cache_marks.push((req.messages.len() - 1, c));
+        }
+    }
+    name_results(&mut req.messages);
+    Ok(req)
+}
+
+/// Neutral blocks of Anthropic user content (text and images; anything else is kept as its JSON text so a
+/// fingerprint still sees it).
+fn user_blocks(blocks: &[Value]) -> Vec<Block> {
+    let mut out = Vec::new();
+    for b in blocks {
+        match str_of(b, "type") {
+            Some("text") => out.push(Block::Text { text: str_of(b, "text").unwrap_or("").to_string() }),
+            Some("image") => out.push(crate::claude::image(&mut b.clone())),
+            _ => out.push(Block::Text { text: json_text(b) }),
+        }
+    }
+    out
+}
+
+/// Tool results of Anthropic and Chat name no tool: take the name from the call they answer.
+fn name_results(messages: &mut [WireMessage]) {
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    for wm in messages.iter_mut() {
+        match &mut wm.message {
+            Message::Assistant { .. } => {
+                for (id, name, _) in wm.message.tool_calls() {
+                    names.insert(id.to_string(), name.to_string());
+                }
+            }
+            Message::ToolResult { call_id, tool_name, .. } if tool_name.is_empty() => {
+                if let Some(n) = names.get(call_id) {
+                    *tool_name = n.clone();
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn chat_text(content: Option<&Value>) -> Vec<Block> {
+    match content {
+        Some(Value::String(s)) => vec![Block::Text { text: s.clone() }],
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match (str_of(p, "type"), p.get("image_url")) {
+                (Some("image_url"), Some(u)) => {
+                    let url = u.get("url").and_then(Value::as_str).or(u.as_str()).unwrap_or("").to_string();
+                    let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
+                    Block::Image { mime, data: url }
+                }
+                _ => Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) },
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn parse_chat(list: &[Value]) -> Result<WireRequest, WireError> {
+    let mut req = WireRequest::default();
+    let mut in_prefix = true;
+    for (i, m) in list.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(obj) = m else { return Err(werr(at, "expected an object")) };
+        let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| werr(at.clone(), "`role` is missing"))?;
+        if in_prefix && matches!(role, "system" | "developer") {
+            req.prefix += 1;
+            continue;
+        }
+        in_prefix = false;
+        let mut part = m.clone();
+        let mark = take_cache_control(&mut part);
+        let message = match role {
+            "user" => {
+                let content = chat_text(obj.get("content"));
+                let origin = origin_of(&content);
+                Message::User { content, origin }
+            }
+            "system" | "developer" => Message::User { content: chat_text(obj.get("content")), origin: UserOrigin::Injected },
+            "assistant" => {
+                let mut content = chat_text(obj.get("content"));
+                if let Some(calls) = obj.get("tool_calls") {
+                    let Value::Array(calls) = calls else { return Err(werr(format!("{at}.tool_calls"), "expected a list")) };
+                    for (j, c) in calls.iter().enumerate() {
+                        let f = c.get("function").ok_or_else(|| werr(format!("{at}.tool_calls[{j}]"), "`function` is missing"))?;
+                        content.push(Block::ToolCall {
+                            id: str_of(c, "id").unwrap_or("").to_string(),
+                            name: str_of(f, "name").unwrap_or("").to_string(),
+                            arguments: match f.get("arguments") {
+                                Some(Value::String(s)) => s.clone(),
+                                Some(v) => json_text(v),
+                                None => "{}".into(),
+                            },
+                        });
+                    }
+                }
+                Message::Assistant { content, model: None, stop: None, usage: None }
+            }
+            "tool" | "function" => Message::ToolResult {
+                call_id: obj.get("tool_call_id").and_then(Value::as_str).unwrap_or("").to_string(),
+                tool_name: obj.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
+                content: chat_text(obj.get("content")),
+                is_error: false,
+            },
+            other => return Err(werr(at, format!("unknown role `{other}`"))),
+        };
+        if let Some(c) = mark {
+            req.cache_marks.push((req.messages.len(), c));
+        }
+        req.messages.push(WireMessage { message, wire: i, envelope: Map::new(), parts: vec![part] });
+    }
+    name_results(&mut req.messages);
+    Ok(req)
+}
+
+/// Whether a Responses item is the model's own (it groups into one assistant message with its neighbours).
+fn assistant_item(item: &Value) -> bool {
+    match str_of(item, "type") {
+        Some("message") => str_of(item, "role") == Some("assistant"),
+        Some(t) => !t.ends_with("_output") && !matches!(t, "item_reference" | "compaction" | "compaction_summary"),
+        None => str_of(item, "role") == Some("assistant"),
+    }
+}
+
+fn responses_content(item: &Value) -> Vec<Block> {
+    match item.get("content") {
+        Some(Value::String(s)) => vec![Block::Text { text: s.clone() }],
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match str_of(p, "type") {
+                Some("input_image") => {
+                    let url = str_of(p, "image_url").unwrap_or("").to_string();
+                    let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
+                    Block::Image { mime, data: url }
+                }
+                _ => Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) },
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The neutral blocks of one assistant-side Responses item.
+fn responses_assistant_blocks(item: &Value) -> Vec<Block> {
+    match str_of(item, "type") {
+        Some("message") | None => responses_content(item),
+        Some("reasoning") => {
+            let text: Vec<&str> = item
+                .get("summary")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|p| str_of(p, "text")).collect())
+                .unwrap_or_default();
+            vec![Block::Thinking { thinking: text.join("\n"), signature: str_of(item, "encrypted_content").map(str::to_string) }]
+        }
+        Some(t) => {
+            let id = str_of(item, "call_id").or_else(|| str_of(item, "id")).unwrap_or("").to_string();
+            let name = str_of(item, "name").map_or_else(|| t.trim_end_matches("_call").to_string(), str::to_string);
+            let arguments = match (item.get("arguments"), item.get("input"), item.get("action")) {
+                (Some(Value::String(a)), _, _) => a.clone(),
+                (Some(a), _, _) => json_text(a),
+                (None, Some(Value::String(i)), _) => i.clone(),
+                (None, _, Some(action)) => json_text(action),
+                _ => "{}".to_string(),
+            };
+            vec![Block::ToolCall { id, name, arguments }]
+        }
+    }
+}
+
+fn parse_responses(list: &[Value]) -> Result<WireRequest, WireError> {
+    let mut req = WireRequest::default();
+    let mut in_prefix = true;
+    for (i, item) in list.iter().enumerate() {
+        let at = format!("input[{i}]");
+        if !item.is_object() {
+            return Err(werr(at, "expected an item object"));
+        }
+        let role = str_of(item, "role");
+        if in_prefix && matches!(role, Some("system" | "developer")) {
+            req.prefix += 1;
+            continue;
+        }
+        in_prefix = false;
+        let mut part = item.clone();
+        let mark = take_cache_control(&mut part);
+        if assistant_item(item) {
+            let blocks = responses_assistant_blocks(item);
+            // Consecutive items of the model form one assistant message.
+            if let Some(last) = req.messages.last_mut() {
+                if let (Message::Assistant { content, .. }, Some(prev)) = (&mut last.message, last.parts.last()) {
+                    if assistant_item(prev) {
+                        content.extend(blocks);
+                        last.parts.push(part);
+                        continue;
+                    }
+                }
+            }
+            req.messages.push(WireMessage {
+                message: Message::Assistant { content: blocks, model: None, stop: None, usage: None },
+                wire: i,
+                envelope: Map::new(),
+                parts: vec![part],
+            });
+            continue;
+        }
+        let message = match str_of(item, "type") {
+            Some("message") | None => {
+                let content = responses_content(item);
+                let origin = match role {
+                    Some("user") => origin_of(&content),
+                    Some("system" | "developer") => UserOrigin::Injected,
+                    Some(other) => return Err(werr(at, format!("unknown role `{other}`"))),
+                    None => return Err(werr(at, "a message item needs a `role`")),
+                };
+                Message::User { content, origin }
+            }
+            Some(t) if t.ends_with("_output") => {
+                let (text, is_error) = crate::codex::output_text(item.get("output").cloned());
+                Message::ToolResult {
+                    call_id: str_of(item, "call_id").unwrap_or("").to_string(),
+                    tool_name: String::new(),
+                    content: vec![Block::Text { text }],
+                    is_error,
+                }
+            }
+            Some(t) => Message::user_text(format!("[{t} item]"), UserOrigin::Summary),
+        };
+        if let Some(c) = mark {
+            req.cache_marks.push((req.messages.len(), c));
+        }
+        req.messages.push(WireMessage { message, wire: i, envelope: Map::new(), parts: vec![part] });
+    }
+    name_results(&mut req.messages);
+    Ok(req)
+}
+
+/// A message of a rendered context in `api`'s wire form, written from the neutral model; `None` when it
+/// has nothing the API can carry (an assistant message of unsigned thinking only, for Anthropic).
+pub fn from_neutral(api: Api, m: &Message) -> Option<OutMessage> {
+    match api {
+        Api::Anthropic => {
+            let body = crate::export::anthropic(std::slice::from_ref(&m));
+            let msg = body["messages"].as_array()?.first()?.clone();
+            let Value::Object(mut o) = msg else { return None };
+            let parts = match o.remove("content") {
+                Some(Value::Array(a)) => a,
+                _ => return None,
+            };
+            Some(OutMessage { envelope: o, parts })
+        }
+        Api::Chat => {
+            let v = crate::export::openai(std::slice::from_ref(&m)).as_array()?.first()?.clone();
+            if v["role"] == "assistant" && v["content"].is_null() && v.get("tool_calls").is_none() {
+                return None;
+            }
+            Some(OutMessage { envelope: Map::new(), parts: vec![v] })
+        }
+        Api::Responses => {
+            let items = crate::export::responses(std::slice::from_ref(&m));
+            let items = items.as_array()?.clone();
+            (!items.is_empty()).then_some(OutMessage { envelope: Map::new(), parts: items })
+        }
+    }
+}
+
+/// The wire message list of `api` from the messages of a context, in order: Anthropic merges adjacent
+/// user (or assistant) messages into one, as the API requires; Chat and Responses take them as they are.
+pub fn assemble(api: Api, messages: Vec<OutMessage>) -> Vec<Value> {
+    match api {
+        Api::Anthropic => {
+            let mut out: Vec<OutMessage> = Vec::new();
+            for m in messages {
+                match out.last_mut() {
+                    Some(prev) if prev.role() == m.role() && matches!(m.role(), Some("user" | "assistant")) => prev.parts.extend(m.parts),
+                    _ => out.push(m),
+                }
+            }
+            out.into_iter()
+                .map(|m| {
+                    let mut o = m.envelope;
+                    let content = match m.parts.as_slice() {
+                        [Value::String(_)] => m.parts.into_iter().next().expect("one part"),
+                        _ => Value::Array(
+                            m.parts.into_iter().map(|p| if let Value::String(s) = p { json!({"type": "text", "text": s}) } else { p }).collect(),
+                        ),
+                    };
+                    o.insert("content".into(), content);
+                    Value::Object(o)
+                })
+                .collect()
+        }
+        Api::Chat | Api::Responses => messages.into_iter().flat_map(|m| m.parts).collect(),
+    }
+}
+
+/// Puts a `cache_control` value on the last block of an Anthropic wire message (a string content becomes
+/// one text block).
+pub fn mark_cache(message: &mut Value, control: &Value) {
+    let content = match message.get_mut("content") {
+        Some(c) => c,
+        None => return,
+    };
+    if let Value::String(s) = content {
+        *content = json!([{"type": "text", "text": s}]);
+    }
+    if let Some(Value::Object(last)) = content.as_array_mut().and_then(|a| a.last_mut()) {
+        last.insert("cache_control".into(), control.clone());
+    }
+}
+
+/// Usage as a provider reports it, in the neutral form (input excludes cached tokens).
+pub fn usage_of(api: Api, u: &Value) -> Usage {
+    let n = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    match api {
+        Api::Anthropic => Usage {
+            input: n(u, "input_tokens"),
+            output: n(u, "output_tokens"),
+            cache_read: n(u, "cache_read_input_tokens"),
+            cache_write: n(u, "cache_creation_input_tokens"),
+        },
+        Api::Chat => {
+            let cached = u.get("prompt_tokens_details").map_or(0, |d| n(d, "cached_tokens"));
+            Usage { input: n(u, "prompt_tokens").saturating_sub(cached), output: n(u, "completion_tokens"), cache_read: cached, cache_write: 0 }
+        }
+        Api::Responses => {
+            let cached = u.get("input_tokens_details").map_or(0, |d| n(d, "cached_tokens"));
+            Usage { input: n(u, "input_tokens").saturating_sub(cached), output: n(u, "output_tokens"), cache_read: cached, cache_write: 0 }
+        }
+    }
+}
+
+/// The assistant message of an Anthropic reply's content blocks.
+pub fn anthropic_reply(content: &[Value], model: Option<String>) -> Message {
+    Message::Assistant { content: assistant_blocks(Some(Value::Array(content.to_vec())), &mut |_| {}), model, stop: None, usage: None }
+}
+
+/// The assistant message of a Chat completion's `message` object.
+pub fn chat_reply(message: &Value, model: Option<String>) -> Message {
+    let parsed = parse_chat(&[{
+        let mut m = message.clone();
+        m["role"] = json!("assistant");
+        m
+    }]);
+    let content = parsed.ok().and_then(|r| r.messages.into_iter().next()).map(|w| w.message.content().to_vec()).unwrap_or_default();
+    Message::Assistant { content, model, stop: None, usage: None }
+}
+
+/// The assistant message of a Responses reply's output items.
+pub fn responses_reply(output: &[Value], model: Option<String>) -> Message {
+    let content = output.iter().filter(|i| assistant_item(i)).flat_map(responses_assistant_blocks).collect();
+    Message::Assistant { content, model, stop: None, usage: None }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropic_splits_results_and_keeps_marks() {
+        let list = vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "content": [{"type": "text", "text": "ok"}, {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]}),
+            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a\nb"}, {"type": "text", "text": "<system-reminder>x</system-reminder>", "cache_control": {"type": "ephemeral"}}]}),
+            json!({"role": "system", "content": "note", "output_config": {"effort": "low"}}),
+        ];
+        let r = parse_request(Api::Anthropic, &list).unwrap();
+        let roles: Vec<&str> = r.messages.iter().map(|m| m.message.role()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "user", "user"]);
+        assert!(matches!(&r.messages[2].message, Message::ToolResult { tool_name, .. } if tool_name == "Bash"));
+        assert!(matches!(&r.messages[3].message, Message::User { origin: UserOrigin::Injected, .. }));
+        assert_eq!(r.cache_marks, vec![(3, json!({"type": "ephemeral"}))]);
+        assert!(r.messages[3].parts[0].get("cache_control").is_none());
+        // Unchanged messages reassemble to the client's own list (the mark taken off).
+        let out = assemble(Api::Anthropic, r.messages.iter().map(WireMessage::out).collect());
+        let mut expect = list.clone();
+        expect[2]["content"][1].as_object_mut().unwrap().remove("cache_control");
+        assert_eq!(out, expect);
+    }
+
+    #[test]
+    fn chat_and_responses_keep_the_system_prefix() {
+        let chat = parse_request(Api::Chat, &[json!({"role": "system", "content": "s"}), json!({"role": "user", "content": "u"}), json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}), json!({"role": "tool", "tool_call_id": "c", "content": "out"})]).unwrap();
+        assert_eq!(chat.prefix, 1);
+        assert_eq!(chat.messages.len(), 3);
+        assert!(matches!(&chat.messages[2].message, Message::ToolResult { tool_name, .. } if tool_name == "bash"));
+        let resp = parse_request(Api::Responses, &[
+            json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]}),
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "u"}]}),
+            json!({"type": "reasoning", "summary": [], "encrypted_content": "xx"}),
+            json!({"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": "c1", "output": "done"}),
+        ]).unwrap();
+        assert_eq!(resp.prefix, 1);
+        assert_eq!(resp.messages.iter().map(|m| m.message.role()).collect::<Vec<_>>(), ["user", "assistant", "tool"]);
+        assert_eq!(resp.messages[1].parts.len(), 2);
+    }
+
+    #[test]
+    fn bad_shapes_name_the_place() {
+        assert_eq!(parse_request(Api::Anthropic, &[json!({"content": "x"})]).unwrap_err().at, "messages[0]");
+        assert_eq!(parse_request(Api::Anthropic, &[json!({"role": "user", "content": [1]})]).unwrap_err().at, "messages[0].content[0]");
+        assert_eq!(parse_request(Api::Chat, &[json!({"role": "pilot", "content": "x"})]).unwrap_err().reason, "unknown role `pilot`");
+        assert_eq!(parse_request(Api::Responses, &[json!(3)]).unwrap_err().at, "input[0]");
+    }
+}
