@@ -587,12 +587,14 @@ impl Session {
     /// Answers `context_tree_query` for refs (`t12`, `b3`) or raw tool-call ids: the originals, byte for
     /// byte, from the log or the spill blobs.
     pub fn query(&self, keys: &[String]) -> Result<query::Answer> {
-        let proj = self.projection()?;
-        Ok(query::answer(&proj, keys, &|hash| {
-            condense_log::BlobHash::parse(hash)
-                .ok_or_else(|| format!("bad blob hash {hash}"))
-                .and_then(|h| self.store.inner.log.get_blob(&h).map_err(|e| e.to_string()))
-        }))
+        let log = &self.store.inner.log;
+        self.with_projection(|proj| {
+            query::answer(proj, keys, &|hash| {
+                condense_log::BlobHash::parse(hash)
+                    .ok_or_else(|| format!("bad blob hash {hash}"))
+                    .and_then(|h| log.get_blob(&h).map_err(|e| e.to_string()))
+            })
+        })
     }
 
     /// Runs the model-facing `context_tree_query` tool on its JSON arguments (`{"refs": [...]}`, with

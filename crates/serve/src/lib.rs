@@ -1,1 +1,180 @@
-//! placeholder
+//! `condense serve`: a local endpoint that speaks the Anthropic Messages, OpenAI Chat Completions and
+//! OpenAI Responses APIs, so an agent (Claude Code, pi, Codex, any OpenAI-compatible client) points its
+//! base URL at it unchanged. Each request's history is matched against the conversation's session; what
+//! is new is recorded; the engine prepares the context (pruning, checkpoints, recovery, notices); the
+//! request goes upstream with its message list replaced by that context and everything else as the
+//! client sent it. Calls of condense's own tools are answered here and the request continued, so the
+//! client never sees them. One process owns the store; the engine stays synchronous behind the async
+//! server and runs on blocking threads.
+//!
+//! See `docs/serve.md` for identity, diffing, tool interception, caching and failure behaviour.
+
+pub mod api;
+pub mod conv;
+pub mod lock;
+mod proxy;
+pub mod stream;
+pub mod track;
+
+use condense_engine::config::FileConfig;
+use condense_engine::{Store, StoreOptions};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use proxy::State;
+
+/// The public Anthropic API.
+pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com";
+/// The public OpenAI API.
+pub const DEFAULT_OPENAI_UPSTREAM: &str = "https://api.openai.com";
+/// The default listen address: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+/// The default cap on a request body.
+pub const DEFAULT_MAX_BODY: usize = 64 << 20;
+/// The default bound on condense-tool rounds per client request.
+pub const DEFAULT_MAX_ROUNDS: u32 = 8;
+
+/// Runs a CLI command against the server's open store: `(argv) → (stdout, stderr, exit code)`. The CLI
+/// binary supplies it, so `condense sessions` and friends work while the server holds the store.
+pub type CliHandler = Arc<dyn Fn(&Store, Vec<String>) -> (Vec<u8>, Vec<u8>, i32) + Send + Sync>;
+
+/// How the server runs.
+#[derive(Clone)]
+pub struct ServeConfig {
+    /// The store folder.
+    pub store: PathBuf,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Base URL of the Anthropic API (no `/v1`).
+    pub anthropic_upstream: String,
+    /// Base URL of the OpenAI API (no `/v1`).
+    pub openai_upstream: String,
+    /// Largest request body accepted, bytes.
+    pub max_body_bytes: usize,
+    /// condense-tool rounds per client request at most.
+    pub max_tool_rounds: u32,
+    /// The store's configuration file (pruning, summarizer, model table).
+    pub file: FileConfig,
+    /// The summarizer for pruning and checkpoints (`None`: the embedded extractive one).
+    pub summarizer: Option<Arc<dyn condense_summarize::Summarizer>>,
+    /// Runs CLI commands sent by another `condense` process.
+    pub cli: Option<CliHandler>,
+    /// Warm projections kept in memory at most.
+    pub warm_limit: usize,
+    /// sled's page cache, bytes.
+    pub cache_bytes: u64,
+}
+
+impl ServeConfig {
+    /// Defaults for a store folder.
+    pub fn new(store: impl Into<PathBuf>) -> ServeConfig {
+        ServeConfig {
+            store: store.into(),
+            listen: DEFAULT_LISTEN.parse().expect("a socket address"),
+            anthropic_upstream: DEFAULT_ANTHROPIC_UPSTREAM.into(),
+            openai_upstream: DEFAULT_OPENAI_UPSTREAM.into(),
+            max_body_bytes: DEFAULT_MAX_BODY,
+            max_tool_rounds: DEFAULT_MAX_ROUNDS,
+            file: FileConfig::default(),
+            summarizer: None,
+            cli: None,
+            warm_limit: 64,
+            cache_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Errors that stop the server from starting.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The store could not be opened.
+    #[error("opening store {path}: {source}")]
+    Store {
+        /// The store folder.
+        path: PathBuf,
+        /// Why.
+        source: condense_engine::EngineError,
+    },
+    /// The address could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// An upstream URL is not usable.
+    #[error("upstream URL `{0}` must start with http:// or https://")]
+    Upstream(String),
+    /// The HTTP client could not be built.
+    #[error("building the HTTP client: {0}")]
+    Client(String),
+    /// The server stopped with an I/O error.
+    #[error("serving: {0}")]
+    Io(std::io::Error),
+}
+
+/// A running server.
+pub struct Running {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    /// Its state (for status figures in tests).
+    pub state: Arc<State>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+impl Running {
+    /// Stops accepting requests and waits until the server has stopped.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.task.await.unwrap_or(Ok(()))
+    }
+
+    /// Waits until the server stops on its own (it does not, short of an error).
+    pub async fn wait(self) -> Result<(), ServeError> {
+        self.task.await.unwrap_or(Ok(()))
+    }
+}
+
+/// A base URL without trailing `/` or `/v1` (request paths carry `/v1`).
+fn base_url(url: &str) -> Result<String, ServeError> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(ServeError::Upstream(url.to_string()));
+    }
+    let u = url.trim_end_matches('/');
+    Ok(u.strip_suffix("/v1").unwrap_or(u).to_string())
+}
+
+/// Opens the store and starts serving on `config.listen` (port 0 picks a free port).
+pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
+    config.anthropic_upstream = base_url(&config.anthropic_upstream)?;
+    config.openai_upstream = base_url(&config.openai_upstream)?;
+    let path = config.store.clone();
+    let options = StoreOptions { cache_bytes: config.cache_bytes, warm_limit: config.warm_limit };
+    let store = tokio::task::spawn_blocking(move || Store::open_with(&path, options))
+        .await
+        .expect("store open task")
+        .map_err(|source| ServeError::Store { path: config.store.clone(), source })?;
+    if let Some(s) = &config.summarizer {
+        store.set_summarizer(s.clone());
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+    let addr = listener.local_addr().map_err(ServeError::Io)?;
+    let state = proxy::State::new(store, config).await?;
+    let app = proxy::router(state.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.await;
+            })
+            .await
+            .map_err(ServeError::Io)
+    });
+    Ok(Running { addr, state, shutdown: Some(tx), task })
+}

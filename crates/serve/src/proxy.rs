@@ -1,0 +1,740 @@
+//! The HTTP side: routes, the request flow (record, prepare, forward, record the reply, answer
+//! condense's tools and continue), streaming, overflow retry, pass-through of everything else, and the
+//! status page.
+
+use crate::api::{self, CONTEXT_COMPACTION_FAILED};
+use crate::conv::{Built, Conv, Internal, Recorded};
+use crate::stream::{self, sse};
+use crate::{ServeConfig, ServeError};
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use condense_engine::config::model_limits;
+use condense_engine::{EngineError, Store};
+use condense_events::{Message, SourceEvent, Usage};
+use condense_formats::wire::{self, Api, WireRequest};
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::Mutex as AsyncMutex;
+
+/// Counters of the running server (never anything from a header or a body).
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    tokens_in: AtomicU64,
+    tokens_sent: AtomicU64,
+    input_tokens: AtomicU64,
+    output_tokens: AtomicU64,
+    cache_read_tokens: AtomicU64,
+    cache_write_tokens: AtomicU64,
+    tool_rounds: AtomicU64,
+    round_limits: AtomicU64,
+    overflows: AtomicU64,
+    upstream_errors: AtomicU64,
+    passthrough: AtomicU64,
+}
+
+type ConvRef = Arc<AsyncMutex<Conv>>;
+
+/// The server's shared state.
+pub struct State {
+    store: Store,
+    cfg: ServeConfig,
+    http: reqwest::Client,
+    /// Open conversations by identity.
+    convs: AsyncMutex<BTreeMap<String, ConvRef>>,
+    /// Session name of every identity serve has recorded (read from the log at start).
+    names: std::sync::Mutex<BTreeMap<String, String>>,
+    counters: Counters,
+}
+
+impl State {
+    pub(crate) async fn new(store: Store, cfg: ServeConfig) -> Result<Arc<State>, ServeError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(30))
+            .pool_idle_timeout(std::time::Duration::from_secs(60))
+            .build()
+            .map_err(|e| ServeError::Client(e.to_string()))?;
+        let s2 = store.clone();
+        let names = tokio::task::spawn_blocking(move || identities(&s2))
+            .await
+            .expect("identity scan task")
+            .map_err(|source| ServeError::Store { path: cfg.store.clone(), source })?;
+        Ok(Arc::new(State {
+            store,
+            cfg,
+            http,
+            convs: AsyncMutex::new(BTreeMap::new()),
+            names: std::sync::Mutex::new(names),
+            counters: Counters::default(),
+        }))
+    }
+
+    /// The store the server owns.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The status figures as JSON.
+    pub async fn status(&self) -> Value {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let convs: Vec<(String, ConvRef)> = self.convs.lock().await.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut sessions = Vec::new();
+        let (mut stubs, mut checkpoints) = (0, 0);
+        for (_, conv) in convs {
+            let c = conv.lock().await;
+            stubs += c.figures.stubs;
+            checkpoints += c.figures.checkpoints;
+            sessions.push(json!({
+                "name": c.session.name(), "requests": c.figures.requests, "stubs": c.figures.stubs,
+                "checkpoints": c.figures.checkpoints, "messages": c.visible_len(),
+            }));
+        }
+        json!({
+            "sessions": self.names.lock().expect("names lock").len(),
+            "active_sessions": sessions,
+            "requests": g(&c.requests),
+            "tokens_in": g(&c.tokens_in),
+            "tokens_sent": g(&c.tokens_sent),
+            "input_tokens": g(&c.input_tokens),
+            "output_tokens": g(&c.output_tokens),
+            "cache_read_tokens": g(&c.cache_read_tokens),
+            "cache_write_tokens": g(&c.cache_write_tokens),
+            "stubs": stubs,
+            "checkpoints": checkpoints,
+            "tool_rounds": g(&c.tool_rounds),
+            "tool_round_limits": g(&c.round_limits),
+            "overflows": g(&c.overflows),
+            "upstream_errors": g(&c.upstream_errors),
+            "passthrough": g(&c.passthrough),
+        })
+    }
+
+    fn count_usage(&self, u: &Option<Usage>) {
+        if let Some(u) = u {
+            let c = &self.counters;
+            c.input_tokens.fetch_add(u.input, Ordering::Relaxed);
+            c.output_tokens.fetch_add(u.output, Ordering::Relaxed);
+            c.cache_read_tokens.fetch_add(u.cache_read, Ordering::Relaxed);
+            c.cache_write_tokens.fetch_add(u.cache_write, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The identity → session name of every session serve started, from each session's first event.
+fn identities(store: &Store) -> Result<BTreeMap<String, String>, EngineError> {
+    let mut out = BTreeMap::new();
+    for info in store.sessions()? {
+        if info.head == 0 {
+            continue;
+        }
+        if let Some(env) = store.log().read(info.id, 1, 1)?.into_iter().next() {
+            if let condense_events::Event::Source(SourceEvent::SessionStarted { source, source_id: Some(id), .. }) = env.body {
+                if source.starts_with("serve:") {
+                    out.insert(id, info.name);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The routes.
+pub fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(|s, r| handle(s, Api::Anthropic, r)))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/chat/completions", post(|s, r| handle(s, Api::Chat, r)))
+        .route("/v1/responses", post(|s, r| handle(s, Api::Responses, r)))
+        .route("/condense/status", get(status))
+        .route("/condense/cli", post(cli))
+        .fallback(passthrough)
+        .with_state(state)
+}
+
+type S = axum::extract::State<Arc<State>>;
+
+async fn status(axum::extract::State(st): S) -> Response {
+    json_response(StatusCode::OK, &st.status().await)
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    (status, [(axum::http::header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+fn api_error(api: Api, status: StatusCode, kind: &str, message: &str) -> Response {
+    json_response(status, &api::error_body(api, kind, message))
+}
+
+/// Headers that describe one hop, not the request.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection" | "keep-alive" | "proxy-authenticate" | "proxy-authorization" | "te" | "trailer" | "trailers"
+            | "transfer-encoding" | "upgrade" | "host" | "content-length" | "accept-encoding"
+    ) || name.starts_with("x-condense-")
+}
+
+/// The client's headers as they go upstream: everything but hop-by-hop ones, untouched (the API key and
+/// authorization included; they are never stored or shown).
+fn upstream_headers(h: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (k, v) in h {
+        if !hop_by_hop(k.as_str()) {
+            out.append(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// The upstream's response headers as they go to the client.
+fn response_headers(h: &reqwest::header::HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    h.iter()
+        .filter(|(k, _)| !hop_by_hop(k.as_str()) && k.as_str() != "content-encoding")
+        .filter_map(|(k, v)| Some((HeaderName::from_bytes(k.as_str().as_bytes()).ok()?, HeaderValue::from_bytes(v.as_bytes()).ok()?)))
+        .collect()
+}
+
+fn with_headers(mut r: Response, h: Vec<(HeaderName, HeaderValue)>) -> Response {
+    for (k, v) in h {
+        r.headers_mut().insert(k, v);
+    }
+    r
+}
+
+/// Which upstream a request that is not one of the three APIs goes to.
+fn upstream_for(st: &State, h: &HeaderMap) -> String {
+    if h.contains_key("anthropic-version") || h.contains_key("x-api-key") {
+        st.cfg.anthropic_upstream.clone()
+    } else {
+        st.cfg.openai_upstream.clone()
+    }
+}
+
+/// Forwards a request unchanged (method, path, query, headers, body) and streams the answer back.
+async fn passthrough(axum::extract::State(st): S, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    if !parts.uri.path().starts_with("/v1/") {
+        return (StatusCode::NOT_FOUND, "condense serve: unknown path (the provider APIs live under /v1/, the status at /condense/status)\n").into_response();
+    }
+    let bytes = match axum::body::to_bytes(body, st.cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => return (StatusCode::PAYLOAD_TOO_LARGE, format!("condense serve: the request body is over the {}-byte limit\n", st.cfg.max_body_bytes)).into_response(),
+    };
+    st.counters.passthrough.fetch_add(1, Ordering::Relaxed);
+    let base = upstream_for(&st, &parts.headers);
+    let url = format!("{base}{}", parts.uri.path_and_query().map_or("", |p| p.as_str()));
+    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(reqwest::Method::GET);
+    let sent = st.http.request(method, url).headers(upstream_headers(&parts.headers)).body(bytes).send().await;
+    match sent {
+        Ok(resp) => stream_back(resp),
+        Err(e) => {
+            st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            (StatusCode::BAD_GATEWAY, format!("condense serve: upstream unreachable: {}\n", e.without_url())).into_response()
+        }
+    }
+}
+
+/// An upstream response passed to the client as it arrives.
+fn stream_back(resp: reqwest::Response) -> Response {
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response_headers(resp.headers());
+    let body = Body::from_stream(resp.bytes_stream().map(|r| r.map_err(std::io::Error::other)));
+    with_headers((status, body).into_response(), headers)
+}
+
+/// Runs engine work for a conversation on a blocking thread, with the conversation locked.
+async fn with_conv<R: Send + 'static>(conv: &ConvRef, f: impl FnOnce(&mut Conv) -> R + Send + 'static) -> R {
+    let mut guard = conv.clone().lock_owned().await;
+    tokio::task::spawn_blocking(move || f(&mut guard)).await.expect("engine task")
+}
+
+/// What a request is, once read.
+struct Req {
+    api: Api,
+    headers: HeaderMap,
+    query: String,
+    body: Value,
+    list: Vec<Value>,
+    wire: Arc<WireRequest>,
+    internal: Internal,
+    stream: bool,
+}
+
+impl Req {
+    /// The upstream body: the client's, with its message list replaced and condense's tools added.
+    fn upstream_body(&self, built: &Built) -> Vec<u8> {
+        let mut body = self.body.clone();
+        let mut list: Vec<Value> = self.list[..self.wire.prefix].to_vec();
+        list.extend(built.messages.iter().cloned());
+        body[self.api.list_field()] = Value::Array(list);
+        if !built.tools.is_empty() {
+            match body.get_mut("tools") {
+                Some(Value::Array(t)) => t.extend(built.tools.iter().cloned()),
+                _ => body["tools"] = Value::Array(built.tools.clone()),
+            }
+        }
+        serde_json::to_vec(&body).expect("JSON of a request body")
+    }
+}
+
+/// The three APIs: record, prepare, forward, and answer.
+async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, st.cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {}-byte limit", st.cfg.max_body_bytes))
+        }
+    };
+    let body: Value = match serde_json::from_slice(&bytes) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", "condense serve: the request body must be a JSON object"),
+        Err(e) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: the request body is not JSON: {e}")),
+    };
+    let list = match body.get(api.list_field()) {
+        Some(Value::Array(a)) => a.clone(),
+        Some(Value::String(s)) if api == Api::Responses => vec![json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": s}]})],
+        _ => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: `{}` must be a list", api.list_field())),
+    };
+    let wire = match wire::parse_request(api, &list) {
+        Ok(w) => w,
+        Err(e) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {e}")),
+    };
+    let tool_names: Vec<String> = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .map(|ts| ts.iter().filter_map(|t| t.get("name").or_else(|| t.get("function").and_then(|f| f.get("name"))).and_then(Value::as_str).map(str::to_string)).collect())
+        .unwrap_or_default();
+    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let req = Req { api, headers: parts.headers, query, list, wire: Arc::new(wire), internal: Internal { client_tools: tool_names }, stream, body };
+    if req.wire.messages.is_empty() {
+        // Nothing of a conversation to manage: forwarded as it came.
+        return forward_unchanged(&st, &req, bytes.to_vec()).await;
+    }
+    st.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let conv = match conv_for(&st, &req).await {
+        Ok(c) => c,
+        Err(e) => return engine_error(api, &e),
+    };
+    let model = req.body.get("model").and_then(Value::as_str).unwrap_or("").to_string();
+    let limits = model_limits(&st.cfg.file.models, &model);
+    let (wreq, internal) = (req.wire.clone(), req.internal.clone());
+    let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built), EngineError> {
+        let rec = c.record_request(&wreq, &model, limits, &internal)?;
+        let built = c.build(api, &wreq, &rec, &internal)?;
+        Ok((rec, built))
+    })
+    .await;
+    let (rec, built) = match prepared {
+        Ok(x) => x,
+        Err(e) => return engine_error(api, &e),
+    };
+    st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
+    let body = match guarded(&conv, &req, &rec, built).await {
+        Ok(b) => b,
+        Err(e) => return engine_error(api, &e),
+    };
+    run_rounds(st, conv, req, rec, body).await
+}
+
+/// Serializes the upstream body and applies the payload guard after a model change: an oversized
+/// request is recorded as an overflow and prepared once more (recovery), then sent.
+async fn guarded(conv: &ConvRef, req: &Req, rec: &Recorded, built: Built) -> Result<Vec<u8>, EngineError> {
+    let body = req.upstream_body(&built);
+    let len = body.len() as u64;
+    let blocked = with_conv(conv, move |c| c.session.guard_payload(len)).await;
+    match blocked {
+        Ok(()) => Ok(body),
+        Err(EngineError::ContextOverflow { .. }) => {
+            let (api, wreq, internal) = (req.api, req.wire.clone(), req.internal.clone());
+            let rec = rec.clone();
+            let rebuilt = with_conv(conv, move |c| c.build(api, &wreq, &rec, &internal))
+            .await?;
+            Ok(req.upstream_body(&rebuilt))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn engine_error(api: Api, e: &EngineError) -> Response {
+    match e {
+        EngineError::CompactionFailed { code, reason, .. } => api_error(
+            api,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &format!("{CONTEXT_COMPACTION_FAILED}: {code}: {reason}"),
+        ),
+        other => api_error(api, StatusCode::INTERNAL_SERVER_ERROR, "api_error", &format!("condense serve: {other}")),
+    }
+}
+
+async fn forward_unchanged(st: &State, req: &Req, body: Vec<u8>) -> Response {
+    st.counters.passthrough.fetch_add(1, Ordering::Relaxed);
+    match send(st, req, body).await {
+        Ok(resp) => stream_back(resp),
+        Err(r) => r,
+    }
+}
+
+async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest::Response, Response> {
+    let base = match req.api {
+        Api::Anthropic => &st.cfg.anthropic_upstream,
+        Api::Chat | Api::Responses => &st.cfg.openai_upstream,
+    };
+    let path = match req.api {
+        Api::Anthropic => "/v1/messages",
+        Api::Chat => "/v1/chat/completions",
+        Api::Responses => "/v1/responses",
+    };
+    let mut headers = upstream_headers(&req.headers);
+    headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    st.http.request(Method::POST, format!("{base}{path}{}", req.query)).headers(headers).body(body).send().await.map_err(|e| {
+        st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", e.without_url()))
+    })
+}
+
+/// The conversation a request belongs to: by the client's own id, else by its first user message.
+async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, EngineError> {
+    let first_prompt = req
+        .wire
+        .messages
+        .iter()
+        .find(|m| matches!(m.message, Message::User { .. }))
+        .map(|m| m.message.text())
+        .unwrap_or_default();
+    let identity = api::client_conversation_id(&req.headers, &req.body).unwrap_or_else(|| {
+        format!("{}:first:{}", req.api.name(), &blake3::hash(first_prompt.as_bytes()).to_hex()[..16])
+    });
+    let mut convs = st.convs.lock().await;
+    if let Some(c) = convs.get(&identity) {
+        return Ok(c.clone());
+    }
+    let known = st.names.lock().expect("names lock").get(&identity).cloned();
+    let store = st.store.clone();
+    let internal = req.internal.clone();
+    let client = api::client_kind(req.api, &req.headers).to_string();
+    let prune = st.cfg.file.raw.normalize();
+    let id2 = identity.clone();
+    let conv = tokio::task::spawn_blocking(move || -> Result<(Conv, String), EngineError> {
+        match known {
+            Some(name) => Ok((Conv::open(store.session(&name)?, &internal)?, name)),
+            None => {
+                let name = session_name(&store, &client, &first_prompt, &id2)?;
+                let session = store.create_session(&name)?;
+                Ok((Conv::create(session, &id2, &client, prune)?, name))
+            }
+        }
+    })
+    .await
+    .expect("session task")?;
+    st.names.lock().expect("names lock").insert(identity.clone(), conv.1);
+    let c = Arc::new(AsyncMutex::new(conv.0));
+    convs.insert(identity, c.clone());
+    Ok(c)
+}
+
+/// A name a person recognises: the client, the first words of the first prompt, and a short id.
+fn session_name(store: &Store, client: &str, prompt: &str, identity: &str) -> Result<String, EngineError> {
+    // Text a host injects in tags (`<system-reminder>…`) is not what the user typed.
+    let typed: String = prompt.lines().filter(|l| !l.trim_start().starts_with('<')).collect::<Vec<_>>().join(" ");
+    let mut slug = String::new();
+    for word in typed.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).take(6) {
+        if slug.len() + word.len() > 40 {
+            break;
+        }
+        if !slug.is_empty() {
+            slug.push('-');
+        }
+        slug.push_str(&word.to_lowercase());
+    }
+    if slug.is_empty() {
+        slug.push_str("session");
+    }
+    let id = &blake3::hash(identity.as_bytes()).to_hex()[..8];
+    let base = format!("{client}/{slug}/{id}");
+    let mut name = base.clone();
+    let mut n = 2;
+    while store.log().session_id(&name)?.is_some() {
+        name = format!("{base}-{n}");
+        n += 1;
+    }
+    Ok(name)
+}
+
+/// Sends the request, answers overflows and condense's tools, and returns the client's response.
+async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, body: Vec<u8>) -> Response {
+    let api = req.api;
+    let mut body = body;
+    let mut overflowed = false;
+    let resp = loop {
+        let resp = match send(&st, &req, body.clone()).await {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
+        if resp.status().is_success() {
+            break resp;
+        }
+        let status = resp.status();
+        let headers = response_headers(resp.headers());
+        let bytes = resp.bytes().await.unwrap_or_default();
+        if !api::is_overflow(status.as_u16(), &bytes) {
+            st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            let s = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            return with_headers((s, bytes).into_response(), headers);
+        }
+        // The provider says the prompt is too long: record it, checkpoint, retry once.
+        st.counters.overflows.fetch_add(1, Ordering::Relaxed);
+        let text = api::error_text(&bytes);
+        let (wreq, internal) = (req.wire.clone(), req.internal.clone());
+        let entries = rec.entry_of.clone();
+        let rebuilt = with_conv(&conv, move |c| {
+            c.record_overflow(&text)?;
+            c.build(api, &wreq, &Recorded { entry_of: entries, last: None, tokens_in: 0 }, &internal)
+        })
+        .await;
+        match rebuilt {
+            Ok(built) if !overflowed => {
+                overflowed = true;
+                body = req.upstream_body(&built);
+            }
+            Ok(_) => {
+                return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("{CONTEXT_COMPACTION_FAILED}: the provider rejected the request as too long after a checkpoint and one retry"));
+            }
+            Err(e) => return engine_error(api, &e),
+        }
+    };
+    if req.stream {
+        stream_rounds(st, conv, req, rec, resp)
+    } else {
+        json_rounds(st, conv, req, rec, resp).await
+    }
+}
+
+/// What happens after one round's reply was recorded.
+enum Next {
+    /// The reply is the client's: answer it.
+    Done { end_turn: bool },
+    /// condense answered its tools: send this body for the next round.
+    Continue(Vec<u8>),
+}
+
+/// Records a round's reply, answers condense's calls in it, and decides whether to continue.
+async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, reply: Message, usage: Option<Usage>, round: u32) -> Result<Next, EngineError> {
+    st.count_usage(&usage);
+    let (api, wreq, internal) = (req.api, req.wire.clone(), req.internal.clone());
+    let parent = rec.last.clone();
+    let entries = rec.entry_of.clone();
+    let max = st.cfg.max_tool_rounds;
+    let (last, next) = with_conv(conv, move |c| -> Result<(Option<String>, Option<Result<Built, bool>>), EngineError> {
+        let id = c.record_reply(parent.as_deref(), reply.clone(), usage, &internal)?;
+        let calls: Vec<bool> = reply.tool_calls().map(|(_, n, _)| internal.is(n)).collect();
+        if !calls.iter().any(|x| *x) {
+            return Ok((Some(id), None));
+        }
+        let (last, _) = c.answer_internal(&id, &reply, &internal)?;
+        if !calls.iter().all(|x| *x) {
+            // The client has calls of its own to run: the reply is its.
+            return Ok((Some(last), None));
+        }
+        if round + 1 >= max {
+            c.session.note("serve", &format!("tool round limit reached: {max} rounds of condense tool calls in one client request; the reply ends here"))?;
+            return Ok((Some(last), Some(Err(true))));
+        }
+        let built = c.build(api, &wreq, &Recorded { entry_of: entries, last: Some(last.clone()), tokens_in: 0 }, &internal)?;
+        Ok((Some(last), Some(Ok(built))))
+    })
+    .await?;
+    rec.last = last;
+    Ok(match next {
+        None => Next::Done { end_turn: false },
+        Some(Err(_)) => {
+            st.counters.round_limits.fetch_add(1, Ordering::Relaxed);
+            Next::Done { end_turn: true }
+        }
+        Some(Ok(built)) => {
+            st.counters.tool_rounds.fetch_add(1, Ordering::Relaxed);
+            st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
+            Next::Continue(req.upstream_body(&built))
+        }
+    })
+}
+
+async fn json_rounds(st: Arc<State>, conv: ConvRef, req: Req, mut rec: Recorded, first: reqwest::Response) -> Response {
+    let api = req.api;
+    let is = |n: &str| req.internal.is(n);
+    let headers = response_headers(first.headers());
+    let mut resp = first;
+    let mut merged: Option<Value> = None;
+    let mut round = 0;
+    loop {
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => return api_error(api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: the upstream reply broke off: {}", e.without_url())),
+        };
+        let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+            // Not JSON: the client gets it as it came, and nothing is recorded.
+            return with_headers((StatusCode::OK, bytes).into_response(), headers);
+        };
+        let Some((reply, usage)) = api::reply_of(api, &v) else {
+            return with_headers(json_response(StatusCode::OK, &v), headers);
+        };
+        let mut visible = v.clone();
+        api::strip_internal(api, &mut visible, &is);
+        merged = Some(match merged.take() {
+            None => visible,
+            Some(m) => api::merge_rounds(api, &m, visible),
+        });
+        match after_round(&st, &conv, &req, &mut rec, reply, usage, round).await {
+            Err(e) => return engine_error(api, &e),
+            Ok(Next::Done { end_turn }) => {
+                let mut out = merged.take().expect("a reply");
+                if end_turn {
+                    api::end_turn(api, &mut out);
+                }
+                return with_headers(json_response(StatusCode::OK, &out), headers);
+            }
+            Ok(Next::Continue(body)) => {
+                round += 1;
+                resp = match send(&st, &req, body).await {
+                    Ok(r) => r,
+                    Err(r) => return r,
+                };
+                if !resp.status().is_success() {
+                    let s = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+                    let h = response_headers(resp.headers());
+                    let b = resp.bytes().await.unwrap_or_default();
+                    return with_headers((s, b).into_response(), h);
+                }
+            }
+        }
+    }
+}
+
+type Chunk = Result<bytes::Bytes, std::io::Error>;
+
+/// Streams the reply: events pass as they arrive, condense's calls are held back and answered, and the
+/// continuation streams on as part of the same reply.
+fn stream_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, first: reqwest::Response) -> Response {
+    let headers = response_headers(first.headers());
+    let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(64);
+    tokio::spawn(async move {
+        let mut rec = rec;
+        let api = req.api;
+        let internal = req.internal.clone();
+        let mut codec = stream::codec(api, Box::new(move |n| internal.is(n)));
+        let mut resp = first;
+        let mut round = 0;
+        loop {
+            let mut events = resp.bytes_stream().eventsource();
+            let mut out = Vec::new();
+            let mut broke = false;
+            while let Some(ev) = events.next().await {
+                match ev {
+                    Ok(ev) => {
+                        codec.feed(&ev.event, &ev.data, &mut out);
+                        for b in out.drain(..) {
+                            if tx.send(Ok(b)).await.is_err() {
+                                return; // The client went away: nothing more to do.
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        broke = true;
+                        break;
+                    }
+                }
+            }
+            if broke || !codec.complete() {
+                // The upstream dropped the stream: the client's stream breaks the same way, and the
+                // half-received reply is not recorded.
+                st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                let _ = tx.send(Err(std::io::Error::other("upstream stream ended before the reply was complete"))).await;
+                return;
+            }
+            let (reply, usage) = codec.reply();
+            match after_round(&st, &conv, &req, &mut rec, reply, usage, round).await {
+                Err(e) => {
+                    let _ = tx.send(Ok(stream_error(api, &format!("condense serve: {e}")))).await;
+                    return;
+                }
+                Ok(Next::Done { end_turn }) => {
+                    codec.finish(end_turn, &mut out);
+                    for b in out {
+                        let _ = tx.send(Ok(b)).await;
+                    }
+                    return;
+                }
+                Ok(Next::Continue(body)) => {
+                    round += 1;
+                    codec.next_round();
+                    resp = match send(&st, &req, body).await {
+                        Ok(r) if r.status().is_success() => r,
+                        Ok(r) => {
+                            let status = r.status();
+                            let text = api::error_text(&r.bytes().await.unwrap_or_default());
+                            let _ = tx.send(Ok(stream_error(api, &format!("upstream {status}: {text}")))).await;
+                            return;
+                        }
+                        Err(_) => {
+                            let _ = tx.send(Ok(stream_error(api, "condense serve: upstream unreachable"))).await;
+                            return;
+                        }
+                    };
+                }
+            }
+        }
+    });
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) }));
+    let mut r = (StatusCode::OK, body).into_response();
+    r = with_headers(r, headers);
+    r.headers_mut().insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    r
+}
+
+/// An error event in the API's streaming format.
+fn stream_error(api: Api, message: &str) -> bytes::Bytes {
+    match api {
+        Api::Anthropic => sse(Some("error"), &api::error_body(api, "api_error", message).to_string()),
+        Api::Chat => sse(None, &api::error_body(api, "api_error", message).to_string()),
+        Api::Responses => sse(Some("error"), &json!({"type": "error", "code": "api_error", "message": message}).to_string()),
+    }
+}
+
+/// `count_tokens` is forwarded unchanged (see docs/serve.md).
+async fn count_tokens(axum::extract::State(st): S, req: Request) -> Response {
+    passthrough(axum::extract::State(st), req).await
+}
+
+/// Runs a CLI command for another `condense` process (authenticated by the token in the store's
+/// `serve.json`).
+async fn cli(axum::extract::State(st): S, req: Request) -> Response {
+    let Some(handler) = st.cfg.cli.clone() else {
+        return (StatusCode::NOT_FOUND, "this server runs no CLI commands\n").into_response();
+    };
+    let (parts, body) = req.into_parts();
+    let token = parts.headers.get("x-condense-token").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !crate::lock::token_matches(&st.cfg.store, token) {
+        return (StatusCode::FORBIDDEN, "condense serve: a CLI command needs the token from the store's serve.json\n").into_response();
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "condense serve: command too long\n").into_response();
+    };
+    let argv: Vec<String> = match serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("argv").cloned()).and_then(|a| serde_json::from_value(a).ok()) {
+        Some(a) => a,
+        None => return (StatusCode::BAD_REQUEST, "condense serve: expected {\"argv\": [..]}\n").into_response(),
+    };
+    let store = st.store.clone();
+    let (out, err, code) = tokio::task::spawn_blocking(move || handler(&store, argv)).await.unwrap_or_else(|_| (Vec::new(), b"condense: the command panicked\n".to_vec(), 2));
+    json_response(StatusCode::OK, &json!({"stdout": String::from_utf8_lossy(&out), "stderr": String::from_utf8_lossy(&err), "code": code}))
+}
