@@ -11,18 +11,71 @@ use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+thread_local! {
+    /// Where output goes when a command runs inside `condense serve` for another process: captured
+    /// stdout and stderr instead of the terminal.
+    static CAPTURE: std::cell::RefCell<Option<(Vec<u8>, Vec<u8>)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Writes to stdout, or to the capture buffer when one is set.
+pub fn out_write(args: std::fmt::Arguments) -> std::io::Result<()> {
+    CAPTURE.with(|c| match &mut *c.borrow_mut() {
+        Some((out, _)) => out.write_fmt(args),
+        None => std::io::stdout().write_fmt(args),
+    })
+}
+
+/// Writes to stderr, or to the capture buffer when one is set.
+pub fn err_write(args: std::fmt::Arguments) {
+    CAPTURE.with(|c| match &mut *c.borrow_mut() {
+        Some((_, err)) => {
+            let _ = err.write_fmt(args);
+        }
+        None => {
+            let _ = std::io::stderr().write_fmt(args);
+        }
+    })
+}
+
+/// Runs a command with its output captured: `(stdout, stderr, exit code)`.
+pub fn run_captured(store: &Store, argv: Vec<String>) -> (Vec<u8>, Vec<u8>, i32) {
+    CAPTURE.with(|c| *c.borrow_mut() = Some((Vec::new(), Vec::new())));
+    let code = match run_with(argv, Some(store)) {
+        Ok(code) => if code == ExitCode::SUCCESS { 0 } else { 1 },
+        Err(e) => {
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                msg.push_str(": ");
+                msg.push_str(&cause.to_string());
+            }
+            err_write(format_args!("condense: {msg}\n"));
+            2
+        }
+    };
+    let (out, err) = CAPTURE.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (out, err, code)
+}
+
 /// `println!` that returns the write error instead of panicking (a closed pipe ends the command quietly).
 macro_rules! outln {
-    ($($t:tt)*) => { writeln!(std::io::stdout(), $($t)*)? };
+    ($($t:tt)*) => { crate::commands::out_write(format_args!("{}\n", format_args!($($t)*)))? };
 }
 macro_rules! out {
-    ($($t:tt)*) => { write!(std::io::stdout(), $($t)*)? };
+    ($($t:tt)*) => { crate::commands::out_write(format_args!($($t)*))? };
+}
+macro_rules! errln {
+    ($($t:tt)*) => { crate::commands::err_write(format_args!("{}\n", format_args!($($t)*))) };
 }
 
 const USAGE: &str = "\
 usage: condense [--store DIR] <command> [options]
 
 commands:
+  serve [--listen 127.0.0.1:8787] [--anthropic-upstream URL] [--openai-upstream URL]
+        [--max-body-bytes N] [--max-tool-rounds N]
+                                run a provider-compatible endpoint (Anthropic Messages, OpenAI Chat
+                                Completions and Responses) that agents point their base URL at; while
+                                it runs, the other commands on the same store go through it
   demo                          generate a long realistic session, import it, print its stats
   import PATH...                import session files or folders (pi, Claude Code, Codex; recursive),
                                 or a store export written by `condense export`
@@ -60,20 +113,39 @@ options:
 ";
 
 pub fn run(argv: Vec<String>) -> Result<ExitCode> {
+    run_with(argv, None)
+}
+
+/// Runs a command; `served` is the store of a running `condense serve` when the command runs inside it.
+pub fn run_with(argv: Vec<String>, served: Option<&Store>) -> Result<ExitCode> {
     let Some(pos) = argv.iter().position(|a| !a.starts_with("--") && !is_value_of_store(&argv, a)) else {
         out!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
     };
     let command = argv[pos].clone();
     let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
-    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp", "page", "archive", "offset"], &["json", "help", "keep"])?;
+    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp", "page", "archive", "offset", "listen", "anthropic-upstream", "openai-upstream", "max-body-bytes", "max-tool-rounds"], &["json", "help", "keep"])?;
     let at_entry = a.get("at").map(str::to_string);
     if a.flag("help") || command == "help" {
         out!("{USAGE}");
         return Ok(ExitCode::SUCCESS);
     }
     let store_dir = PathBuf::from(a.get("store").unwrap_or(".condense"));
-    let open = || Store::open(&store_dir).with_context(|| format!("opening store {}", store_dir.display()));
+    if command == "serve" {
+        if served.is_some() {
+            bail!("`serve` cannot run inside a running server");
+        }
+        return crate::serve::serve(&store_dir, &a);
+    }
+    if served.is_none() {
+        if let Some(code) = crate::serve::through_server(&store_dir, &argv)? {
+            return Ok(code);
+        }
+    }
+    let open = || match served {
+        Some(s) => Ok(s.clone()),
+        None => Store::open(&store_dir).with_context(|| format!("opening store {}", store_dir.display())),
+    };
     match command.as_str() {
         "import" => import(&open()?, &a),
         "export" => {
@@ -131,13 +203,13 @@ pub fn run(argv: Vec<String>) -> Result<ExitCode> {
 fn is_value_of_store(argv: &[String], a: &String) -> bool {
     argv.windows(2)
         .any(|w| {
-            ["--store", "--as", "--at", "--config", "--plot", "--window", "--timestamp", "--page", "--archive", "--offset"].contains(&w[0].as_str())
+            ["--store", "--as", "--at", "--config", "--plot", "--window", "--timestamp", "--page", "--archive", "--offset", "--listen", "--anthropic-upstream", "--openai-upstream", "--max-body-bytes", "--max-tool-rounds"].contains(&w[0].as_str())
                 && std::ptr::eq(&w[1], a)
         })
 }
 
 /// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults.
-fn load_config(a: &Args, store_dir: &Path) -> Result<condense_engine::config::FileConfig> {
+pub(crate) fn load_config(a: &Args, store_dir: &Path) -> Result<condense_engine::config::FileConfig> {
     let path = match a.get("config") {
         Some(p) => PathBuf::from(p),
         None => {
@@ -151,7 +223,7 @@ fn load_config(a: &Args, store_dir: &Path) -> Result<condense_engine::config::Fi
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let f = condense_engine::config::parse_file(&text).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     for w in &f.warnings {
-        eprintln!("condense: {}: {w}", path.display());
+        errln!("condense: {}: {w}", path.display());
     }
     Ok(f)
 }
@@ -229,18 +301,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
 }
 
-fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
-    if a.positional.is_empty() {
-        bail!("simulate takes at least one PATH");
-    }
-    let window = match a.get("window") {
-        None => None,
-        Some(w) => Some(w.parse::<u64>().ok().filter(|w| *w >= 1024).ok_or_else(|| anyhow!("--window takes a number of tokens (at least 1024), not `{w}`"))?),
-    };
-    let file_config = load_config(a, store_dir)?;
-    let prices = file_config.prices;
-    let config = file_config.raw.normalize();
-    let summarizer: Option<Arc<dyn condense_summarize::Summarizer>> = match &file_config.summarizer {
+/// The summarizer a configuration names (`None`: the embedded extractive one).
+pub(crate) fn summarizer_of(file_config: &condense_engine::config::FileConfig) -> Option<Arc<dyn condense_summarize::Summarizer>> {
+    match &file_config.summarizer {
         condense_engine::config::SummarizerChoice::Extractive => None,
         condense_engine::config::SummarizerChoice::Http { base_url, model, api_key_env, idle_secs, total_secs } => {
             // The key is read here, in the binary; it never reaches an event.
@@ -253,7 +316,21 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
                 fallback: condense_summarize::Extractive::default(),
             }))
         }
+    }
+}
+
+fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
+    if a.positional.is_empty() {
+        bail!("simulate takes at least one PATH");
+    }
+    let window = match a.get("window") {
+        None => None,
+        Some(w) => Some(w.parse::<u64>().ok().filter(|w| *w >= 1024).ok_or_else(|| anyhow!("--window takes a number of tokens (at least 1024), not `{w}`"))?),
     };
+    let file_config = load_config(a, store_dir)?;
+    let prices = file_config.prices;
+    let config = file_config.raw.normalize();
+    let summarizer = summarizer_of(&file_config);
     let mut files = Vec::new();
     for p in &a.positional {
         let path = PathBuf::from(p);
@@ -279,7 +356,7 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
         let imported = match condense_formats::import_file(file) {
             Ok(i) => i,
             Err(e) => {
-                eprintln!("condense: skipped {e}");
+                errln!("condense: skipped {e}");
                 continue;
             }
         };
@@ -501,7 +578,7 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
             Err(e) => {
                 failed = true;
                 if !json_out {
-                    eprintln!("condense: {e}");
+                    errln!("condense: {e}");
                 }
                 reports.push(json!({"file": file.display().to_string(), "status": "failed", "reason": e.to_string()}));
             }

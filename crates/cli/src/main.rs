@@ -5,6 +5,7 @@
 
 mod args;
 mod commands;
+mod serve;
 
 use std::process::ExitCode;
 

@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod conv;
+pub mod fake;
 pub mod lock;
 mod proxy;
 pub mod stream;

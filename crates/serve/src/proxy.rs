@@ -340,6 +340,7 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
         Err(e) => return engine_error(api, &e),
     };
     st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
+    st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
     let body = match guarded(&conv, &req, &rec, built).await {
         Ok(b) => b,
         Err(e) => return engine_error(api, &e),

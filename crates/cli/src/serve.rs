@@ -1,0 +1,111 @@
+//! `condense serve`, and the route other commands take while a server holds the store: they run inside
+//! the server, which is the one process that may open the sled database.
+
+use crate::args::Args;
+use crate::commands::{load_config, summarizer_of};
+use anyhow::{anyhow, bail, Context as _, Result};
+use condense_serve::{lock, ServeConfig};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Runs the server until Ctrl-C or SIGTERM.
+pub fn serve(store_dir: &Path, a: &Args) -> Result<ExitCode> {
+    if !a.positional.is_empty() {
+        bail!("serve takes no positional arguments (see `condense help`)");
+    }
+    let mut cfg = ServeConfig::new(store_dir);
+    if let Some(l) = a.get("listen") {
+        cfg.listen = l.parse::<SocketAddr>().map_err(|_| anyhow!("--listen takes an address such as 127.0.0.1:8787, not `{l}`"))?;
+    }
+    if let Some(u) = a.get("anthropic-upstream") {
+        cfg.anthropic_upstream = u.to_string();
+    }
+    if let Some(u) = a.get("openai-upstream") {
+        cfg.openai_upstream = u.to_string();
+    }
+    if let Some(n) = a.get("max-body-bytes") {
+        cfg.max_body_bytes = n.parse().ok().filter(|n| *n >= 1024).ok_or_else(|| anyhow!("--max-body-bytes takes a number of bytes (at least 1024), not `{n}`"))?;
+    }
+    if let Some(n) = a.get("max-tool-rounds") {
+        cfg.max_tool_rounds = n.parse().ok().filter(|n| *n >= 1).ok_or_else(|| anyhow!("--max-tool-rounds takes a whole number of at least 1, not `{n}`"))?;
+    }
+    let file = load_config(a, store_dir)?;
+    cfg.summarizer = summarizer_of(&file);
+    cfg.file = file;
+    cfg.cli = Some(std::sync::Arc::new(crate::commands::run_captured));
+    if !cfg.listen.ip().is_loopback() {
+        eprintln!("condense serve: warning: listening on {}, reachable from other machines; requests carry API keys", cfg.listen);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    rt.block_on(async move {
+        let running = condense_serve::start(cfg.clone()).await?;
+        let announced = lock::announce(&cfg.store, running.addr).with_context(|| format!("writing {}", lock::path(&cfg.store).display()))?;
+        println!("condense serve: listening on http://{} (store {})", announced.addr, cfg.store.display());
+        println!("  Claude Code: ANTHROPIC_BASE_URL=http://{}", announced.addr);
+        println!("  OpenAI-compatible agents (pi, Codex, opencode): base URL http://{}/v1", announced.addr);
+        let stop = async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {},
+            }
+        };
+        stop.await;
+        lock::withdraw(&cfg.store);
+        running.stop().await?;
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Relative paths in a command mean the caller's folder: the server runs elsewhere, so they are made
+/// absolute before the command is sent.
+fn absolute_args(argv: &[String]) -> Vec<String> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    let path_valued = ["--store", "--config", "--plot"];
+    let mut out = Vec::with_capacity(argv.len());
+    let mut prev: Option<&str> = None;
+    let command = argv.iter().find(|a| !a.starts_with("--")).map(String::as_str).unwrap_or("");
+    for a in argv {
+        let is_value_of_path = prev.is_some_and(|p| path_valued.contains(&p));
+        let exists = !a.starts_with('-') && Path::new(a).exists();
+        let export_target = command == "export" && !a.starts_with('-') && a != "export" && !exists;
+        if (is_value_of_path || exists || export_target) && Path::new(a).is_relative() {
+            out.push(cwd.join(a).to_string_lossy().into_owned());
+        } else {
+            out.push(a.clone());
+        }
+        prev = Some(a.as_str());
+    }
+    out
+}
+
+/// Runs the command inside a `condense serve` that holds this store, if one answers; `None` when no
+/// server runs here (the caller opens the store itself).
+pub fn through_server(store_dir: &Path, argv: &[String]) -> Result<Option<ExitCode>> {
+    let Some(announced) = lock::read(store_dir) else { return Ok(None) };
+    let url = format!("http://{}/condense/cli", announced.addr);
+    let body = serde_json::json!({"argv": absolute_args(argv)}).to_string();
+    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(false).timeout_global(None).build());
+    let resp = agent.post(&url).header("x-condense-token", &announced.token).header("content-type", "application/json").send(body.as_bytes());
+    let mut resp = match resp {
+        Ok(r) => r,
+        // A server that announced itself and is gone (killed): the store is free again.
+        Err(_) => return Ok(None),
+    };
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    if status != 200 {
+        bail!("the condense serve holding {} refused the command ({status}): {}", store_dir.display(), text.trim());
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).context("reading the server's answer")?;
+    use std::io::Write;
+    std::io::stdout().write_all(v["stdout"].as_str().unwrap_or("").as_bytes())?;
+    std::io::stderr().write_all(v["stderr"].as_str().unwrap_or("").as_bytes())?;
+    Ok(Some(match v["code"].as_i64().unwrap_or(2) {
+        0 => ExitCode::SUCCESS,
+        1 => ExitCode::from(1),
+        _ => ExitCode::from(2),
+    }))
+}
