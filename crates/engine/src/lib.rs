@@ -458,6 +458,7 @@ impl Session {
     /// host can map the rendered messages back to the entries they came from without another fold).
     pub fn prepare_then<R>(&self, f: impl FnOnce(&Projection, &Rendered) -> R) -> Result<R> {
         self.prune_before_request()?;
+        self.guard_rendered()?;
         let measured = self.checkpoint(controller::Reason::Threshold)?;
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
@@ -486,6 +487,40 @@ impl Session {
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
         self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::Note { stage: stage.to_string(), text: text.to_string() })])
+    }
+
+    /// The payload guard as `prepare` applies it itself (seed 004): after a model change, a context whose
+    /// serialized size (condense's neutral JSON of the rendered messages) is over the new model's limit is
+    /// recorded as a provider overflow before the checkpoint controller runs, so the controller prepares
+    /// the recovery handoff whatever the host does. The host's own [`Session::guard_payload`] on the bytes
+    /// it sends stays as a second check.
+    fn guard_rendered(&self) -> Result<()> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        if !recover::guard_active(&proj) || proj.overflow_pending() {
+            return Ok(());
+        }
+        let Some(limit) = recover::payload_limit(&proj) else { return Ok(()) };
+        let rendered = proj.render();
+        // Text bytes first: a context far below the limit is not serialized at all.
+        let text: u64 = rendered.messages.iter().map(|m| m.content().iter().map(|b| match b {
+            condense_events::Block::Text { text } => text.len(),
+            condense_events::Block::Thinking { thinking, .. } => thinking.len(),
+            condense_events::Block::ToolCall { arguments, .. } => arguments.len(),
+            condense_events::Block::Image { data, .. } => data.len(),
+        }).sum::<usize>() as u64).sum();
+        if text * 2 < limit {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec(&condense_formats::export::neutral(&rendered.messages[..])).map_or(0, |v| v.len() as u64);
+        drop(rendered);
+        if bytes <= limit {
+            return Ok(());
+        }
+        let message = format!("payload guard: the context is {bytes} bytes, over {limit} for the new model");
+        self.append_locked(&mut proj, vec![Event::Source(SourceEvent::ProviderOverflow { message })])?;
+        Ok(())
     }
 
     /// The payload guard (seed 004): after a model change and until the first assistant message on the

@@ -109,13 +109,26 @@ pub fn merge_rounds(api: Api, first: &Value, later: Value) -> Value {
     out
 }
 
-/// A reply whose round limit was reached while it still called only condense's tools ends as a plain
-/// answer to the client.
-pub fn end_turn(api: Api, v: &mut Value) {
+/// A reply whose round limit was reached while it still called only condense's tools ends with `note` as
+/// text, as a plain answer.
+pub fn end_with_note(api: Api, v: &mut Value, note: &str) {
     match api {
-        Api::Anthropic => v["stop_reason"] = json!("end_turn"),
-        Api::Chat => v["choices"][0]["finish_reason"] = json!("stop"),
-        Api::Responses => {}
+        Api::Anthropic => {
+            if let Some(Value::Array(c)) = v.get_mut("content") {
+                c.push(json!({"type": "text", "text": note}));
+            }
+            v["stop_reason"] = json!("end_turn");
+        }
+        Api::Chat => {
+            let msg = &mut v["choices"][0]["message"];
+            msg["content"] = json!(format!("{}{note}", msg["content"].as_str().unwrap_or("")));
+            v["choices"][0]["finish_reason"] = json!("stop");
+        }
+        Api::Responses => {
+            if let Some(Value::Array(items)) = v.get_mut("output") {
+                items.push(json!({"type": "message", "id": "msg_condense_note", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": note, "annotations": []}]}));
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use condense_events::{Block, Message};
 use condense_formats::wire::{self, Api};
 use serde_json::{json, Value};
@@ -231,9 +232,13 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         Step::Text(t) => Reply { text: t, calls: Vec::new() },
         Step::Drop => {
             let events = sse_events(api, &model, n, &Reply { text: "this reply never ends".into(), calls: Vec::new() });
-            let half: Vec<Result<bytes::Bytes, std::io::Error>> =
-                events.into_iter().take(2).map(Ok).chain(std::iter::once(Err(std::io::Error::other("dropped")))).collect();
-            return (StatusCode::OK, [("content-type", "text/event-stream")], Body::from_stream(futures_util::stream::iter(half))).into_response();
+            let half: Vec<Result<bytes::Bytes, std::io::Error>> = events.into_iter().take(2).map(Ok).collect();
+            // The break comes after the first events are out, as a provider's dropped connection does.
+            let broken = futures_util::stream::iter(half).chain(futures_util::stream::once(async {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                Err(std::io::Error::other("dropped"))
+            }));
+            return (StatusCode::OK, [("content-type", "text/event-stream")], Body::from_stream(broken)).into_response();
         }
     };
     if stream {

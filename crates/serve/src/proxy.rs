@@ -522,10 +522,13 @@ async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, body
     }
 }
 
+/// The text that ends a reply cut by the round limit.
+pub const ROUND_LIMIT_NOTE: &str = "[condense: the reply stopped after the limit of condense tool rounds for one request]";
+
 /// What happens after one round's reply was recorded.
 enum Next {
-    /// The reply is the client's: answer it.
-    Done { end_turn: bool },
+    /// The reply is the client's: answer it (ending with `note` when the round limit cut it).
+    Done { note: Option<String> },
     /// condense answered its tools: send this body for the next round.
     Continue(Vec<u8>),
 }
@@ -550,7 +553,10 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
         }
         if round + 1 >= max {
             c.session.note("serve", &format!("tool round limit reached: {max} rounds of condense tool calls in one client request; the reply ends here"))?;
-            return Ok((Some(last), Some(Err(true))));
+            // The reply ends as text the client sees, recorded so its history matches the log.
+            let closing = Message::Assistant { content: vec![condense_events::Block::Text { text: ROUND_LIMIT_NOTE.to_string() }], model: None, stop: None, usage: None };
+            let id = c.record_reply(Some(&last), closing, None, &internal)?;
+            return Ok((Some(id), Some(Err(true))));
         }
         let built = c.build(api, &wreq, &Recorded { entry_of: entries, last: Some(last.clone()), tokens_in: 0 }, &internal)?;
         Ok((Some(last), Some(Ok(built))))
@@ -558,10 +564,10 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
     .await?;
     rec.last = last;
     Ok(match next {
-        None => Next::Done { end_turn: false },
+        None => Next::Done { note: None },
         Some(Err(_)) => {
             st.counters.round_limits.fetch_add(1, Ordering::Relaxed);
-            Next::Done { end_turn: true }
+            Next::Done { note: Some(ROUND_LIMIT_NOTE.to_string()) }
         }
         Some(Ok(built)) => {
             st.counters.tool_rounds.fetch_add(1, Ordering::Relaxed);
@@ -598,10 +604,10 @@ async fn json_rounds(st: Arc<State>, conv: ConvRef, req: Req, mut rec: Recorded,
         });
         match after_round(&st, &conv, &req, &mut rec, reply, usage, round).await {
             Err(e) => return engine_error(api, &e),
-            Ok(Next::Done { end_turn }) => {
+            Ok(Next::Done { note }) => {
                 let mut out = merged.take().expect("a reply");
-                if end_turn {
-                    api::end_turn(api, &mut out);
+                if let Some(n) = note {
+                    api::end_with_note(api, &mut out, &n);
                 }
                 return with_headers(json_response(StatusCode::OK, &out), headers);
             }
@@ -669,8 +675,8 @@ fn stream_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, first: 
                     let _ = tx.send(Ok(stream_error(api, &format!("condense serve: {e}")))).await;
                     return;
                 }
-                Ok(Next::Done { end_turn }) => {
-                    codec.finish(end_turn, &mut out);
+                Ok(Next::Done { note }) => {
+                    codec.finish(note.as_deref(), &mut out);
                     for b in out {
                         let _ = tx.send(Ok(b)).await;
                     }

@@ -36,9 +36,9 @@ pub trait Codec: Send {
     fn reply(&self) -> (Message, Option<Usage>);
     /// Starts the next round of the same reply.
     fn next_round(&mut self);
-    /// Sends the held-back end of the reply; `end_turn` when the round limit cut a reply that still
-    /// called only condense's tools.
-    fn finish(&mut self, end_turn: bool, out: &mut Vec<bytes::Bytes>);
+    /// Sends the held-back end of the reply; `note` when the round limit cut a reply that still called
+    /// only condense's tools (the note ends the reply as text, and the reply ends as a plain answer).
+    fn finish(&mut self, note: Option<&str>, out: &mut Vec<bytes::Bytes>);
 }
 
 /// The codec for `api`; `internal` tells condense's tool names.
@@ -192,7 +192,15 @@ impl Codec for AnthropicCodec {
         self.stopped = false;
     }
 
-    fn finish(&mut self, end_turn: bool, out: &mut Vec<bytes::Bytes>) {
+    fn finish(&mut self, note: Option<&str>, out: &mut Vec<bytes::Bytes>) {
+        let end_turn = note.is_some();
+        if let Some(text) = note {
+            let i = self.next_index;
+            self.next_index += 1;
+            out.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}).to_string()));
+            out.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": text}}).to_string()));
+            out.push(sse(Some("content_block_stop"), &json!({"type": "content_block_stop", "index": i}).to_string()));
+        }
         let mut d = self.delta.take().unwrap_or_else(|| json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 0}}));
         if end_turn {
             d["delta"]["stop_reason"] = json!("end_turn");
@@ -355,9 +363,14 @@ impl Codec for ChatCodec {
         self.done = false;
     }
 
-    fn finish(&mut self, end_turn: bool, out: &mut Vec<bytes::Bytes>) {
-        let reason = if end_turn { json!("stop") } else { self.finish_reason.clone().unwrap_or(json!("stop")) };
+    fn finish(&mut self, note: Option<&str>, out: &mut Vec<bytes::Bytes>) {
+        let reason = if note.is_some() { json!("stop") } else { self.finish_reason.clone().unwrap_or(json!("stop")) };
         let mut chunk = self.template.clone();
+        if let Some(text) = note {
+            let mut c = self.template.clone();
+            c["choices"] = json!([{"index": 0, "delta": {"content": text}, "finish_reason": null}]);
+            out.push(sse(None, &c.to_string()));
+        }
         chunk["choices"] = json!([{"index": 0, "delta": {}, "finish_reason": reason}]);
         out.push(sse(None, &chunk.to_string()));
         if let Some(u) = self.usage_chunk.take() {
@@ -473,7 +486,15 @@ impl Codec for ResponsesCodec {
         self.completed = None;
     }
 
-    fn finish(&mut self, _end_turn: bool, out: &mut Vec<bytes::Bytes>) {
+    fn finish(&mut self, note: Option<&str>, out: &mut Vec<bytes::Bytes>) {
+        if let Some(text) = note {
+            let i = self.next_index;
+            self.next_index += 1;
+            let item = json!({"type": "message", "id": format!("msg_condense_{i}"), "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]});
+            self.send("response.output_item.added", json!({"type": "response.output_item.added", "output_index": i, "item": item}), out);
+            self.send("response.output_item.done", json!({"type": "response.output_item.done", "output_index": i, "item": item}), out);
+            self.visible.push(item);
+        }
         let mut c = self.completed.take().unwrap_or_else(|| json!({"type": "response.completed", "response": {}}));
         c["response"]["output"] = Value::Array(std::mem::take(&mut self.visible));
         self.send("response.completed", c, out);
@@ -514,7 +535,7 @@ mod tests {
         ev(&mut c, &mut out, "content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
         ev(&mut c, &mut out, "message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}));
         ev(&mut c, &mut out, "message_stop", json!({"type": "message_stop"}));
-        c.finish(false, &mut out);
+        c.finish(None, &mut out);
         let second = text(&out);
         assert!(!second.contains("message_start"));
         assert!(second.contains("\"index\":1"), "{second}");
@@ -532,7 +553,7 @@ mod tests {
         let s = text(&out);
         assert!(!s.contains("context_tree_query") && !s.contains("[DONE]") && !s.contains("tool_calls\"}"), "{s}");
         assert_eq!(c.reply().0.tool_calls().count(), 1);
-        c.finish(true, &mut out);
+        c.finish(Some("[limit]"), &mut out);
         assert!(text(&out).ends_with("data: [DONE]\n\n"));
         assert!(text(&out).contains("\"finish_reason\":\"stop\""));
     }
@@ -548,7 +569,7 @@ mod tests {
         assert!(!s.contains("context_tree_query"));
         assert!(s.contains("\"output_index\":0"));
         assert_eq!(c.reply().0.tool_calls().count(), 1);
-        c.finish(false, &mut out);
+        c.finish(None, &mut out);
         assert!(text(&out).contains("response.completed"));
     }
 }

@@ -302,3 +302,260 @@ async fn responses_json() {
 async fn responses_stream() {
     full_path(Api::Responses, true).await;
 }
+
+fn store_of(s: &Setup) -> (condense_engine::Store, condense_engine::Session) {
+    let store = s.serve.state.store().clone();
+    let sessions = store.sessions().unwrap();
+    assert_eq!(sessions.len(), 1, "one session: {sessions:?}");
+    let session = store.session(&sessions[0].name).unwrap();
+    (store, session)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewound_history_moves_the_branch_and_a_retry_moves_the_leaf() {
+    let s = setup(vec![Step::Text("one".into()), Step::Text("two".into()), Step::Text("two again".into()), Step::Text("other".into())], vec![]).await;
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    agent.turn("first").await.unwrap();
+    agent.turn("second").await.unwrap();
+    let (_, session) = store_of(&s);
+    let entries_before = session.projection().unwrap().entries();
+    assert_eq!(entries_before, 4);
+    // A retry of the same request (the client never got the reply): no new entry, the old reply leaves
+    // the context.
+    agent.history.pop();
+    let again = agent.request().await.unwrap();
+    assert_eq!(again.text(), "two again");
+    let p = session.projection().unwrap();
+    assert_eq!(p.entries(), 5, "only the new reply is recorded");
+    let branch: Vec<String> = p.branch_messages().iter().map(|m| m.text()).collect();
+    assert_eq!(branch, ["first", "one", "second", "two again"]);
+    // The user rewinds to before the second prompt and asks something else: a branch from `one`.
+    agent.history.pop();
+    agent.turn("something else").await.unwrap();
+    let p = session.projection().unwrap();
+    assert_eq!(p.entries(), 7, "two new entries, nothing copied");
+    let branch: Vec<String> = p.branch_messages().iter().map(|m| m.text()).collect();
+    assert_eq!(branch, ["first", "one", "something else", "other"]);
+    // Both earlier replies are still in the tree.
+    let all: Vec<String> = p.tree().filter_map(|(_, _, m)| m.map(|m| m.text())).collect();
+    assert!(all.contains(&"two".to_string()) && all.contains(&"two again".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overflow_checkpoints_and_retries_once() {
+    let s = setup(vec![Step::Shell("seq 1 3000".into()), Step::Text("done".into()), Step::Overflow, Step::Text("after the retry".into())], vec![]).await;
+    let mut agent = Agent::new(Api::Anthropic, true, &s.url());
+    agent.turn("count").await.unwrap();
+    assert_eq!(agent.turn("more").await.unwrap(), "after the retry");
+    let log = s.fake.log();
+    let retry = log.last().unwrap();
+    let text: String = retry.messages().iter().map(|m| m.text()).collect();
+    assert!(text.contains("[Checkpoint c1"), "the retry carries the checkpoint: {text}");
+    let status = s.status().await;
+    assert_eq!((status["overflows"].as_u64(), status["checkpoints"].as_u64()), (Some(1), Some(1)), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_overflow_reaches_the_client_as_compaction_failed() {
+    for api in [Api::Anthropic, Api::Chat, Api::Responses] {
+        let s = setup(vec![Step::Text("done".into()), Step::Overflow, Step::Overflow, Step::Text("never".into())], vec![]).await;
+        let mut agent = Agent::new(api, false, &s.url());
+        agent.turn("one").await.unwrap();
+        let (status, body) = agent.turn("two").await.unwrap_err();
+        assert_eq!(status, 400);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.starts_with("CONTEXT_COMPACTION_FAILED"), "{msg}");
+        if api == Api::Anthropic {
+            assert_eq!(v["type"], "error");
+        }
+        assert_eq!(s.fake.log().len(), 3, "one request, one retry, nothing more");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_smaller_model_goes_through_the_payload_guard_and_recovery() {
+    let models = vec![
+        ("big-model".to_string(), ModelLimits { context_window: 200_000, max_output: Some(8_000) }),
+        ("small-model".to_string(), ModelLimits { context_window: 16_000, max_output: Some(2_000) }),
+    ];
+    let s = setup(vec![], models).await;
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    agent.model = "big-model".into();
+    for i in 0..4 {
+        let long: String = (0..2500).map(|n| format!("w{i}x{n} ")).collect();
+        agent.turn(&long).await.unwrap();
+    }
+    agent.model = "small-model".into();
+    agent.turn("now continue on the small model").await.unwrap();
+    let log = s.fake.log();
+    let last = log.last().unwrap();
+    let bytes = serde_json::to_vec(&last.body).unwrap().len();
+    let budget = condense_checkpoint_budget(16_000, 2_000);
+    assert!((bytes as u64) <= budget * 4, "the request after the switch fits: {bytes} bytes");
+    assert!(last.tool_names().iter().any(|t| t == "history_search"), "{:?}", last.tool_names());
+    let (_, session) = store_of(&s);
+    assert_eq!(session.projection().unwrap().index().archives.len(), 1);
+}
+
+fn condense_checkpoint_budget(window: u64, out: u64) -> u64 {
+    let m = condense_engine::config::ModelLimits { context_window: window, max_output: Some(out) };
+    let _ = m;
+    // The hard budget as the controller computes it.
+    let b = condense_checkpoint::Budget::new(window, Some(out), condense_checkpoint::DEFAULT_RESERVE);
+    b.hard
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_errors_in_the_api_format() {
+    let fake = Fake::start(vec![]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ServeConfig::new(dir.path().join("store"));
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.anthropic_upstream = fake.url();
+    cfg.openai_upstream = fake.url();
+    cfg.max_body_bytes = 10_000;
+    let serve = start(cfg).await.unwrap();
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Vec<u8>| http.post(format!("http://{}{path}", serve.addr)).header("content-type", "application/json").body(body).send();
+    let r = post("/v1/messages", vec![b'x'; 20_000]).await.unwrap();
+    assert_eq!(r.status(), 413);
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["type"], "error");
+    let r = post("/v1/chat/completions", b"{not json".to_vec()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("not JSON"));
+    let r = post("/v1/messages", json!({"model": "m", "messages": [{"role": "pilot", "content": "x"}]}).to_string().into_bytes()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("messages[0]: unknown role `pilot`"), "{v}");
+    let r = post("/v1/responses", json!({"model": "m", "input": 5}).to_string().into_bytes()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(fake.log().is_empty(), "nothing bad went upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_errors_pass_through_and_a_down_upstream_is_502() {
+    let s = setup(vec![Step::Fail(429, "slow down".into()), Step::Text("ok".into())], vec![]).await;
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    let (status, body) = agent.turn("hi").await.unwrap_err();
+    assert_eq!(status, 429);
+    assert!(body.contains("slow down"));
+    assert_eq!(agent.request().await.unwrap().text(), "ok");
+    // An upstream that is not there.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ServeConfig::new(dir.path().join("store"));
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    cfg.openai_upstream = format!("http://{closed}");
+    let serve = start(cfg).await.unwrap();
+    let mut agent = Agent::new(Api::Chat, true, &format!("http://{}", serve.addr));
+    let (status, body) = agent.turn("hi").await.unwrap_err();
+    assert_eq!(status, 502);
+    assert!(body.contains("upstream unreachable"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_half_way_is_not_recorded() {
+    for api in [Api::Anthropic, Api::Chat, Api::Responses] {
+        let s = setup(vec![Step::Drop, Step::Text("whole".into())], vec![]).await;
+        let mut agent = Agent::new(api, true, &s.url());
+        agent.user("hi");
+        let resp = reqwest::Client::new()
+            .post(format!("{}{}", s.url(), agent.path()))
+            .header("content-type", "application/json")
+            .body(agent.body().to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(resp.text().await.is_err(), "the client's stream breaks as the upstream's did");
+        let (_, session) = store_of(&s);
+        let p = session.projection().unwrap();
+        assert!(!p.branch_messages().iter().any(|m| matches!(**m, Message::Assistant { .. })), "no half reply recorded");
+        // The client's retry succeeds and is recorded once.
+        assert_eq!(agent.request().await.unwrap().text(), "whole");
+        let p = session.projection().unwrap();
+        assert_eq!(p.branch_messages().iter().filter(|m| matches!(***m, Message::Assistant { .. })).count(), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_round_limit_ends_the_reply_and_says_so_in_the_log() {
+    let call = || Step::Call("new_context".into(), json!({}));
+    let fake = Fake::start(vec![call(), call(), call(), Step::Text("late".into())]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ServeConfig::new(dir.path().join("store"));
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.anthropic_upstream = fake.url();
+    cfg.max_tool_rounds = 2;
+    let serve = start(cfg).await.unwrap();
+    let mut agent = Agent::new(Api::Anthropic, true, &format!("http://{}", serve.addr));
+    agent.turn("go").await.unwrap();
+    assert_eq!(fake.log().len(), 2, "two rounds, then the bound");
+    let status = serve.state.status().await;
+    assert_eq!(status["tool_round_limits"], 1);
+    let store = serve.state.store().clone();
+    let name = store.sessions().unwrap()[0].name.clone();
+    let session = store.session(&name).unwrap();
+    let events = store.log().read(session.id(), 1, session.head().unwrap()).unwrap();
+    assert!(events.iter().any(|e| matches!(&e.body, condense_events::Event::Decision(condense_events::DecisionEvent::Note { text, .. }) if text.contains("tool round limit"))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unchanged_messages_keep_their_bytes_and_the_cache_mark_moves_with_the_end() {
+    let s = setup(vec![Step::Shell("echo a".into()), Step::Shell("echo b".into()), Step::Text("done".into()), Step::Text("again".into())], vec![]).await;
+    let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+    agent.turn("one").await.unwrap();
+    agent.turn("two").await.unwrap();
+    let log = s.fake.log();
+    // The client itself writes its marked last message as a block list and the same message unmarked as
+    // a string a request later (Claude Code does the same): compare the two as equal.
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        for m in v.as_array_mut().unwrap() {
+            if let Some(Value::String(s)) = m.get("content").cloned() {
+                m["content"] = json!([{"type": "text", "text": s}]);
+            }
+            if let Some(Value::Array(c)) = m.get_mut("content") {
+                for b in c {
+                    b.as_object_mut().map(|o| o.remove("cache_control"));
+                }
+            }
+        }
+        v
+    };
+    for w in log.windows(2) {
+        let (a, b) = (strip(&w[0].body["messages"]), strip(&w[1].body["messages"]));
+        let n = a.as_array().unwrap().len();
+        assert_eq!(a.as_array().unwrap()[..n], b.as_array().unwrap()[..n], "the earlier messages go out byte for byte the same");
+        // One mark in the messages, on the last one; the system prompt's mark untouched.
+        let marks = w[1].body["messages"].to_string().matches("cache_control").count();
+        assert_eq!(marks, 1);
+        assert!(w[1].body["messages"].as_array().unwrap().last().unwrap().to_string().contains("cache_control"));
+        assert_eq!(w[1].body["system"], json!([{"type": "text", "text": "You are a test agent.", "cache_control": {"type": "ephemeral"}}]));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_are_told_apart_and_count_tokens_and_other_paths_pass_through() {
+    let s = setup(vec![], vec![]).await;
+    let mut a = Agent::new(Api::Chat, false, &s.url());
+    a.headers.push(("x-condense-session".into(), "alpha".into()));
+    let mut b = Agent::new(Api::Chat, false, &s.url());
+    b.headers.push(("x-condense-session".into(), "beta".into()));
+    let (ra, rb) = tokio::join!(a.turn("same words"), b.turn("same words"));
+    ra.unwrap();
+    rb.unwrap();
+    let names: Vec<String> = s.serve.state.store().sessions().unwrap().into_iter().map(|i| i.name).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.iter().all(|n| n.starts_with("chat/same-words/")), "{names:?}");
+    let http = reqwest::Client::new();
+    let r = http.post(format!("{}/v1/messages/count_tokens", s.url())).header("x-api-key", "k").body(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(serde_json::from_slice::<Value>(&r.bytes().await.unwrap()).unwrap()["input_tokens"], 42);
+    let r = http.get(format!("{}/v1/models", s.url())).send().await.unwrap();
+    assert_eq!(r.status(), 200, "other /v1/ paths reach the upstream");
+    assert_eq!(s.fake.log().last().unwrap().path, "/v1/models");
+}
