@@ -41,9 +41,13 @@ pub fn serve(store_dir: &Path, a: &Args) -> Result<ExitCode> {
     rt.block_on(async move {
         let running = condense_serve::start(cfg.clone()).await?;
         let announced = lock::announce(&cfg.store, running.addr).with_context(|| format!("writing {}", lock::path(&cfg.store).display()))?;
-        println!("condense serve: listening on http://{} (store {})", announced.addr, cfg.store.display());
-        println!("  Claude Code: ANTHROPIC_BASE_URL=http://{}", announced.addr);
-        println!("  OpenAI-compatible agents (pi, Codex, opencode): base URL http://{}/v1", announced.addr);
+        // A closed stdout (the starter stopped reading) must not stop the server: errors are ignored.
+        use std::io::Write;
+        let mut o = std::io::stdout();
+        let _ = writeln!(o, "condense serve: listening on http://{} (store {})", announced.addr, cfg.store.display());
+        let _ = writeln!(o, "  Claude Code: ANTHROPIC_BASE_URL=http://{}", announced.addr);
+        let _ = writeln!(o, "  OpenAI-compatible agents (pi, Codex, opencode): base URL http://{}/v1", announced.addr);
+        let _ = o.flush();
         let stop = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             tokio::select! {

@@ -1,0 +1,349 @@
+//! `condense serve` end to end: the real `condense` binary between a scripted fake provider on loopback
+//! and the real coding agents — Claude Code, pi and Codex, installed from npm at pinned versions by this
+//! test itself (cached under `target/e2e-clients`). Each client runs two turns non-interactively; the
+//! fake model runs shell commands with large outputs, later asks `context_tree_query` for a ref it saw in
+//! a stub, and finishes. Also here: `kill -9` of serve in the middle of a request, and CLI commands on
+//! the store while serve holds it.
+
+use condense_events::Message;
+use condense_serve::fake::{newest_stub_ref, Fake, Logged, Step};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+/// The pinned client versions (issue 8).
+const CLIENTS: &[(&str, &str)] = &[
+    ("@anthropic-ai/claude-code", "2.1.328"),
+    ("@mariozechner/pi-coding-agent", "0.73.1"),
+    ("@openai/codex", "0.169.0"),
+];
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+}
+
+/// The folder with the clients' `node_modules`, installing them on first use.
+fn clients() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::var_os("CONDENSE_E2E_CLIENTS").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/e2e-clients"));
+        let pinned: Vec<String> = CLIENTS.iter().map(|(p, v)| format!("{p}@{v}")).collect();
+        let stamp = dir.join("installed.txt");
+        if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.join("\n").as_str()) {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("package.json"), r#"{"name":"condense-e2e-clients","private":true,"version":"0.0.0"}"#).unwrap();
+            let status = Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+                .args(&pinned)
+                .current_dir(&dir)
+                .status()
+                .expect("npm must be installed to run the end-to-end tests");
+            assert!(status.success(), "npm install of the pinned clients failed");
+            std::fs::write(&stamp, pinned.join("\n")).unwrap();
+        }
+        dir
+    })
+}
+
+fn bin(name: &str) -> PathBuf {
+    clients().join("node_modules/.bin").join(name)
+}
+
+/// A running `condense serve` child process.
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Serve {
+    fn start(store: &Path, fake: &Fake) -> Serve {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_condense"))
+            .arg("--store")
+            .arg(store)
+            .args(["serve", "--listen", "127.0.0.1:0", "--anthropic-upstream", &fake.url(), "--openai-upstream", &fake.url()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("condense serve starts");
+        let mut line = String::new();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        out.read_line(&mut line).unwrap();
+        // Keep reading what serve prints, so its stdout never closes under it.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("no address in `{line}`")).to_string();
+        Serve { child, addr }
+    }
+
+    fn kill9(&mut self) {
+        let _ = Command::new("kill").arg("-9").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.stdin(Stdio::null()).output().expect("the client runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Two turns of shell commands with large outputs, then a query of a stub's ref.
+fn script() -> Vec<Step> {
+    vec![
+        Step::Shell("seq 1 30000".into()),
+        Step::Shell("seq 2 30001".into()),
+        Step::Shell("seq 3 30002".into()),
+        Step::Text("FAKE-FINAL: turn one done".into()),
+        Step::QueryNewestStub,
+        Step::Text("FAKE-FINAL: found it".into()),
+    ]
+}
+
+/// The assertions every client shares, on what the fake provider received.
+fn check_provider_side(log: &[Logged]) -> String {
+    // Later turns carry stubs in place of the old outputs.
+    let q = log.iter().position(|l| l.step == Some(Step::QueryNewestStub)).expect("the model saw a stub and queried it");
+    let at_query = log[q].messages();
+    let r = newest_stub_ref(&at_query).unwrap();
+    let stubs = at_query.iter().filter(|m| matches!(m, Message::ToolResult { .. }) && m.text().contains("context_tree_query")).count();
+    assert!(stubs >= 2, "old outputs are stubbed in the later turn ({stubs})");
+    // The query's result, as the fake received it in the continuation, is the original byte for byte.
+    let cont = log[q + 1].messages();
+    let call = cont.iter().flat_map(|m| m.tool_calls().filter(|(_, n, _)| *n == "context_tree_query").map(|(i, _, _)| i.to_string()).collect::<Vec<_>>()).last().expect("the continuation holds the query");
+    let answer = cont.iter().find_map(|m| match m { Message::ToolResult { call_id, .. } if *call_id == call => Some(m.text()), _ => None }).expect("its result");
+    let (_, body) = answer.split_once('\n').unwrap();
+    // The original as the client sent it, the first time it went upstream whole.
+    let n: usize = r[1..].parse().unwrap();
+    let originals: Vec<String> = log.iter().find_map(|l| {
+        let outs: Vec<String> = l.messages().iter().filter(|m| matches!(m, Message::ToolResult { .. })).map(Message::text).collect();
+        (outs.len() >= n && !outs[n - 1].contains("context_tree_query")).then_some(outs)
+    }).expect("the output went upstream whole once");
+    assert_eq!(body, originals[n - 1], "the recovered output equals the original byte for byte");
+    body.to_string()
+}
+
+/// What serve recorded, as the client saw it: user prompts and tool results, with condense's own
+/// exchanges left out.
+fn recorded(store: &Path) -> (Vec<String>, Vec<(String, String)>) {
+    let st = condense_engine::Store::open(store).unwrap();
+    let infos = st.sessions().unwrap();
+    assert_eq!(infos.len(), 1, "one conversation, one session: {infos:?}");
+    let p = st.session(&infos[0].name).unwrap().projection().unwrap();
+    split(&p.branch_messages().iter().map(|m| (**m).clone()).collect::<Vec<_>>())
+}
+
+fn split(ms: &[Message]) -> (Vec<String>, Vec<(String, String)>) {
+    let condense: Vec<String> = ms.iter().flat_map(|m| m.tool_calls().filter(|(_, n, _)| condense_engine::tools::is_condense_tool(n)).map(|(i, _, _)| i.to_string()).collect::<Vec<_>>()).collect();
+    let prompts = ms.iter().filter(|m| matches!(m, Message::User { origin: condense_events::UserOrigin::Prompt, .. })).map(|m| m.text()).collect();
+    let results = ms
+        .iter()
+        .filter_map(|m| match m {
+            Message::ToolResult { call_id, .. } if !condense.contains(call_id) => Some((call_id.clone(), m.text())),
+            _ => None,
+        })
+        .collect();
+    (prompts, results)
+}
+
+/// The client's own session file, imported by condense.
+fn imported(file: &Path) -> Vec<Message> {
+    let imp = condense_formats::import_file(file).expect("the client's session file imports");
+    let mut p = condense_render::Projection::new();
+    for (i, e) in imp.events.into_iter().enumerate() {
+        p.apply(i as u64 + 1, &condense_events::Event::Source(e));
+    }
+    p.branch_messages().iter().map(|m| (**m).clone()).collect()
+}
+
+fn find_jsonl(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(find_jsonl(&p));
+        } else if p.extension().is_some_and(|x| x == "jsonl") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The client's file and serve's log agree: the same tool results (condense's own left out), and the
+/// client's file never holds a condense tool.
+fn check_client_file(file: &Path, store: &Path) {
+    let text = std::fs::read_to_string(file).unwrap();
+    assert!(!text.contains("\"context_tree_query\""), "the client never saw a condense tool call");
+    let (_, theirs) = split(&imported(file));
+    let (_, ours) = recorded(store);
+    assert_eq!(theirs.len(), ours.len(), "the same tool results:\nclient {theirs:?}\nserve {ours:?}");
+    for ((ci, ct), (si, stext)) in theirs.iter().zip(&ours) {
+        assert_eq!(ci, si);
+        assert_eq!(ct.trim_end(), stext.trim_end(), "result of {ci}");
+    }
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    fake: Fake,
+    rt: tokio::runtime::Runtime,
+}
+
+fn env() -> Env {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let fake = rt.block_on(Fake::start(script()));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    for d in ["home", "tmp", "work", "store"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    Env { _dir: dir, root, fake, rt }
+}
+
+fn base_env(cmd: &mut Command, root: &Path) {
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", root.join("home"))
+        .env("TMPDIR", root.join("tmp"))
+        .current_dir(root.join("work"));
+}
+
+#[test]
+fn claude_code_through_serve() {
+    let e = env();
+    let serve = Serve::start(&e.root.join("store"), &e.fake);
+    let claude = |args: &[&str]| {
+        let mut c = Command::new(bin("claude"));
+        base_env(&mut c, &e.root);
+        c.env("ANTHROPIC_BASE_URL", format!("http://{}", serve.addr))
+            .env("ANTHROPIC_API_KEY", "dummy-SECRET-anthropic")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("DISABLE_ERROR_REPORTING", "1")
+            .args(args);
+        run(&mut c)
+    };
+    let (code, out, err) = claude(&["-p", "Count the numbers with seq", "--allowedTools", "Bash"]);
+    assert_eq!(code, 0, "turn 1: {out}\n{err}");
+    assert!(out.contains("turn one done"), "{out}");
+    let (code, out, err) = claude(&["-p", "Look at the last output again", "--continue", "--allowedTools", "Bash"]);
+    assert_eq!(code, 0, "turn 2: {out}\n{err}");
+    assert!(out.contains("found it"), "{out}");
+    check_provider_side(&e.fake.log());
+    drop(serve);
+    let files = find_jsonl(&e.root.join("home/.claude/projects"));
+    assert_eq!(files.len(), 1, "{files:?}");
+    check_client_file(&files[0], &e.root.join("store"));
+    assert_no_secret(&e.root.join("store"), "SECRET");
+    drop(e.rt);
+}
+
+#[test]
+fn pi_through_serve() {
+    let e = env();
+    let serve = Serve::start(&e.root.join("store"), &e.fake);
+    let agent = e.root.join("agent");
+    std::fs::create_dir_all(&agent).unwrap();
+    let models = serde_json::json!({"providers": {"fake": {
+        "baseUrl": format!("http://{}/v1", serve.addr), "api": "openai-completions", "apiKey": "FAKE_KEY",
+        "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
+        "models": [{"id": "fake-model", "name": "Fake", "reasoning": false, "contextWindow": 128000, "maxTokens": 4096}]}}});
+    std::fs::write(agent.join("models.json"), models.to_string()).unwrap();
+    let pi = |args: &[&str]| {
+        let mut c = Command::new(bin("pi"));
+        base_env(&mut c, &e.root);
+        c.env("PI_CODING_AGENT_DIR", &agent).env("PI_OFFLINE", "1").env("FAKE_KEY", "dummy-SECRET-pi").args(["--provider", "fake", "--model", "fake-model"]).args(args);
+        run(&mut c)
+    };
+    let (code, out, err) = pi(&["-p", "Count the numbers with seq"]);
+    assert_eq!(code, 0, "turn 1: {out}\n{err}");
+    assert!(out.contains("turn one done"), "{out}");
+    let (code, out, err) = pi(&["-c", "-p", "Look at the last output again"]);
+    assert_eq!(code, 0, "turn 2: {out}\n{err}");
+    assert!(out.contains("found it"), "{out}");
+    check_provider_side(&e.fake.log());
+    drop(serve);
+    let files = find_jsonl(&agent.join("sessions"));
+    assert_eq!(files.len(), 1, "{files:?}");
+    check_client_file(&files[0], &e.root.join("store"));
+    assert_no_secret(&e.root.join("store"), "SECRET");
+    drop(e.rt);
+}
+
+#[test]
+fn codex_through_serve() {
+    let e = env();
+    let serve = Serve::start(&e.root.join("store"), &e.fake);
+    let codex_home = e.root.join("home/.codex");
+    std::fs::create_dir_all(&codex_home).unwrap();
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            r#"model = "fake-model"
+model_provider = "fake"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+
+[model_providers.fake]
+name = "Fake local provider"
+base_url = "http://{}/v1"
+wire_api = "responses"
+env_key = "FAKE_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 20000
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[features]
+plugins = false
+unbounded_connection_retries = false
+"#,
+            serve.addr
+        ),
+    )
+    .unwrap();
+    let codex = |args: &[&str]| {
+        let mut c = Command::new(bin("codex"));
+        base_env(&mut c, &e.root);
+        c.env("CODEX_HOME", &codex_home).env("FAKE_KEY", "dummy-SECRET-codex").args(args);
+        run(&mut c)
+    };
+    let flags = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"];
+    let (code, out, err) = codex(&[&["exec"][..], &flags, &["Count the numbers with seq"]].concat());
+    assert_eq!(code, 0, "turn 1: {out}\n{err}");
+    assert!(out.contains("turn one done"), "{out}");
+    let (code, out, err) = codex(&[&["exec", "resume", "--last"][..], &flags, &["Look at the last output again"]].concat());
+    assert_eq!(code, 0, "turn 2: {out}\n{err}");
+    assert!(out.contains("found it"), "{out}");
+    check_provider_side(&e.fake.log());
+    drop(serve);
+    let files = find_jsonl(&codex_home.join("sessions"));
+    assert_eq!(files.len(), 1, "{files:?}");
+    check_client_file(&files[0], &e.root.join("store"));
+    assert_no_secret(&e.root.join("store"), "SECRET");
+    drop(e.rt);
+}
+
+fn assert_no_secret(dir: &Path, needle: &str) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            assert_no_secret(&p, needle);
+        } else if let Ok(b) = std::fs::read(&p) {
+            assert!(!b.windows(needle.len()).any(|w| w == needle.as_bytes()), "{} holds a secret", p.display());
+        }
+    }
+}
