@@ -347,3 +347,98 @@ fn assert_no_secret(dir: &Path, needle: &str) {
         }
     }
 }
+
+/// A chat request through serve with ureq; `(status, body)`.
+fn chat(addr: &str, messages: &serde_json::Value) -> Result<(u16, serde_json::Value), String> {
+    let body = serde_json::json!({"model": "fake-model", "messages": messages, "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]});
+    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(false).build());
+    let mut r = agent
+        .post(&format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", "Bearer dummy")
+        .header("x-condense-session", "kill-test")
+        .header("content-type", "application/json")
+        .send(body.to_string().as_bytes())
+        .map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+    Ok((status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)))
+}
+
+fn condense(store: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_condense"));
+    c.arg("--store").arg(store).args(args);
+    run(&mut c)
+}
+
+#[test]
+fn kill_9_in_the_middle_of_a_request_loses_nothing_and_the_retry_succeeds() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let fake = rt.block_on(Fake::start(vec![Step::Text("first answer".into()), Step::Slow(3000), Step::Text("lost answer".into()), Step::Text("second answer".into())]));
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut serve = Serve::start(&store, &fake);
+    let mut history = serde_json::json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "one"}]);
+    let (status, v) = chat(&serve.addr, &history).unwrap();
+    assert_eq!(status, 200);
+    history.as_array_mut().unwrap().push(v["choices"][0]["message"].clone());
+    history.as_array_mut().unwrap().push(serde_json::json!({"role": "user", "content": "two"}));
+    // The second request waits on the slow upstream; serve is killed meanwhile.
+    let addr = serve.addr.clone();
+    let h2 = history.clone();
+    let pending = std::thread::spawn(move || chat(&addr, &h2));
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    serve.kill9();
+    assert!(pending.join().unwrap().is_err(), "the client's request broke with the server");
+    // Restarted on the same store: the session resumes and the client's retry succeeds.
+    let serve = Serve::start(&store, &fake);
+    let (status, v) = chat(&serve.addr, &history).unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "second answer");
+    // Through the running server: one session holding each message once.
+    let (code, out, err) = condense(&store, &["sessions"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().filter(|l| l.contains("events")).count(), 1, "{out}");
+    let name = out.lines().next().unwrap().split_whitespace().last().unwrap().to_string();
+    let (code, out, _) = condense(&store, &["render", &name]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let texts: Vec<String> = v.as_array().unwrap().iter().map(|m| m["content"][0]["text"].as_str().unwrap_or("").to_string()).collect();
+    assert_eq!(texts, ["one", "first answer", "two", "second answer"]);
+    let (code, out, err) = condense(&store, &["verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+    drop(serve);
+    drop(rt);
+}
+
+#[test]
+fn cli_commands_go_through_a_running_server() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let fake = rt.block_on(Fake::start(vec![]));
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let serve = Serve::start(&store, &fake);
+    let (status, _) = chat(&serve.addr, &serde_json::json!([{"role": "user", "content": "hello there"}])).unwrap();
+    assert_eq!(status, 200);
+    let (code, out, err) = condense(&store, &["sessions"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("chat/hello-there/"), "{out}");
+    let name = out.lines().next().unwrap().split_whitespace().last().unwrap().to_string();
+    for args in [vec!["stats", name.as_str()], vec!["render", name.as_str(), "--as", "openai"], vec!["history", "archives", name.as_str()]] {
+        let (code, out, err) = condense(&store, &args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+    }
+    // A relative path means the caller's folder, wherever serve runs.
+    let corpus = workspace().join("../shared/corpus/claude-code/DRMacIver__claude-reliability/snapshot-tests/tests/hello-world-script");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_condense"));
+    c.arg("--store").arg(&store).args(["simulate", "--keep", "transcript.jsonl"]).current_dir(&corpus);
+    let (code, out, err) = run(&mut c);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, out, _) = condense(&store, &["sessions"]);
+    assert!(out.contains("simulated/"), "{out}");
+    // Errors keep their exit code and one-line form.
+    let (code, _, err) = condense(&store, &["stats", "nope"]);
+    assert_eq!(code, 2);
+    assert_eq!(err.trim(), "condense: no session named `nope`");
+    drop(serve);
+    drop(rt);
+}

@@ -33,6 +33,8 @@ pub enum Step {
     Drop,
     /// Answer with this HTTP status and error message.
     Fail(u16, String),
+    /// Wait this many milliseconds, then answer with the next step.
+    Slow(u64),
 }
 
 /// A request the fake received.
@@ -190,21 +192,29 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
     let api = logged.api();
     let messages = logged.messages();
     let tools = logged.tool_names();
-    let (step, n) = {
+    let (step, n, delay) = {
         let mut s = state.lock().expect("fake lock");
         s.counter += 1;
         let mut step = None;
+        let mut delay = 0;
         while s.next < s.steps.len() {
             let st = s.steps[s.next].clone();
             s.next += 1;
+            if let Step::Slow(ms) = st {
+                delay += ms;
+                continue;
+            }
             if st == Step::QueryNewestStub && (newest_stub_ref(&messages).is_none() || !tools.iter().any(|t| t == condense_events::QUERY_TOOL_NAME)) {
                 continue;
             }
             step = Some(st);
             break;
         }
-        (step.unwrap_or(Step::Text("FAKE-FINAL: done".into())), s.counter)
+        (step.unwrap_or(Step::Text("FAKE-FINAL: done".into())), s.counter, delay)
     };
+    if delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
     logged.step = Some(step.clone());
     let stream = logged.body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let model = logged.body.get("model").and_then(Value::as_str).unwrap_or("fake-model").to_string();
@@ -230,6 +240,7 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         }
         Step::Call(name, args) => Reply { text: String::new(), calls: vec![(format!("call_{n}"), name, args)] },
         Step::Text(t) => Reply { text: t, calls: Vec::new() },
+        Step::Slow(_) => unreachable!("a delay is folded into the step after it"),
         Step::Drop => {
             let events = sse_events(api, &model, n, &Reply { text: "this reply never ends".into(), calls: Vec::new() });
             let half: Vec<Result<bytes::Bytes, std::io::Error>> = events.into_iter().take(2).map(Ok).collect();
