@@ -8,18 +8,20 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod serve;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("bench") => bench(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE]");
+            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only serve]");
             Ok(())
         }
     }
 }
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
 }
 
@@ -50,7 +52,7 @@ fn peak_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
@@ -71,7 +73,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
+pub(crate) fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
     v.sort();
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
     v[i]
@@ -95,6 +97,21 @@ fn bare_parse(bytes: &[u8]) -> usize {
 
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
+    if let Some(i) = args.iter().position(|a| a == "--only") {
+        let section = args.get(i + 1).context("--only needs a section: serve")?;
+        if section != "serve" {
+            bail!("--only takes `serve`");
+        }
+        let scratch = root().join("target/bench-scratch");
+        std::fs::create_dir_all(&scratch)?;
+        let mut md = String::new();
+        serve::bench(&mut md, &scratch)?;
+        let path = root().join("docs/benchmarks.md");
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        std::fs::write(&path, serve::splice(&old, &md))?;
+        println!("updated the serve section of {}", path.display());
+        return Ok(());
+    }
     let mut sizes: Vec<u64> = if quick { vec![1_000, 10_000, 100_000] } else { vec![1_000, 10_000, 100_000, 1_000_000] };
     let mut out_path = root().join("docs/benchmarks.md");
     let mut i = 0;
@@ -126,6 +143,7 @@ fn bench(args: &[String]) -> Result<()> {
     if sizes.contains(&100_000) {
         archive_bench(&mut md, &scratch)?;
     }
+    serve::bench(&mut md, &scratch)?;
     writeln!(md, "\n## Reference figures (pi and pi-condense)\n")?;
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
     writeln!(md, "\n## Method\n")?;

@@ -13,6 +13,7 @@ use crate::claude::{assistant_blocks, result_blocks};
 use crate::jsonl::{json_text, str_of};
 use condense_events::{Block, Message, Usage, UserOrigin};
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// A provider API.
@@ -77,23 +78,24 @@ pub struct WireMessage {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WireRequest {
     /// Leading wire messages that are the system prompt (Chat, Responses); they stay in place.
-    pub prefix: usize,
+    pub system: Vec<Value>,
     /// The conversation, in order.
     pub messages: Vec<WireMessage>,
     /// `cache_control` values taken off the client's blocks: (index into `messages`, value).
     pub cache_marks: Vec<(usize, Value)>,
 }
 
-/// A message of the context to send, in one API's wire form.
+/// A message of the context to send, in one API's wire form: borrowed from the client's request when it
+/// goes out unchanged, owned when condense wrote it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct OutMessage {
+pub struct OutMessage<'a> {
     /// Message-level fields (`role` included for Anthropic and Chat).
-    pub envelope: Map<String, Value>,
+    pub envelope: Cow<'a, Map<String, Value>>,
     /// Wire content (see [`WireMessage::parts`]).
-    pub parts: Vec<Value>,
+    pub parts: Cow<'a, [Value]>,
 }
 
-impl OutMessage {
+impl OutMessage<'_> {
     /// The wire role, when the API has one per message.
     pub fn role(&self) -> Option<&str> {
         self.envelope.get("role").and_then(Value::as_str)
@@ -101,9 +103,9 @@ impl OutMessage {
 }
 
 impl WireMessage {
-    /// The message as it goes out unchanged.
-    pub fn out(&self) -> OutMessage {
-        OutMessage { envelope: self.envelope.clone(), parts: self.parts.clone() }
+    /// The message as it goes out unchanged (borrowed, not copied).
+    pub fn out(&self) -> OutMessage<'_> {
+        OutMessage { envelope: Cow::Borrowed(&self.envelope), parts: Cow::Borrowed(&self.parts) }
     }
 }
 
@@ -135,8 +137,9 @@ fn take_cache_control(v: &mut Value) -> Option<Value> {
     found
 }
 
-/// Reads a request's message list (`messages`, or `input` for Responses).
-pub fn parse_request(api: Api, list: &[Value]) -> Result<WireRequest, WireError> {
+/// Reads a request's message list (`messages`, or `input` for Responses), taking its values (the wire
+/// JSON moves into the messages, uncopied).
+pub fn parse_request(api: Api, list: Vec<Value>) -> Result<WireRequest, WireError> {
     match api {
         Api::Anthropic => parse_anthropic(list),
         Api::Chat => parse_chat(list),
@@ -144,23 +147,38 @@ pub fn parse_request(api: Api, list: &[Value]) -> Result<WireRequest, WireError>
     }
 }
 
-fn envelope_of(m: &Map<String, Value>) -> Map<String, Value> {
-    m.iter().filter(|(k, _)| k.as_str() != "content").map(|(k, v)| (k.clone(), v.clone())).collect()
+/// Neutral blocks of Anthropic assistant content, read without taking the blocks apart.
+fn assistant_blocks_of(blocks: &[Value]) -> Vec<Block> {
+    let mut out = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        match str_of(b, "type") {
+            Some("text") => out.push(Block::Text { text: str_of(b, "text").unwrap_or("").to_string() }),
+            Some("tool_use" | "server_tool_use") => out.push(Block::ToolCall {
+                id: str_of(b, "id").unwrap_or("").to_string(),
+                name: str_of(b, "name").unwrap_or("").to_string(),
+                arguments: b.get("input").map_or_else(|| "{}".to_string(), json_text),
+            }),
+            _ => out.extend(assistant_blocks(Some(Value::Array(vec![b.clone()])), &mut |_| {})),
+        }
+    }
+    out
 }
 
-fn parse_anthropic(list: &[Value]) -> Result<WireRequest, WireError> {
+fn parse_anthropic(list: Vec<Value>) -> Result<WireRequest, WireError> {
     let mut req = WireRequest::default();
-    for (i, m) in list.iter().enumerate() {
+    for (i, m) in list.into_iter().enumerate() {
         let at = format!("messages[{i}]");
-        let Value::Object(obj) = m else { return Err(werr(at, "expected an object")) };
-        let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| werr(at.clone(), "`role` is missing"))?;
-        let envelope = envelope_of(obj);
-        let mut blocks: Vec<Value> = match obj.get("content") {
+        let Value::Object(mut obj) = m else { return Err(werr(at, "expected an object")) };
+        let content = obj.remove("content");
+        let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| werr(at.clone(), "`role` is missing"))?.to_string();
+        let role = role.as_str();
+        let envelope = obj;
+        let string_content = matches!(content, Some(Value::String(_)));
+        let mut blocks: Vec<Value> = match content {
             Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
-            Some(Value::Array(a)) => a.clone(),
+            Some(Value::Array(a)) => a,
             _ => return Err(werr(at, "`content` must be a string or a list of blocks")),
         };
-        let string_content = matches!(obj.get("content"), Some(Value::String(_)));
         for (j, b) in blocks.iter().enumerate() {
             if !b.is_object() || str_of(b, "type").is_none() {
                 return Err(werr(format!("{at}.content[{j}]"), "expected a block object with a `type`"));
@@ -180,7 +198,7 @@ fn parse_anthropic(list: &[Value]) -> Result<WireRequest, WireError> {
         };
         match role {
             "assistant" => {
-                let content = assistant_blocks(Some(Value::Array(blocks.clone())), &mut |_| {});
+                let content = assistant_blocks_of(&blocks);
                 push(&mut req, Message::Assistant { content, model: None, stop: None, usage: None }, blocks);
             }
             "user" | "system" => {
@@ -269,20 +287,21 @@ fn chat_text(content: Option<&Value>) -> Vec<Block> {
     }
 }
 
-fn parse_chat(list: &[Value]) -> Result<WireRequest, WireError> {
+fn parse_chat(list: Vec<Value>) -> Result<WireRequest, WireError> {
     let mut req = WireRequest::default();
     let mut in_prefix = true;
-    for (i, m) in list.iter().enumerate() {
+    for (i, mut part) in list.into_iter().enumerate() {
         let at = format!("messages[{i}]");
-        let Value::Object(obj) = m else { return Err(werr(at, "expected an object")) };
+        let Value::Object(obj) = &part else { return Err(werr(at, "expected an object")) };
         let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| werr(at.clone(), "`role` is missing"))?;
         if in_prefix && matches!(role, "system" | "developer") {
-            req.prefix += 1;
+            req.system.push(part);
             continue;
         }
         in_prefix = false;
-        let mut part = m.clone();
         let mark = take_cache_control(&mut part);
+        let Value::Object(obj) = &part else { unreachable!("checked above") };
+        let role = obj.get("role").and_then(Value::as_str).unwrap_or("");
         let message = match role {
             "user" => {
                 let content = chat_text(obj.get("content"));
@@ -380,22 +399,22 @@ fn responses_assistant_blocks(item: &Value) -> Vec<Block> {
     }
 }
 
-fn parse_responses(list: &[Value]) -> Result<WireRequest, WireError> {
+fn parse_responses(list: Vec<Value>) -> Result<WireRequest, WireError> {
     let mut req = WireRequest::default();
     let mut in_prefix = true;
-    for (i, item) in list.iter().enumerate() {
+    for (i, mut part) in list.into_iter().enumerate() {
         let at = format!("input[{i}]");
-        if !item.is_object() {
+        if !part.is_object() {
             return Err(werr(at, "expected an item object"));
         }
-        let role = str_of(item, "role");
-        if in_prefix && matches!(role, Some("system" | "developer")) {
-            req.prefix += 1;
+        if in_prefix && matches!(str_of(&part, "role"), Some("system" | "developer")) {
+            req.system.push(part);
             continue;
         }
         in_prefix = false;
-        let mut part = item.clone();
         let mark = take_cache_control(&mut part);
+        let item = &part;
+        let role = str_of(item, "role");
         if assistant_item(item) {
             let blocks = responses_assistant_blocks(item);
             // Consecutive items of the model form one assistant message.
@@ -449,7 +468,7 @@ fn parse_responses(list: &[Value]) -> Result<WireRequest, WireError> {
 
 /// A message of a rendered context in `api`'s wire form, written from the neutral model; `None` when it
 /// has nothing the API can carry (an assistant message of unsigned thinking only, for Anthropic).
-pub fn from_neutral(api: Api, m: &Message) -> Option<OutMessage> {
+pub fn from_neutral(api: Api, m: &Message) -> Option<OutMessage<'static>> {
     match api {
         Api::Anthropic => {
             let body = crate::export::anthropic(std::slice::from_ref(&m));
@@ -459,51 +478,99 @@ pub fn from_neutral(api: Api, m: &Message) -> Option<OutMessage> {
                 Some(Value::Array(a)) => a,
                 _ => return None,
             };
-            Some(OutMessage { envelope: o, parts })
+            Some(OutMessage { envelope: Cow::Owned(o), parts: Cow::Owned(parts) })
         }
         Api::Chat => {
             let v = crate::export::openai(std::slice::from_ref(&m)).as_array()?.first()?.clone();
             if v["role"] == "assistant" && v["content"].is_null() && v.get("tool_calls").is_none() {
                 return None;
             }
-            Some(OutMessage { envelope: Map::new(), parts: vec![v] })
+            Some(OutMessage { envelope: Cow::Owned(Map::new()), parts: Cow::Owned(vec![v]) })
         }
         Api::Responses => {
             let items = crate::export::responses(std::slice::from_ref(&m));
             let items = items.as_array()?.clone();
-            (!items.is_empty()).then_some(OutMessage { envelope: Map::new(), parts: items })
+            (!items.is_empty()).then_some(OutMessage { envelope: Cow::Owned(Map::new()), parts: Cow::Owned(items) })
         }
     }
 }
 
-/// The wire message list of `api` from the messages of a context, in order: Anthropic merges adjacent
-/// user (or assistant) messages into one, as the API requires; Chat and Responses take them as they are.
-pub fn assemble(api: Api, messages: Vec<OutMessage>) -> Vec<Value> {
+fn put(out: &mut Vec<u8>, v: &impl serde::Serialize) {
+    serde_json::to_writer(&mut *out, v).expect("JSON of a value");
+}
+
+/// Writes the wire message list of `api` as JSON: the system prefix (Chat, Responses), then the messages
+/// in order. Anthropic merges adjacent user (or assistant) messages into one, as the API requires; Chat and
+/// Responses take them as they are. Borrowed messages are written straight from the client's JSON.
+pub fn write_list(api: Api, system: &[Value], messages: &[OutMessage<'_>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(system.len() * 256 + messages.len() * 512);
+    out.push(b'[');
+    let mut first = true;
+    let mut sep = |out: &mut Vec<u8>| {
+        if !std::mem::take(&mut first) {
+            out.push(b',');
+        }
+    };
+    for v in system {
+        sep(&mut out);
+        put(&mut out, v);
+    }
     match api {
         Api::Anthropic => {
-            let mut out: Vec<OutMessage> = Vec::new();
+            let mut i = 0;
+            while i < messages.len() {
+                let m = &messages[i];
+                let mut j = i + 1;
+                while j < messages.len() && messages[j].role() == m.role() && matches!(m.role(), Some("user" | "assistant")) {
+                    j += 1;
+                }
+                let group = &messages[i..j];
+                sep(&mut out);
+                out.push(b'{');
+                for (k, v) in m.envelope.iter() {
+                    put(&mut out, k);
+                    out.push(b':');
+                    put(&mut out, v);
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"\"content\":");
+                let parts: Vec<&Value> = group.iter().flat_map(|g| g.parts.iter()).collect();
+                match parts.as_slice() {
+                    [Value::String(s)] => put(&mut out, s),
+                    _ => {
+                        out.push(b'[');
+                        for (k, p) in parts.iter().enumerate() {
+                            if k > 0 {
+                                out.push(b',');
+                            }
+                            match p {
+                                Value::String(s) => put(&mut out, &json!({"type": "text", "text": s})),
+                                other => put(&mut out, other),
+                            }
+                        }
+                        out.push(b']');
+                    }
+                }
+                out.push(b'}');
+                i = j;
+            }
+        }
+        Api::Chat | Api::Responses => {
             for m in messages {
-                match out.last_mut() {
-                    Some(prev) if prev.role() == m.role() && matches!(m.role(), Some("user" | "assistant")) => prev.parts.extend(m.parts),
-                    _ => out.push(m),
+                for p in m.parts.iter() {
+                    sep(&mut out);
+                    put(&mut out, p);
                 }
             }
-            out.into_iter()
-                .map(|m| {
-                    let mut o = m.envelope;
-                    let content = match m.parts.as_slice() {
-                        [Value::String(_)] => m.parts.into_iter().next().expect("one part"),
-                        _ => Value::Array(
-                            m.parts.into_iter().map(|p| if let Value::String(s) = p { json!({"type": "text", "text": s}) } else { p }).collect(),
-                        ),
-                    };
-                    o.insert("content".into(), content);
-                    Value::Object(o)
-                })
-                .collect()
         }
-        Api::Chat | Api::Responses => messages.into_iter().flat_map(|m| m.parts).collect(),
     }
+    out.push(b']');
+    out
+}
+
+/// The wire message list of `api` from the messages of a context, as values (see [`write_list`]).
+pub fn assemble(api: Api, messages: Vec<OutMessage<'_>>) -> Vec<Value> {
+    serde_json::from_slice(&write_list(api, &[], &messages)).expect("a list just written")
 }
 
 /// Puts a `cache_control` value on the last block of an Anthropic wire message (a string content becomes
@@ -549,7 +616,7 @@ pub fn anthropic_reply(content: &[Value], model: Option<String>) -> Message {
 
 /// The assistant message of a Chat completion's `message` object.
 pub fn chat_reply(message: &Value, model: Option<String>) -> Message {
-    let parsed = parse_chat(&[{
+    let parsed = parse_chat(vec![{
         let mut m = message.clone();
         m["role"] = json!("assistant");
         m
@@ -576,7 +643,7 @@ mod tests {
             json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a\nb"}, {"type": "text", "text": "<system-reminder>x</system-reminder>", "cache_control": {"type": "ephemeral"}}]}),
             json!({"role": "system", "content": "note", "output_config": {"effort": "low"}}),
         ];
-        let r = parse_request(Api::Anthropic, &list).unwrap();
+        let r = parse_request(Api::Anthropic, list.clone()).unwrap();
         let roles: Vec<&str> = r.messages.iter().map(|m| m.message.role()).collect();
         assert_eq!(roles, ["user", "assistant", "tool", "user", "user"]);
         assert!(matches!(&r.messages[2].message, Message::ToolResult { tool_name, .. } if tool_name == "Bash"));
@@ -592,27 +659,27 @@ mod tests {
 
     #[test]
     fn chat_and_responses_keep_the_system_prefix() {
-        let chat = parse_request(Api::Chat, &[json!({"role": "system", "content": "s"}), json!({"role": "user", "content": "u"}), json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}), json!({"role": "tool", "tool_call_id": "c", "content": "out"})]).unwrap();
-        assert_eq!(chat.prefix, 1);
+        let chat = parse_request(Api::Chat, vec![json!({"role": "system", "content": "s"}), json!({"role": "user", "content": "u"}), json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]}), json!({"role": "tool", "tool_call_id": "c", "content": "out"})]).unwrap();
+        assert_eq!(chat.system.len(), 1);
         assert_eq!(chat.messages.len(), 3);
         assert!(matches!(&chat.messages[2].message, Message::ToolResult { tool_name, .. } if tool_name == "bash"));
-        let resp = parse_request(Api::Responses, &[
+        let resp = parse_request(Api::Responses, vec![
             json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]}),
             json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "u"}]}),
             json!({"type": "reasoning", "summary": [], "encrypted_content": "xx"}),
             json!({"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{}"}),
             json!({"type": "function_call_output", "call_id": "c1", "output": "done"}),
         ]).unwrap();
-        assert_eq!(resp.prefix, 1);
+        assert_eq!(resp.system.len(), 1);
         assert_eq!(resp.messages.iter().map(|m| m.message.role()).collect::<Vec<_>>(), ["user", "assistant", "tool"]);
         assert_eq!(resp.messages[1].parts.len(), 2);
     }
 
     #[test]
     fn bad_shapes_name_the_place() {
-        assert_eq!(parse_request(Api::Anthropic, &[json!({"content": "x"})]).unwrap_err().at, "messages[0]");
-        assert_eq!(parse_request(Api::Anthropic, &[json!({"role": "user", "content": [1]})]).unwrap_err().at, "messages[0].content[0]");
-        assert_eq!(parse_request(Api::Chat, &[json!({"role": "pilot", "content": "x"})]).unwrap_err().reason, "unknown role `pilot`");
-        assert_eq!(parse_request(Api::Responses, &[json!(3)]).unwrap_err().at, "input[0]");
+        assert_eq!(parse_request(Api::Anthropic, vec![json!({"content": "x"})]).unwrap_err().at, "messages[0]");
+        assert_eq!(parse_request(Api::Anthropic, vec![json!({"role": "user", "content": [1]})]).unwrap_err().at, "messages[0].content[0]");
+        assert_eq!(parse_request(Api::Chat, vec![json!({"role": "pilot", "content": "x"})]).unwrap_err().reason, "unknown role `pilot`");
+        assert_eq!(parse_request(Api::Responses, vec![json!(3)]).unwrap_err().at, "input[0]");
     }
 }

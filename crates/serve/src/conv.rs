@@ -61,8 +61,8 @@ pub struct Recorded {
 /// The messages and tools to send upstream.
 #[derive(Debug, Clone)]
 pub struct Built {
-    /// The message list in the API's wire form.
-    pub messages: Vec<Value>,
+    /// The message list in the API's wire form, as JSON (the system prefix included).
+    pub list: Vec<u8>,
     /// condense's tools the context needs, in the API's wire form.
     pub tools: Vec<Value>,
     /// Tokens of the rendered context (pi's estimate).
@@ -208,7 +208,7 @@ impl Conv {
                 .collect();
             for (o, s) in outs.iter_mut().zip(&src) {
                 if s.is_none() {
-                    for part in &mut o.parts {
+                    for part in o.parts.to_mut().iter_mut() {
                         if part["type"] == "function_call_output" && part["call_id"].as_str().is_some_and(|c| custom.iter().any(|x| x == c)) {
                             part["type"] = json!("custom_tool_call_output");
                         }
@@ -217,7 +217,7 @@ impl Conv {
             }
         }
         let tools = tools.iter().map(|t| tool_json(api, t)).collect();
-        Ok(Built { messages: wire::assemble(api, outs), tools, tokens_sent })
+        Ok(Built { list: wire::write_list(api, &req.system, &outs), tools, tokens_sent })
     }
 
     /// Records the model's reply after `parent` and the usage the provider reported for it; returns the
@@ -265,8 +265,8 @@ impl Conv {
     }
 }
 
-fn mark_last_part(o: &mut OutMessage, control: &Value) {
-    if let Some(last) = o.parts.last_mut() {
+fn mark_last_part(o: &mut OutMessage<'_>, control: &Value) {
+    if let Some(last) = o.parts.to_mut().last_mut() {
         if let Value::String(s) = last {
             *last = json!({"type": "text", "text": s});
         }

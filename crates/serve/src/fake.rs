@@ -48,6 +48,8 @@ pub struct Logged {
     pub body: Value,
     /// The step it was answered with.
     pub step: Option<Step>,
+    /// When its body had arrived (for latency measurements).
+    pub at: std::time::Instant,
 }
 
 impl Logged {
@@ -71,7 +73,7 @@ impl Logged {
     pub fn messages(&self) -> Vec<Message> {
         let api = self.api();
         let list = self.body.get(api.list_field()).and_then(Value::as_array).cloned().unwrap_or_default();
-        wire::parse_request(api, &list).map(|r| r.messages.into_iter().map(|m| m.message).collect()).unwrap_or_default()
+        wire::parse_request(api, list).map(|r| r.messages.into_iter().map(|m| m.message).collect()).unwrap_or_default()
     }
 
     /// Names of the tools the request declares.
@@ -125,6 +127,11 @@ impl Fake {
     /// Every request received so far.
     pub fn log(&self) -> Vec<Logged> {
         self.inner.lock().expect("fake lock").log.clone()
+    }
+
+    /// Forgets the requests logged so far (long benchmarks keep memory flat).
+    pub fn clear_log(&self) {
+        self.inner.lock().expect("fake lock").log.clear();
     }
 
     /// Appends steps to the script.
@@ -184,6 +191,7 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         headers: parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())).collect(),
         body,
         step: None,
+        at: std::time::Instant::now(),
     };
     if logged.path.ends_with("/count_tokens") {
         state.lock().expect("fake lock").log.push(logged);

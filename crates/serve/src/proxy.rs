@@ -262,27 +262,52 @@ struct Req {
     api: Api,
     headers: HeaderMap,
     query: String,
+    /// The client's body, its message list taken out (a `null` keeps its place).
     body: Value,
-    list: Vec<Value>,
     wire: Arc<WireRequest>,
     internal: Internal,
     stream: bool,
 }
 
 impl Req {
-    /// The upstream body: the client's, with its message list replaced and condense's tools added.
+    /// The upstream body: the client's, with its message list replaced and condense's tools added, written
+    /// field by field in the client's order (the list is already JSON).
     fn upstream_body(&self, built: &Built) -> Vec<u8> {
-        let mut body = self.body.clone();
-        let mut list: Vec<Value> = self.list[..self.wire.prefix].to_vec();
-        list.extend(built.messages.iter().cloned());
-        body[self.api.list_field()] = Value::Array(list);
-        if !built.tools.is_empty() {
-            match body.get_mut("tools") {
-                Some(Value::Array(t)) => t.extend(built.tools.iter().cloned()),
-                _ => body["tools"] = Value::Array(built.tools.clone()),
+        fn put(out: &mut Vec<u8>, v: &impl serde::Serialize) {
+            serde_json::to_writer(&mut *out, v).expect("JSON of a value");
+        }
+        let field = self.api.list_field();
+        let map = self.body.as_object().expect("a JSON object body");
+        let mut out = Vec::with_capacity(built.list.len() + 4096);
+        out.push(b'{');
+        let mut first = true;
+        let mut key = |out: &mut Vec<u8>, k: &str| {
+            if !std::mem::take(&mut first) {
+                out.push(b',');
+            }
+            put(out, &k);
+            out.push(b':');
+        };
+        let mut tools_written = false;
+        for (k, v) in map {
+            key(&mut out, k);
+            if k == field {
+                out.extend_from_slice(&built.list);
+            } else if k == "tools" && !built.tools.is_empty() {
+                let mut all: Vec<&Value> = v.as_array().map(|a| a.iter().collect()).unwrap_or_default();
+                all.extend(built.tools.iter());
+                put(&mut out, &all);
+                tools_written = true;
+            } else {
+                put(&mut out, v);
             }
         }
-        serde_json::to_vec(&body).expect("JSON of a request body")
+        if !tools_written && !built.tools.is_empty() {
+            key(&mut out, "tools");
+            put(&mut out, &built.tools);
+        }
+        out.push(b'}');
+        out
     }
 }
 
@@ -295,17 +320,17 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
             return api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {}-byte limit", st.cfg.max_body_bytes))
         }
     };
-    let body: Value = match serde_json::from_slice(&bytes) {
+    let mut body: Value = match serde_json::from_slice(&bytes) {
         Ok(v @ Value::Object(_)) => v,
         Ok(_) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", "condense serve: the request body must be a JSON object"),
         Err(e) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: the request body is not JSON: {e}")),
     };
-    let list = match body.get(api.list_field()) {
-        Some(Value::Array(a)) => a.clone(),
+    let list = match body.get_mut(api.list_field()).map(Value::take) {
+        Some(Value::Array(a)) => a,
         Some(Value::String(s)) if api == Api::Responses => vec![json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": s}]})],
         _ => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: `{}` must be a list", api.list_field())),
     };
-    let wire = match wire::parse_request(api, &list) {
+    let wire = match wire::parse_request(api, list) {
         Ok(w) => w,
         Err(e) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {e}")),
     };
@@ -316,7 +341,7 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
         .unwrap_or_default();
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    let req = Req { api, headers: parts.headers, query, list, wire: Arc::new(wire), internal: Internal { client_tools: tool_names }, stream, body };
+    let req = Req { api, headers: parts.headers, query, wire: Arc::new(wire), internal: Internal { client_tools: tool_names }, stream, body };
     if req.wire.messages.is_empty() {
         // Nothing of a conversation to manage: forwarded as it came.
         return forward_unchanged(&st, &req, bytes.to_vec()).await;

@@ -24,7 +24,7 @@ pub struct Visible {
     text: String,
     calls: Vec<(String, String, String)>,
     result: Option<String>,
-    images: Vec<String>,
+    images: Vec<[u8; 32]>,
 }
 
 impl Visible {
@@ -33,11 +33,15 @@ impl Visible {
         let mut v = Visible { role: m.role(), ..Visible::default() };
         for b in m.content() {
             match b {
-                Block::Text { text } => v.text.extend(text.chars().filter(|c| !c.is_whitespace())),
+                Block::Text { text } => {
+                    for piece in text.split_whitespace() {
+                        v.text.push_str(piece);
+                    }
+                }
                 Block::ToolCall { id, name, arguments } if !internal(name) => {
                     v.calls.push((id.clone(), name.clone(), canonical(arguments)));
                 }
-                Block::Image { data, .. } => v.images.push(blake3::hash(data.as_bytes()).to_hex().to_string()),
+                Block::Image { data, .. } => v.images.push(*blake3::hash(data.as_bytes()).as_bytes()),
                 _ => {}
             }
         }
@@ -70,7 +74,7 @@ impl Visible {
             }
         }
         for i in &self.images {
-            h.update(i.as_bytes());
+            h.update(i);
         }
         let mut out = [0u8; 16];
         out.copy_from_slice(&h.finalize().as_bytes()[..16]);

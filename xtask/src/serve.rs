@@ -1,0 +1,141 @@
+//! The `condense serve` benchmarks: the server's own latency per request (request in → upstream request
+//! out, against a fake upstream that answers at once) for conversations of 10, 100 and 1,000 messages,
+//! and its peak memory holding 1,000 sessions of 200 messages. The server is the release `condense`
+//! binary in its own process; the client and the fake upstream run here.
+
+use crate::{ms, percentile, root};
+use anyhow::{bail, Context, Result};
+use condense_serve::fake::Fake;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A coding-agent conversation of `n` messages after the system prompt: prompts, tool calls with outputs
+/// of about 1 KB (each different), and a text reply closing every fifth call.
+fn conversation(n: usize, seed: usize) -> Vec<Value> {
+    let mut out = vec![json!({"role": "system", "content": "You are a coding agent. Use the bash tool."})];
+    let mut call = 0;
+    while out.len() <= n {
+        let k = out.len();
+        if k == 1 || out.last().is_some_and(|m| m["role"] == "assistant" && m.get("tool_calls").is_none()) {
+            out.push(json!({"role": "user", "content": format!("Task {k} of session {seed}: look at the files under src/module_{k} and fix the failing test.")}));
+        } else if out.last().is_some_and(|m| m["role"] == "tool") && call % 5 == 4 {
+            out.push(json!({"role": "assistant", "content": format!("Done with step {call}: the test in module {k} passes now.")}));
+            call += 1;
+        } else if out.last().is_some_and(|m| m["role"] == "assistant" && m.get("tool_calls").is_some()) {
+            let id = format!("call_{seed}_{call}");
+            let body: String = (0..16).map(|l| format!("-rw-r--r-- 1 dev dev {:>6} Nov 30 12:{:02} src/module_{k}/file_{l}_{seed}.rs\n", 1000 + l * 37 + k, l)).collect();
+            out.push(json!({"role": "tool", "tool_call_id": id, "content": body}));
+            call += 1;
+        } else {
+            let id = format!("call_{seed}_{call}");
+            out.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "bash", "arguments": format!("{{\"command\":\"ls -l src/module_{k}\"}}")}}]}));
+        }
+    }
+    out.truncate(n + 1);
+    out
+}
+
+fn post(agent: &ureq::Agent, addr: &str, session: &str, messages: &[Value]) -> Result<Value> {
+    let body = json!({"model": "gpt-4o", "messages": messages, "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]});
+    let mut r = agent
+        .post(&format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", "Bearer bench")
+        .header("x-condense-session", session)
+        .header("content-type", "application/json")
+        .send(body.to_string().as_bytes())?;
+    let text = r.body_mut().read_to_string()?;
+    let v: Value = serde_json::from_str(&text).with_context(|| format!("serve answered {text}"))?;
+    Ok(v["choices"][0]["message"].clone())
+}
+
+fn status_kib(pid: u32, key: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok()).unwrap_or(0.0)
+}
+
+/// Runs the benchmarks and writes their section.
+pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
+    let built = Command::new(env!("CARGO")).args(["build", "--release", "-p", "condense-cli"]).current_dir(root()).status()?;
+    if !built.success() {
+        bail!("building the condense binary failed");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let fake = rt.block_on(Fake::start(Vec::new()));
+    let store = scratch.join("serve-store");
+    let _ = std::fs::remove_dir_all(&store);
+    let mut child = Command::new(root().join("target/release/condense"))
+        .arg("--store")
+        .arg(&store)
+        .args(["serve", "--listen", "127.0.0.1:0", "--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).context("serve's address")?.to_string();
+    let pid = child.id();
+    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(120))).build());
+    writeln!(md, "\n## condense serve\n")?;
+    writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Latency* is serve's own time per request: from the client sending it to the upstream receiving the rewritten request (recording, pipeline, checkpoint check, render, rewriting, forwarding). Each measured request is an agent's next request: the server holds the conversation (recorded whole by an earlier, unmeasured request, which the server answered) and the request adds one prompt, for a conversation of the size shown; a fresh conversation per request. Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
+    writeln!(md, "| conversation | requests measured | request body | p50 | p99 | target |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---|")?;
+    for (n, reqs) in [(10usize, 200usize), (100, 200), (1000, 100)] {
+        let mut lat = Vec::with_capacity(reqs);
+        let mut body_bytes = 0;
+        for i in 0..reqs {
+            // A conversation of n - 1 messages the server holds (recorded, not measured), then the
+            // request that adds the n-th: an agent's next request.
+            let session = format!("latency-{n}-{i}");
+            let mut history = conversation(n.saturating_sub(2), n * 1000 + i);
+            let reply = post(&agent, &addr, &session, &history)?;
+            history.push(reply);
+            history.push(json!({"role": "user", "content": format!("Next step {i}: run the tests again.")}));
+            fake.clear_log();
+            body_bytes = json!({"messages": history}).to_string().len();
+            let t = Instant::now();
+            post(&agent, &addr, &session, &history)?;
+            let arrived = fake.log().last().context("the fake saw the request")?.at;
+            lat.push(arrived.saturating_duration_since(t));
+        }
+        let target = if n == 1000 { "p99 < 5 ms" } else { "" };
+        writeln!(md, "| {n} messages | {reqs} | {:.0} KB | {:.2} ms | {:.2} ms | {target} |", body_bytes as f64 / 1024.0, ms(percentile(lat.clone(), 0.5)), ms(percentile(lat, 0.99)))?;
+    }
+    fake.clear_log();
+    // Memory: 1,000 sessions of 200 messages held by one server.
+    let t = Instant::now();
+    for s in 0..1000 {
+        post(&agent, &addr, &format!("memory-{s}"), &conversation(200, 10_000 + s))?;
+        if s % 100 == 99 {
+            fake.clear_log();
+        }
+    }
+    let load = t.elapsed();
+    let hwm = status_kib(pid, "VmHWM:") / 1024.0;
+    let rss = status_kib(pid, "VmRSS:") / 1024.0;
+    writeln!(md, "\nMemory: one server holding **1,000 sessions of 200 messages** each (recorded through the endpoint, one request of 200 messages per session, {:.1} s in all): peak RSS **{hwm:.0} MiB**, {rss:.0} MiB at the end (target: peak < 500 MB). Warm projections are bounded to 64 (the least recently used are folded again from the log on demand) and sled's page cache to 64 MiB; the client's view of every conversation stays in memory.", load.as_secs_f64())?;
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(rt);
+    Ok(())
+}
+
+/// The file with its serve section replaced by `section` (or inserted before the reference figures).
+pub fn splice(old: &str, section: &str) -> String {
+    let section = section.trim_start_matches('\n');
+    let start = old.find("\n## condense serve\n").map(|i| i + 1);
+    match start {
+        Some(s) => {
+            let end = old[s + 3..].find("\n## ").map_or(old.len(), |e| s + 3 + e + 1);
+            format!("{}{}\n{}", &old[..s], section.trim_end(), &old[end..])
+        }
+        None => match old.find("\n## Reference figures") {
+            Some(i) => format!("{}\n{}\n{}", &old[..i], section.trim_end(), &old[i..]),
+            None => format!("{old}\n{section}"),
+        },
+    }
+}
