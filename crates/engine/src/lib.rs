@@ -302,15 +302,25 @@ fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEve
         return decisions;
     }
     let (captures, _): (Vec<DecisionEvent>, Vec<DecisionEvent>) = decisions.iter().cloned().partition(|d| !is_prune(d));
-    let mut before = proj.clone();
+    // Captures, aliases and frontier moves change nothing on screen: the context before the prune is then
+    // the current render, and only the candidate needs a copy of the projection.
+    let invisible = |d: &DecisionEvent| {
+        matches!(d, DecisionEvent::Note { .. } | DecisionEvent::FrontierAdvanced { .. } | DecisionEvent::OutputCaptured(_) | DecisionEvent::OutputAliased { .. })
+    };
+    let b = if captures.iter().all(invisible) {
+        proj.render().messages
+    } else {
+        let mut before = proj.clone();
+        for d in &captures {
+            before.apply(0, &Event::Decision(d.clone()));
+        }
+        before.render_full_now().messages
+    };
     let mut after = proj.clone();
-    for d in &captures {
-        before.apply(0, &Event::Decision(d.clone()));
-    }
     for d in &decisions {
         after.apply(0, &Event::Decision(d.clone()));
     }
-    let (b, a) = (before.render_full_now().messages, after.render_full_now().messages);
+    let a = after.render_full_now().messages;
     let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| condense_tokens::estimate(m)).sum::<u64>();
     let saved = count(&b).saturating_sub(count(&a));
     // Everything after the first changed message is sent uncached once more: the prune must save more

@@ -68,11 +68,14 @@ pub type Messages = Arc<Vec<Arc<Message>>>;
 /// The folded state of one session.
 #[derive(Debug, Default)]
 pub struct Projection {
-    items: Vec<Item>,
+    // The tree, its id lookup and the interned call ids only grow as entries are appended; they are shared
+    // (copy on write) so that a copy of the projection — the cost guard renders a candidate on one — costs
+    // no more than the parts a decision changes.
+    items: Arc<Vec<Item>>,
     // Used for lookups only, never iterated, so its order cannot reach a rendered byte.
-    index: HashMap<String, usize>,
+    index: Arc<HashMap<String, usize>>,
     // Tool-call ids interned as numbers (lookups only).
-    call_ids: HashMap<String, u32>,
+    call_ids: Arc<HashMap<String, u32>>,
     leaf: Option<usize>,
     model: Option<ModelInfo>,
     seq: Seq,
@@ -275,8 +278,8 @@ impl Projection {
         let parent = parent.and_then(|p| self.index.get(p).copied());
         let ix = self.items.len();
         // A repeated id points at its newest entry; the importers rename duplicates anyway.
-        self.index.insert(id.clone(), ix);
-        self.items.push(Item { id, parent, node });
+        Arc::make_mut(&mut self.index).insert(id.clone(), ix);
+        Arc::make_mut(&mut self.items).push(Item { id, parent, node });
         self.leaf = Some(ix);
         self.extend_render(parent, ix);
     }
@@ -482,7 +485,7 @@ impl Projection {
             return n;
         }
         let n = self.call_ids.len() as u32;
-        self.call_ids.insert(id.to_string(), n);
+        Arc::make_mut(&mut self.call_ids).insert(id.to_string(), n);
         n
     }
 

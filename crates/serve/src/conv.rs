@@ -3,7 +3,7 @@
 //! Everything here is synchronous engine work; the server runs it on blocking threads, one request of a
 //! conversation at a time.
 
-use crate::track::{Track, Visible};
+use crate::track::Track;
 use condense_engine::config::ModelLimits;
 use condense_engine::{tools, EngineError, Session};
 use condense_events::{Block, Entry, Message, PruneConfig, SourceEvent, Usage};
@@ -103,8 +103,8 @@ impl Conv {
     /// when the request repeats a recorded history (a retry).
     pub fn record_request(&mut self, req: &WireRequest, model: &str, limits: Option<ModelLimits>, internal: &Internal) -> Result<Recorded> {
         let is = |n: &str| internal.is(n);
-        let fps: Vec<_> = req.messages.iter().map(|m| Visible::of(&m.message, &is).fp()).collect();
-        let matched = self.track.matching(&fps);
+        let messages: Vec<&Message> = req.messages.iter().map(|m| &m.message).collect();
+        let matched = self.track.matching(&messages, &is);
         let tokens_in = req.messages.iter().map(|m| condense_tokens::estimate(&m.message)).sum();
         let mut events = Vec::new();
         let mut new_entries: Vec<(String, Option<String>, Message)> = Vec::new();
@@ -140,7 +140,7 @@ impl Conv {
             self.session.append(events)?;
         }
         for (id, parent, m) in &new_entries {
-            self.track.add(id, parent.as_deref(), m, &is);
+            self.track.add(id, parent.as_deref(), m, &is, Some(crate::track::exact(m)));
         }
         let mut entry_of = matched.entries;
         entry_of.extend(new_entries.iter().map(|(id, _, _)| Some(id.clone())));
@@ -230,7 +230,7 @@ impl Conv {
             events.push(SourceEvent::ProviderUsage(u));
         }
         self.session.append(events)?;
-        self.track.add(&id, parent, &reply, &|n| internal.is(n));
+        self.track.add(&id, parent, &reply, &|n| internal.is(n), None);
         Ok(id)
     }
 
@@ -247,7 +247,7 @@ impl Conv {
             let session = self.session.clone();
         let id = session.with_projection(|p| self.next_id(p))?;
             self.session.append(vec![SourceEvent::EntryAppended { id: id.clone(), parent: Some(last.clone()), entry: Entry::Message(m.clone()) }])?;
-            self.track.add(&id, Some(&last), &m, &|n| internal.is(n));
+            self.track.add(&id, Some(&last), &m, &|n| internal.is(n), None);
             answers.push((call_id, answer.text));
             last = id;
         }

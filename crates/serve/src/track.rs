@@ -21,7 +21,7 @@ pub type Fp = [u8; 16];
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Visible {
     role: &'static str,
-    text: String,
+    text: Vec<u8>,
     calls: Vec<(String, String, String)>,
     result: Option<String>,
     images: Vec<[u8; 32]>,
@@ -33,11 +33,9 @@ impl Visible {
         let mut v = Visible { role: m.role(), ..Visible::default() };
         for b in m.content() {
             match b {
-                Block::Text { text } => {
-                    for piece in text.split_whitespace() {
-                        v.text.push_str(piece);
-                    }
-                }
+                // ASCII white space is dropped byte by byte (fast); other white space is rare in what clients
+                // rewrite and stays.
+                Block::Text { text } => v.text.extend(text.bytes().filter(|b| !b.is_ascii_whitespace())),
                 Block::ToolCall { id, name, arguments } if !internal(name) => {
                     v.calls.push((id.clone(), name.clone(), canonical(arguments)));
                 }
@@ -54,7 +52,7 @@ impl Visible {
     /// This message followed by the continuation `next` (the same assistant reply to the client).
     fn extend(&self, next: &Visible) -> Visible {
         let mut v = self.clone();
-        v.text.push_str(&next.text);
+        v.text.extend_from_slice(&next.text);
         v.calls.extend(next.calls.iter().cloned());
         v.images.extend(next.images.iter().cloned());
         v
@@ -63,9 +61,9 @@ impl Visible {
     /// The fingerprint.
     pub fn fp(&self) -> Fp {
         let mut h = blake3::Hasher::new();
-        for part in [self.role, self.text.as_str(), self.result.as_deref().unwrap_or("\u{0}")] {
+        for part in [self.role.as_bytes(), &self.text, self.result.as_deref().unwrap_or("\u{0}").as_bytes()] {
             h.update(&(part.len() as u64).to_le_bytes());
-            h.update(part.as_bytes());
+            h.update(part);
         }
         for (id, name, args) in &self.calls {
             for part in [id, name, args] {
@@ -80,6 +78,42 @@ impl Visible {
         out.copy_from_slice(&h.finalize().as_bytes()[..16]);
         out
     }
+}
+
+/// A fast key of a message exactly as it stands (every block, thinking included, unnormalized): two
+/// messages with the same key have the same fingerprint too, so a client message whose key a node has
+/// seen before matches without the normalizing pass.
+pub fn exact(m: &Message) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    let mut put = |b: &[u8]| {
+        h.write_usize(b.len());
+        h.write(b);
+    };
+    put(m.role().as_bytes());
+    if let Message::ToolResult { call_id, is_error, .. } = m {
+        put(call_id.as_bytes());
+        put(&[u8::from(*is_error)]);
+    }
+    for b in m.content() {
+        match b {
+            Block::Text { text } => put(text.as_bytes()),
+            Block::Thinking { thinking, signature } => {
+                put(thinking.as_bytes());
+                put(signature.as_deref().unwrap_or("").as_bytes());
+            }
+            Block::ToolCall { id, name, arguments } => {
+                put(id.as_bytes());
+                put(name.as_bytes());
+                put(arguments.as_bytes());
+            }
+            Block::Image { mime, data } => {
+                put(mime.as_bytes());
+                put(data.as_bytes());
+            }
+        }
+    }
+    h.finish()
 }
 
 /// JSON text with object keys sorted, so `{"a":1, "b":2}` and `{"b": 2,"a": 1}` compare equal; text that is
@@ -107,6 +141,8 @@ pub fn canonical(arguments: &str) -> String {
 struct Node {
     parent: Option<usize>,
     fp: Fp,
+    /// The exact key of the client message this node was last matched with (or recorded from).
+    exact: Option<u64>,
     /// The entry this node stands for (for a continued reply, its last assistant entry).
     entry: String,
     /// The entry the client's next message follows: `entry`, or the last internal result after it.
@@ -147,7 +183,7 @@ impl Track {
         let mut t = Track::default();
         for (id, parent, m) in p.tree() {
             match m {
-                Some(m) => t.add(id, parent, m, internal),
+                Some(m) => t.add(id, parent, m, internal, None),
                 // Host compactions and markers are not what a client sends: their children hang on.
                 None => {
                     if let Some(&o) = parent.and_then(|p| t.owner.get(p)) {
@@ -159,8 +195,9 @@ impl Track {
         t
     }
 
-    /// Adds one appended entry.
-    pub fn add(&mut self, id: &str, parent: Option<&str>, m: &Message, internal: &dyn Fn(&str) -> bool) {
+    /// Adds one appended entry; `exact` is the key of the client message it was recorded from (`None` for
+    /// what serve recorded itself).
+    pub fn add(&mut self, id: &str, parent: Option<&str>, m: &Message, internal: &dyn Fn(&str) -> bool, exact: Option<u64>) {
         let owner = parent.and_then(|p| self.owner.get(p).copied());
         if let Message::ToolResult { call_id, .. } = m {
             if self.internal_calls.contains_key(call_id) {
@@ -194,6 +231,7 @@ impl Track {
         self.nodes.push(Node {
             parent: vparent,
             fp: vis.fp(),
+            exact,
             entry: id.to_string(),
             tail: id.to_string(),
             single,
@@ -203,13 +241,26 @@ impl Track {
         self.owner.insert(id.to_string(), ix);
     }
 
-    /// Matches a request's messages (their visible fingerprints, in order) against the tree: at each step
-    /// the newest child with the same fingerprint.
-    pub fn matching(&self, fps: &[Fp]) -> Matched {
+    /// Matches a request's messages against the tree: at each step the newest child with the same exact
+    /// key, else the newest with the same visible fingerprint (computed only then; the child remembers the
+    /// key for the next request).
+    pub fn matching(&mut self, messages: &[&Message], internal: &dyn Fn(&str) -> bool) -> Matched {
         let mut cur: Option<usize> = None;
         let mut entries = Vec::new();
-        for fp in fps {
-            let next = self.children.get(&cur).and_then(|c| c.iter().rev().find(|&&n| self.nodes[n].fp == *fp).copied());
+        for m in messages {
+            let key = exact(m);
+            let Some(children) = self.children.get(&cur) else { break };
+            let next = match children.iter().rev().find(|&&n| self.nodes[n].exact == Some(key)) {
+                Some(&n) => Some(n),
+                None => {
+                    let fp = Visible::of(m, internal).fp();
+                    let found = children.iter().rev().find(|&&n| self.nodes[n].fp == fp).copied();
+                    if let Some(n) = found {
+                        self.nodes[n].exact = Some(key);
+                    }
+                    found
+                }
+            };
             match next {
                 Some(n) => {
                     entries.push(self.nodes[n].single.then(|| self.nodes[n].entry.clone()));
@@ -253,26 +304,27 @@ mod tests {
         Message::ToolResult { call_id: id.into(), tool_name: String::new(), content: vec![Block::Text { text: text.into() }], is_error: false }
     }
 
-    fn fps(ms: &[Message]) -> Vec<Fp> {
-        ms.iter().map(|m| Visible::of(m, &internal).fp()).collect()
+    fn matched(t: &mut Track, ms: &[Message]) -> Matched {
+        let refs: Vec<&Message> = ms.iter().collect();
+        t.matching(&refs, &internal)
     }
 
     #[test]
     fn a_reply_with_condense_calls_is_one_visible_message() {
         let mut t = Track::default();
         let u = Message::user_text("go", UserOrigin::Prompt);
-        t.add("e1", None, &u, &internal);
-        t.add("e2", Some("e1"), &asst(vec![Block::Text { text: "look".into() }, call("q1", "context_tree_query")]), &internal);
-        t.add("e3", Some("e2"), &result("q1", "original"), &internal);
-        t.add("e4", Some("e3"), &asst(vec![Block::Text { text: "done".into() }, call("b1", "bash")]), &internal);
+        t.add("e1", None, &u, &internal, None);
+        t.add("e2", Some("e1"), &asst(vec![Block::Text { text: "look".into() }, call("q1", "context_tree_query")]), &internal, None);
+        t.add("e3", Some("e2"), &result("q1", "original"), &internal, None);
+        t.add("e4", Some("e3"), &asst(vec![Block::Text { text: "done".into() }, call("b1", "bash")]), &internal, None);
         // The client saw one message: both texts, the bash call, no condense call.
         let seen = asst(vec![Block::Text { text: "look".into() }, Block::Text { text: "\ndone".into() }, Block::ToolCall { id: "b1".into(), name: "bash".into(), arguments: "{\"b\":[2],\"a\":1}".into() }]);
-        let m = t.matching(&fps(&[u.clone(), seen.clone(), result("b1", "out")]));
+        let m = matched(&mut t, &[u.clone(), seen.clone(), result("b1", "out")]);
         assert_eq!(m.count, 2);
         assert_eq!(m.parent.as_deref(), Some("e4"));
         assert_eq!(m.entries, vec![Some("e1".to_string()), None]);
-        t.add("e5", Some("e4"), &result("b1", "out"), &internal);
-        let m = t.matching(&fps(&[u, seen, result("b1", "out")]));
+        t.add("e5", Some("e4"), &result("b1", "out"), &internal, None);
+        let m = matched(&mut t, &[u, seen, result("b1", "out")]);
         assert_eq!((m.count, m.parent.as_deref()), (3, Some("e5")));
     }
 
@@ -280,23 +332,23 @@ mod tests {
     fn a_rewound_history_leaves_at_the_fork() {
         let mut t = Track::default();
         let u = Message::user_text("go", UserOrigin::Prompt);
-        t.add("e1", None, &u, &internal);
-        t.add("e2", Some("e1"), &asst(vec![Block::Text { text: "a".into() }]), &internal);
-        t.add("e3", Some("e2"), &Message::user_text("first try", UserOrigin::Prompt), &internal);
-        let m = t.matching(&fps(&[u.clone(), asst(vec![Block::Text { text: "a ".into() }]), Message::user_text("second try", UserOrigin::Prompt)]));
+        t.add("e1", None, &u, &internal, None);
+        t.add("e2", Some("e1"), &asst(vec![Block::Text { text: "a".into() }]), &internal, None);
+        t.add("e3", Some("e2"), &Message::user_text("first try", UserOrigin::Prompt), &internal, None);
+        let m = matched(&mut t, &[u.clone(), asst(vec![Block::Text { text: "a ".into() }]), Message::user_text("second try", UserOrigin::Prompt)]);
         assert_eq!((m.count, m.parent.as_deref()), (2, Some("e2")));
         // A different first message starts a new root.
-        let m = t.matching(&fps(&[Message::user_text("other", UserOrigin::Prompt)]));
+        let m = matched(&mut t, &[Message::user_text("other", UserOrigin::Prompt)]);
         assert_eq!((m.count, m.parent), (0, None));
     }
 
     #[test]
     fn mixed_calls_end_the_reply_after_the_internal_result() {
         let mut t = Track::default();
-        t.add("e1", None, &Message::user_text("go", UserOrigin::Prompt), &internal);
-        t.add("e2", Some("e1"), &asst(vec![call("b1", "bash"), call("q1", "context_tree_query")]), &internal);
-        t.add("e3", Some("e2"), &result("q1", "original"), &internal);
-        let m = t.matching(&fps(&[Message::user_text("go", UserOrigin::Prompt), asst(vec![call("b1", "bash")])]));
+        t.add("e1", None, &Message::user_text("go", UserOrigin::Prompt), &internal, None);
+        t.add("e2", Some("e1"), &asst(vec![call("b1", "bash"), call("q1", "context_tree_query")]), &internal, None);
+        t.add("e3", Some("e2"), &result("q1", "original"), &internal, None);
+        let m = matched(&mut t, &[Message::user_text("go", UserOrigin::Prompt), asst(vec![call("b1", "bash")])]);
         assert_eq!((m.count, m.parent.as_deref()), (2, Some("e3")));
         assert_eq!(m.entries[1], None);
     }
