@@ -39,14 +39,21 @@ fn conversation(n: usize, seed: usize) -> Vec<Value> {
     out
 }
 
+fn body_of(messages: &[Value]) -> String {
+    json!({"model": "gpt-4o", "messages": messages, "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]}).to_string()
+}
+
 fn post(agent: &ureq::Agent, addr: &str, session: &str, messages: &[Value]) -> Result<Value> {
-    let body = json!({"model": "gpt-4o", "messages": messages, "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]});
+    post_body(agent, addr, session, &body_of(messages))
+}
+
+fn post_body(agent: &ureq::Agent, addr: &str, session: &str, body: &str) -> Result<Value> {
     let mut r = agent
         .post(&format!("http://{addr}/v1/chat/completions"))
         .header("authorization", "Bearer bench")
         .header("x-condense-session", session)
         .header("content-type", "application/json")
-        .send(body.to_string().as_bytes())?;
+        .send(body.as_bytes())?;
     let text = r.body_mut().read_to_string()?;
     let v: Value = serde_json::from_str(&text).with_context(|| format!("serve answered {text}"))?;
     Ok(v["choices"][0]["message"].clone())
@@ -81,7 +88,7 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     let pid = child.id();
     let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(120))).build());
     writeln!(md, "\n## condense serve\n")?;
-    writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Latency* is serve's own time per request: from the client sending it to the upstream receiving the rewritten request (recording, pipeline, checkpoint check, render, rewriting, forwarding). Each measured request is an agent's next request: the server holds the conversation (recorded whole by an earlier, unmeasured request, which the server answered) and the request adds one prompt, for a conversation of the size shown; a fresh conversation per request. Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
+    writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Latency* is serve's own time per request: from the client starting to send it (its body already serialized) to the fake upstream having received the whole rewritten request (before parsing it): reading, recording, pipeline, checkpoint check, render, rewriting and forwarding, with both loopback transfers. Each measured request is an agent's next request: the server holds the conversation (recorded whole by an earlier, unmeasured request, which the server answered) and the request adds one prompt, for a conversation of the size shown; a fresh conversation per request. Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
     writeln!(md, "| conversation | requests measured | request body | p50 | p99 | target |")?;
     writeln!(md, "|---|---:|---:|---:|---:|---|")?;
     for (n, reqs) in [(10usize, 200usize), (100, 200), (1000, 100)] {
@@ -96,9 +103,10 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
             history.push(reply);
             history.push(json!({"role": "user", "content": format!("Next step {i}: run the tests again.")}));
             fake.clear_log();
-            body_bytes = json!({"messages": history}).to_string().len();
+            let body = body_of(&history);
+            body_bytes = body.len();
             let t = Instant::now();
-            post(&agent, &addr, &session, &history)?;
+            post_body(&agent, &addr, &session, &body)?;
             let arrived = fake.log().last().context("the fake saw the request")?.at;
             lat.push(arrived.saturating_duration_since(t));
         }

@@ -140,11 +140,117 @@ fn take_cache_control(v: &mut Value) -> Option<Value> {
 /// Reads a request's message list (`messages`, or `input` for Responses), taking its values (the wire
 /// JSON moves into the messages, uncopied).
 pub fn parse_request(api: Api, list: Vec<Value>) -> Result<WireRequest, WireError> {
+    parse_from(api, list, 0, true)
+}
+
+/// Reads list elements that start at index `first`; `prefix` takes leading system and developer messages
+/// as the system prompt.
+fn parse_from(api: Api, list: Vec<Value>, first: usize, prefix: bool) -> Result<WireRequest, WireError> {
     match api {
-        Api::Anthropic => parse_anthropic(list),
-        Api::Chat => parse_chat(list),
-        Api::Responses => parse_responses(list),
+        Api::Anthropic => parse_anthropic(list, first),
+        Api::Chat => parse_chat(list, first, prefix),
+        Api::Responses => parse_responses(list, first, prefix),
     }
+}
+
+/// One element of a request's message list, kept as the client's JSON text.
+pub type RawItem = Box<serde_json::value::RawValue>;
+
+/// The fields of an element that decide how it groups, read without parsing the rest.
+#[derive(serde::Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+}
+
+/// Consecutive list elements that make one or more neutral messages, as the client sent them: an
+/// Anthropic message (tool results and text split into several), a Chat message, a run of Responses
+/// items the model produced (one assistant message), or another Responses item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unit {
+    /// Index of its first element in the list.
+    pub start: usize,
+    /// Number of elements.
+    pub len: usize,
+    /// A fast key of the elements' JSON text: equal text, equal key.
+    pub key: u64,
+    /// The wire role of its first element (Anthropic merges adjacent messages of one role).
+    pub role: String,
+    /// Whether its text mentions `cache_control` (it is then always read in full, so the marks come off).
+    pub marked: bool,
+}
+
+/// A request's message list, split into units without reading the messages themselves.
+#[derive(Debug, Default)]
+pub struct RawRequest {
+    /// Every element, as the client wrote it.
+    pub items: Vec<RawItem>,
+    /// How many leading elements are the system prompt (Chat, Responses).
+    pub system: usize,
+    /// The conversation's units, in order.
+    pub units: Vec<Unit>,
+}
+
+fn key_of(items: &[RawItem]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    for i in items {
+        let b = i.get().as_bytes();
+        h.write_usize(b.len());
+        h.write(b);
+    }
+    h.finish()
+}
+
+/// Splits a request's message list into units, reading only each element's role and type.
+pub fn split_units(api: Api, items: Vec<RawItem>) -> Result<RawRequest, WireError> {
+    let mut probes = Vec::with_capacity(items.len());
+    for (i, it) in items.iter().enumerate() {
+        let at = format!("{}[{i}]", api.list_field());
+        let p: Probe<'_> = serde_json::from_str(it.get()).map_err(|_| werr(at.clone(), "expected an object"))?;
+        let role = p.role.map(|r| r.into_owned());
+        let kind = p.kind.map(|k| k.into_owned());
+        if api != Api::Responses && role.is_none() {
+            return Err(werr(at, "`role` is missing"));
+        }
+        probes.push((role, kind));
+    }
+    let mut req = RawRequest { system: 0, units: Vec::new(), items: Vec::new() };
+    if api != Api::Anthropic {
+        req.system = probes.iter().take_while(|(r, _)| matches!(r.as_deref(), Some("system" | "developer"))).count();
+    }
+    let assistant_side = |(role, kind): &(Option<String>, Option<String>)| match kind.as_deref() {
+        Some("message") => role.as_deref() == Some("assistant"),
+        Some(t) => !t.ends_with("_output") && !matches!(t, "item_reference" | "compaction" | "compaction_summary"),
+        None => role.as_deref() == Some("assistant"),
+    };
+    let mut i = req.system;
+    while i < items.len() {
+        let mut j = i + 1;
+        if api == Api::Responses && assistant_side(&probes[i]) {
+            while j < items.len() && assistant_side(&probes[j]) {
+                j += 1;
+            }
+        }
+        let marked = items[i..j].iter().any(|it| it.get().contains("cache_control"));
+        req.units.push(Unit { start: i, len: j - i, key: key_of(&items[i..j]), role: probes[i].0.clone().unwrap_or_default(), marked });
+        i = j;
+    }
+    req.items = items;
+    Ok(req)
+}
+
+/// Reads unit `u` in full: its neutral messages (each keeping its wire JSON) and its cache marks (indices
+/// into the unit's messages). Tool results name no tool yet when their call is in another unit.
+pub fn parse_unit(api: Api, req: &RawRequest, u: usize) -> Result<WireRequest, WireError> {
+    let unit = &req.units[u];
+    let mut values = Vec::with_capacity(unit.len);
+    for (k, it) in req.items[unit.start..unit.start + unit.len].iter().enumerate() {
+        values.push(serde_json::from_str::<Value>(it.get()).map_err(|e| werr(format!("{}[{}]", api.list_field(), unit.start + k), e.to_string()))?);
+    }
+    parse_from(api, values, unit.start, false)
 }
 
 /// Neutral blocks of Anthropic assistant content, read without taking the blocks apart.
@@ -164,9 +270,10 @@ fn assistant_blocks_of(blocks: &[Value]) -> Vec<Block> {
     out
 }
 
-fn parse_anthropic(list: Vec<Value>) -> Result<WireRequest, WireError> {
+fn parse_anthropic(list: Vec<Value>, first: usize) -> Result<WireRequest, WireError> {
     let mut req = WireRequest::default();
     for (i, m) in list.into_iter().enumerate() {
+        let i = first + i;
         let at = format!("messages[{i}]");
         let Value::Object(mut obj) = m else { return Err(werr(at, "expected an object")) };
         let content = obj.remove("content");
@@ -250,7 +357,7 @@ fn user_blocks(blocks: &[Value]) -> Vec<Block> {
 }
 
 /// Tool results of Anthropic and Chat name no tool: take the name from the call they answer.
-fn name_results(messages: &mut [WireMessage]) {
+pub fn name_results(messages: &mut [WireMessage]) {
     let mut names: BTreeMap<String, String> = BTreeMap::new();
     for wm in messages.iter_mut() {
         match &mut wm.message {
@@ -287,10 +394,11 @@ fn chat_text(content: Option<&Value>) -> Vec<Block> {
     }
 }
 
-fn parse_chat(list: Vec<Value>) -> Result<WireRequest, WireError> {
+fn parse_chat(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireRequest, WireError> {
     let mut req = WireRequest::default();
-    let mut in_prefix = true;
+    let mut in_prefix = prefix;
     for (i, mut part) in list.into_iter().enumerate() {
+        let i = first + i;
         let at = format!("messages[{i}]");
         let Value::Object(obj) = &part else { return Err(werr(at, "expected an object")) };
         let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| werr(at.clone(), "`role` is missing"))?;
@@ -399,10 +507,11 @@ fn responses_assistant_blocks(item: &Value) -> Vec<Block> {
     }
 }
 
-fn parse_responses(list: Vec<Value>) -> Result<WireRequest, WireError> {
+fn parse_responses(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireRequest, WireError> {
     let mut req = WireRequest::default();
-    let mut in_prefix = true;
+    let mut in_prefix = prefix;
     for (i, mut part) in list.into_iter().enumerate() {
+        let i = first + i;
         let at = format!("input[{i}]");
         if !part.is_object() {
             return Err(werr(at, "expected an item object"));
@@ -499,11 +608,20 @@ fn put(out: &mut Vec<u8>, v: &impl serde::Serialize) {
     serde_json::to_writer(&mut *out, v).expect("JSON of a value");
 }
 
-/// Writes the wire message list of `api` as JSON: the system prefix (Chat, Responses), then the messages
-/// in order. Anthropic merges adjacent user (or assistant) messages into one, as the API requires; Chat and
-/// Responses take them as they are. Borrowed messages are written straight from the client's JSON.
-pub fn write_list(api: Api, system: &[Value], messages: &[OutMessage<'_>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(system.len() * 256 + messages.len() * 512);
+/// A piece of the message list to send: elements written exactly as the client sent them, or a message.
+#[derive(Debug, Clone)]
+pub enum Piece<'a> {
+    /// List elements as the client wrote them (a whole unit, unchanged).
+    Raw(&'a [RawItem]),
+    /// A message in wire form.
+    Msg(OutMessage<'a>),
+}
+
+/// Writes the wire message list of `api` as JSON: the system prefix, then the pieces in order. For
+/// Anthropic, adjacent messages of one role (user or assistant) are merged into one, as the API requires;
+/// raw pieces are written as they are. Chat and Responses take every message as it is.
+pub fn write_list(api: Api, system: &[RawItem], pieces: &[Piece<'_>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 * 1024);
     out.push(b'[');
     let mut first = true;
     let mut sep = |out: &mut Vec<u8>| {
@@ -513,18 +631,26 @@ pub fn write_list(api: Api, system: &[Value], messages: &[OutMessage<'_>]) -> Ve
     };
     for v in system {
         sep(&mut out);
-        put(&mut out, v);
+        out.extend_from_slice(v.get().as_bytes());
     }
-    match api {
-        Api::Anthropic => {
-            let mut i = 0;
-            while i < messages.len() {
-                let m = &messages[i];
+    let mut i = 0;
+    while i < pieces.len() {
+        match &pieces[i] {
+            Piece::Raw(items) => {
+                for it in *items {
+                    sep(&mut out);
+                    out.extend_from_slice(it.get().as_bytes());
+                }
+                i += 1;
+            }
+            Piece::Msg(m) if api == Api::Anthropic => {
                 let mut j = i + 1;
-                while j < messages.len() && messages[j].role() == m.role() && matches!(m.role(), Some("user" | "assistant")) {
+                while j < pieces.len()
+                    && matches!(&pieces[j], Piece::Msg(n) if n.role() == m.role())
+                    && matches!(m.role(), Some("user" | "assistant"))
+                {
                     j += 1;
                 }
-                let group = &messages[i..j];
                 sep(&mut out);
                 out.push(b'{');
                 for (k, v) in m.envelope.iter() {
@@ -534,7 +660,13 @@ pub fn write_list(api: Api, system: &[Value], messages: &[OutMessage<'_>]) -> Ve
                     out.push(b',');
                 }
                 out.extend_from_slice(b"\"content\":");
-                let parts: Vec<&Value> = group.iter().flat_map(|g| g.parts.iter()).collect();
+                let parts: Vec<&Value> = pieces[i..j]
+                    .iter()
+                    .flat_map(|p| match p {
+                        Piece::Msg(g) => g.parts.iter().collect::<Vec<_>>(),
+                        Piece::Raw(_) => Vec::new(),
+                    })
+                    .collect();
                 match parts.as_slice() {
                     [Value::String(s)] => put(&mut out, s),
                     _ => {
@@ -554,13 +686,12 @@ pub fn write_list(api: Api, system: &[Value], messages: &[OutMessage<'_>]) -> Ve
                 out.push(b'}');
                 i = j;
             }
-        }
-        Api::Chat | Api::Responses => {
-            for m in messages {
+            Piece::Msg(m) => {
                 for p in m.parts.iter() {
                     sep(&mut out);
                     put(&mut out, p);
                 }
+                i += 1;
             }
         }
     }
@@ -570,7 +701,8 @@ pub fn write_list(api: Api, system: &[Value], messages: &[OutMessage<'_>]) -> Ve
 
 /// The wire message list of `api` from the messages of a context, as values (see [`write_list`]).
 pub fn assemble(api: Api, messages: Vec<OutMessage<'_>>) -> Vec<Value> {
-    serde_json::from_slice(&write_list(api, &[], &messages)).expect("a list just written")
+    let pieces: Vec<Piece<'_>> = messages.into_iter().map(Piece::Msg).collect();
+    serde_json::from_slice(&write_list(api, &[], &pieces)).expect("a list just written")
 }
 
 /// Puts a `cache_control` value on the last block of an Anthropic wire message (a string content becomes
@@ -616,11 +748,15 @@ pub fn anthropic_reply(content: &[Value], model: Option<String>) -> Message {
 
 /// The assistant message of a Chat completion's `message` object.
 pub fn chat_reply(message: &Value, model: Option<String>) -> Message {
-    let parsed = parse_chat(vec![{
-        let mut m = message.clone();
-        m["role"] = json!("assistant");
-        m
-    }]);
+    let parsed = parse_chat(
+        vec![{
+            let mut m = message.clone();
+            m["role"] = json!("assistant");
+            m
+        }],
+        0,
+        false,
+    );
     let content = parsed.ok().and_then(|r| r.messages.into_iter().next()).map(|w| w.message.content().to_vec()).unwrap_or_default();
     Message::Assistant { content, model, stop: None, usage: None }
 }
@@ -673,6 +809,33 @@ mod tests {
         assert_eq!(resp.system.len(), 1);
         assert_eq!(resp.messages.iter().map(|m| m.message.role()).collect::<Vec<_>>(), ["user", "assistant", "tool"]);
         assert_eq!(resp.messages[1].parts.len(), 2);
+    }
+
+    #[test]
+    fn units_read_lazily_give_what_a_full_read_gives() {
+        let items = |v: &[Value]| -> Vec<RawItem> { v.iter().map(|x| serde_json::value::to_raw_value(x).unwrap()).collect() };
+        let list = vec![
+            json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]}),
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "u"}]}),
+            json!({"type": "reasoning", "summary": [], "encrypted_content": "xx"}),
+            json!({"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": "c1", "output": "done"}),
+        ];
+        let raw = split_units(Api::Responses, items(&list)).unwrap();
+        assert_eq!(raw.system, 1);
+        assert_eq!(raw.units.iter().map(|u| (u.start, u.len)).collect::<Vec<_>>(), vec![(1, 1), (2, 2), (4, 1)]);
+        let full = parse_request(Api::Responses, list.clone()).unwrap();
+        let mut lazy: Vec<WireMessage> = (0..raw.units.len()).flat_map(|u| parse_unit(Api::Responses, &raw, u).unwrap().messages).collect();
+        // A result's tool name comes from its call in another unit once the units are read together.
+        name_results(&mut lazy);
+        assert_eq!(lazy.iter().map(|m| (&m.message, m.wire)).collect::<Vec<_>>(), full.messages.iter().map(|m| (&m.message, m.wire)).collect::<Vec<_>>());
+        // Equal text, equal key; other text, other key.
+        let again = split_units(Api::Responses, items(&list)).unwrap();
+        assert_eq!(raw.units, again.units);
+        let anth = split_units(Api::Anthropic, items(&[json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b", "x": {"cache_control": 1}})])).unwrap();
+        assert_ne!(anth.units[0].key, anth.units[1].key);
+        assert_eq!(anth.units.iter().map(|u| u.marked).collect::<Vec<_>>(), vec![false, true]);
+        assert_eq!(split_units(Api::Chat, items(&[json!({"content": "x"})])).unwrap_err().reason, "`role` is missing");
     }
 
     #[test]

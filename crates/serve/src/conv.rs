@@ -7,7 +7,7 @@ use crate::track::Track;
 use condense_engine::config::ModelLimits;
 use condense_engine::{tools, EngineError, Session};
 use condense_events::{Block, Entry, Message, PruneConfig, SourceEvent, Usage};
-use condense_formats::wire::{self, Api, OutMessage, WireRequest};
+use condense_formats::wire::{self, Api, OutMessage, Piece, RawRequest, WireRequest};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,6 +34,8 @@ pub struct Conv {
     next_entry: u64,
     /// Counters shown by `/condense/status`, as of the last request.
     pub figures: ConvFigures,
+    /// Units seen before, by key: the exact keys of the messages each holds (see [`wire::Unit`]).
+    units: BTreeMap<u64, Vec<u64>>,
 }
 
 /// What `/condense/status` shows of one conversation.
@@ -47,11 +49,21 @@ pub struct ConvFigures {
     pub checkpoints: u64,
 }
 
+/// What one unit of the request (see [`wire::Unit`]) turned out to be.
+#[derive(Debug, Clone, Default)]
+pub struct UnitRec {
+    /// For each of its neutral messages, the entry it stands for when the client's JSON can stand for it
+    /// (`None` where serve's log holds more than the client saw).
+    pub entries: Vec<Option<String>>,
+    /// The unit read in full, when it was (a unit matched by its key is not read at all).
+    pub parsed: Option<Arc<WireRequest>>,
+}
+
 /// Where a request's messages went in the log.
 #[derive(Debug, Clone)]
 pub struct Recorded {
-    /// For each client message, the entry its wire JSON stands for (when it is exactly one entry).
-    pub entry_of: Vec<Option<String>>,
+    /// Per unit of the request.
+    pub units: Vec<UnitRec>,
     /// The entry the reply follows.
     pub last: Option<String>,
     /// Tokens of the client's messages (pi's estimate).
@@ -69,6 +81,17 @@ pub struct Built {
     pub tokens_sent: u64,
 }
 
+/// Why a request could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvError {
+    /// The engine failed (or refused: no checkpoint fits).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A message of the request cannot be read.
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+}
+
 /// An error of the engine while serving a request.
 pub type Result<T> = std::result::Result<T, EngineError>;
 
@@ -76,7 +99,7 @@ impl Conv {
     /// Opens the conversation over `session`, folding the client's view from what it holds.
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = session.with_projection(|p| (Track::build(p, &|n| internal.is(n)), p.entries() as u64))?;
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default() })
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), units: BTreeMap::new() })
     }
 
     /// Starts a new session for a conversation.
@@ -85,7 +108,7 @@ impl Conv {
             SourceEvent::SessionStarted { source: format!("serve:{client}"), source_id: Some(identity.to_string()), cwd: None, timestamp: None },
             SourceEvent::PruneConfigured(prune),
         ])?;
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default() })
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), units: BTreeMap::new() })
     }
 
     fn next_id(&mut self, p: &condense_render::Projection) -> String {
@@ -101,20 +124,100 @@ impl Conv {
     /// Records what the request adds: a model change, the messages after the part of the history the
     /// session holds (a branch move when the history left the recorded branch), or only a move of the leaf
     /// when the request repeats a recorded history (a retry).
-    pub fn record_request(&mut self, req: &WireRequest, model: &str, limits: Option<ModelLimits>, internal: &Internal) -> Result<Recorded> {
+    ///
+    /// Units the conversation has seen before, byte for byte, are matched by their key without being read;
+    /// the first unit that is new or different is read in full, and so is everything after it.
+    pub fn record_request(&mut self, api: Api, raw: &RawRequest, model: &str, limits: Option<ModelLimits>, internal: &Internal) -> std::result::Result<Recorded, ConvError> {
         let is = |n: &str| internal.is(n);
-        let messages: Vec<&Message> = req.messages.iter().map(|m| &m.message).collect();
-        let matched = self.track.matching(&messages, &is);
-        let tokens_in = req.messages.iter().map(|m| condense_tokens::estimate(&m.message)).sum();
-        let mut events = Vec::new();
-        let mut new_entries: Vec<(String, Option<String>, Message)> = Vec::new();
-        let (leaf, model_changed) = self.session.with_projection(|p| {
+        let mut cur: Option<usize> = None;
+        let mut tokens_in = 0;
+        let mut units: Vec<UnitRec> = Vec::with_capacity(raw.units.len());
+        // The first new message, as (unit, message within it).
+        let mut diverged: Option<(usize, usize)> = None;
+        for (u, unit) in raw.units.iter().enumerate() {
+            if diverged.is_none() && !unit.marked {
+                if let Some(keys) = self.units.get(&unit.key) {
+                    let mut c = cur;
+                    let mut rec = UnitRec::default();
+                    let mut toks = 0;
+                    for k in keys {
+                        match self.track.step_exact(c, *k) {
+                            Some(n) => {
+                                rec.entries.push(self.track.single_entry(n));
+                                toks += self.track.tokens(n);
+                                c = Some(n);
+                            }
+                            None => break,
+                        }
+                    }
+                    if rec.entries.len() == keys.len() {
+                        cur = c;
+                        tokens_in += toks;
+                        units.push(rec);
+                        continue;
+                    }
+                }
+            }
+            let w = Arc::new(wire::parse_unit(api, raw, u)?);
+            let mut rec = UnitRec { entries: Vec::new(), parsed: Some(w.clone()) };
+            if diverged.is_none() {
+                for (j, wm) in w.messages.iter().enumerate() {
+                    let key = crate::track::exact(&wm.message);
+                    match self.track.step(cur, key, &mut || crate::track::Visible::of(&wm.message, &is).fp()) {
+                        Some(n) => {
+                            rec.entries.push(self.track.single_entry(n));
+                            tokens_in += self.track.tokens(n);
+                            cur = Some(n);
+                        }
+                        None => {
+                            diverged = Some((u, j));
+                            break;
+                        }
+                    }
+                }
+            }
+            units.push(rec);
+        }
+        // Everything from the first new message on is recorded, chained from the last matched one.
+        let mut new: Vec<(usize, Message)> = Vec::new();
+        if let Some((u0, j0)) = diverged {
+            for (u, rec) in units.iter().enumerate().skip(u0) {
+                let w = rec.parsed.as_ref().expect("units after the divergence are read");
+                let from = if u == u0 { j0 } else { 0 };
+                for wm in &w.messages[from..] {
+                    new.push((u, wm.message.clone()));
+                }
+            }
+        }
+        // A tool result names its tool by the call it answers (in this request, or recorded before).
+        let mut names: BTreeMap<String, String> = BTreeMap::new();
+        for (_, m) in new.iter_mut() {
+            match m {
+                Message::Assistant { .. } => {
+                    for (id, name, _) in m.tool_calls() {
+                        names.insert(id.to_string(), name.to_string());
+                    }
+                }
+                Message::ToolResult { call_id, tool_name, .. } if tool_name.is_empty() => {
+                    if let Some(n) = names.get(call_id).map(String::as_str).or_else(|| self.track.call_name(call_id)) {
+                        *tool_name = n.to_string();
+                    }
+                }
+                _ => {}
+            }
+        }
+        tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
+        let matched_parent = cur.map(|n| self.track.tail(n).to_string());
+        let session = self.session.clone();
+        let (leaf, model_changed, ids) = session.with_projection(|p| {
             let changed = match p.model() {
                 Some(m) => m.model != model || m.context_window != limits.map(|l| l.context_window),
                 None => true,
             };
-            (p.leaf_id().map(str::to_string), changed)
+            let ids: Vec<String> = new.iter().map(|_| self.next_id(p)).collect();
+            (p.leaf_id().map(str::to_string), changed, ids)
         })?;
+        let mut events = Vec::new();
         if model_changed {
             events.push(SourceEvent::ModelChanged {
                 provider: None,
@@ -123,91 +226,180 @@ impl Conv {
                 max_output: limits.and_then(|l| l.max_output),
             });
         }
-        let mut parent = matched.parent.clone();
-        let session = self.session.clone();
-        let ids: Vec<String> = session.with_projection(|p| (matched.count..req.messages.len()).map(|_| self.next_id(p)).collect::<Vec<_>>())?;
-        for (wm, id) in req.messages[matched.count..].iter().zip(ids) {
-            new_entries.push((id.clone(), parent.clone(), wm.message.clone()));
-            parent = Some(id);
+        if new.is_empty() && leaf != matched_parent {
+            events.push(SourceEvent::LeafMoved { leaf: matched_parent.clone() });
         }
-        if new_entries.is_empty() && leaf != matched.parent {
-            events.push(SourceEvent::LeafMoved { leaf: matched.parent.clone() });
-        }
-        for (id, parent, m) in &new_entries {
+        let mut parent = matched_parent;
+        let mut appended: Vec<(String, Option<String>, usize)> = Vec::new();
+        for ((u, m), id) in new.iter().zip(&ids) {
             events.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.clone(), entry: Entry::Message(m.clone()) });
+            appended.push((id.clone(), parent.clone(), *u));
+            parent = Some(id.clone());
         }
         if !events.is_empty() {
             self.session.append(events)?;
         }
-        for (id, parent, m) in &new_entries {
+        for ((id, parent, u), (_, m)) in appended.iter().zip(&new) {
             self.track.add(id, parent.as_deref(), m, &is, Some(crate::track::exact(m)));
+            units[*u].entries.push(Some(id.clone()));
         }
-        let mut entry_of = matched.entries;
-        entry_of.extend(new_entries.iter().map(|(id, _, _)| Some(id.clone())));
-        Ok(Recorded { entry_of, last: parent, tokens_in })
+        // Units read in full are remembered by key, so the next request matches them without reading.
+        for (u, rec) in units.iter().enumerate() {
+            if let (Some(w), false) = (&rec.parsed, raw.units[u].marked) {
+                if w.messages.len() == rec.entries.len() {
+                    self.units.entry(raw.units[u].key).or_insert_with(|| w.messages.iter().map(|m| crate::track::exact(&m.message)).collect());
+                }
+            }
+        }
+        Ok(Recorded { units, last: parent, tokens_in })
     }
 
     /// Prepares the context (pruning, checkpoints, recovery, notices) and writes it in `api`'s wire form:
-    /// each rendered message that is a client message condense left unchanged goes out as the client wrote
-    /// it; the rest are written from the neutral model. The client's `cache_control` marks go back on the
-    /// messages they were on, or, for the last message, on the last message sent before any notice.
-    pub fn build(&mut self, api: Api, req: &WireRequest, rec: &Recorded, internal: &Internal) -> Result<Built> {
-        let (outs, src, notice, tools, tokens_sent, figures) = self.session.prepare_then(|p, r| {
-            let mut raw: BTreeMap<usize, usize> = BTreeMap::new();
-            for (i, e) in rec.entry_of.iter().enumerate() {
-                if let Some(m) = e.as_deref().and_then(|e| p.entry_message(e)) {
-                    raw.insert(Arc::as_ptr(m) as usize, i);
-                }
-            }
-            let mut outs: Vec<OutMessage> = Vec::with_capacity(r.messages.len());
-            let mut src: Vec<Option<usize>> = Vec::with_capacity(r.messages.len());
-            for m in r.messages.iter() {
-                match raw.get(&(Arc::as_ptr(m) as usize)) {
-                    Some(&i) => {
-                        outs.push(req.messages[i].out());
-                        src.push(Some(i));
-                    }
-                    None => {
-                        if let Some(o) = wire::from_neutral(api, m) {
-                            outs.push(o);
-                            src.push(None);
-                        }
+    /// a whole unit of the request that condense left unchanged goes out as the client wrote it, byte for
+    /// byte; a client message of a unit that changed goes out as its own wire JSON; the rest is written
+    /// from the neutral model. The client's `cache_control` marks go back on the messages they were on, or,
+    /// for the last message, on the last message sent before any notice.
+    pub fn build(&mut self, api: Api, raw: &RawRequest, rec: &Recorded, internal: &Internal) -> Result<Built> {
+        /// Where a rendered message comes from.
+        enum Seg {
+            Client(usize, usize),
+            New(Option<OutMessage<'static>>),
+        }
+        let (segs, notice, tools, tokens_sent, figures) = self.session.prepare_then(|p, r| {
+            let mut from: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+            for (u, ur) in rec.units.iter().enumerate() {
+                for (j, e) in ur.entries.iter().enumerate() {
+                    if let Some(m) = e.as_deref().and_then(|e| p.entry_message(e)) {
+                        from.insert(Arc::as_ptr(m) as usize, (u, j));
                     }
                 }
             }
-            let notice = r.messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && src.last() == Some(&None);
+            let segs: Vec<Seg> = r
+                .messages
+                .iter()
+                .map(|m| match from.get(&(Arc::as_ptr(m) as usize)) {
+                    Some(&(u, j)) => Seg::Client(u, j),
+                    None => Seg::New(wire::from_neutral(api, m)),
+                })
+                .collect();
+            let notice = r.messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
             let tools: Vec<tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
             let tokens: u64 = r.messages.iter().map(|m| condense_tokens::estimate(m)).sum();
             let idx = p.index();
             let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64);
-            (outs, src, notice, tools, tokens, figures)
+            (segs, notice, tools, tokens, figures)
         })?;
         self.figures.requests += 1;
         self.figures.stubs = figures.0;
         self.figures.checkpoints = figures.1;
-        let mut outs = outs;
+        // Which units go out whole and untouched, and which are read for their messages' own JSON.
+        let count = |u: usize| rec.units[u].entries.len();
+        let mut whole: Vec<Option<usize>> = vec![None; segs.len()];
+        let mut i = 0;
+        while i < segs.len() {
+            if let Seg::Client(u, 0) = segs[i] {
+                let k = count(u);
+                let complete = k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y == j));
+                if complete && !raw.units[u].marked {
+                    whole[i] = Some(u);
+                    i += k;
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        // An Anthropic unit next to a rewritten message of the same role is merged with it, so it is read.
+        let role_of = |i: usize| -> Option<String> {
+            match &segs[i] {
+                Seg::Client(u, _) => Some(raw.units[*u].role.clone()),
+                Seg::New(Some(o)) => o.role().map(str::to_string),
+                Seg::New(None) => None,
+            }
+        };
         if api == Api::Anthropic {
-            let last_client = req.messages.len().checked_sub(1);
-            for (i, control) in &req.cache_marks {
-                let at = src.iter().rposition(|s| *s == Some(*i)).or_else(|| {
-                    (Some(*i) == last_client).then(|| outs.len().saturating_sub(1 + usize::from(notice)))
-                });
-                if let Some(o) = at.and_then(|a| outs.get_mut(a)) {
-                    mark_last_part(o, control);
+            let starts: Vec<usize> = (0..segs.len()).filter(|&i| whole[i].is_some()).collect();
+            for s0 in starts {
+                let u = whole[s0].expect("a whole unit");
+                let end = s0 + count(u);
+                let role = raw.units[u].role.as_str();
+                let prev_new = s0 > 0 && matches!(segs[s0 - 1], Seg::New(Some(_))) && role_of(s0 - 1).as_deref() == Some(role);
+                let next_new = end < segs.len() && matches!(segs[end], Seg::New(Some(_))) && role_of(end).as_deref() == Some(role);
+                let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && whole[end].is_none() && role_of(end).as_deref() == Some(role);
+                let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !(0..s0).any(|k| whole[k].is_some_and(|w| k + count(w) == s0)) && role_of(s0 - 1).as_deref() == Some(role);
+                if matches!(role, "user" | "assistant") && (prev_new || next_new || next_part || prev_part) {
+                    whole[s0] = None;
+                }
+            }
+        }
+        // Units read now for their messages (those the request did not read already).
+        let mut covered = vec![false; segs.len()];
+        for i in 0..segs.len() {
+            if let Some(u) = whole[i] {
+                for k in 0..count(u) {
+                    covered[i + k] = true;
+                }
+            }
+        }
+        let mut read: BTreeMap<usize, Arc<WireRequest>> = BTreeMap::new();
+        for (i, seg) in segs.iter().enumerate() {
+            if let (Seg::Client(u, _), false) = (seg, covered[i]) {
+                if !read.contains_key(u) {
+                    let w = match &rec.units[*u].parsed {
+                        Some(w) => w.clone(),
+                        None => Arc::new(wire::parse_unit(api, raw, *u).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })?),
+                    };
+                    read.insert(*u, w);
+                }
+            }
+        }
+        let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(segs.len());
+        let mut src: Vec<Option<(usize, usize)>> = Vec::with_capacity(segs.len());
+        for (i, seg) in segs.into_iter().enumerate() {
+            if let Some(u) = whole[i] {
+                let unit = &raw.units[u];
+                pieces.push(Piece::Raw(&raw.items[unit.start..unit.start + unit.len]));
+                src.push(Some((u, usize::MAX)));
+                continue;
+            }
+            if covered[i] {
+                continue;
+            }
+            match seg {
+                Seg::Client(u, j) => {
+                    pieces.push(Piece::Msg(read[&u].messages[j].out()));
+                    src.push(Some((u, j)));
+                }
+                Seg::New(Some(o)) => {
+                    pieces.push(Piece::Msg(o));
+                    src.push(None);
+                }
+                Seg::New(None) => {}
+            }
+        }
+        if api == Api::Anthropic {
+            let last_unit = raw.units.len().checked_sub(1);
+            for (u, w) in &read {
+                for (j, control) in &w.cache_marks {
+                    let last = Some(*u) == last_unit && *j + 1 == w.messages.len();
+                    let at = src.iter().rposition(|s| *s == Some((*u, *j))).or_else(|| last.then(|| pieces.len().saturating_sub(1 + usize::from(notice))));
+                    if let Some(Piece::Msg(o)) = at.and_then(|a| pieces.get_mut(a)) {
+                        mark_last_part(o, control);
+                    }
                 }
             }
         }
         // Responses: a rewritten output answers a custom tool call with the custom output type.
         if api == Api::Responses {
-            let custom: Vec<String> = req
-                .messages
+            let custom: Vec<String> = raw
+                .items
                 .iter()
-                .flat_map(|m| m.parts.iter())
-                .filter(|p| p.get("type").and_then(Value::as_str) == Some("custom_tool_call"))
-                .filter_map(|p| p.get("call_id").and_then(Value::as_str).map(str::to_string))
+                .filter(|it| it.get().contains("\"custom_tool_call\""))
+                .filter_map(|it| serde_json::from_str::<Value>(it.get()).ok())
+                .filter(|v| v["type"] == "custom_tool_call")
+                .filter_map(|v| v["call_id"].as_str().map(str::to_string))
                 .collect();
-            for (o, s) in outs.iter_mut().zip(&src) {
-                if s.is_none() {
+            for (piece, s) in pieces.iter_mut().zip(&src) {
+                if let (Piece::Msg(o), None) = (piece, s) {
                     for part in o.parts.to_mut().iter_mut() {
                         if part["type"] == "function_call_output" && part["call_id"].as_str().is_some_and(|c| custom.iter().any(|x| x == c)) {
                             part["type"] = json!("custom_tool_call_output");
@@ -217,7 +409,7 @@ impl Conv {
             }
         }
         let tools = tools.iter().map(|t| tool_json(api, t)).collect();
-        Ok(Built { list: wire::write_list(api, &req.system, &outs), tools, tokens_sent })
+        Ok(Built { list: wire::write_list(api, &raw.items[..raw.system], &pieces), tools, tokens_sent })
     }
 
     /// Records the model's reply after `parent` and the usage the provider reported for it; returns the

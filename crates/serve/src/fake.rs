@@ -185,13 +185,14 @@ struct Reply {
 async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let bytes = axum::body::to_bytes(body, 256 << 20).await.unwrap_or_default();
+    let at = std::time::Instant::now();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let mut logged = Logged {
         path: parts.uri.path().to_string(),
         headers: parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())).collect(),
         body,
         step: None,
-        at: std::time::Instant::now(),
+        at,
     };
     if logged.path.ends_with("/count_tokens") {
         state.lock().expect("fake lock").log.push(logged);

@@ -3,7 +3,7 @@
 //! status page.
 
 use crate::api::{self, CONTEXT_COMPACTION_FAILED};
-use crate::conv::{Built, Conv, Internal, Recorded};
+use crate::conv::{Built, Conv, ConvError, Internal, Recorded};
 use crate::stream::{self, sse};
 use crate::{ServeConfig, ServeError};
 use axum::body::Body;
@@ -15,7 +15,7 @@ use axum::Router;
 use condense_engine::config::model_limits;
 use condense_engine::{EngineError, Store};
 use condense_events::{Message, SourceEvent, Usage};
-use condense_formats::wire::{self, Api, WireRequest};
+use condense_formats::wire::{self, Api, RawItem, RawRequest};
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -257,54 +257,96 @@ async fn with_conv<R: Send + 'static>(conv: &ConvRef, f: impl FnOnce(&mut Conv) 
     tokio::task::spawn_blocking(move || f(&mut guard)).await.expect("engine task")
 }
 
+/// A JSON object's fields in the client's order, each kept as the client's JSON text.
+struct Fields(Vec<(String, RawItem)>);
+
+impl<'de> serde::Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, RawItem>()? {
+                    out.push((k, v));
+                }
+                Ok(Fields(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The names a request's tools declare, read without the rest of their definitions.
+#[derive(serde::Deserialize)]
+struct ToolName {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionName>,
+}
+
+#[derive(serde::Deserialize)]
+struct FunctionName {
+    #[serde(default)]
+    name: Option<String>,
+}
+
 /// What a request is, once read.
 struct Req {
     api: Api,
     headers: HeaderMap,
     query: String,
-    /// The client's body, its message list taken out (a `null` keeps its place).
-    body: Value,
-    wire: Arc<WireRequest>,
+    /// The client's body, field by field as it wrote them.
+    fields: Vec<(String, RawItem)>,
+    /// Its message list, split into units.
+    raw: Arc<RawRequest>,
     internal: Internal,
     stream: bool,
+    model: String,
+    /// The body's `metadata` (for the conversation's identity).
+    metadata: Value,
 }
 
 impl Req {
-    /// The upstream body: the client's, with its message list replaced and condense's tools added, written
-    /// field by field in the client's order (the list is already JSON).
+    /// The upstream body: the client's fields in its order and as it wrote them, its message list replaced
+    /// and condense's tools added after the client's.
     fn upstream_body(&self, built: &Built) -> Vec<u8> {
-        fn put(out: &mut Vec<u8>, v: &impl serde::Serialize) {
-            serde_json::to_writer(&mut *out, v).expect("JSON of a value");
-        }
         let field = self.api.list_field();
-        let map = self.body.as_object().expect("a JSON object body");
-        let mut out = Vec::with_capacity(built.list.len() + 4096);
+        let mut out = Vec::with_capacity(built.list.len() + 64 * 1024);
         out.push(b'{');
-        let mut first = true;
-        let mut key = |out: &mut Vec<u8>, k: &str| {
-            if !std::mem::take(&mut first) {
+        let ours: Vec<String> = built.tools.iter().map(Value::to_string).collect();
+        let mut tools_written = false;
+        for (i, (k, v)) in self.fields.iter().enumerate() {
+            if i > 0 {
                 out.push(b',');
             }
-            put(out, &k);
+            serde_json::to_writer(&mut out, k).expect("JSON of a key");
             out.push(b':');
-        };
-        let mut tools_written = false;
-        for (k, v) in map {
-            key(&mut out, k);
             if k == field {
                 out.extend_from_slice(&built.list);
-            } else if k == "tools" && !built.tools.is_empty() {
-                let mut all: Vec<&Value> = v.as_array().map(|a| a.iter().collect()).unwrap_or_default();
-                all.extend(built.tools.iter());
-                put(&mut out, &all);
+            } else if k == "tools" && !ours.is_empty() && v.get().trim_start().starts_with('[') {
+                let text = v.get().trim_end();
+                let inner = text[..text.len() - 1].trim_end();
+                out.extend_from_slice(inner.as_bytes());
+                if !inner.ends_with('[') {
+                    out.push(b',');
+                }
+                out.extend_from_slice(ours.join(",").as_bytes());
+                out.push(b']');
                 tools_written = true;
             } else {
-                put(&mut out, v);
+                out.extend_from_slice(v.get().as_bytes());
             }
         }
-        if !tools_written && !built.tools.is_empty() {
-            key(&mut out, "tools");
-            put(&mut out, &built.tools);
+        if !tools_written && !ours.is_empty() {
+            if !self.fields.is_empty() {
+                out.push(b',');
+            }
+            out.extend_from_slice(format!("\"tools\":[{}]", ours.join(",")).as_bytes());
         }
         out.push(b'}');
         out
@@ -320,49 +362,63 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
             return api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {}-byte limit", st.cfg.max_body_bytes))
         }
     };
-    let mut body: Value = match serde_json::from_slice(&bytes) {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", "condense serve: the request body must be a JSON object"),
-        Err(e) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: the request body is not JSON: {e}")),
+    let bad = |m: String| api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {m}"));
+    let mut fields = match serde_json::from_slice::<Fields>(&bytes) {
+        Ok(f) => f.0,
+        Err(e) if e.is_data() => return bad("the request body must be a JSON object".into()),
+        Err(e) => return bad(format!("the request body is not JSON: {e}")),
     };
-    let list = match body.get_mut(api.list_field()).map(Value::take) {
-        Some(Value::Array(a)) => a,
-        Some(Value::String(s)) if api == Api::Responses => vec![json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": s}]})],
-        _ => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: `{}` must be a list", api.list_field())),
+    let field = |fields: &[(String, RawItem)], k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.get().to_string());
+    let Some(list_text) = field(&fields, api.list_field()) else { return bad(format!("`{}` must be a list", api.list_field())) };
+    let items: Vec<RawItem> = match serde_json::from_str::<Vec<RawItem>>(&list_text) {
+        Ok(items) => items,
+        Err(_) => match serde_json::from_str::<String>(&list_text) {
+            Ok(text) if api == Api::Responses => {
+                vec![serde_json::value::to_raw_value(&json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})).expect("a raw value")]
+            }
+            _ => return bad(format!("`{}` must be a list", api.list_field())),
+        },
     };
-    let wire = match wire::parse_request(api, list) {
-        Ok(w) => w,
-        Err(e) => return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {e}")),
+    let raw = match wire::split_units(api, items) {
+        Ok(r) => r,
+        Err(e) => return bad(e.to_string()),
     };
-    let tool_names: Vec<String> = body
-        .get("tools")
-        .and_then(Value::as_array)
-        .map(|ts| ts.iter().filter_map(|t| t.get("name").or_else(|| t.get("function").and_then(|f| f.get("name"))).and_then(Value::as_str).map(str::to_string)).collect())
+    let tool_names: Vec<String> = field(&fields, "tools")
+        .and_then(|t| serde_json::from_str::<Vec<ToolName>>(&t).ok())
+        .map(|ts| ts.into_iter().filter_map(|t| t.name.or(t.function.and_then(|f| f.name))).collect())
         .unwrap_or_default();
-    let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let stream = field(&fields, "stream").and_then(|t| serde_json::from_str::<bool>(&t).ok()).unwrap_or(false);
+    let model = field(&fields, "model").and_then(|t| serde_json::from_str::<String>(&t).ok()).unwrap_or_default();
+    let metadata = field(&fields, "metadata").and_then(|t| serde_json::from_str::<Value>(&t).ok()).unwrap_or(Value::Null);
+    // The list's own text is not kept twice: the units hold it.
+    for (k, v) in fields.iter_mut() {
+        if k == api.list_field() {
+            *v = serde_json::value::to_raw_value(&Value::Null).expect("a raw null");
+        }
+    }
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    let req = Req { api, headers: parts.headers, query, wire: Arc::new(wire), internal: Internal { client_tools: tool_names }, stream, body };
-    if req.wire.messages.is_empty() {
+    let req = Req { api, headers: parts.headers, query, fields, raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, stream, model, metadata };
+    if req.raw.units.is_empty() {
         // Nothing of a conversation to manage: forwarded as it came.
         return forward_unchanged(&st, &req, bytes.to_vec()).await;
     }
     st.counters.requests.fetch_add(1, Ordering::Relaxed);
     let conv = match conv_for(&st, &req).await {
         Ok(c) => c,
-        Err(e) => return engine_error(api, &e),
+        Err(e) => return conv_error(api, &e),
     };
-    let model = req.body.get("model").and_then(Value::as_str).unwrap_or("").to_string();
+    let model = req.model.clone();
     let limits = model_limits(&st.cfg.file.models, &model);
-    let (wreq, internal) = (req.wire.clone(), req.internal.clone());
-    let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built), EngineError> {
-        let rec = c.record_request(&wreq, &model, limits, &internal)?;
-        let built = c.build(api, &wreq, &rec, &internal)?;
+    let (raw, internal) = (req.raw.clone(), req.internal.clone());
+    let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built), ConvError> {
+        let rec = c.record_request(api, &raw, &model, limits, &internal)?;
+        let built = c.build(api, &raw, &rec, &internal)?;
         Ok((rec, built))
     })
     .await;
     let (rec, built) = match prepared {
         Ok(x) => x,
-        Err(e) => return engine_error(api, &e),
+        Err(e) => return conv_error(api, &e),
     };
     st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
     st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
@@ -382,13 +438,20 @@ async fn guarded(conv: &ConvRef, req: &Req, rec: &Recorded, built: Built) -> Res
     match blocked {
         Ok(()) => Ok(body),
         Err(EngineError::ContextOverflow { .. }) => {
-            let (api, wreq, internal) = (req.api, req.wire.clone(), req.internal.clone());
+            let (api, raw, internal) = (req.api, req.raw.clone(), req.internal.clone());
             let rec = rec.clone();
-            let rebuilt = with_conv(conv, move |c| c.build(api, &wreq, &rec, &internal))
+            let rebuilt = with_conv(conv, move |c| c.build(api, &raw, &rec, &internal))
             .await?;
             Ok(req.upstream_body(&rebuilt))
         }
         Err(e) => Err(e),
+    }
+}
+
+fn conv_error(api: Api, e: &ConvError) -> Response {
+    match e {
+        ConvError::Engine(e) => engine_error(api, e),
+        ConvError::Wire(w) => api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {w}")),
     }
 }
 
@@ -431,15 +494,18 @@ async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest::Response,
 }
 
 /// The conversation a request belongs to: by the client's own id, else by its first user message.
-async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, EngineError> {
-    let first_prompt = req
-        .wire
-        .messages
-        .iter()
-        .find(|m| matches!(m.message, Message::User { .. }))
-        .map(|m| m.message.text())
-        .unwrap_or_default();
-    let identity = api::client_conversation_id(&req.headers, &req.body).unwrap_or_else(|| {
+async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, ConvError> {
+    let first_user = req.raw.units.iter().position(|u| u.role == "user");
+    let first_prompt = match first_user {
+        Some(u) => wire::parse_unit(req.api, &req.raw, u)?
+            .messages
+            .iter()
+            .find(|m| matches!(m.message, Message::User { .. }))
+            .map(|m| m.message.text())
+            .unwrap_or_default(),
+        None => String::new(),
+    };
+    let identity = api::client_conversation_id(&req.headers, &json!({"metadata": req.metadata})).unwrap_or_else(|| {
         format!("{}:first:{}", req.api.name(), &blake3::hash(first_prompt.as_bytes()).to_hex()[..16])
     });
     let mut convs = st.convs.lock().await;
@@ -522,11 +588,11 @@ async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, body
         // The provider says the prompt is too long: record it, checkpoint, retry once.
         st.counters.overflows.fetch_add(1, Ordering::Relaxed);
         let text = api::error_text(&bytes);
-        let (wreq, internal) = (req.wire.clone(), req.internal.clone());
-        let entries = rec.entry_of.clone();
+        let (raw, internal) = (req.raw.clone(), req.internal.clone());
+        let units = rec.units.clone();
         let rebuilt = with_conv(&conv, move |c| {
             c.record_overflow(&text)?;
-            c.build(api, &wreq, &Recorded { entry_of: entries, last: None, tokens_in: 0 }, &internal)
+            c.build(api, &raw, &Recorded { units, last: None, tokens_in: 0 }, &internal)
         })
         .await;
         match rebuilt {
@@ -561,9 +627,9 @@ enum Next {
 /// Records a round's reply, answers condense's calls in it, and decides whether to continue.
 async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, reply: Message, usage: Option<Usage>, round: u32) -> Result<Next, EngineError> {
     st.count_usage(&usage);
-    let (api, wreq, internal) = (req.api, req.wire.clone(), req.internal.clone());
+    let (api, raw, internal) = (req.api, req.raw.clone(), req.internal.clone());
     let parent = rec.last.clone();
-    let entries = rec.entry_of.clone();
+    let units = rec.units.clone();
     let max = st.cfg.max_tool_rounds;
     let (last, next) = with_conv(conv, move |c| -> Result<(Option<String>, Option<Result<Built, bool>>), EngineError> {
         let id = c.record_reply(parent.as_deref(), reply.clone(), usage, &internal)?;
@@ -583,7 +649,7 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
             let id = c.record_reply(Some(&last), closing, None, &internal)?;
             return Ok((Some(id), Some(Err(true))));
         }
-        let built = c.build(api, &wreq, &Recorded { entry_of: entries, last: Some(last.clone()), tokens_in: 0 }, &internal)?;
+        let built = c.build(api, &raw, &Recorded { units, last: Some(last.clone()), tokens_in: 0 }, &internal)?;
         Ok((Some(last), Some(Ok(built))))
     })
     .await?;

@@ -149,6 +149,8 @@ struct Node {
     tail: String,
     /// Whether the node is exactly one entry, so the client's wire JSON can stand for it.
     single: bool,
+    /// pi's token estimate of what the client sees of it.
+    tokens: u64,
     /// For an assistant entry whose calls were all condense's own: what the client has seen of the reply
     /// so far (the next assistant entry continues it).
     open: Option<Visible>,
@@ -163,6 +165,8 @@ pub struct Track {
     owner: BTreeMap<String, usize>,
     /// Tool-call id → name, for the calls of condense's own tools (their results are internal).
     internal_calls: BTreeMap<String, String>,
+    /// Tool-call id → name of every call (a client's tool result names no tool; its call does).
+    call_names: BTreeMap<String, String>,
 }
 
 /// Where a request's history leaves the tree.
@@ -216,6 +220,7 @@ impl Track {
             if internal(name) {
                 self.internal_calls.insert(cid.to_string(), name.to_string());
             }
+            self.call_names.insert(cid.to_string(), name.to_string());
         }
         let only_internal = !calls.is_empty() && calls.iter().all(|(_, n)| internal(n));
         // An assistant entry after a reply that called only condense's tools continues that reply.
@@ -223,9 +228,10 @@ impl Track {
             (Message::Assistant { .. }, Some(o)) => self.nodes[o].open.clone().map(|prev| (self.nodes[o].parent, prev)),
             _ => None,
         };
-        let (vparent, vis, single) = match continued {
-            Some((vp, prev)) => (vp, prev.extend(&vis), false),
-            None => (owner, vis, true),
+        let own_tokens = condense_tokens::estimate(m);
+        let (vparent, vis, single, tokens) = match continued {
+            Some((vp, prev)) => (vp, prev.extend(&vis), false, owner.map_or(0, |o| self.nodes[o].tokens) + own_tokens),
+            None => (owner, vis, true, own_tokens),
         };
         let ix = self.nodes.len();
         self.nodes.push(Node {
@@ -235,35 +241,62 @@ impl Track {
             entry: id.to_string(),
             tail: id.to_string(),
             single,
+            tokens,
             open: only_internal.then_some(vis),
         });
         self.children.entry(vparent).or_default().push(ix);
         self.owner.insert(id.to_string(), ix);
     }
 
-    /// Matches a request's messages against the tree: at each step the newest child with the same exact
-    /// key, else the newest with the same visible fingerprint (computed only then; the child remembers the
-    /// key for the next request).
+    /// The child of `at` (`None`: the roots) that a client message with exact key `key` matches: the
+    /// newest child with that key, else the newest with the same visible fingerprint (`fp` is computed
+    /// only then, and the child remembers the key for the next request).
+    pub fn step(&mut self, at: Option<usize>, key: u64, fp: &mut dyn FnMut() -> Fp) -> Option<usize> {
+        if let Some(n) = self.step_exact(at, key) {
+            return Some(n);
+        }
+        let children = self.children.get(&at)?;
+        let f = fp();
+        let found = children.iter().rev().find(|&&n| self.nodes[n].fp == f).copied();
+        if let Some(n) = found {
+            self.nodes[n].exact = Some(key);
+        }
+        found
+    }
+
+    /// The newest child of `at` whose remembered exact key is `key`.
+    pub fn step_exact(&self, at: Option<usize>, key: u64) -> Option<usize> {
+        self.children.get(&at)?.iter().rev().find(|&&n| self.nodes[n].exact == Some(key)).copied()
+    }
+
+    /// The entry node `n` stands for, when it is exactly one entry.
+    pub fn single_entry(&self, n: usize) -> Option<String> {
+        self.nodes[n].single.then(|| self.nodes[n].entry.clone())
+    }
+
+    /// The entry the client's next message after node `n` follows.
+    pub fn tail(&self, n: usize) -> &str {
+        &self.nodes[n].tail
+    }
+
+    /// The token estimate of node `n` as the client sees it.
+    pub fn tokens(&self, n: usize) -> u64 {
+        self.nodes[n].tokens
+    }
+
+    /// The name of the tool a call id belongs to, when serve has seen the call.
+    pub fn call_name(&self, id: &str) -> Option<&str> {
+        self.call_names.get(id).map(String::as_str)
+    }
+
+    /// Matches a request's messages against the tree, step by step (see [`Track::step`]).
     pub fn matching(&mut self, messages: &[&Message], internal: &dyn Fn(&str) -> bool) -> Matched {
         let mut cur: Option<usize> = None;
         let mut entries = Vec::new();
         for m in messages {
-            let key = exact(m);
-            let Some(children) = self.children.get(&cur) else { break };
-            let next = match children.iter().rev().find(|&&n| self.nodes[n].exact == Some(key)) {
-                Some(&n) => Some(n),
-                None => {
-                    let fp = Visible::of(m, internal).fp();
-                    let found = children.iter().rev().find(|&&n| self.nodes[n].fp == fp).copied();
-                    if let Some(n) = found {
-                        self.nodes[n].exact = Some(key);
-                    }
-                    found
-                }
-            };
-            match next {
+            match self.step(cur, exact(m), &mut || Visible::of(m, internal).fp()) {
                 Some(n) => {
-                    entries.push(self.nodes[n].single.then(|| self.nodes[n].entry.clone()));
+                    entries.push(self.single_entry(n));
                     cur = Some(n);
                 }
                 None => break,
