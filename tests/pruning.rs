@@ -393,7 +393,7 @@ fn random_sessions_stay_valid_and_recover_exactly() {
         let p = l.s.projection().unwrap();
         let idx = p.index();
         assert!(!idx.records.is_empty(), "seed {seed}");
-        for (r, rec) in &idx.records {
+        for (r, rec) in idx.records.iter() {
             let want = &originals.iter().find(|(e, _)| e == &rec.entry).expect("recorded output exists").1;
             let got = l.s.query(&[format!("t{r}")]).unwrap();
             assert_eq!(&got.originals[0].1, want, "seed {seed} t{r}");

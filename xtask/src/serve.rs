@@ -88,27 +88,34 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     let pid = child.id();
     let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(120))).build());
     writeln!(md, "\n## condense serve\n")?;
-    writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Latency* is serve's own time per request: from the client starting to send it (its body already serialized) to the fake upstream having received the whole rewritten request (before parsing it): reading, recording, pipeline, checkpoint check, render, rewriting and forwarding, with both loopback transfers. Each measured request is an agent's next request: the server holds the conversation (recorded whole by an earlier, unmeasured request, which the server answered) and the request adds one prompt, for a conversation of the size shown; a fresh conversation per request. Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
+    writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Latency* is serve's own time per request: from the client starting to send it (its body already serialized) to the fake upstream having received the whole rewritten request (before parsing it): reading, recording, pipeline, checkpoint check, render, rewriting and forwarding, with both loopback transfers. Each measured request is an agent's next request in an active conversation: the server holds half as many conversations as requests measured, each recorded whole beforehand by an unmeasured request; the measured requests go round-robin over them, each adding a prompt (a conversation grows by two messages between its two measured requests). Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
     writeln!(md, "| conversation | requests measured | request body | p50 | p99 | target |")?;
     writeln!(md, "|---|---:|---:|---:|---:|---|")?;
     for (n, reqs) in [(10usize, 200usize), (100, 200), (1000, 100)] {
+        // Conversations of n - 1 messages the server holds (recorded by unmeasured requests first), then
+        // the measured requests, round-robin over them, each adding a prompt as an agent's next request.
+        let convs = reqs / 2;
+        let mut histories = Vec::with_capacity(convs);
+        for c in 0..convs {
+            let session = format!("latency-{n}-{c}");
+            let mut history = conversation(n.saturating_sub(2), n * 1000 + c);
+            let reply = post(&agent, &addr, &session, &history)?;
+            history.push(reply);
+            histories.push((session, history));
+        }
         let mut lat = Vec::with_capacity(reqs);
         let mut body_bytes = 0;
         for i in 0..reqs {
-            // A conversation of n - 1 messages the server holds (recorded, not measured), then the
-            // request that adds the n-th: an agent's next request.
-            let session = format!("latency-{n}-{i}");
-            let mut history = conversation(n.saturating_sub(2), n * 1000 + i);
-            let reply = post(&agent, &addr, &session, &history)?;
-            history.push(reply);
+            let (session, history) = &mut histories[i % convs];
             history.push(json!({"role": "user", "content": format!("Next step {i}: run the tests again.")}));
             fake.clear_log();
-            let body = body_of(&history);
+            let body = body_of(history);
             body_bytes = body.len();
             let t = Instant::now();
-            post_body(&agent, &addr, &session, &body)?;
+            let reply = post_body(&agent, &addr, session, &body)?;
             let arrived = fake.log().last().context("the fake saw the request")?.at;
             lat.push(arrived.saturating_duration_since(t));
+            history.push(reply);
         }
         let target = if n == 1000 { "p99 < 5 ms" } else { "" };
         writeln!(md, "| {n} messages | {reqs} | {:.0} KB | {:.2} ms | {:.2} ms | {target} |", body_bytes as f64 / 1024.0, ms(percentile(lat.clone(), 0.5)), ms(percentile(lat, 0.99)))?;

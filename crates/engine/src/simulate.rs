@@ -246,7 +246,7 @@ pub fn replay_with_window(
     f.dedups = idx.aliases.len() as u64;
     f.chains = idx.chains.len() as u64;
     f.checkpoints = idx.checkpoints.len() as u64;
-    for (r, rec) in &idx.records {
+    for (r, rec) in idx.records.iter() {
         f.refs_checked += 1;
         let original = proj.entry_message(&rec.entry).map(|m| output_text(m)).unwrap_or_default();
         let answer = session.query(&[format!("t{r}")])?;

@@ -5,6 +5,7 @@
 
 use condense_events::{BatchOutcome, DecisionEvent, Record};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A spilled output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,39 +54,40 @@ pub struct Checkpoint {
     pub tokens_before: u64,
 }
 
-/// Everything the pipeline decided so far for one session.
+/// Everything the pipeline decided so far for one session. Each map is shared copy-on-write, so a copy
+/// of the index (the cost guard renders a candidate on one) costs only the maps a decision then changes.
 #[derive(Debug, Clone, Default)]
 pub struct Index {
     /// Records by ref number.
-    pub records: BTreeMap<u32, Record>,
+    pub records: Arc<BTreeMap<u32, Record>>,
     /// Ref by tool-result entry id.
-    pub by_entry: BTreeMap<String, u32>,
+    pub by_entry: Arc<BTreeMap<String, u32>>,
     /// Refs of the calls each assistant entry made.
-    pub by_call_entry: BTreeMap<String, Vec<u32>>,
+    pub by_call_entry: Arc<BTreeMap<String, Vec<u32>>>,
     /// Refs by raw call id (a provider may reuse an id: every occurrence, in order).
-    pub by_call: BTreeMap<String, Vec<u32>>,
+    pub by_call: Arc<BTreeMap<String, Vec<u32>>>,
     /// Spilled refs.
-    pub spills: BTreeMap<u32, Spill>,
+    pub spills: Arc<BTreeMap<u32, Spill>>,
     /// Duplicate ref → original ref.
-    pub aliases: BTreeMap<u32, u32>,
+    pub aliases: Arc<BTreeMap<u32, u32>>,
     /// Summaries of summarized refs.
-    pub summaries: BTreeMap<u32, String>,
+    pub summaries: Arc<BTreeMap<u32, String>>,
     /// Outcome of each closed batch.
-    pub outcomes: BTreeMap<u32, BatchOutcome>,
+    pub outcomes: Arc<BTreeMap<u32, BatchOutcome>>,
     /// Refs of each batch.
-    pub batches: BTreeMap<u32, Vec<u32>>,
+    pub batches: Arc<BTreeMap<u32, Vec<u32>>>,
     /// Purged calls: (assistant entry id, call id) → chars purged.
-    pub purged: BTreeMap<(String, String), u64>,
+    pub purged: Arc<BTreeMap<(String, String), u64>>,
     /// Compressed chains by block number.
-    pub chains: BTreeMap<u32, Chain>,
+    pub chains: Arc<BTreeMap<u32, Chain>>,
     /// The last entry captured.
     pub frontier: Option<String>,
     /// The first ref captured with each dedup hash.
-    pub first_by_hash: BTreeMap<String, u32>,
+    pub first_by_hash: Arc<BTreeMap<String, u32>>,
     /// Committed archive views in order: (id, last event, leaf).
     pub archives: Vec<(String, u64, Option<String>)>,
     /// Committed checkpoints by number.
-    pub checkpoints: BTreeMap<u32, Checkpoint>,
+    pub checkpoints: Arc<BTreeMap<u32, Checkpoint>>,
     /// Checkpoint failures, in order (code, reason).
     pub checkpoint_failures: Vec<(String, String)>,
     /// How many captured outputs are `context_tree_query` recoveries.
@@ -109,34 +111,34 @@ impl Index {
         match d {
             DecisionEvent::Note { .. } => {}
             DecisionEvent::OutputCaptured(r) => {
-                self.by_entry.insert(r.entry.clone(), r.ref_n);
-                self.by_call_entry.entry(r.call_entry.clone()).or_default().push(r.ref_n);
-                self.by_call.entry(r.call_id.clone()).or_default().push(r.ref_n);
-                self.batches.entry(r.batch).or_default().push(r.ref_n);
-                self.first_by_hash.entry(r.hash.clone()).or_insert(r.ref_n);
+                Arc::make_mut(&mut self.by_entry).insert(r.entry.clone(), r.ref_n);
+                Arc::make_mut(&mut self.by_call_entry).entry(r.call_entry.clone()).or_default().push(r.ref_n);
+                Arc::make_mut(&mut self.by_call).entry(r.call_id.clone()).or_default().push(r.ref_n);
+                Arc::make_mut(&mut self.batches).entry(r.batch).or_default().push(r.ref_n);
+                Arc::make_mut(&mut self.first_by_hash).entry(r.hash.clone()).or_insert(r.ref_n);
                 if r.tool == condense_events::QUERY_TOOL_NAME {
                     self.recoveries += 1;
                 }
-                self.records.insert(r.ref_n, r.clone());
+                Arc::make_mut(&mut self.records).insert(r.ref_n, r.clone());
             }
             DecisionEvent::OutputSpilled { ref_n, blob, bytes, preview } => {
-                self.spills.insert(*ref_n, Spill { blob: blob.clone(), bytes: *bytes, preview: preview.clone() });
+                Arc::make_mut(&mut self.spills).insert(*ref_n, Spill { blob: blob.clone(), bytes: *bytes, preview: preview.clone() });
             }
             DecisionEvent::OutputAliased { ref_n, original } => {
-                self.aliases.insert(*ref_n, *original);
+                Arc::make_mut(&mut self.aliases).insert(*ref_n, *original);
             }
             DecisionEvent::BatchClosed { batch, outcome, summaries, .. } => {
-                self.outcomes.insert(*batch, *outcome);
+                Arc::make_mut(&mut self.outcomes).insert(*batch, *outcome);
                 for (r, s) in summaries {
-                    self.summaries.insert(*r, s.clone());
+                    Arc::make_mut(&mut self.summaries).insert(*r, s.clone());
                 }
             }
             DecisionEvent::FrontierAdvanced { entry } => self.frontier = Some(entry.clone()),
             DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {
-                self.purged.insert((entry.clone(), call_id.clone()), *chars);
+                Arc::make_mut(&mut self.purged).insert((entry.clone(), call_id.clone()), *chars);
             }
             DecisionEvent::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, bounded, tokens_before, .. } => {
-                self.checkpoints.insert(
+                Arc::make_mut(&mut self.checkpoints).insert(
                     *n,
                     Checkpoint {
                         n: *n,
@@ -154,7 +156,7 @@ impl Index {
             DecisionEvent::CheckpointStarted { .. } => {}
             DecisionEvent::ArchiveCommitted { id, seq, leaf } => self.archives.push((id.clone(), *seq, leaf.clone())),
             DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
-                self.chains.insert(
+                Arc::make_mut(&mut self.chains).insert(
                     *block,
                     Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone() },
                 );
