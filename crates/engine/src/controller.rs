@@ -29,7 +29,7 @@ pub enum Outcome {
 /// came after, whichever is larger.
 pub fn context_tokens(p: &Projection) -> u64 {
     let rendered = p.render().messages;
-    let estimate_all: u64 = rendered.iter().map(|m| estimate(m)).sum();
+    let estimate_all: u64 = rendered.iter().map(|m| p.estimate(m)).sum();
     p.anchored_tokens(&rendered).map_or(estimate_all, |a| a.max(estimate_all))
 }
 

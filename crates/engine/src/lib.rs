@@ -321,7 +321,7 @@ fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEve
         after.apply(0, &Event::Decision(d.clone()));
     }
     let a = after.render_full_now().messages;
-    let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| condense_tokens::estimate(m)).sum::<u64>();
+    let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();
     let saved = count(&b).saturating_sub(count(&a));
     // Everything after the first changed message is sent uncached once more: the prune must save more
     // than that, or it costs more than it brings back.

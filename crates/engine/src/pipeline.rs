@@ -159,8 +159,12 @@ pub fn plan(
             Message::User { .. } => {}
         }
     }
+    // The frontier moves when it passes a tool result: messages without outputs leave nothing to capture,
+    // and a frontier behind them only makes the next scan start a few messages earlier.
     if let Some((last, _)) = branch.last() {
-        if idx.frontier.as_deref() != Some(*last) {
+        let passed_output = branch[scan_from..].iter().any(|(id, m)| matches!(***m, Message::ToolResult { .. }) && !idx.by_entry.contains_key(*id))
+            || !new_records.is_empty();
+        if idx.frontier.as_deref() != Some(*last) && passed_output {
             out.push(DecisionEvent::FrontierAdvanced { entry: last.to_string() });
         }
     }

@@ -102,6 +102,10 @@ pub struct Projection {
     usage_anchor: Option<(condense_events::Usage, Option<usize>)>,
     // The leaf when the model last changed: a model transition lasts until an assistant message follows.
     model_change_leaf: Option<Option<usize>>,
+    // Token estimates of rendered messages by the message's address (lookups only); each entry holds its
+    // message, so an address cannot be reused while it is a key. Shared with copies of the projection
+    // (an estimate depends on the message alone) and cleared when it outgrows the tree.
+    tokens: Arc<Mutex<HashMap<usize, (Arc<Message>, u64)>>>,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -150,6 +154,7 @@ impl Clone for Projection {
             overflow_checkpointed: self.overflow_checkpointed,
             usage_anchor: self.usage_anchor,
             model_change_leaf: self.model_change_leaf,
+            tokens: self.tokens.clone(),
         }
     }
 }
@@ -220,6 +225,22 @@ impl Projection {
         }
     }
 
+    /// pi's token estimate of a rendered message, remembered per message (a context counted every request
+    /// costs what changed).
+    pub fn estimate(&self, m: &Arc<Message>) -> u64 {
+        let key = Arc::as_ptr(m) as usize;
+        let mut cache = self.tokens.lock().expect("token cache lock");
+        if let Some((_, t)) = cache.get(&key) {
+            return *t;
+        }
+        let t = condense_tokens::estimate(m);
+        if cache.len() > 2 * self.items.len() + 1024 {
+            cache.clear();
+        }
+        cache.insert(key, (m.clone(), t));
+        t
+    }
+
     /// Provider overflows since the last entry that was not a failed assistant message: 1 asks for a
     /// checkpoint and one retry, 2 is terminal.
     pub fn overflow_streak(&self) -> u32 {
@@ -242,7 +263,7 @@ impl Projection {
         for &i in &path[from..] {
             if let Node::Message(m, _) = &self.items[i].node {
                 if rendered.iter().rev().any(|x| Arc::ptr_eq(x, m)) {
-                    later += condense_tokens::estimate(m);
+                    later += self.estimate(m);
                 }
             }
         }

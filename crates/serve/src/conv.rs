@@ -284,7 +284,7 @@ impl Conv {
                 .collect();
             let notice = r.messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
             let tools: Vec<tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
-            let tokens: u64 = r.messages.iter().map(|m| condense_tokens::estimate(m)).sum();
+            let tokens: u64 = r.messages.iter().map(|m| p.estimate(m)).sum();
             let idx = p.index();
             let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64);
             (segs, notice, tools, tokens, figures)

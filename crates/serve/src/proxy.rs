@@ -39,7 +39,13 @@ struct Counters {
     overflows: AtomicU64,
     upstream_errors: AtomicU64,
     passthrough: AtomicU64,
+    /// serve's own time for each of the last requests, microseconds: from the request read in to its
+    /// rewritten body handed to the HTTP client (first round only).
+    latencies: std::sync::Mutex<std::collections::VecDeque<u64>>,
 }
+
+/// How many recent requests the latency figures cover.
+const LATENCY_WINDOW: usize = 100;
 
 type ConvRef = Arc<AsyncMutex<Conv>>;
 
@@ -115,7 +121,23 @@ impl State {
             "overflows": g(&c.overflows),
             "upstream_errors": g(&c.upstream_errors),
             "passthrough": g(&c.passthrough),
+            "latency_ms": self.latency_json(),
         })
+    }
+
+    fn record_latency(&self, d: std::time::Duration) {
+        let mut l = self.counters.latencies.lock().expect("latency lock");
+        if l.len() == LATENCY_WINDOW {
+            l.pop_front();
+        }
+        l.push_back(d.as_micros() as u64);
+    }
+
+    fn latency_json(&self) -> Value {
+        let mut v: Vec<u64> = self.counters.latencies.lock().expect("latency lock").iter().copied().collect();
+        v.sort_unstable();
+        let at = |p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |us| *us as f64 / 1000.0);
+        json!({"requests": v.len(), "p50": at(0.5), "p99": at(0.99), "max": at(1.0)})
     }
 
     fn count_usage(&self, u: &Option<Usage>) {
@@ -301,7 +323,7 @@ struct Req {
     headers: HeaderMap,
     query: String,
     /// The client's body, field by field as it wrote them.
-    fields: Vec<(String, RawItem)>,
+    fields: Arc<Vec<(String, RawItem)>>,
     /// Its message list, split into units.
     raw: Arc<RawRequest>,
     internal: Internal,
@@ -312,15 +334,22 @@ struct Req {
 }
 
 impl Req {
-    /// The upstream body: the client's fields in its order and as it wrote them, its message list replaced
-    /// and condense's tools added after the client's.
+    /// The upstream body for what the engine built.
     fn upstream_body(&self, built: &Built) -> Vec<u8> {
-        let field = self.api.list_field();
+        upstream_body(self.api, &self.fields, built)
+    }
+}
+
+/// The upstream body: the client's fields in its order and as it wrote them, its message list replaced and
+/// condense's tools added after the client's.
+fn upstream_body(api: Api, fields: &[(String, RawItem)], built: &Built) -> Vec<u8> {
+    {
+        let field = api.list_field();
         let mut out = Vec::with_capacity(built.list.len() + 64 * 1024);
         out.push(b'{');
         let ours: Vec<String> = built.tools.iter().map(Value::to_string).collect();
         let mut tools_written = false;
-        for (i, (k, v)) in self.fields.iter().enumerate() {
+        for (i, (k, v)) in fields.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
@@ -343,7 +372,7 @@ impl Req {
             }
         }
         if !tools_written && !ours.is_empty() {
-            if !self.fields.is_empty() {
+            if !fields.is_empty() {
                 out.push(b',');
             }
             out.extend_from_slice(format!("\"tools\":[{}]", ours.join(",")).as_bytes());
@@ -362,6 +391,7 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
             return api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {}-byte limit", st.cfg.max_body_bytes))
         }
     };
+    let arrived = std::time::Instant::now();
     let bad = |m: String| api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {m}"));
     let mut fields = match serde_json::from_slice::<Fields>(&bytes) {
         Ok(f) => f.0,
@@ -397,7 +427,7 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
         }
     }
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    let req = Req { api, headers: parts.headers, query, fields, raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, stream, model, metadata };
+    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, stream, model, metadata };
     if req.raw.units.is_empty() {
         // Nothing of a conversation to manage: forwarded as it came.
         return forward_unchanged(&st, &req, bytes.to_vec()).await;
@@ -410,42 +440,32 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
     let model = req.model.clone();
     let limits = model_limits(&st.cfg.file.models, &model);
     let (raw, internal) = (req.raw.clone(), req.internal.clone());
-    let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built), ConvError> {
+    let fields = req.fields.clone();
+    let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built, Vec<u8>), ConvError> {
         let rec = c.record_request(api, &raw, &model, limits, &internal)?;
-        let built = c.build(api, &raw, &rec, &internal)?;
-        Ok((rec, built))
+        let mut built = c.build(api, &raw, &rec, &internal)?;
+        let mut body = upstream_body(api, &fields, &built);
+        // The payload guard after a model change, on the bytes about to be sent: an oversized request is
+        // recorded as an overflow and prepared once more (recovery).
+        match c.session.guard_payload(body.len() as u64) {
+            Ok(()) => {}
+            Err(EngineError::ContextOverflow { .. }) => {
+                built = c.build(api, &raw, &rec, &internal)?;
+                body = upstream_body(api, &fields, &built);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok((rec, built, body))
     })
     .await;
-    let (rec, built) = match prepared {
+    let (rec, built, body) = match prepared {
         Ok(x) => x,
         Err(e) => return conv_error(api, &e),
     };
     st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
     st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
-    let body = match guarded(&conv, &req, &rec, built).await {
-        Ok(b) => b,
-        Err(e) => return engine_error(api, &e),
-    };
+    st.record_latency(arrived.elapsed());
     run_rounds(st, conv, req, rec, body).await
-}
-
-/// Serializes the upstream body and applies the payload guard after a model change: an oversized
-/// request is recorded as an overflow and prepared once more (recovery), then sent.
-async fn guarded(conv: &ConvRef, req: &Req, rec: &Recorded, built: Built) -> Result<Vec<u8>, EngineError> {
-    let body = req.upstream_body(&built);
-    let len = body.len() as u64;
-    let blocked = with_conv(conv, move |c| c.session.guard_payload(len)).await;
-    match blocked {
-        Ok(()) => Ok(body),
-        Err(EngineError::ContextOverflow { .. }) => {
-            let (api, raw, internal) = (req.api, req.raw.clone(), req.internal.clone());
-            let rec = rec.clone();
-            let rebuilt = with_conv(conv, move |c| c.build(api, &raw, &rec, &internal))
-            .await?;
-            Ok(req.upstream_body(&rebuilt))
-        }
-        Err(e) => Err(e),
-    }
 }
 
 fn conv_error(api: Api, e: &ConvError) -> Response {
