@@ -12,12 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 
-/// The pinned client versions (issue 8).
-const CLIENTS: &[(&str, &str)] = &[
-    ("@anthropic-ai/claude-code", "2.1.328"),
-    ("@mariozechner/pi-coding-agent", "0.73.1"),
-    ("@openai/codex", "0.169.0"),
-];
+/// The pinned client versions (issue 8), one `package@version` a line; `.ci/run` reads the same file.
+const CLIENTS: &str = include_str!("e2e-clients.txt");
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
@@ -28,7 +24,7 @@ fn clients() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::var_os("CONDENSE_E2E_CLIENTS").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/e2e-clients"));
-        let pinned: Vec<String> = CLIENTS.iter().map(|(p, v)| format!("{p}@{v}")).collect();
+        let pinned: Vec<String> = CLIENTS.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect();
         let stamp = dir.join("installed.txt");
         if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.join("\n").as_str()) {
             std::fs::create_dir_all(&dir).unwrap();
