@@ -59,6 +59,16 @@ pub struct UnitRec {
     pub parsed: Option<Arc<WireRequest>>,
 }
 
+/// How a request's units match the session, before anything is recorded.
+struct Planned {
+    units: Vec<UnitRec>,
+    /// The visible node the history last matched.
+    cur: Option<usize>,
+    /// The new messages, with the unit each came from.
+    new: Vec<(usize, Message)>,
+    tokens_in: u64,
+}
+
 /// Where a request's messages went in the log.
 #[derive(Debug, Clone)]
 pub struct Recorded {
@@ -128,6 +138,59 @@ impl Conv {
     /// Units the conversation has seen before, byte for byte, are matched by their key without being read;
     /// the first unit that is new or different is read in full, and so is everything after it.
     pub fn record_request(&mut self, api: Api, raw: &RawRequest, model: &str, limits: Option<ModelLimits>, internal: &Internal) -> std::result::Result<Recorded, ConvError> {
+        let is = |n: &str| internal.is(n);
+        let Planned { mut units, cur, new, mut tokens_in } = self.match_units(api, raw, internal)?;
+        tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
+        let matched_parent = cur.map(|n| self.track.tail(n).to_string());
+        let session = self.session.clone();
+        let (leaf, model_changed, ids) = session.with_projection(|p| {
+            let changed = match p.model() {
+                Some(m) => m.model != model || m.context_window != limits.map(|l| l.context_window),
+                None => true,
+            };
+            let ids: Vec<String> = new.iter().map(|_| self.next_id(p)).collect();
+            (p.leaf_id().map(str::to_string), changed, ids)
+        })?;
+        let mut events = Vec::new();
+        if model_changed {
+            events.push(SourceEvent::ModelChanged {
+                provider: None,
+                model: model.to_string(),
+                context_window: limits.map(|l| l.context_window),
+                max_output: limits.and_then(|l| l.max_output),
+            });
+        }
+        if new.is_empty() && leaf != matched_parent {
+            events.push(SourceEvent::LeafMoved { leaf: matched_parent.clone() });
+        }
+        let mut parent = matched_parent;
+        let mut appended: Vec<(String, Option<String>, usize)> = Vec::new();
+        for ((u, m), id) in new.iter().zip(&ids) {
+            events.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.clone(), entry: Entry::Message(m.clone()) });
+            appended.push((id.clone(), parent.clone(), *u));
+            parent = Some(id.clone());
+        }
+        if !events.is_empty() {
+            self.session.append(events)?;
+        }
+        for ((id, parent, u), (_, m)) in appended.iter().zip(&new) {
+            self.track.add(id, parent.as_deref(), m, &is, Some(crate::track::exact(m)));
+            units[*u].entries.push(Some(id.clone()));
+        }
+        // Units read in full are remembered by key, so the next request matches them without reading.
+        for (u, rec) in units.iter().enumerate() {
+            if let (Some(w), false) = (&rec.parsed, raw.units[u].marked) {
+                if w.messages.len() == rec.entries.len() {
+                    self.units.entry(raw.units[u].key).or_insert_with(|| w.messages.iter().map(|m| crate::track::exact(&m.message)).collect());
+                }
+            }
+        }
+        Ok(Recorded { units, last: parent, tokens_in })
+    }
+
+    /// Matches the request's units against the client's view of the session: what it holds of each unit,
+    /// where the history leaves it, and the new messages (tool results named after their calls).
+    fn match_units(&mut self, api: Api, raw: &RawRequest, internal: &Internal) -> std::result::Result<Planned, ConvError> {
         let is = |n: &str| internal.is(n);
         let mut cur: Option<usize> = None;
         let mut tokens_in = 0;
@@ -206,52 +269,7 @@ impl Conv {
                 _ => {}
             }
         }
-        tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
-        let matched_parent = cur.map(|n| self.track.tail(n).to_string());
-        let session = self.session.clone();
-        let (leaf, model_changed, ids) = session.with_projection(|p| {
-            let changed = match p.model() {
-                Some(m) => m.model != model || m.context_window != limits.map(|l| l.context_window),
-                None => true,
-            };
-            let ids: Vec<String> = new.iter().map(|_| self.next_id(p)).collect();
-            (p.leaf_id().map(str::to_string), changed, ids)
-        })?;
-        let mut events = Vec::new();
-        if model_changed {
-            events.push(SourceEvent::ModelChanged {
-                provider: None,
-                model: model.to_string(),
-                context_window: limits.map(|l| l.context_window),
-                max_output: limits.and_then(|l| l.max_output),
-            });
-        }
-        if new.is_empty() && leaf != matched_parent {
-            events.push(SourceEvent::LeafMoved { leaf: matched_parent.clone() });
-        }
-        let mut parent = matched_parent;
-        let mut appended: Vec<(String, Option<String>, usize)> = Vec::new();
-        for ((u, m), id) in new.iter().zip(&ids) {
-            events.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.clone(), entry: Entry::Message(m.clone()) });
-            appended.push((id.clone(), parent.clone(), *u));
-            parent = Some(id.clone());
-        }
-        if !events.is_empty() {
-            self.session.append(events)?;
-        }
-        for ((id, parent, u), (_, m)) in appended.iter().zip(&new) {
-            self.track.add(id, parent.as_deref(), m, &is, Some(crate::track::exact(m)));
-            units[*u].entries.push(Some(id.clone()));
-        }
-        // Units read in full are remembered by key, so the next request matches them without reading.
-        for (u, rec) in units.iter().enumerate() {
-            if let (Some(w), false) = (&rec.parsed, raw.units[u].marked) {
-                if w.messages.len() == rec.entries.len() {
-                    self.units.entry(raw.units[u].key).or_insert_with(|| w.messages.iter().map(|m| crate::track::exact(&m.message)).collect());
-                }
-            }
-        }
-        Ok(Recorded { units, last: parent, tokens_in })
+        Ok(Planned { units, cur, new, tokens_in })
     }
 
     /// Prepares the context (pruning, checkpoints, recovery, notices) and writes it in `api`'s wire form:
@@ -260,158 +278,201 @@ impl Conv {
     /// from the neutral model. The client's `cache_control` marks go back on the messages they were on, or,
     /// for the last message, on the last message sent before any notice.
     pub fn build(&mut self, api: Api, raw: &RawRequest, rec: &Recorded, internal: &Internal) -> Result<Built> {
-        /// Where a rendered message comes from.
-        enum Seg {
-            Client(usize, usize),
-            New(Option<OutMessage<'static>>),
-        }
-        let (segs, notice, tools, tokens_sent, figures) = self.session.prepare_then(|p, r| {
-            let mut from: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
-            for (u, ur) in rec.units.iter().enumerate() {
-                for (j, e) in ur.entries.iter().enumerate() {
-                    if let Some(m) = e.as_deref().and_then(|e| p.entry_message(e)) {
-                        from.insert(Arc::as_ptr(m) as usize, (u, j));
-                    }
-                }
-            }
-            let segs: Vec<Seg> = r
-                .messages
-                .iter()
-                .map(|m| match from.get(&(Arc::as_ptr(m) as usize)) {
-                    Some(&(u, j)) => Seg::Client(u, j),
-                    None => Seg::New(wire::from_neutral(api, m)),
-                })
-                .collect();
-            let notice = r.messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
-            let tools: Vec<tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
-            let tokens: u64 = r.messages.iter().map(|m| p.estimate(m)).sum();
-            let idx = p.index();
-            let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64);
-            (segs, notice, tools, tokens, figures)
-        })?;
+        let (segs, notice, tools, tokens_sent, figures) = self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages))?;
         self.figures.requests += 1;
         self.figures.stubs = figures.0;
         self.figures.checkpoints = figures.1;
-        // Which units go out whole and untouched, and which are read for their messages' own JSON.
-        let count = |u: usize| rec.units[u].entries.len();
-        let mut whole: Vec<Option<usize>> = vec![None; segs.len()];
-        let mut i = 0;
-        while i < segs.len() {
-            if let Seg::Client(u, 0) = segs[i] {
-                let k = count(u);
-                let complete = k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y == j));
-                if complete && !raw.units[u].marked {
-                    whole[i] = Some(u);
-                    i += k;
-                    continue;
-                }
-            }
-            i += 1;
-        }
-        // An Anthropic unit next to a rewritten message of the same role is merged with it, so it is read.
-        let role_of = |i: usize| -> Option<String> {
-            match &segs[i] {
-                Seg::Client(u, _) => Some(raw.units[*u].role.clone()),
-                Seg::New(Some(o)) => o.role().map(str::to_string),
-                Seg::New(None) => None,
-            }
-        };
-        if api == Api::Anthropic {
-            let starts: Vec<usize> = (0..segs.len()).filter(|&i| whole[i].is_some()).collect();
-            for s0 in starts {
-                let u = whole[s0].expect("a whole unit");
-                let end = s0 + count(u);
-                let role = raw.units[u].role.as_str();
-                let prev_new = s0 > 0 && matches!(segs[s0 - 1], Seg::New(Some(_))) && role_of(s0 - 1).as_deref() == Some(role);
-                let next_new = end < segs.len() && matches!(segs[end], Seg::New(Some(_))) && role_of(end).as_deref() == Some(role);
-                let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && whole[end].is_none() && role_of(end).as_deref() == Some(role);
-                let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !(0..s0).any(|k| whole[k].is_some_and(|w| k + count(w) == s0)) && role_of(s0 - 1).as_deref() == Some(role);
-                if matches!(role, "user" | "assistant") && (prev_new || next_new || next_part || prev_part) {
-                    whole[s0] = None;
-                }
-            }
-        }
-        // Units read now for their messages (those the request did not read already).
-        let mut covered = vec![false; segs.len()];
-        for i in 0..segs.len() {
-            if let Some(u) = whole[i] {
-                for k in 0..count(u) {
-                    covered[i + k] = true;
-                }
-            }
-        }
-        let mut read: BTreeMap<usize, Arc<WireRequest>> = BTreeMap::new();
-        for (i, seg) in segs.iter().enumerate() {
-            if let (Seg::Client(u, _), false) = (seg, covered[i]) {
-                if !read.contains_key(u) {
-                    let w = match &rec.units[*u].parsed {
-                        Some(w) => w.clone(),
-                        None => Arc::new(wire::parse_unit(api, raw, *u).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })?),
-                    };
-                    read.insert(*u, w);
-                }
-            }
-        }
-        let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(segs.len());
-        let mut src: Vec<Option<(usize, usize)>> = Vec::with_capacity(segs.len());
-        for (i, seg) in segs.into_iter().enumerate() {
-            if let Some(u) = whole[i] {
-                let unit = &raw.units[u];
-                pieces.push(Piece::Raw(&raw.items[unit.start..unit.start + unit.len]));
-                src.push(Some((u, usize::MAX)));
-                continue;
-            }
-            if covered[i] {
-                continue;
-            }
-            match seg {
-                Seg::Client(u, j) => {
-                    pieces.push(Piece::Msg(read[&u].messages[j].out()));
-                    src.push(Some((u, j)));
-                }
-                Seg::New(Some(o)) => {
-                    pieces.push(Piece::Msg(o));
-                    src.push(None);
-                }
-                Seg::New(None) => {}
-            }
-        }
-        if api == Api::Anthropic {
-            let last_unit = raw.units.len().checked_sub(1);
-            for (u, w) in &read {
-                for (j, control) in &w.cache_marks {
-                    let last = Some(*u) == last_unit && *j + 1 == w.messages.len();
-                    let at = src.iter().rposition(|s| *s == Some((*u, *j))).or_else(|| last.then(|| pieces.len().saturating_sub(1 + usize::from(notice))));
-                    if let Some(Piece::Msg(o)) = at.and_then(|a| pieces.get_mut(a)) {
-                        mark_last_part(o, control);
-                    }
-                }
-            }
-        }
-        // Responses: a rewritten output answers a custom tool call with the custom output type.
-        if api == Api::Responses {
-            let custom: Vec<String> = raw
-                .items
-                .iter()
-                .filter(|it| it.get().contains("\"custom_tool_call\""))
-                .filter_map(|it| serde_json::from_str::<Value>(it.get()).ok())
-                .filter(|v| v["type"] == "custom_tool_call")
-                .filter_map(|v| v["call_id"].as_str().map(str::to_string))
-                .collect();
-            for (piece, s) in pieces.iter_mut().zip(&src) {
-                if let (Piece::Msg(o), None) = (piece, s) {
-                    for part in o.parts.to_mut().iter_mut() {
-                        if part["type"] == "function_call_output" && part["call_id"].as_str().is_some_and(|c| custom.iter().any(|x| x == c)) {
-                            part["type"] = json!("custom_tool_call_output");
-                        }
-                    }
-                }
-            }
-        }
-        let tools = tools.iter().map(|t| tool_json(api, t)).collect();
-        Ok(Built { list: wire::write_list(api, &raw.items[..raw.system], &pieces), tools, tokens_sent })
+        write(api, raw, rec, segs, notice, &tools, tokens_sent).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })
     }
 
+    /// What `count_tokens` should count: the session's context as it stands with the request's new
+    /// messages after it, in the request's wire form — a dry run that records nothing and makes no
+    /// pipeline decision.
+    pub fn dry_run(&mut self, api: Api, raw: &RawRequest, internal: &Internal) -> std::result::Result<Built, ConvError> {
+        let Planned { mut units, cur, new, .. } = self.match_units(api, raw, internal)?;
+        let mut p = self.session.projection()?;
+        let mut parent = cur.map(|n| self.track.tail(n).to_string());
+        let mut seq = p.seq();
+        if new.is_empty() && p.leaf_id().map(str::to_string) != parent {
+            seq += 1;
+            p.apply(seq, &condense_events::Event::Source(SourceEvent::LeafMoved { leaf: parent.clone() }));
+        }
+        for (k, (u, m)) in new.into_iter().enumerate() {
+            let id = format!("dry-run-{k}");
+            seq += 1;
+            p.apply(seq, &condense_events::Event::Source(SourceEvent::EntryAppended { id: id.clone(), parent: parent.clone(), entry: Entry::Message(m) }));
+            units[u].entries.push(Some(id.clone()));
+            parent = Some(id);
+        }
+        let rec = Recorded { units, last: parent, tokens_in: 0 };
+        let rendered = p.render();
+        let (segs, notice, tools, tokens_sent, _) = segments(api, &rec, internal, &p, &rendered.messages);
+        Ok(write(api, raw, &rec, segs, notice, &tools, tokens_sent)?)
+    }
+}
+
+/// Where a rendered message comes from.
+enum Seg {
+    /// Message `.1` of the request's unit `.0`.
+    Client(usize, usize),
+    /// Written from the neutral model (`None`: nothing the API can carry).
+    New(Option<OutMessage<'static>>),
+}
+
+type Segments = (Vec<Seg>, bool, Vec<tools::ToolDef>, u64, (u64, u64));
+
+/// Maps each rendered message to the client message it is (by identity with the entry's message) or its
+/// wire form; also whether the context ends with a budget notice, the tools it needs, its tokens, and the
+/// stub and checkpoint counts.
+fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::Projection, messages: &[Arc<Message>]) -> Segments {
+    let mut from: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    for (u, ur) in rec.units.iter().enumerate() {
+        for (j, e) in ur.entries.iter().enumerate() {
+            if let Some(m) = e.as_deref().and_then(|e| p.entry_message(e)) {
+                from.insert(Arc::as_ptr(m) as usize, (u, j));
+            }
+        }
+    }
+    let segs: Vec<Seg> = messages
+        .iter()
+        .map(|m| match from.get(&(Arc::as_ptr(m) as usize)) {
+            Some(&(u, j)) => Seg::Client(u, j),
+            None => Seg::New(wire::from_neutral(api, m)),
+        })
+        .collect();
+    let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
+    let tools: Vec<tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
+    let tokens: u64 = messages.iter().map(|m| p.estimate(m)).sum();
+    let idx = p.index();
+    let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64);
+    (segs, notice, tools, tokens, figures)
+}
+
+/// Writes the message list to send from the segments: whole unchanged units as the client wrote them,
+/// other client messages as their own wire JSON, the rest from the neutral model, with the client's cache
+/// marks put back.
+fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: bool, tools: &[tools::ToolDef], tokens_sent: u64) -> std::result::Result<Built, wire::WireError> {
+    // Which units go out whole and untouched, and which are read for their messages' own JSON.
+    let count = |u: usize| rec.units[u].entries.len();
+    let mut whole: Vec<Option<usize>> = vec![None; segs.len()];
+    let mut i = 0;
+    while i < segs.len() {
+        if let Seg::Client(u, 0) = segs[i] {
+            let k = count(u);
+            let complete = k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y == j));
+            if complete && !raw.units[u].marked {
+                whole[i] = Some(u);
+                i += k;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    // An Anthropic unit next to a rewritten message of the same role is merged with it, so it is read.
+    let role_of = |i: usize| -> Option<String> {
+        match &segs[i] {
+            Seg::Client(u, _) => Some(raw.units[*u].role.clone()),
+            Seg::New(Some(o)) => o.role().map(str::to_string),
+            Seg::New(None) => None,
+        }
+    };
+    if api == Api::Anthropic {
+        let starts: Vec<usize> = (0..segs.len()).filter(|&i| whole[i].is_some()).collect();
+        for s0 in starts {
+            let u = whole[s0].expect("a whole unit");
+            let end = s0 + count(u);
+            let role = raw.units[u].role.as_str();
+            let prev_new = s0 > 0 && matches!(segs[s0 - 1], Seg::New(Some(_))) && role_of(s0 - 1).as_deref() == Some(role);
+            let next_new = end < segs.len() && matches!(segs[end], Seg::New(Some(_))) && role_of(end).as_deref() == Some(role);
+            let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && whole[end].is_none() && role_of(end).as_deref() == Some(role);
+            let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !(0..s0).any(|k| whole[k].is_some_and(|w| k + count(w) == s0)) && role_of(s0 - 1).as_deref() == Some(role);
+            if matches!(role, "user" | "assistant") && (prev_new || next_new || next_part || prev_part) {
+                whole[s0] = None;
+            }
+        }
+    }
+    // Units read now for their messages (those the request did not read already).
+    let mut covered = vec![false; segs.len()];
+    for i in 0..segs.len() {
+        if let Some(u) = whole[i] {
+            for k in 0..count(u) {
+                covered[i + k] = true;
+            }
+        }
+    }
+    let mut read: BTreeMap<usize, Arc<WireRequest>> = BTreeMap::new();
+    for (i, seg) in segs.iter().enumerate() {
+        if let (Seg::Client(u, _), false) = (seg, covered[i]) {
+            if !read.contains_key(u) {
+                let w = match &rec.units[*u].parsed {
+                    Some(w) => w.clone(),
+                    None => Arc::new(wire::parse_unit(api, raw, *u)?),
+                };
+                read.insert(*u, w);
+            }
+        }
+    }
+    let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(segs.len());
+    let mut src: Vec<Option<(usize, usize)>> = Vec::with_capacity(segs.len());
+    for (i, seg) in segs.into_iter().enumerate() {
+        if let Some(u) = whole[i] {
+            let unit = &raw.units[u];
+            pieces.push(Piece::Raw(&raw.items[unit.start..unit.start + unit.len]));
+            src.push(Some((u, usize::MAX)));
+            continue;
+        }
+        if covered[i] {
+            continue;
+        }
+        match seg {
+            Seg::Client(u, j) => {
+                pieces.push(Piece::Msg(read[&u].messages[j].out()));
+                src.push(Some((u, j)));
+            }
+            Seg::New(Some(o)) => {
+                pieces.push(Piece::Msg(o));
+                src.push(None);
+            }
+            Seg::New(None) => {}
+        }
+    }
+    if api == Api::Anthropic {
+        let last_unit = raw.units.len().checked_sub(1);
+        for (u, w) in &read {
+            for (j, control) in &w.cache_marks {
+                let last = Some(*u) == last_unit && *j + 1 == w.messages.len();
+                let at = src.iter().rposition(|s| *s == Some((*u, *j))).or_else(|| last.then(|| pieces.len().saturating_sub(1 + usize::from(notice))));
+                if let Some(Piece::Msg(o)) = at.and_then(|a| pieces.get_mut(a)) {
+                    mark_last_part(o, control);
+                }
+            }
+        }
+    }
+    // Responses: a rewritten output answers a custom tool call with the custom output type.
+    if api == Api::Responses {
+        let custom: Vec<String> = raw
+            .items
+            .iter()
+            .filter(|it| it.get().contains("\"custom_tool_call\""))
+            .filter_map(|it| serde_json::from_str::<Value>(it.get()).ok())
+            .filter(|v| v["type"] == "custom_tool_call")
+            .filter_map(|v| v["call_id"].as_str().map(str::to_string))
+            .collect();
+        for (piece, s) in pieces.iter_mut().zip(&src) {
+            if let (Piece::Msg(o), None) = (piece, s) {
+                for part in o.parts.to_mut().iter_mut() {
+                    if part["type"] == "function_call_output" && part["call_id"].as_str().is_some_and(|c| custom.iter().any(|x| x == c)) {
+                        part["type"] = json!("custom_tool_call_output");
+                    }
+                }
+            }
+        }
+    }
+    let tools = tools.iter().map(|t| tool_json(api, t)).collect();
+    Ok(Built { list: wire::write_list(api, &raw.items[..raw.system], &pieces), tools, tokens_sent })
+}
+
+impl Conv {
     /// Records the model's reply after `parent` and the usage the provider reported for it; returns the
     /// reply's entry id.
     pub fn record_reply(&mut self, parent: Option<&str>, reply: Message, usage: Option<Usage>, internal: &Internal) -> Result<String> {

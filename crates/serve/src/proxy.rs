@@ -382,36 +382,36 @@ fn upstream_body(api: Api, fields: &[(String, RawItem)], built: &Built) -> Vec<u
     }
 }
 
-/// The three APIs: record, prepare, forward, and answer.
-async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response {
+/// Reads a request of one of the three APIs: its body bytes, and the request, or the error response.
+async fn read_request(st: &State, api: Api, req: Request) -> Result<(Req, bytes::Bytes, std::time::Instant), Response> {
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, st.cfg.max_body_bytes).await {
         Ok(b) => b,
         Err(_) => {
-            return api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {}-byte limit", st.cfg.max_body_bytes))
+            return Err(api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {}-byte limit", st.cfg.max_body_bytes)))
         }
     };
     let arrived = std::time::Instant::now();
     let bad = |m: String| api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {m}"));
     let mut fields = match serde_json::from_slice::<Fields>(&bytes) {
         Ok(f) => f.0,
-        Err(e) if e.is_data() => return bad("the request body must be a JSON object".into()),
-        Err(e) => return bad(format!("the request body is not JSON: {e}")),
+        Err(e) if e.is_data() => return Err(bad("the request body must be a JSON object".into())),
+        Err(e) => return Err(bad(format!("the request body is not JSON: {e}"))),
     };
     let field = |fields: &[(String, RawItem)], k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.get().to_string());
-    let Some(list_text) = field(&fields, api.list_field()) else { return bad(format!("`{}` must be a list", api.list_field())) };
+    let Some(list_text) = field(&fields, api.list_field()) else { return Err(bad(format!("`{}` must be a list", api.list_field()))) };
     let items: Vec<RawItem> = match serde_json::from_str::<Vec<RawItem>>(&list_text) {
         Ok(items) => items,
         Err(_) => match serde_json::from_str::<String>(&list_text) {
             Ok(text) if api == Api::Responses => {
                 vec![serde_json::value::to_raw_value(&json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})).expect("a raw value")]
             }
-            _ => return bad(format!("`{}` must be a list", api.list_field())),
+            _ => return Err(bad(format!("`{}` must be a list", api.list_field()))),
         },
     };
     let raw = match wire::split_units(api, items) {
         Ok(r) => r,
-        Err(e) => return bad(e.to_string()),
+        Err(e) => return Err(bad(e.to_string())),
     };
     let tool_names: Vec<String> = field(&fields, "tools")
         .and_then(|t| serde_json::from_str::<Vec<ToolName>>(&t).ok())
@@ -428,6 +428,15 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
     }
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, stream, model, metadata };
+    Ok((req, bytes, arrived))
+}
+
+/// The three APIs: record, prepare, forward, and answer.
+async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response {
+    let (req, bytes, arrived) = match read_request(&st, api, req).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
     if req.raw.units.is_empty() {
         // Nothing of a conversation to manage: forwarded as it came.
         return forward_unchanged(&st, &req, bytes.to_vec()).await;
@@ -515,6 +524,11 @@ async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest::Response,
 
 /// The conversation a request belongs to: by the client's own id, else by its first user message.
 async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, ConvError> {
+    conv_lookup(st, req, true).await.map(|c| c.expect("created when missing"))
+}
+
+/// The conversation a request belongs to; `create` makes one when there is none.
+async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Result<Option<ConvRef>, ConvError> {
     let first_user = req.raw.units.iter().position(|u| u.role == "user");
     let first_prompt = match first_user {
         Some(u) => wire::parse_unit(req.api, &req.raw, u)?
@@ -530,9 +544,12 @@ async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, ConvError> {
     });
     let mut convs = st.convs.lock().await;
     if let Some(c) = convs.get(&identity) {
-        return Ok(c.clone());
+        return Ok(Some(c.clone()));
     }
     let known = st.names.lock().expect("names lock").get(&identity).cloned();
+    if known.is_none() && !create {
+        return Ok(None);
+    }
     let store = st.store.clone();
     let internal = req.internal.clone();
     let client = api::client_kind(req.api, &req.headers).to_string();
@@ -553,7 +570,7 @@ async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, ConvError> {
     st.names.lock().expect("names lock").insert(identity.clone(), conv.1);
     let c = Arc::new(AsyncMutex::new(conv.0));
     convs.insert(identity, c.clone());
-    Ok(c)
+    Ok(Some(c))
 }
 
 /// A name a person recognises: the client, the first words of the first prompt, and a short id.
@@ -829,9 +846,41 @@ fn stream_error(api: Api, message: &str) -> bytes::Bytes {
     }
 }
 
-/// `count_tokens` is forwarded unchanged (see docs/serve.md).
+/// `count_tokens` counts what condense would send: for a conversation serve holds, the request's message
+/// list is replaced by the session's context with the request's new messages after it (a dry run: nothing
+/// is recorded, no pipeline decision is made) and condense's tools are added as a request would add them;
+/// anything else is forwarded unchanged.
 async fn count_tokens(axum::extract::State(st): S, req: Request) -> Response {
-    passthrough(axum::extract::State(st), req).await
+    let api = Api::Anthropic;
+    let (req, bytes, _) = match read_request(&st, api, req).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let conv = match conv_lookup(&st, &req, false).await {
+        Ok(Some(c)) if !req.raw.units.is_empty() => c,
+        Ok(_) => return count_upstream(&st, &req, bytes.to_vec()).await,
+        Err(e) => return conv_error(api, &e),
+    };
+    let (raw, internal) = (req.raw.clone(), req.internal.clone());
+    let fields = req.fields.clone();
+    let body = with_conv(&conv, move |c| c.dry_run(api, &raw, &internal).map(|built| upstream_body(api, &fields, &built))).await;
+    match body {
+        Ok(b) => count_upstream(&st, &req, b).await,
+        Err(e) => conv_error(api, &e),
+    }
+}
+
+async fn count_upstream(st: &State, req: &Req, body: Vec<u8>) -> Response {
+    let mut headers = upstream_headers(&req.headers);
+    headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let url = format!("{}/v1/messages/count_tokens{}", st.cfg.anthropic_upstream, req.query);
+    match st.http.request(Method::POST, url).headers(headers).body(body).send().await {
+        Ok(resp) => stream_back(resp),
+        Err(e) => {
+            st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", e.without_url()))
+        }
+    }
 }
 
 /// Runs a CLI command for another `condense` process (authenticated by the token in the store's

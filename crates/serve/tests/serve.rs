@@ -559,3 +559,29 @@ async fn conversations_are_told_apart_and_count_tokens_and_other_paths_pass_thro
     assert_eq!(r.status(), 200, "other /v1/ paths reach the upstream");
     assert_eq!(s.fake.log().last().unwrap().path, "/v1/models");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_counts_what_condense_would_send_and_records_nothing() {
+    let s = setup(vec![Step::Shell(BIG.into()), Step::Shell("seq 5 30004".into()), Step::Text("done".into())], vec![]).await;
+    let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+    agent.turn("count").await.unwrap();
+    agent.user("how many tokens is this?");
+    let (_, session) = store_of(&s);
+    let head = session.head().unwrap();
+    let body = agent.body().to_string();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/messages/count_tokens", s.url()))
+        .header("x-api-key", "k")
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(session.head().unwrap(), head, "a count records nothing");
+    let logged = s.fake.log().into_iter().rfind(|l| l.path.ends_with("/count_tokens")).expect("the count went upstream");
+    let sent = logged.body.to_string();
+    assert!(sent.len() * 4 < body.len(), "the count is of the pruned context ({} of {} bytes)", sent.len(), body.len());
+    assert!(sent.contains("context_tree_query") && sent.contains("how many tokens is this?"));
+    assert!(logged.tool_names().iter().any(|t| t == "context_tree_query"));
+}
