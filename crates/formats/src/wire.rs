@@ -153,9 +153,6 @@ fn parse_from(api: Api, list: Vec<Value>, first: usize, prefix: bool) -> Result<
     }
 }
 
-/// One element of a request's message list, kept as the client's JSON text.
-pub type RawItem = Box<serde_json::value::RawValue>;
-
 /// The fields of an element that decide how it groups, read without parsing the rest.
 #[derive(serde::Deserialize)]
 struct Probe<'a> {
@@ -163,6 +160,20 @@ struct Probe<'a> {
     role: Option<Cow<'a, str>>,
     #[serde(rename = "type", borrow, default)]
     kind: Option<Cow<'a, str>>,
+}
+
+/// A wire role as a static name (roles come from a small set; anything else is `other`).
+fn role_name(r: Option<&str>) -> &'static str {
+    match r {
+        Some("user") => "user",
+        Some("assistant") => "assistant",
+        Some("system") => "system",
+        Some("developer") => "developer",
+        Some("tool") => "tool",
+        Some("function") => "function",
+        Some(_) => "other",
+        None => "",
+    }
 }
 
 /// Consecutive list elements that make one or more neutral messages, as the client sent them: an
@@ -177,69 +188,100 @@ pub struct Unit {
     /// A fast key of the elements' JSON text: equal text, equal key.
     pub key: u64,
     /// The wire role of its first element (Anthropic merges adjacent messages of one role).
-    pub role: String,
+    pub role: &'static str,
     /// Whether its text mentions `cache_control` (it is then always read in full, so the marks come off).
     pub marked: bool,
 }
 
-/// A request's message list, split into units without reading the messages themselves.
+/// A request's message list, split into units without reading the messages themselves. The elements are
+/// byte ranges of the request body, which the request keeps (nothing is copied).
 #[derive(Debug, Default)]
 pub struct RawRequest {
-    /// Every element, as the client wrote it.
-    pub items: Vec<RawItem>,
+    /// The request body.
+    pub buf: bytes::Bytes,
+    /// Every element of the list, as a range of `buf`.
+    pub items: Vec<std::ops::Range<usize>>,
     /// How many leading elements are the system prompt (Chat, Responses).
     pub system: usize,
     /// The conversation's units, in order.
     pub units: Vec<Unit>,
 }
 
-fn key_of(items: &[RawItem]) -> u64 {
-    use std::hash::Hasher;
-    let mut h = rustc_hash::FxHasher::default();
-    for i in items {
-        let b = i.get().as_bytes();
-        h.write_usize(b.len());
-        h.write(b);
+impl RawRequest {
+    /// Element `i` as the client wrote it.
+    pub fn item(&self, i: usize) -> &[u8] {
+        &self.buf[self.items[i].clone()]
     }
-    h.finish()
+
+    /// The elements `from..to` as the client wrote them.
+    pub fn slice(&self, from: usize, to: usize) -> Vec<&[u8]> {
+        (from..to).map(|i| self.item(i)).collect()
+    }
 }
 
-/// Splits a request's message list into units, reading only each element's role and type.
-pub fn split_units(api: Api, items: Vec<RawItem>) -> Result<RawRequest, WireError> {
-    let mut probes = Vec::with_capacity(items.len());
-    for (i, it) in items.iter().enumerate() {
+/// Splits a request's message list into units, reading only each element's role and type. `items` are
+/// the elements' ranges in `buf`.
+pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>) -> Result<RawRequest, WireError> {
+    use std::hash::Hasher;
+    let mut probes: Vec<(&'static str, bool)> = Vec::with_capacity(items.len());
+    let mut keys = Vec::with_capacity(items.len());
+    for (i, r) in items.iter().enumerate() {
         let at = format!("{}[{i}]", api.list_field());
-        let p: Probe<'_> = serde_json::from_str(it.get()).map_err(|_| werr(at.clone(), "expected an object"))?;
-        let role = p.role.map(|r| r.into_owned());
-        let kind = p.kind.map(|k| k.into_owned());
-        if api != Api::Responses && role.is_none() {
+        let text = &buf[r.clone()];
+        let p: Probe<'_> = serde_json::from_slice(text).map_err(|_| werr(at.clone(), "expected an object"))?;
+        if api != Api::Responses && p.role.is_none() {
             return Err(werr(at, "`role` is missing"));
         }
-        probes.push((role, kind));
+        let role = p.role.as_deref();
+        let assistant_side = match p.kind.as_deref() {
+            Some("message") => role == Some("assistant"),
+            Some(t) => !t.ends_with("_output") && !matches!(t, "item_reference" | "compaction" | "compaction_summary"),
+            None => role == Some("assistant"),
+        };
+        probes.push((role_name(role), assistant_side));
+        let mut h = rustc_hash::FxHasher::default();
+        h.write(text);
+        keys.push(h.finish());
     }
-    let mut req = RawRequest { system: 0, units: Vec::new(), items: Vec::new() };
+    let mut req = RawRequest { system: 0, units: Vec::new(), items: Vec::new(), buf: bytes::Bytes::new() };
     if api != Api::Anthropic {
-        req.system = probes.iter().take_while(|(r, _)| matches!(r.as_deref(), Some("system" | "developer"))).count();
+        req.system = probes.iter().take_while(|(r, _)| matches!(*r, "system" | "developer")).count();
     }
-    let assistant_side = |(role, kind): &(Option<String>, Option<String>)| match kind.as_deref() {
-        Some("message") => role.as_deref() == Some("assistant"),
-        Some(t) => !t.ends_with("_output") && !matches!(t, "item_reference" | "compaction" | "compaction_summary"),
-        None => role.as_deref() == Some("assistant"),
-    };
     let mut i = req.system;
     while i < items.len() {
         let mut j = i + 1;
-        if api == Api::Responses && assistant_side(&probes[i]) {
-            while j < items.len() && assistant_side(&probes[j]) {
+        if api == Api::Responses && probes[i].1 {
+            while j < items.len() && probes[j].1 {
                 j += 1;
             }
         }
-        let marked = items[i..j].iter().any(|it| it.get().contains("cache_control"));
-        req.units.push(Unit { start: i, len: j - i, key: key_of(&items[i..j]), role: probes[i].0.clone().unwrap_or_default(), marked });
+        let mut h = rustc_hash::FxHasher::default();
+        for k in &keys[i..j] {
+            h.write_u64(*k);
+        }
+        let marked = items[i..j].iter().any(|r| memmem(&buf[r.clone()], b"cache_control"));
+        req.units.push(Unit { start: i, len: j - i, key: h.finish(), role: probes[i].0, marked });
         i = j;
     }
     req.items = items;
+    req.buf = buf;
     Ok(req)
+}
+
+fn memmem(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Splits a list given as JSON values (tests and tools; serve passes the request body itself).
+pub fn split_values(api: Api, list: &[Value]) -> Result<RawRequest, WireError> {
+    let mut buf = Vec::new();
+    let mut items = Vec::with_capacity(list.len());
+    for v in list {
+        let start = buf.len();
+        serde_json::to_writer(&mut buf, v).expect("JSON of a value");
+        items.push(start..buf.len());
+    }
+    split_units(api, bytes::Bytes::from(buf), items)
 }
 
 /// Reads unit `u` in full: its neutral messages (each keeping its wire JSON) and its cache marks (indices
@@ -247,8 +289,8 @@ pub fn split_units(api: Api, items: Vec<RawItem>) -> Result<RawRequest, WireErro
 pub fn parse_unit(api: Api, req: &RawRequest, u: usize) -> Result<WireRequest, WireError> {
     let unit = &req.units[u];
     let mut values = Vec::with_capacity(unit.len);
-    for (k, it) in req.items[unit.start..unit.start + unit.len].iter().enumerate() {
-        values.push(serde_json::from_str::<Value>(it.get()).map_err(|e| werr(format!("{}[{}]", api.list_field(), unit.start + k), e.to_string()))?);
+    for k in unit.start..unit.start + unit.len {
+        values.push(serde_json::from_slice::<Value>(req.item(k)).map_err(|e| werr(format!("{}[{k}]", api.list_field()), e.to_string()))?);
     }
     parse_from(api, values, unit.start, false)
 }
@@ -612,7 +654,7 @@ fn put(out: &mut Vec<u8>, v: &impl serde::Serialize) {
 #[derive(Debug, Clone)]
 pub enum Piece<'a> {
     /// List elements as the client wrote them (a whole unit, unchanged).
-    Raw(&'a [RawItem]),
+    Raw(Vec<&'a [u8]>),
     /// A message in wire form.
     Msg(OutMessage<'a>),
 }
@@ -620,8 +662,10 @@ pub enum Piece<'a> {
 /// Writes the wire message list of `api` as JSON: the system prefix, then the pieces in order. For
 /// Anthropic, adjacent messages of one role (user or assistant) are merged into one, as the API requires;
 /// raw pieces are written as they are. Chat and Responses take every message as it is.
-pub fn write_list(api: Api, system: &[RawItem], pieces: &[Piece<'_>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 * 1024);
+pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>]) -> Vec<u8> {
+    let size: usize = system.iter().map(|s| s.len() + 1).sum::<usize>()
+        + pieces.iter().map(|p| match p { Piece::Raw(items) => items.iter().map(|i| i.len() + 1).sum(), Piece::Msg(_) => 512 }).sum::<usize>();
+    let mut out = Vec::with_capacity(size + 16);
     out.push(b'[');
     let mut first = true;
     let mut sep = |out: &mut Vec<u8>| {
@@ -631,15 +675,15 @@ pub fn write_list(api: Api, system: &[RawItem], pieces: &[Piece<'_>]) -> Vec<u8>
     };
     for v in system {
         sep(&mut out);
-        out.extend_from_slice(v.get().as_bytes());
+        out.extend_from_slice(v);
     }
     let mut i = 0;
     while i < pieces.len() {
         match &pieces[i] {
             Piece::Raw(items) => {
-                for it in *items {
+                for it in items {
                     sep(&mut out);
-                    out.extend_from_slice(it.get().as_bytes());
+                    out.extend_from_slice(it);
                 }
                 i += 1;
             }
@@ -813,7 +857,6 @@ mod tests {
 
     #[test]
     fn units_read_lazily_give_what_a_full_read_gives() {
-        let items = |v: &[Value]| -> Vec<RawItem> { v.iter().map(|x| serde_json::value::to_raw_value(x).unwrap()).collect() };
         let list = vec![
             json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]}),
             json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "u"}]}),
@@ -821,7 +864,7 @@ mod tests {
             json!({"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{}"}),
             json!({"type": "function_call_output", "call_id": "c1", "output": "done"}),
         ];
-        let raw = split_units(Api::Responses, items(&list)).unwrap();
+        let raw = split_values(Api::Responses, &list).unwrap();
         assert_eq!(raw.system, 1);
         assert_eq!(raw.units.iter().map(|u| (u.start, u.len)).collect::<Vec<_>>(), vec![(1, 1), (2, 2), (4, 1)]);
         let full = parse_request(Api::Responses, list.clone()).unwrap();
@@ -830,12 +873,12 @@ mod tests {
         name_results(&mut lazy);
         assert_eq!(lazy.iter().map(|m| (&m.message, m.wire)).collect::<Vec<_>>(), full.messages.iter().map(|m| (&m.message, m.wire)).collect::<Vec<_>>());
         // Equal text, equal key; other text, other key.
-        let again = split_units(Api::Responses, items(&list)).unwrap();
+        let again = split_values(Api::Responses, &list).unwrap();
         assert_eq!(raw.units, again.units);
-        let anth = split_units(Api::Anthropic, items(&[json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b", "x": {"cache_control": 1}})])).unwrap();
+        let anth = split_values(Api::Anthropic, &[json!({"role": "user", "content": "a"}), json!({"role": "user", "content": "b", "x": {"cache_control": 1}})]).unwrap();
         assert_ne!(anth.units[0].key, anth.units[1].key);
         assert_eq!(anth.units.iter().map(|u| u.marked).collect::<Vec<_>>(), vec![false, true]);
-        assert_eq!(split_units(Api::Chat, items(&[json!({"content": "x"})])).unwrap_err().reason, "`role` is missing");
+        assert_eq!(split_values(Api::Chat, &[json!({"content": "x"})]).unwrap_err().reason, "`role` is missing");
     }
 
     #[test]

@@ -371,7 +371,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
     // An Anthropic unit next to a rewritten message of the same role is merged with it, so it is read.
     let role_of = |i: usize| -> Option<String> {
         match &segs[i] {
-            Seg::Client(u, _) => Some(raw.units[*u].role.clone()),
+            Seg::Client(u, _) => Some(raw.units[*u].role.to_string()),
             Seg::New(Some(o)) => o.role().map(str::to_string),
             Seg::New(None) => None,
         }
@@ -381,7 +381,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
         for s0 in starts {
             let u = whole[s0].expect("a whole unit");
             let end = s0 + count(u);
-            let role = raw.units[u].role.as_str();
+            let role = raw.units[u].role;
             let prev_new = s0 > 0 && matches!(segs[s0 - 1], Seg::New(Some(_))) && role_of(s0 - 1).as_deref() == Some(role);
             let next_new = end < segs.len() && matches!(segs[end], Seg::New(Some(_))) && role_of(end).as_deref() == Some(role);
             let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && whole[end].is_none() && role_of(end).as_deref() == Some(role);
@@ -417,7 +417,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
     for (i, seg) in segs.into_iter().enumerate() {
         if let Some(u) = whole[i] {
             let unit = &raw.units[u];
-            pieces.push(Piece::Raw(&raw.items[unit.start..unit.start + unit.len]));
+            pieces.push(Piece::Raw(raw.slice(unit.start, unit.start + unit.len)));
             src.push(Some((u, usize::MAX)));
             continue;
         }
@@ -450,11 +450,10 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
     }
     // Responses: a rewritten output answers a custom tool call with the custom output type.
     if api == Api::Responses {
-        let custom: Vec<String> = raw
-            .items
-            .iter()
-            .filter(|it| it.get().contains("\"custom_tool_call\""))
-            .filter_map(|it| serde_json::from_str::<Value>(it.get()).ok())
+        let custom: Vec<String> = (0..raw.items.len())
+            .map(|i| raw.item(i))
+            .filter(|it| it.windows(18).any(|w| w == b"\"custom_tool_call\""))
+            .filter_map(|it| serde_json::from_slice::<Value>(it).ok())
             .filter(|v| v["type"] == "custom_tool_call")
             .filter_map(|v| v["call_id"].as_str().map(str::to_string))
             .collect();
@@ -469,7 +468,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
         }
     }
     let tools = tools.iter().map(|t| tool_json(api, t)).collect();
-    Ok(Built { list: wire::write_list(api, &raw.items[..raw.system], &pieces), tools, tokens_sent })
+    Ok(Built { list: wire::write_list(api, &raw.slice(0, raw.system), &pieces), tools, tokens_sent })
 }
 
 impl Conv {

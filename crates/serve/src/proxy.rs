@@ -15,7 +15,8 @@ use axum::Router;
 use condense_engine::config::model_limits;
 use condense_engine::{EngineError, Store};
 use condense_events::{Message, SourceEvent, Usage};
-use condense_formats::wire::{self, Api, RawItem, RawRequest};
+use condense_formats::wire::{self, Api, RawRequest};
+use serde_json::value::RawValue;
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -279,20 +280,20 @@ async fn with_conv<R: Send + 'static>(conv: &ConvRef, f: impl FnOnce(&mut Conv) 
     tokio::task::spawn_blocking(move || f(&mut guard)).await.expect("engine task")
 }
 
-/// A JSON object's fields in the client's order, each kept as the client's JSON text.
-struct Fields(Vec<(String, RawItem)>);
+/// A JSON object's fields in the client's order, each borrowed as the client's JSON text.
+struct Fields<'a>(Vec<(String, &'a RawValue)>);
 
-impl<'de> serde::Deserialize<'de> for Fields {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields, D::Error> {
+impl<'de> serde::Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields<'de>, D::Error> {
         struct V;
         impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Fields;
+            type Value = Fields<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
                 let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, RawItem>()? {
+                while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
                     out.push((k, v));
                 }
                 Ok(Fields(out))
@@ -300,6 +301,12 @@ impl<'de> serde::Deserialize<'de> for Fields {
         }
         d.deserialize_map(V)
     }
+}
+
+/// The range of `part` (a slice of `buf`) within `buf`.
+fn range_in(buf: &[u8], part: &str) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    start..start + part.len()
 }
 
 /// The names a request's tools declare, read without the rest of their definitions.
@@ -322,8 +329,8 @@ struct Req {
     api: Api,
     headers: HeaderMap,
     query: String,
-    /// The client's body, field by field as it wrote them.
-    fields: Arc<Vec<(String, RawItem)>>,
+    /// The client's body, field by field as it wrote them: ranges of the body `raw.buf`.
+    fields: Arc<Vec<(String, std::ops::Range<usize>)>>,
     /// Its message list, split into units.
     raw: Arc<RawRequest>,
     internal: Internal,
@@ -336,20 +343,21 @@ struct Req {
 impl Req {
     /// The upstream body for what the engine built.
     fn upstream_body(&self, built: &Built) -> Vec<u8> {
-        upstream_body(self.api, &self.fields, built)
+        upstream_body(self.api, &self.raw.buf, &self.fields, built)
     }
 }
 
 /// The upstream body: the client's fields in its order and as it wrote them, its message list replaced and
 /// condense's tools added after the client's.
-fn upstream_body(api: Api, fields: &[(String, RawItem)], built: &Built) -> Vec<u8> {
+fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::Range<usize>)], built: &Built) -> Vec<u8> {
     {
         let field = api.list_field();
         let mut out = Vec::with_capacity(built.list.len() + 64 * 1024);
         out.push(b'{');
         let ours: Vec<String> = built.tools.iter().map(Value::to_string).collect();
         let mut tools_written = false;
-        for (i, (k, v)) in fields.iter().enumerate() {
+        for (i, (k, r)) in fields.iter().enumerate() {
+            let v = std::str::from_utf8(&buf[r.clone()]).unwrap_or("null");
             if i > 0 {
                 out.push(b',');
             }
@@ -357,8 +365,8 @@ fn upstream_body(api: Api, fields: &[(String, RawItem)], built: &Built) -> Vec<u
             out.push(b':');
             if k == field {
                 out.extend_from_slice(&built.list);
-            } else if k == "tools" && !ours.is_empty() && v.get().trim_start().starts_with('[') {
-                let text = v.get().trim_end();
+            } else if k == "tools" && !ours.is_empty() && v.trim_start().starts_with('[') {
+                let text = v.trim_end();
                 let inner = text[..text.len() - 1].trim_end();
                 out.extend_from_slice(inner.as_bytes());
                 if !inner.ends_with('[') {
@@ -368,7 +376,7 @@ fn upstream_body(api: Api, fields: &[(String, RawItem)], built: &Built) -> Vec<u
                 out.push(b']');
                 tools_written = true;
             } else {
-                out.extend_from_slice(v.get().as_bytes());
+                out.extend_from_slice(v.as_bytes());
             }
         }
         if !tools_written && !ours.is_empty() {
@@ -393,38 +401,49 @@ async fn read_request(st: &State, api: Api, req: Request) -> Result<(Req, bytes:
     };
     let arrived = std::time::Instant::now();
     let bad = |m: String| api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {m}"));
-    let mut fields = match serde_json::from_slice::<Fields>(&bytes) {
-        Ok(f) => f.0,
-        Err(e) if e.is_data() => return Err(bad("the request body must be a JSON object".into())),
-        Err(e) => return Err(bad(format!("the request body is not JSON: {e}"))),
+    let (fields, items, listed) = {
+        let fields = match serde_json::from_slice::<Fields<'_>>(&bytes) {
+            Ok(f) => f.0,
+            Err(e) if e.is_data() => return Err(bad("the request body must be a JSON object".into())),
+            Err(e) => return Err(bad(format!("the request body is not JSON: {e}"))),
+        };
+        let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        let Some(list) = field(api.list_field()) else { return Err(bad(format!("`{}` must be a list", api.list_field()))) };
+        let items: Option<Vec<std::ops::Range<usize>>> =
+            serde_json::from_str::<Vec<&RawValue>>(list.get()).ok().map(|v| v.into_iter().map(|i| range_in(&bytes, i.get())).collect());
+        // Responses takes `input` as a plain string too: one user message.
+        let listed = match (&items, serde_json::from_str::<String>(list.get())) {
+            (None, Ok(text)) if api == Api::Responses => Some(json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])),
+            (None, _) => return Err(bad(format!("`{}` must be a list", api.list_field()))),
+            _ => None,
+        };
+        let ranges: Vec<(String, std::ops::Range<usize>)> = fields.iter().map(|(k, v)| (k.clone(), range_in(&bytes, v.get()))).collect();
+        (ranges, items, listed)
     };
-    let field = |fields: &[(String, RawItem)], k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.get().to_string());
-    let Some(list_text) = field(&fields, api.list_field()) else { return Err(bad(format!("`{}` must be a list", api.list_field()))) };
-    let items: Vec<RawItem> = match serde_json::from_str::<Vec<RawItem>>(&list_text) {
-        Ok(items) => items,
-        Err(_) => match serde_json::from_str::<String>(&list_text) {
-            Ok(text) if api == Api::Responses => {
-                vec![serde_json::value::to_raw_value(&json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})).expect("a raw value")]
-            }
-            _ => return Err(bad(format!("`{}` must be a list", api.list_field()))),
-        },
+    let text_of = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, r)| &bytes[r.clone()]);
+    let tool_names: Vec<String> = text_of("tools")
+        .and_then(|t| serde_json::from_slice::<Vec<ToolName>>(t).ok())
+        .map(|ts| ts.into_iter().filter_map(|t| t.name.or(t.function.and_then(|f| f.name))).collect())
+        .unwrap_or_default();
+    let stream = text_of("stream").and_then(|t| serde_json::from_slice::<bool>(t).ok()).unwrap_or(false);
+    let model = text_of("model").and_then(|t| serde_json::from_slice::<String>(t).ok()).unwrap_or_default();
+    let metadata = text_of("metadata").and_then(|t| serde_json::from_slice::<Value>(t).ok()).unwrap_or(Value::Null);
+    let raw = match (items, listed) {
+        (Some(items), _) => wire::split_units(api, bytes.clone(), items),
+        (None, Some(list)) => wire::split_values(api, list.as_array().expect("a list")),
+        (None, None) => unreachable!("checked above"),
     };
-    let raw = match wire::split_units(api, items) {
+    let mut raw = match raw {
         Ok(r) => r,
         Err(e) => return Err(bad(e.to_string())),
     };
-    let tool_names: Vec<String> = field(&fields, "tools")
-        .and_then(|t| serde_json::from_str::<Vec<ToolName>>(&t).ok())
-        .map(|ts| ts.into_iter().filter_map(|t| t.name.or(t.function.and_then(|f| f.name))).collect())
-        .unwrap_or_default();
-    let stream = field(&fields, "stream").and_then(|t| serde_json::from_str::<bool>(&t).ok()).unwrap_or(false);
-    let model = field(&fields, "model").and_then(|t| serde_json::from_str::<String>(&t).ok()).unwrap_or_default();
-    let metadata = field(&fields, "metadata").and_then(|t| serde_json::from_str::<Value>(&t).ok()).unwrap_or(Value::Null);
-    // The list's own text is not kept twice: the units hold it.
-    for (k, v) in fields.iter_mut() {
-        if k == api.list_field() {
-            *v = serde_json::value::to_raw_value(&Value::Null).expect("a raw null");
-        }
+    // The fields' ranges are of the body; a list made from a string input lives in its own buffer.
+    if raw.buf.as_ptr() != bytes.as_ptr() {
+        let mut joined = bytes.to_vec();
+        let offset = joined.len();
+        joined.extend_from_slice(&raw.buf);
+        raw.items = raw.items.iter().map(|r| r.start + offset..r.end + offset).collect();
+        raw.buf = bytes::Bytes::from(joined);
     }
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, stream, model, metadata };
@@ -453,14 +472,14 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
     let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built, Vec<u8>), ConvError> {
         let rec = c.record_request(api, &raw, &model, limits, &internal)?;
         let mut built = c.build(api, &raw, &rec, &internal)?;
-        let mut body = upstream_body(api, &fields, &built);
+        let mut body = upstream_body(api, &raw.buf, &fields, &built);
         // The payload guard after a model change, on the bytes about to be sent: an oversized request is
         // recorded as an overflow and prepared once more (recovery).
         match c.session.guard_payload(body.len() as u64) {
             Ok(()) => {}
             Err(EngineError::ContextOverflow { .. }) => {
                 built = c.build(api, &raw, &rec, &internal)?;
-                body = upstream_body(api, &fields, &built);
+                body = upstream_body(api, &raw.buf, &fields, &built);
             }
             Err(e) => return Err(e.into()),
         }
@@ -863,7 +882,7 @@ async fn count_tokens(axum::extract::State(st): S, req: Request) -> Response {
     };
     let (raw, internal) = (req.raw.clone(), req.internal.clone());
     let fields = req.fields.clone();
-    let body = with_conv(&conv, move |c| c.dry_run(api, &raw, &internal).map(|built| upstream_body(api, &fields, &built))).await;
+    let body = with_conv(&conv, move |c| c.dry_run(api, &raw, &internal).map(|built| upstream_body(api, &raw.buf, &fields, &built))).await;
     match body {
         Ok(b) => count_upstream(&st, &req, b).await,
         Err(e) => conv_error(api, &e),
