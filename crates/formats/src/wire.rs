@@ -269,7 +269,7 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
 }
 
 fn memmem(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(hay, needle).is_some()
 }
 
 /// Splits a list given as JSON values (tests and tools; serve passes the request body itself).
