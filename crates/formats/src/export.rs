@@ -4,7 +4,8 @@
 //! Rules where the providers differ from the neutral model (documented in `docs/events.md`):
 //! OpenAI gets no thinking blocks and no images inside tool messages (replaced by a marker text);
 //! Anthropic gets thinking blocks only when they carry a signature, tool arguments that are not a JSON
-//! object wrapped as `{"input": <text>}`, no empty text blocks, and adjacent messages of the same role
+//! object wrapped as `{"input": <text>}`, no empty or white-space-only text blocks (the API rejects them),
+//! and adjacent messages of the same role
 //! merged into one (tool results travel inside user messages).
 
 use condense_events::{Block, Message};
@@ -180,7 +181,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                 content
                     .iter()
                     .filter_map(|b| match b {
-                        Block::Text { text } if !text.is_empty() => Some(json!({"type": "text", "text": text})),
+                        Block::Text { text } if !text.trim().is_empty() => Some(json!({"type": "text", "text": text})),
                         Block::Image { mime, data } => Some(anthropic_image(mime, data)),
                         _ => None,
                     })
@@ -191,7 +192,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                 content
                     .iter()
                     .filter_map(|b| match b {
-                        Block::Text { text } if !text.is_empty() => Some(json!({"type": "text", "text": text})),
+                        Block::Text { text } if !text.trim().is_empty() => Some(json!({"type": "text", "text": text})),
                         Block::Thinking { thinking, signature: Some(sig) } if !thinking.is_empty() => {
                             Some(json!({"type": "thinking", "thinking": thinking, "signature": sig}))
                         }
@@ -210,7 +211,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                 let inner: Vec<Value> = content
                     .iter()
                     .filter_map(|b| match b {
-                        Block::Text { text } if !text.is_empty() => Some(json!({"type": "text", "text": text})),
+                        Block::Text { text } if !text.trim().is_empty() => Some(json!({"type": "text", "text": text})),
                         Block::Image { mime, data } => Some(anthropic_image(mime, data)),
                         _ => None,
                     })

@@ -882,6 +882,16 @@ mod tests {
     }
 
     #[test]
+    fn anthropic_never_gets_white_space_only_text() {
+        let m = Message::Assistant { content: vec![Block::Text { text: "\n\n".into() }, Block::ToolCall { id: "t".into(), name: "Bash".into(), arguments: "{}".into() }], model: None, stop: None, usage: None };
+        let o = from_neutral(Api::Anthropic, &m).unwrap();
+        assert_eq!(o.parts.len(), 1);
+        assert_eq!(o.parts[0]["type"], "tool_use");
+        let only = Message::Assistant { content: vec![Block::Text { text: " \n".into() }], model: None, stop: None, usage: None };
+        assert_eq!(from_neutral(Api::Anthropic, &only), None);
+    }
+
+    #[test]
     fn bad_shapes_name_the_place() {
         assert_eq!(parse_request(Api::Anthropic, vec![json!({"content": "x"})]).unwrap_err().at, "messages[0]");
         assert_eq!(parse_request(Api::Anthropic, vec![json!({"role": "user", "content": [1]})]).unwrap_err().at, "messages[0].content[0]");
