@@ -452,6 +452,12 @@ async fn read_request(st: &State, api: Api, req: Request) -> Result<(Req, bytes:
 
 /// The three APIs: record, prepare, forward, and answer.
 async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response {
+    // A compressed body (Codex compresses for some providers) cannot be read: it goes to the provider as
+    // it came, so the agent keeps working, only without condense.
+    let compressed = req.headers().get("content-encoding").and_then(|v| v.to_str().ok()).is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
+    if compressed {
+        return passthrough(axum::extract::State(st), req).await;
+    }
     let (req, bytes, arrived) = match read_request(&st, api, req).await {
         Ok(r) => r,
         Err(resp) => return resp,

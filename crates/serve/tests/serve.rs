@@ -585,3 +585,22 @@ async fn count_tokens_counts_what_condense_would_send_and_records_nothing() {
     assert!(sent.contains("context_tree_query") && sent.contains("how many tokens is this?"));
     assert!(logged.tool_names().iter().any(|t| t == "context_tree_query"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_body_goes_through_unchanged() {
+    let s = setup(vec![], vec![]).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/responses", s.url()))
+        .header("content-encoding", "zstd")
+        .header("content-type", "application/json")
+        .body(vec![0x28u8, 0xb5, 0x2f, 0xfd, 1, 2, 3])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the provider answered");
+    let logged = s.fake.log().pop().expect("forwarded");
+    assert_eq!(logged.path, "/v1/responses");
+    assert_eq!(logged.header("content-encoding"), Some("zstd"));
+    assert!(s.serve.state.store().sessions().unwrap().is_empty(), "nothing recorded");
+    assert_eq!(s.status().await["passthrough"], 1);
+}
