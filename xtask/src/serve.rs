@@ -93,7 +93,7 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     let pid = child.id();
     let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(120))).build());
     writeln!(md, "\n## condense serve\n")?;
-    writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Serve's own* latency is what the server reports in `/condense/status` (`latency_ms`, its last 100 requests): from the request read in to the rewritten request handed to the HTTP client — recording, pipeline, checkpoint check, render, rewriting. *With both loopback transfers* adds reading the request and forwarding it: from the client starting to send (its body already serialized) to the fake upstream having received the whole rewritten request. Each measured request is an agent's next request in an active conversation: the server holds half as many conversations as requests measured, each recorded whole beforehand by an unmeasured request; the measured requests go round-robin over them, each adding a prompt (a conversation grows by two messages between its two measured requests). Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
+    writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Serve's own* latency is what the server reports in `/condense/status` (`latency_ms`, its last 100 requests): from the request read in to the rewritten request handed to the HTTP client — recording, pipeline, checkpoint check, render, rewriting. *With both loopback transfers* adds reading the request and forwarding it: from the client starting to send (its body already serialized) to the fake upstream having received the whole rewritten request. Each measured request is an agent's next request in an active conversation: the server holds half as many conversations as requests measured, each recorded whole beforehand by an unmeasured request; after a 3-second pause (recording them wrote tens of megabytes; the store's background writes settle, as they do between an agent's requests, which are seconds apart), the measured requests go round-robin over them, each adding a prompt (a conversation grows by two messages between its two measured requests). Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
     writeln!(md, "| conversation | requests measured | request body | serve's own p50 | serve's own p99 | with both loopback transfers p50 | p99 | target |")?;
     writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---|")?;
     for (n, reqs) in [(10usize, 200usize), (100, 200), (1000, 100)] {
@@ -108,6 +108,9 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
             history.push(reply);
             histories.push((session, history));
         }
+        // Recording the conversations wrote megabytes; the store's background writes settle first, as they
+        // would between an agent's requests.
+        std::thread::sleep(Duration::from_secs(3));
         let mut lat = Vec::with_capacity(reqs);
         let mut body_bytes = 0;
         for i in 0..reqs {
