@@ -187,3 +187,16 @@ fn history_tools_over_an_archive() {
     assert_eq!(code, 0);
     assert!(out.contains("\"a1\""));
 }
+
+#[test]
+fn a_store_in_use_by_another_process_says_so_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let held = condense_engine::Store::open(&store).unwrap();
+    let (code, _, err) = condense(&store, &["sessions"]);
+    assert_eq!(code, 2);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("is in use by another condense process"), "{err}");
+    assert!(!err.contains("Os {"), "no debug formatting: {err}");
+    drop(held);
+}

@@ -99,6 +99,9 @@ pub enum LogError {
     /// The writer thread is gone (the log was closed or the writer panicked).
     #[error("the log writer has stopped")]
     Closed,
+    /// Another process has the store open (sled allows one process at a time).
+    #[error("the store at {0} is in use by another condense process (while `condense serve` runs, commands go through it; otherwise wait for the other command or stop it)")]
+    Locked(PathBuf),
 }
 
 /// sled's page cache when nothing else is asked for.
@@ -180,6 +183,9 @@ impl Log {
                 {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock") => {
+                    return Err(LogError::Locked(dir.to_path_buf()));
                 }
                 Err(e) => return Err(LogError::Sled { path, source: e }),
             }
