@@ -85,7 +85,8 @@ commands:
                                 print the context the model would be sent next (or after event SEQ)
   verify                        check the log, replay every session and compare with a fresh render,
                                 run the provider-validity check; exits 1 on any difference
-  export FILE                   write the whole store to one portable file
+  export FILE [--force]         write the whole store to one portable file (written to a temporary
+                                file and renamed; an existing FILE only with --force)
   simulate PATH... [--window N] [--config FILE] [--plot FILE.svg] [--keep]
                                 replay sessions turn by turn with pruning on and report tokens, cost,
                                 cache breaks, stubs, chains and recovery (--keep stores them as
@@ -124,7 +125,7 @@ pub fn run_with(argv: Vec<String>, served: Option<&Store>) -> Result<ExitCode> {
     };
     let command = argv[pos].clone();
     let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
-    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp", "page", "archive", "offset", "listen", "anthropic-upstream", "openai-upstream", "max-body-bytes", "max-tool-rounds"], &["json", "help", "keep"])?;
+    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp", "page", "archive", "offset", "listen", "anthropic-upstream", "openai-upstream", "max-body-bytes", "max-tool-rounds"], &["json", "help", "keep", "force"])?;
     let at_entry = a.get("at").map(str::to_string);
     if a.flag("help") || command == "help" {
         out!("{USAGE}");
@@ -150,6 +151,17 @@ pub fn run_with(argv: Vec<String>, served: Option<&Store>) -> Result<ExitCode> {
         "import" => import(&open()?, &a),
         "export" => {
             let [file] = a.positional.as_slice() else { bail!("export takes one FILE") };
+            let target = Path::new(file);
+            if target.exists() && !a.flag("force") {
+                bail!("{file} exists already; pass --force to replace it");
+            }
+            let inside = |t: &Path| -> bool {
+                let (Ok(store), Some(parent)) = (store_dir.canonicalize(), t.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })) else { return false };
+                parent.canonicalize().is_ok_and(|p| p.starts_with(&store))
+            };
+            if inside(target) {
+                bail!("{file} is inside the store {}; export to a file outside it", store_dir.display());
+            }
             let s = open()?.log().export(file)?;
             outln!("exported {} sessions, {} events, {} blobs ({} bytes) to {file}", s.sessions, s.events, s.blobs, s.bytes);
             Ok(ExitCode::SUCCESS)
@@ -342,8 +354,10 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
             bail!("{p}: no such file or folder");
         }
     }
-    let scratch = std::env::temp_dir().join(format!("condense-simulate-{}", std::process::id()));
-    let temp = if a.flag("keep") { None } else { Some(Store::open(&scratch)?) };
+    // The replays go into a private folder made atomically under a fresh name and removed on every exit
+    // path (declared before the store, so the store closes first).
+    let scratch = tempfile::Builder::new().prefix("condense-simulate-").tempdir().context("creating a scratch folder for the replays")?;
+    let temp = if a.flag("keep") { None } else { Some(Store::open(scratch.path())?) };
     let target = temp.as_ref().unwrap_or(store);
     if let Some(s) = summarizer {
         target.set_summarizer(s);
@@ -380,7 +394,7 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
         total.add(&f);
     }
     drop(temp);
-    let _ = std::fs::remove_dir_all(&scratch);
+    drop(scratch);
     if let Some(svg) = a.get("plot") {
         std::fs::write(svg, plot_svg(&plot)).with_context(|| format!("writing {svg}"))?;
     }
@@ -664,6 +678,15 @@ fn render(store: &Store, a: &Args) -> Result<ExitCode> {
     };
     let v = encode(&rendered.messages, a.get("as").unwrap_or("neutral"))?;
     outln!("{}", serde_json::to_string_pretty(&v)?);
+    // A context a provider would reject is printed (it is what the log holds) but said so, and the
+    // command fails like `verify` does.
+    let violations = check(&rendered.messages);
+    if !violations.is_empty() {
+        for v in &violations {
+            errln!("condense: {name}: the rendered context breaks a provider rule: {v}");
+        }
+        return Ok(ExitCode::from(1));
+    }
     Ok(ExitCode::SUCCESS)
 }
 

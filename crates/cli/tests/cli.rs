@@ -200,3 +200,61 @@ fn a_store_in_use_by_another_process_says_so_in_one_line() {
     assert!(!err.contains("Os {"), "no debug formatting: {err}");
     drop(held);
 }
+
+#[test]
+fn export_never_destroys_what_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    assert_eq!(condense(&store, &["demo"]).0, 0);
+    let target = dir.path().join("x.export");
+    std::fs::write(&target, b"an earlier export").unwrap();
+    let (code, _, err) = condense(&store, &["export", target.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("exists already; pass --force"), "{err}");
+    assert_eq!(std::fs::read(&target).unwrap(), b"an earlier export");
+    let (code, out, _) = condense(&store, &["export", target.to_str().unwrap(), "--force"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(std::fs::read(&target).unwrap().starts_with(b"CONDENSE-EXPORT"));
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().contains("condense-tmp")).collect();
+    assert!(leftovers.is_empty(), "no temporary file left");
+    // A target inside the store (it would overwrite the database) is refused.
+    let inside = store.join("db").join("db");
+    let (code, _, err) = condense(&store, &["export", inside.to_str().unwrap(), "--force"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("is inside the store"), "{err}");
+    assert_eq!(condense(&store, &["verify"]).0, 0, "the store still works");
+}
+
+#[test]
+fn render_of_an_invalid_context_says_so_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    {
+        let s = condense_engine::Store::open(&store).unwrap();
+        let session = s.create_session("bad").unwrap();
+        let reply = condense_events::Message::Assistant { content: vec![condense_events::Block::Text { text: "hi".into() }], model: None, stop: None, usage: None };
+        session.append(vec![condense_events::SourceEvent::EntryAppended { id: "a".into(), parent: None, entry: condense_events::Entry::Message(reply) }]).unwrap();
+    }
+    let (code, out, err) = condense(&store, &["render", "bad"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("\"hi\""), "the context is still printed: {out}");
+    assert!(err.contains("breaks a provider rule") && err.contains("starts with an assistant message"), "{err}");
+}
+
+#[test]
+fn simulate_leaves_no_scratch_store_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/claude-code/DRMacIver__claude-reliability/snapshot-tests/tests/hello-world-script/transcript.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_condense"))
+        .arg("--store")
+        .arg(dir.path().join("store"))
+        .arg("simulate")
+        .arg(&corpus)
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "the scratch store is removed");
+}

@@ -53,6 +53,24 @@ impl<W: Write> Writer<W> {
 }
 
 pub(crate) fn export(log: &Log, path: &Path) -> Result<ExportSummary> {
+    // Written beside the target under a temporary name and renamed on success: a failed export leaves
+    // whatever was at the target untouched.
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "export".into());
+    let tmp = path.with_file_name(format!(".{name}.condense-tmp"));
+    let result = export_to(log, &tmp);
+    match result {
+        Ok(s) => {
+            std::fs::rename(&tmp, path).map_err(|source| LogError::Io { path: path.to_path_buf(), source })?;
+            Ok(s)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
+}
+
+fn export_to(log: &Log, path: &Path) -> Result<ExportSummary> {
     let io = |source| LogError::Io { path: path.to_path_buf(), source };
     let file = std::fs::File::create(path).map_err(io)?;
     let mut w = Writer { out: std::io::BufWriter::new(file), hasher: blake3::Hasher::new(), records: 0, bytes: 0 };
