@@ -273,6 +273,7 @@ fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {
                 serde_json::Map::new()
             };
             let v: Value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.clone()));
+            check_range(key, &v)?;
             current.insert(key.clone(), v);
             let text = serde_json::to_string_pretty(&Value::Object(current))?;
             condense_engine::config::parse_file(&text).map_err(|e| anyhow!("{e}"))?;
@@ -283,6 +284,25 @@ fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {
         }
         _ => bail!("config takes no argument (show) or `set KEY VALUE`"),
     }
+}
+
+/// The values `config set` takes for the numeric keys: a file written by hand is normalized as the seed
+/// says, but a value set here that normalization would change is refused, naming the allowed range.
+fn check_range(key: &str, v: &Value) -> Result<()> {
+    // (minimum, whole numbers only)
+    let range: Option<(f64, bool)> = match key {
+        "minBatchChars" | "spillPreviewBytes" | "purgeMinChars" | "purgeAfterTurns" | "recoveryGraceTurns" | "condenseArgsChars" | "minPruneTokens" | "autoBudgetThreshold" => Some((0.0, true)),
+        "spillThreshold" | "rollingWindow" => Some((1.0, true)),
+        "cachedPrice" | "uncachedPrice" => Some((0.0, false)),
+        _ => None,
+    };
+    let Some((min, whole)) = range else { return Ok(()) };
+    let n = v.as_f64().filter(|n| n.is_finite()).ok_or_else(|| anyhow!("config key `{key}`: expected a number, found {v}"))?;
+    if n < min || (whole && n.fract() != 0.0) {
+        let kind = if whole { "a whole number" } else { "a number" };
+        bail!("config key `{key}`: {v} is out of range; expected {kind} of at least {min}");
+    }
+    Ok(())
 }
 
 fn figures_json(f: &condense_engine::simulate::Figures) -> Value {

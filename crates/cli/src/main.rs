@@ -15,7 +15,17 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // Arguments are read as the OS gives them: one that is not UTF-8 is named in an error, never a panic.
+    let mut argv = Vec::new();
+    for (i, a) in std::env::args_os().skip(1).enumerate() {
+        match a.into_string() {
+            Ok(s) => argv.push(s),
+            Err(raw) => {
+                eprintln!("condense: argument {} ({}) is not valid UTF-8; condense takes UTF-8 paths and names", i + 1, raw.to_string_lossy());
+                return ExitCode::from(2);
+            }
+        }
+    }
     match commands::run(argv) {
         Ok(code) => code,
         Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {

@@ -258,3 +258,32 @@ fn simulate_leaves_no_scratch_store_behind() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "the scratch store is removed");
 }
+
+#[test]
+fn a_non_utf8_argument_is_an_error_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bad = std::ffi::OsStr::from_bytes(b"x\xfe.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(dir.path().join("s")).arg("import").arg(bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("argument 4") && err.contains("not valid UTF-8"), "{err}");
+    assert!(!err.contains("panicked"));
+    let out = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(bad).arg("sessions").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(env!("CARGO_BIN_EXE_condense")).args(["--store", dir.path().join("s").to_str().unwrap(), "history", "archives", "x", "--page", "18446744073709551615"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn config_set_refuses_values_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    for (key, value) in [("spillThreshold", "-5"), ("cachedPrice", "-1"), ("rollingWindow", "0"), ("recoveryGraceTurns", "-5"), ("minBatchChars", "3.7")] {
+        let (code, _, err) = condense(&store, &["config", "set", key, value]);
+        assert_eq!(code, 2, "{key} {value}");
+        assert!(err.contains(&format!("config key `{key}`")) && err.contains("out of range"), "{err}");
+    }
+    assert!(!store.join("config.json").exists(), "nothing written");
+    assert_eq!(condense(&store, &["config", "set", "rollingWindow", "2"]).0, 0);
+}

@@ -239,16 +239,24 @@ fn snippet(text: &str, terms: &[String]) -> String {
 
 /// A page of archive references, `page_size` per page, newest first.
 pub fn archives_page(ids: &[String], page: usize, page_size: usize) -> (Vec<String>, Option<usize>) {
-    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
-    let start = page * page_size;
-    let items: Vec<String> = newest_first.iter().skip(start).take(page_size).cloned().collect();
-    let next = (start + page_size < newest_first.len()).then_some(page + 1);
+    // A page far past the end is empty, never an overflow.
+    let start = page.saturating_mul(page_size);
+    let items: Vec<String> = ids.iter().rev().skip(start).take(page_size).cloned().collect();
+    let next = (start.saturating_add(page_size) < ids.len()).then(|| page + 1);
     (items, next)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_far_past_the_end_is_empty() {
+        let ids: Vec<String> = (1..=3).map(|i| format!("a{i}")).collect();
+        assert_eq!(archives_page(&ids, 0, 2), (vec!["a3".to_string(), "a2".to_string()], Some(1)));
+        assert_eq!(archives_page(&ids, 1, 2), (vec!["a1".to_string()], None));
+        assert_eq!(archives_page(&ids, usize::MAX, 20), (Vec::new(), None));
+    }
 
     fn archive() -> Archive {
         let msgs = [
