@@ -116,9 +116,16 @@ fn simulate_query_and_config() {
     let (code, out, _) = condense(&store, &["query", &name, "t99999"]);
     assert_eq!(code, 1);
     assert!(out.contains("unknown ref t99999"), "{out}");
-    // Config: set, show, refuse a bad key without touching the file.
-    assert_eq!(condense(&store, &["config", "set", "recoveryGraceTurns", "2.7"]).0, 0);
+    // Config: set, show, refuse a bad key without touching the file. `config set` takes values in range
+    // only; a file written by hand is normalized as the seed says (2.7 turns is 2).
+    assert_eq!(condense(&store, &["config", "set", "recoveryGraceTurns", "2.7"]).0, 2);
+    assert_eq!(condense(&store, &["config", "set", "recoveryGraceTurns", "2"]).0, 0);
     let (code, out, _) = condense(&store, &["config", "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["recoveryGraceTurns"], 2);
+    let hand = dir.path().join("hand.json");
+    std::fs::write(&hand, r#"{"recoveryGraceTurns": 2.7}"#).unwrap();
+    let (code, out, _) = condense(&store, &["config", "--json", "--config", hand.to_str().unwrap()]);
     assert_eq!(code, 0);
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["recoveryGraceTurns"], 2);
     let (code, _, err) = condense(&store, &["config", "set", "rollingWindw", "2"]);
