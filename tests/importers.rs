@@ -157,3 +157,27 @@ fn leaf_moved_selects_the_branch() {
     p.apply(seq + 2, &condense_events::Event::Source(SourceEvent::LeafMoved { leaf: None }));
     assert!(p.render().messages.is_empty());
 }
+
+#[test]
+fn a_renamed_duplicate_id_never_takes_an_existing_name() {
+    // `x`, then an entry really named `x~4`, then `x` again on line 4: the rename must not be `x~4`.
+    let input = r#"{"type":"session","version":3,"id":"s","timestamp":"t","cwd":"/w"}
+{"type":"message","id":"x","parentId":null,"message":{"role":"user","content":"one"}}
+{"type":"message","id":"x~4","parentId":"x","message":{"role":"assistant","content":[{"type":"text","text":"two"}]}}
+{"type":"message","id":"x","parentId":"x~4","message":{"role":"user","content":"three"}}
+{"type":"message","id":"y","parentId":"x~4","message":{"role":"assistant","content":[{"type":"text","text":"four"}]}}
+"#;
+    let imported = import_bytes("t.jsonl", input.as_bytes()).expect("import");
+    let ids: Vec<String> = imported.events.iter().filter_map(|e| match e { SourceEvent::EntryAppended { id, .. } => Some(id.clone()), _ => None }).collect();
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "every entry id is unique: {ids:?}");
+    // The branch to `y` is x → x~4 → y: the renamed `three` does not sit on it.
+    let mut p = Projection::new();
+    for (i, e) in imported.events.iter().enumerate() {
+        p.apply(i as u64 + 1, &condense_events::Event::Source(e.clone()));
+    }
+    let texts: Vec<String> = p.branch_messages().iter().map(|m| m.text()).collect();
+    assert_eq!(texts, ["one", "two", "four"]);
+}

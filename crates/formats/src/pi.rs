@@ -65,7 +65,13 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
             (format!("e{index}"), previous.clone())
         };
         if known.contains(&id) {
-            let fresh = format!("{id}~{n}");
+            // A name no entry has: the file may hold `x~4` itself.
+            let mut fresh = format!("{id}~{n}");
+            let mut k = 1;
+            while known.contains(&fresh) {
+                k += 1;
+                fresh = format!("{id}~{n}.{k}");
+            }
             diags.push(diag(n, format!("duplicate entry id `{id}`; renamed `{fresh}`")));
             id = fresh;
         }
