@@ -6,6 +6,10 @@ use condense_events::{Envelope, Seq, SessionId, SCHEMA_VERSION};
 /// The format byte that starts every stored value.
 pub const FORMAT_VERSION: u8 = 1;
 
+/// The largest stored value decoded (1 GiB): no event comes near it, and no length field can make the
+/// decoder allocate more.
+pub const MAX_VALUE_BYTES: usize = 1 << 30;
+
 pub(crate) fn key(session: SessionId, seq: Seq) -> [u8; 16] {
     let mut k = [0u8; 16];
     k[..8].copy_from_slice(&session.to_be_bytes());
@@ -56,8 +60,13 @@ pub fn decode_envelope(session: SessionId, seq: Seq, bytes: &[u8]) -> Result<Env
     if format != FORMAT_VERSION {
         return Err(corrupt(format!("format byte {format}, expected {FORMAT_VERSION}")));
     }
-    let (env, used): (Envelope, usize) =
-        bincode::serde::decode_from_slice(body, bincode::config::legacy()).map_err(|e| corrupt(e.to_string()))?;
+    // A length field can claim more than a value holds (a damaged store, a crafted export): the decoder
+    // refuses to claim more than the bound instead of allocating it.
+    if body.len() > MAX_VALUE_BYTES {
+        return Err(corrupt(format!("value of {} bytes, over the {MAX_VALUE_BYTES}-byte bound", body.len())));
+    }
+    let cfg = bincode::config::legacy().with_limit::<MAX_VALUE_BYTES>();
+    let (env, used): (Envelope, usize) = bincode::serde::decode_from_slice(body, cfg).map_err(|e| corrupt(e.to_string()))?;
     if used != body.len() {
         return Err(corrupt(format!("{} trailing bytes", body.len() - used)));
     }
@@ -68,4 +77,22 @@ pub fn decode_envelope(session: SessionId, seq: Seq, bytes: &[u8]) -> Result<Env
         return Err(corrupt(format!("value names {}:{}", env.session, env.seq)));
     }
     Ok(env)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use condense_events::{Event, SourceEvent};
+
+    #[test]
+    fn a_huge_length_field_is_an_error_not_an_abort() {
+        let good = encode_event(1, 1, &Event::Source(SourceEvent::ConfigChanged { json: "x".repeat(40) }));
+        // Every 8-byte window of the value set to a huge length, one at a time: each decode is an error or a
+        // value, never a panic or an allocation abort.
+        for at in 1..good.len().saturating_sub(8) {
+            let mut bad = good.clone();
+            bad[at..at + 8].copy_from_slice(&(u64::MAX / 3).to_le_bytes());
+            let _ = decode_envelope(1, 1, &bad);
+        }
+    }
 }

@@ -82,13 +82,24 @@ fn export_to(log: &Log, path: &Path) -> Result<ExportSummary> {
         w.record(TAG_SESSION, &payload).map_err(io)?;
         summary.sessions += 1;
         let mut err = None;
+        let mut referenced = Vec::new();
         log.for_each(info.id, 1, info.head, |env| {
+            if let Some(b) = crate::blob_of(&env.body) {
+                referenced.push(b.to_string());
+            }
             if let Err(e) = w.record(TAG_EVENT, &encode_envelope(&env)) {
                 err = Some(e);
             }
             summary.events += 1;
             Ok(())
         })?;
+        // A backup without a blob its events name would restore a store that cannot answer a query.
+        for b in referenced {
+            let present = crate::BlobHash::parse(&b).is_some_and(|h| log.get_blob(&h).is_ok());
+            if !present {
+                return Err(LogError::BlobMissing(format!("{b} (named by session `{}`)", info.name)));
+            }
+        }
         if let Some(e) = err {
             return Err(io(e));
         }

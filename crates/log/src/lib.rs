@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use blob::BlobHash;
-pub use codec::{decode_envelope, encode_envelope, encode_event, FORMAT_VERSION};
+pub use codec::{decode_envelope, encode_envelope, encode_event, FORMAT_VERSION, MAX_VALUE_BYTES};
 pub use export::ExportSummary;
 
 /// Errors of the log. Every message names the session, sequence number, file or offset involved.
@@ -99,6 +99,18 @@ pub enum LogError {
     /// The writer thread is gone (the log was closed or the writer panicked).
     #[error("the log writer has stopped")]
     Closed,
+    /// An event is larger than a stored value may be ([`codec::MAX_VALUE_BYTES`]); nothing was written.
+    #[error("event {session}:{seq} is {bytes} bytes, over the {max}-byte bound of a stored value")]
+    Oversized {
+        /// The session.
+        session: SessionId,
+        /// The sequence number it would have had.
+        seq: Seq,
+        /// Its encoded size.
+        bytes: u64,
+        /// The bound.
+        max: u64,
+    },
     /// Another process has the store open (sled allows one process at a time).
     #[error("the store at {0} is in use by another condense process (while `condense serve` runs, commands go through it; otherwise wait for the other command or stop it)")]
     Locked(PathBuf),
@@ -269,6 +281,9 @@ impl Log {
         expected_head: Seq,
         values: Vec<Vec<u8>>,
     ) -> Result<Receiver<Result<Seq>>> {
+        if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| v.len() > codec::MAX_VALUE_BYTES + 1) {
+            return Err(LogError::Oversized { session, seq: expected_head + 1 + i as u64, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 });
+        }
         self.writer.append_prepared(session, expected_head, values)
     }
 
@@ -331,7 +346,11 @@ impl Log {
         let mut report = VerifyReport::default();
         for info in self.sessions()? {
             let mut expected = 1;
+            let mut referenced: Vec<(Seq, String)> = Vec::new();
             self.for_each(info.id, 1, Seq::MAX, |env| {
+                if let Some(b) = blob_of(&env.body) {
+                    referenced.push((env.seq, b.to_string()));
+                }
                 if env.seq != expected {
                     return Err(LogError::Corrupt {
                         session: info.id,
@@ -349,6 +368,11 @@ impl Log {
                     seq: expected,
                     reason: format!("head is {} but events end at {}", info.head, expected - 1),
                 });
+            }
+            // Every blob an event names is there and holds what its name says.
+            for (seq, b) in referenced {
+                let hash = BlobHash::parse(&b).ok_or_else(|| LogError::Corrupt { session: info.id, seq, reason: format!("blob name `{b}` is not a hash") })?;
+                self.blobs.get(&hash).map_err(|e| LogError::Corrupt { session: info.id, seq, reason: format!("the output it spilled: {e}") })?;
             }
             report.sessions += 1;
         }
@@ -373,6 +397,14 @@ impl Log {
     /// Flushes and stops the writer. Later calls on any clone return [`LogError::Closed`].
     pub fn close(&self) {
         self.writer.stop();
+    }
+}
+
+/// The blob an event refers to (a spilled output), if any.
+pub(crate) fn blob_of(e: &Event) -> Option<&str> {
+    match e {
+        Event::Decision(condense_events::DecisionEvent::OutputSpilled { blob, .. }) => Some(blob),
+        _ => None,
     }
 }
 

@@ -273,3 +273,21 @@ fn encode_event_matches_encode_envelope() {
     let env = condense_events::Envelope { schema: condense_events::SCHEMA_VERSION, session: 7, seq: 42, body: body.clone() };
     assert_eq!(condense_log::encode_event(7, 42, &body), condense_log::encode_envelope(&env));
 }
+
+#[test]
+fn a_deleted_spill_blob_fails_verify_and_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path()).unwrap();
+    let h = log.put_blob(b"the spilled output").unwrap();
+    let s = log.create_session("s").unwrap();
+    let spilled = condense_events::Event::Decision(condense_events::DecisionEvent::OutputSpilled { ref_n: 1, blob: h.0.clone(), bytes: 18, preview: "the".into() });
+    log.append(s, 0, vec![spilled]).unwrap();
+    assert_eq!(log.verify().unwrap().blobs, 1);
+    std::fs::remove_file(dir.path().join("blobs").join(&h.0[..2]).join(&h.0)).unwrap();
+    let err = log.verify().unwrap_err().to_string();
+    assert!(err.contains("event") && err.contains("missing"), "verify names the event and the blob: {err}");
+    let file = dir.path().join("x.export");
+    let err = log.export(&file).unwrap_err();
+    assert!(matches!(err, LogError::BlobMissing(_)), "{err}");
+    assert!(!file.exists(), "no backup that lacks a blob");
+}
