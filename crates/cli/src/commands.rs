@@ -524,21 +524,46 @@ fn name_of(path: &Path) -> String {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading folder {}", dir.display()))?
-        .filter_map(|e| e.ok())
-        .collect();
+    let mut unreadable = Vec::new();
+    walk_all(dir, out, &mut unreadable);
+    match unreadable.first() {
+        // The folder given itself cannot be read: that is the error.
+        Some((p, e)) if p == dir => Err(anyhow!("reading folder {}: {e}", p.display())),
+        _ => {
+            for (p, e) in unreadable {
+                errln!("condense: skipped {}: cannot be read ({e})", p.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Every `.jsonl` file under `dir`, sorted; a subfolder or entry that cannot be read is noted with why,
+/// and the rest is still walked.
+fn walk_all(dir: &Path, out: &mut Vec<PathBuf>, unreadable: &mut Vec<(PathBuf, std::io::Error)>) {
+    let mut entries: Vec<_> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.filter_map(|e| e.ok()).collect(),
+        Err(e) => {
+            unreadable.push((dir.to_path_buf(), e));
+            return;
+        }
+    };
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
-        let ft = e.file_type()?;
         let p = e.path();
+        let ft = match e.file_type() {
+            Ok(ft) => ft,
+            Err(err) => {
+                unreadable.push((p, err));
+                continue;
+            }
+        };
         if ft.is_dir() {
-            walk(&p, out)?;
+            walk_all(&p, out, unreadable);
         } else if ft.is_file() && p.extension().is_some_and(|x| x == "jsonl") {
             out.push(p);
         }
     }
-    Ok(())
 }
 
 fn is_export(path: &Path) -> bool {
@@ -607,6 +632,9 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
             }
             Err(condense_engine::EngineError::Format(e)) if !named => {
                 skipped += 1;
+                if !json_out {
+                    errln!("condense: skipped {e}");
+                }
                 reports.push(json!({"file": file.display().to_string(), "status": "skipped", "reason": e.to_string()}));
             }
             Err(e) => {

@@ -294,3 +294,26 @@ fn config_set_refuses_values_out_of_range() {
     assert!(!store.join("config.json").exists(), "nothing written");
     assert_eq!(condense(&store, &["config", "set", "rollingWindow", "2"]).0, 0);
 }
+
+#[test]
+fn an_unreadable_file_or_folder_is_named_and_the_rest_imported() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("locked")).unwrap();
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/claude-code/DRMacIver__claude-reliability/snapshot-tests/tests/hello-world-script/transcript.jsonl");
+    std::fs::copy(&corpus, src.join("good.jsonl")).unwrap();
+    std::fs::copy(&corpus, src.join("locked/hidden.jsonl")).unwrap();
+    std::fs::write(src.join("notes.jsonl"), "not a session\n").unwrap();
+    std::fs::set_permissions(src.join("locked"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    // Root reads everything; the test still checks the not-a-session report and the import of the rest.
+    let (code, out, err) = condense(&dir.path().join("store"), &["import", src.to_str().unwrap()]);
+    std::fs::set_permissions(src.join("locked"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("good.jsonl"), "{out}");
+    assert!(err.contains("notes.jsonl") && err.contains("skipped"), "each skipped file is named with why: {err}");
+    let is_root = std::fs::read_dir(src.join("locked")).is_ok();
+    if !is_root {
+        assert!(err.contains("locked") && err.contains("cannot be read"), "{err}");
+    }
+}
