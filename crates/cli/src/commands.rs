@@ -606,17 +606,22 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
             let _ = std::io::stderr().flush();
         }
         let name = name_of(file);
-        if store.log().session_id(&name)?.is_some() {
-            skipped += 1;
-            reports.push(json!({"file": file.display().to_string(), "status": "exists", "session": name}));
-            continue;
-        }
         match store.import_file(file, &name) {
+            Ok(o) if o.action == condense_engine::ImportAction::Unchanged => {
+                skipped += 1;
+                reports.push(json!({"file": file.display().to_string(), "status": "exists", "session": name}));
+            }
             Ok(o) => {
                 imported += 1;
                 diags += o.diagnostics.len() as u64;
+                let status = match o.action {
+                    condense_engine::ImportAction::Resumed => "resumed",
+                    condense_engine::ImportAction::Grown => "grown",
+                    _ => "imported",
+                };
                 if !json_out && !progress {
-                    outln!("{name}: {} ({} events, {} diagnostics)", o.format.name(), o.events, o.diagnostics.len());
+                    let how = if status == "imported" { String::new() } else { format!(", {status}") };
+                    outln!("{name}: {} ({} events{how}, {} diagnostics)", o.format.name(), o.events, o.diagnostics.len());
                     for d in o.diagnostics.iter().take(5) {
                         outln!("  {d}");
                     }
@@ -625,7 +630,7 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
                     }
                 }
                 reports.push(json!({
-                    "file": file.display().to_string(), "status": "imported", "session": name,
+                    "file": file.display().to_string(), "status": status, "session": name,
                     "format": o.format.name(), "events": o.events, "bytes": o.bytes,
                     "diagnostics": o.diagnostics.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
                 }));
@@ -783,9 +788,18 @@ fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
             }
         }
     }
+    // An import that began and never finished: the session holds only part of its file.
+    let incomplete = store.incomplete_imports()?;
+    if !a.flag("json") {
+        for name in &incomplete {
+            outln!("INCOMPLETE {name}: its import stopped part-way; import the same file again to finish it");
+        }
+    }
+    let bad = bad + incomplete.len();
     if a.flag("json") {
         outln!("{}", serde_json::to_string_pretty(&json!({
-            "sessions": report.sessions, "events": report.events, "blobs": report.blobs, "failed": bad, "results": rows,
+            "sessions": report.sessions, "events": report.events, "blobs": report.blobs, "failed": bad,
+            "incomplete_imports": incomplete, "results": rows,
         }))?);
     } else {
         outln!("verified {} sessions, {} events, {} blobs: {} failed", report.sessions, report.events, report.blobs, bad);
@@ -795,16 +809,18 @@ fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
 
 fn run_demo(store: &Store, dir: &Path, a: &Args) -> Result<ExitCode> {
     let name = "demo";
-    if store.log().session_id(name)?.is_none() {
-        let text = demo::generate(demo::DemoConfig::default());
-        let folder = dir.join("demo");
-        std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
-        let file = folder.join("demo-session.jsonl");
+    // The generated session is the same bytes every time: a demo that stopped part-way is finished, a
+    // complete one is left as it is.
+    let text = demo::generate(demo::DemoConfig::default());
+    let folder = dir.join("demo");
+    std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
+    let file = folder.join("demo-session.jsonl");
+    if std::fs::read(&file).ok().as_deref() != Some(text.as_bytes()) {
         std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
-        let o = store.import_file(&file, name)?;
-        if !a.flag("json") {
-            outln!("generated {} ({} bytes) and imported it as session `{name}` ({} events)\n", file.display(), text.len(), o.events);
-        }
+    }
+    let o = store.import_file(&file, name)?;
+    if !a.flag("json") && o.action != condense_engine::ImportAction::Unchanged {
+        outln!("generated {} ({} bytes) and imported it as session `{name}` ({} events)\n", file.display(), text.len(), o.events);
     }
     print_stats(&store.session(name)?, a.flag("json"))?;
     Ok(ExitCode::SUCCESS)

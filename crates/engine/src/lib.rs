@@ -75,6 +75,14 @@ pub enum EngineError {
     /// A recovery tool was called with arguments it cannot take, or an archive cannot be built.
     #[error(transparent)]
     Recovery(condense_recovery::RecoveryError),
+    /// A session name belongs to something else than the file being imported.
+    #[error("session `{name}` exists already and {reason}; import the file under another name")]
+    NameTaken {
+        /// The session.
+        name: String,
+        /// What the session holds instead.
+        reason: String,
+    },
     /// A render was asked for at a sequence number past the session's head.
     #[error("session `{name}` has {head} events; cannot render at {at}")]
     PastHead {
@@ -136,14 +144,29 @@ pub struct Session {
     name: String,
 }
 
+/// What importing a file did to its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImportAction {
+    /// A new session.
+    Imported,
+    /// The session holds this file already, complete.
+    Unchanged,
+    /// An import of this file had stopped part-way: the missing events were appended.
+    Resumed,
+    /// The file grew since it was imported: what it grew by was appended.
+    Grown,
+}
+
 /// The outcome of importing one session file.
 #[derive(Debug, Clone)]
 pub struct ImportOutcome {
+    /// What happened.
+    pub action: ImportAction,
     /// The session's name in the store.
     pub name: String,
     /// The detected format.
     pub format: Format,
-    /// Events written.
+    /// Events written by this import.
     pub events: u64,
     /// Bytes read.
     pub bytes: u64,
@@ -196,14 +219,116 @@ impl Store {
         Ok(Session { store: self.clone(), id, name: name.to_string() })
     }
 
-    /// Imports a session file (pi, Claude Code or Codex, detected) as a new session named `name`.
+    /// Imports a session file (pi, Claude Code or Codex, detected) as session `name`. The file's canonical
+    /// path, size and hash are recorded before its events (`ImportStarted`) and again after the last one
+    /// (`ImportCompleted`), so importing the same file again finishes an import that stopped part-way,
+    /// appends what a file grew by (pi, Claude Code and Codex files only grow), and leaves a complete one
+    /// as it is. A different file under the same name is an error.
     pub fn import_file(&self, path: &Path, name: &str) -> Result<ImportOutcome> {
-        let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        let imported = condense_formats::import_file(path)?;
-        let session = self.create_session(name)?;
-        let events = imported.events.len() as u64;
-        session.append(imported.events)?;
-        Ok(ImportOutcome { name: name.to_string(), format: imported.format, events, bytes, diagnostics: imported.diagnostics })
+        let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
+        let bytes = std::fs::read(path).map_err(io)?;
+        let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
+        let hash = blake3::hash(&bytes).to_hex().to_string();
+        let imported = condense_formats::import_bytes(&path.display().to_string(), &bytes)
+            .map_err(|reason| EngineError::Format(condense_formats::FormatError::Unrecognized { path: path.to_path_buf(), reason }))?;
+        let started = SourceEvent::ImportStarted { path: canonical.clone(), bytes: bytes.len() as u64, hash: hash.clone() };
+        let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: bytes.len() as u64, hash: hash.clone() };
+        let outcome = |action, events| ImportOutcome {
+            action,
+            name: name.to_string(),
+            format: imported.format,
+            events,
+            bytes: bytes.len() as u64,
+            diagnostics: imported.diagnostics.clone(),
+        };
+        let Some(id) = self.inner.log.session_id(name)? else {
+            let session = self.create_session(name)?;
+            let mut events = imported.events.clone();
+            events.insert(1.min(events.len()), started);
+            events.push(completed);
+            let n = events.len() as u64;
+            session.append(events)?;
+            return Ok(outcome(ImportAction::Imported, n));
+        };
+        let session = Session { store: self.clone(), id, name: name.to_string() };
+        let held: Vec<SourceEvent> = self
+            .inner
+            .log
+            .read(id, 1, session.head()?)?
+            .into_iter()
+            .filter_map(|e| match e.body {
+                Event::Source(s) => Some(s),
+                Event::Decision(_) => None,
+            })
+            .collect();
+        // What the session says of its source: the last import that began, and whether it finished.
+        let last_start = held.iter().rposition(|e| matches!(e, SourceEvent::ImportStarted { .. }));
+        let Some(ls) = last_start else {
+            if held.is_empty() {
+                // Created, then stopped before its first events were written: import into it.
+                let mut events = imported.events.clone();
+                events.insert(1.min(events.len()), started);
+                events.push(completed);
+                let n = events.len() as u64;
+                session.append(events)?;
+                return Ok(outcome(ImportAction::Resumed, n));
+            }
+            return Err(EngineError::NameTaken { name: name.to_string(), reason: "it was not imported from a file (or by a condense that did not record its source)".into() });
+        };
+        let SourceEvent::ImportStarted { path: p0, bytes: b0, hash: h0 } = &held[ls] else { unreachable!("found above") };
+        if *p0 != canonical {
+            return Err(EngineError::NameTaken { name: name.to_string(), reason: format!("it holds {p0}") });
+        }
+        let finished = held[ls..].iter().any(|e| matches!(e, SourceEvent::ImportCompleted { .. }));
+        if finished && *h0 == hash {
+            return Ok(outcome(ImportAction::Unchanged, 0));
+        }
+        let grown = bytes.len() as u64 > *b0 && blake3::hash(&bytes[..*b0 as usize]).to_hex().as_str() == h0;
+        if finished && !grown {
+            return Err(EngineError::NameTaken { name: name.to_string(), reason: format!("{canonical} changed since it was imported, and not by growing") });
+        }
+        // The events of this import are the file's events; the session holds a prefix of them (an import
+        // that stopped, or the file before it grew). Diagnostics and import markers are set aside.
+        let core = |e: &&SourceEvent| !matches!(e, SourceEvent::ImportDiagnostic { .. } | SourceEvent::ImportStarted { .. } | SourceEvent::ImportCompleted { .. });
+        let old: Vec<&SourceEvent> = held.iter().filter(core).collect();
+        let new: Vec<&SourceEvent> = imported.events.iter().filter(core).collect();
+        if old.len() > new.len() || old.iter().zip(&new).any(|(a, b)| a != b) {
+            return Err(EngineError::NameTaken { name: name.to_string(), reason: format!("what it holds is not a prefix of what {canonical} holds now") });
+        }
+        let mut events: Vec<SourceEvent> = Vec::new();
+        if grown {
+            events.push(started);
+        }
+        events.extend(new[old.len()..].iter().map(|e| (*e).clone()));
+        for d in imported.events.iter().filter(|e| matches!(e, SourceEvent::ImportDiagnostic { .. })) {
+            if !held.contains(d) {
+                events.push(d.clone());
+            }
+        }
+        events.push(completed);
+        let n = events.len() as u64;
+        session.append(events)?;
+        Ok(outcome(if grown { ImportAction::Grown } else { ImportAction::Resumed }, n))
+    }
+
+    /// Sessions whose last import began and never finished (a killed import): their names.
+    pub fn incomplete_imports(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for info in self.sessions()? {
+            let mut open = false;
+            self.inner.log.for_each(info.id, 1, info.head, |env| {
+                match env.body {
+                    Event::Source(SourceEvent::ImportStarted { .. }) => open = true,
+                    Event::Source(SourceEvent::ImportCompleted { .. }) => open = false,
+                    _ => {}
+                }
+                Ok(())
+            })?;
+            if open {
+                out.push(info.name);
+            }
+        }
+        Ok(out)
     }
 
     /// Forks `source` into a new session `name` that ends at entry `at` (the source's active leaf when

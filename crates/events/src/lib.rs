@@ -124,6 +124,25 @@ pub enum SourceEvent {
     },
     /// The pruning configuration in force from here on (normalized).
     PruneConfigured(PruneConfig),
+    /// An import of a session file began: the file as it was read. Written before its entries, so a store
+    /// can tell an import that never finished from one that did.
+    ImportStarted {
+        /// The file's canonical path.
+        path: String,
+        /// Bytes read.
+        bytes: u64,
+        /// blake3 of the bytes read (hex).
+        hash: String,
+    },
+    /// The import that began with the matching `ImportStarted` wrote every event.
+    ImportCompleted {
+        /// The file's canonical path.
+        path: String,
+        /// Bytes read.
+        bytes: u64,
+        /// blake3 of the bytes read (hex).
+        hash: String,
+    },
 }
 
 impl SourceEvent {
@@ -140,6 +159,8 @@ impl SourceEvent {
             SourceEvent::ConfigChanged { .. } => "config_changed",
             SourceEvent::ImportDiagnostic { .. } => "import_diagnostic",
             SourceEvent::PruneConfigured(_) => "prune_configured",
+            SourceEvent::ImportStarted { .. } => "import_started",
+            SourceEvent::ImportCompleted { .. } => "import_completed",
         }
     }
 }
