@@ -317,3 +317,87 @@ fn an_unreadable_file_or_folder_is_named_and_the_rest_imported() {
         assert!(err.contains("locked") && err.contains("cannot be read"), "{err}");
     }
 }
+
+fn generated_pi(dir: &std::path::Path, entries: u32) -> std::path::PathBuf {
+    let out = dir.join(format!("gen-{entries}.jsonl"));
+    let tool = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/tools/gen_pi_session.py");
+    let st = Command::new("python3").arg(tool).args(["--entries", &entries.to_string(), "--seed", "1", "--out"]).arg(&out).status().expect("python3");
+    assert!(st.success());
+    out
+}
+
+#[test]
+fn a_grown_file_appends_and_another_file_under_the_same_name_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let full = generated_pi(dir.path(), 300);
+    let text = std::fs::read_to_string(&full).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    std::fs::create_dir_all(dir.path().join("w")).unwrap();
+    std::fs::write(dir.path().join("w/s.jsonl"), lines[..150].join("\n") + "\n").unwrap();
+    // Imports by a relative path, from a folder: the session is named `w/s.jsonl`.
+    let import_from = |cwd: &std::path::Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(&store).args(["import", "w/s.jsonl"]).current_dir(cwd).output().unwrap();
+        (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (code, out, err) = import_from(dir.path());
+    assert_eq!(code, 0, "{out}{err}");
+    // The agent went on writing: the same file again appends what it grew by.
+    std::fs::write(dir.path().join("w/s.jsonl"), text.clone()).unwrap();
+    let (code, out, err) = import_from(dir.path());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("grown"), "{out}");
+    // Again, unchanged: nothing to do.
+    let (code, out, _) = import_from(dir.path());
+    assert_eq!(code, 0);
+    assert!(out.contains("skipped 1 files"), "{out}");
+    // The grown session renders as a fresh import of the whole file.
+    let fresh = dir.path().join("fresh");
+    let o = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(&fresh).args(["import", "w/s.jsonl"]).current_dir(dir.path()).output().unwrap();
+    assert!(o.status.success());
+    assert_eq!(condense(&store, &["render", "w/s.jsonl"]).1, condense(&fresh, &["render", "w/s.jsonl"]).1);
+    assert_eq!(condense(&store, &["verify"]).0, 0);
+    // Another file that maps to the same session name is an error, not a skip.
+    let other = dir.path().join("elsewhere");
+    std::fs::create_dir_all(other.join("w")).unwrap();
+    std::fs::write(other.join("w/s.jsonl"), lines[..10].join("\n") + "\n").unwrap();
+    let (code, _, err) = import_from(&other);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("exists already and it holds"), "{err}");
+}
+
+#[test]
+fn imports_killed_at_random_points_finish_when_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = generated_pi(dir.path(), 1500);
+    let fresh = dir.path().join("fresh");
+    assert_eq!(condense(&fresh, &["import", file.to_str().unwrap()]).0, 0);
+    let name = condense(&fresh, &["sessions"]).1.lines().next().unwrap().split_whitespace().last().unwrap().to_string();
+    let expected = condense(&fresh, &["render", &name]).1;
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut interrupted = 0;
+    for round in 0..10 {
+        let store = dir.path().join(format!("store{round}"));
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = std::time::Duration::from_millis(seed % 120);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(&store).arg("import").arg(&file).stdout(std::process::Stdio::null()).spawn().unwrap();
+        std::thread::sleep(delay);
+        let _ = Command::new("kill").arg("-9").arg(child.id().to_string()).status();
+        let _ = child.wait();
+        // Whether the kill came before the import was complete (the store says so, or has no session yet).
+        let (_, before, _) = condense(&store, &["verify", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&before).unwrap_or_default();
+        if v["incomplete_imports"].as_array().is_some_and(|a| !a.is_empty()) || v["sessions"].as_u64().unwrap_or(0) == 0 {
+            interrupted += 1;
+        }
+        let (code, out, err) = condense(&store, &["import", file.to_str().unwrap()]);
+        assert_eq!(code, 0, "round {round} ({delay:?}): {out}{err}");
+        let (code, out, _) = condense(&store, &["verify"]);
+        assert_eq!(code, 0, "round {round} ({delay:?}): {out}");
+        assert_eq!(condense(&store, &["render", &name]).1, expected, "round {round} ({delay:?})");
+    }
+    eprintln!("{interrupted} of 10 kills came during the import");
+    assert!(interrupted >= 3, "only {interrupted} of 10 kills came during the import");
+}
