@@ -585,7 +585,13 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
         } else if path.is_file() {
             if is_export(&path) {
                 let s = store.log().import(&path)?;
-                outln!("restored {} sessions, {} events, {} blobs from {p}", s.sessions, s.events, s.blobs);
+                outln!(
+                    "restored {} sessions, {} events, {} blobs from {p}{}",
+                    s.sessions,
+                    s.events,
+                    s.blobs,
+                    if s.present > 0 { format!(" ({} sessions were there in full already)", s.present) } else { String::new() }
+                );
                 continue;
             }
             files.push((path, true));

@@ -26,6 +26,8 @@ pub struct ExportSummary {
     pub blobs: u64,
     /// Bytes of the export file.
     pub bytes: u64,
+    /// Sessions (of an import) that the store already held in full: nothing was written for them.
+    pub present: u64,
 }
 
 struct Writer<W: Write> {
@@ -215,21 +217,46 @@ fn peek(payload: &[u8]) -> Option<(SessionId, u64)> {
 pub(crate) fn import(log: &Log, path: &Path) -> Result<ExportSummary> {
     let data = std::fs::read(path).map_err(|source| LogError::Io { path: path.to_path_buf(), source })?;
     let parsed = parse(path, &data)?;
-    for (_, name, _) in &parsed.sessions {
-        if log.session_id(name)?.is_some() {
-            return Err(LogError::SessionExists(name.clone()));
+    // A restore is resumable: a session the store holds already is skipped when its events are exactly the
+    // export's, and completed when they are a prefix of them (what a restore stopped part-way leaves). A
+    // session of the same name with other content is refused, before anything is written.
+    let mut plan = Vec::with_capacity(parsed.sessions.len());
+    for (_, name, events) in &parsed.sessions {
+        let Some(id) = log.session_id(name)? else {
+            plan.push((None, 0u64));
+            continue;
+        };
+        let head = log.head(id)?;
+        let mut same = head as usize <= events.len();
+        if same {
+            let mut i = 0usize;
+            log.for_each(id, 1, head, |env| {
+                same &= env.body == events[i];
+                i += 1;
+                Ok(())
+            })?;
         }
+        if !same {
+            return Err(LogError::RestoreConflict(name.clone()));
+        }
+        plan.push((Some(id), head));
     }
     let mut summary = ExportSummary { bytes: data.len() as u64, ..Default::default() };
     for blob in &parsed.blobs {
         log.put_blob(blob)?;
         summary.blobs += 1;
     }
-    for (_, name, events) in parsed.sessions {
-        let id = log.create_session(&name)?;
-        summary.events += events.len() as u64;
-        let mut head = 0;
-        let mut rest = events;
+    for ((_, name, events), (existing, mut head)) in parsed.sessions.into_iter().zip(plan) {
+        if existing.is_some() && head as usize == events.len() {
+            summary.present += 1;
+            continue;
+        }
+        let id = match existing {
+            Some(id) => id,
+            None => log.create_session(&name)?,
+        };
+        let mut rest: Vec<Event> = events.into_iter().skip(head as usize).collect();
+        summary.events += rest.len() as u64;
         while !rest.is_empty() {
             let tail = rest.split_off(rest.len().min(4096));
             head = log.append(id, head, rest)?;

@@ -67,6 +67,9 @@ pub enum LogError {
     /// A session with this name exists already.
     #[error("session `{0}` exists already")]
     SessionExists(String),
+    /// A restore found a session of the same name whose events are not a prefix of the export's.
+    #[error("session `{0}` exists already with other events than the export holds; restore into another store")]
+    RestoreConflict(String),
     /// An export file ends before its trailer.
     #[error("{path}: export is truncated at byte {offset}")]
     Truncated {

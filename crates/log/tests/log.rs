@@ -152,9 +152,46 @@ fn export_import_round_trip() {
         let y: Vec<_> = other.read(id, 1, u64::MAX).unwrap().into_iter().map(|e| e.body).collect();
         assert_eq!(x, y);
     }
-    // Importing the same sessions twice is refused before anything is written.
-    assert!(matches!(other.import(&file), Err(LogError::SessionExists(_))));
+    // Restoring the same export again writes nothing: every session is there in full.
+    let again = other.import(&file).unwrap();
+    assert_eq!((again.sessions, again.events, again.present), (0, 0, 2));
     assert_eq!(other.verify().unwrap().events, 100);
+}
+
+#[test]
+fn a_restore_stopped_part_way_is_finished_by_running_it_again() {
+    let a = tempfile::tempdir().unwrap();
+    let log = filled_log(a.path());
+    let file = a.path().join("x.export");
+    log.export(&file).unwrap();
+    let infos = log.sessions().unwrap();
+    // What a restore killed part-way leaves: the first session complete, the second cut after 7 events.
+    let b = tempfile::tempdir().unwrap();
+    let other = Log::open(b.path()).unwrap();
+    for (info, keep) in infos.iter().zip([u64::MAX, 7]) {
+        let id = other.create_session(&info.name).unwrap();
+        let events: Vec<_> = log.read(info.id, 1, keep).unwrap().into_iter().map(|e| e.body).collect();
+        other.append(id, 0, events).unwrap();
+    }
+    let got = other.import(&file).unwrap();
+    assert_eq!((got.sessions, got.events, got.present), (1, 43, 1));
+    for info in &infos {
+        let id = other.session_id(&info.name).unwrap().unwrap();
+        let x: Vec<_> = log.read(info.id, 1, u64::MAX).unwrap().into_iter().map(|e| e.body).collect();
+        let y: Vec<_> = other.read(id, 1, u64::MAX).unwrap().into_iter().map(|e| e.body).collect();
+        assert_eq!(x, y, "{}", info.name);
+    }
+    // A session of the same name with other content is refused before anything is written.
+    let c = tempfile::tempdir().unwrap();
+    let third = Log::open(c.path()).unwrap();
+    let id = third.create_session(&infos[1].name).unwrap();
+    third.append(id, 0, vec![note("something else".into())]).unwrap();
+    match third.import(&file) {
+        Err(LogError::RestoreConflict(n)) => assert_eq!(n, infos[1].name),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(third.sessions().unwrap().len(), 1);
+    assert_eq!(third.verify().unwrap().events, 1);
 }
 
 #[test]
