@@ -37,18 +37,26 @@ pub fn err_write(args: std::fmt::Arguments) {
     })
 }
 
+/// An error and its causes on one line; a cause whose text the message already carries is not repeated.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.ends_with(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
+}
+
 /// Runs a command with its output captured: `(stdout, stderr, exit code)`.
 pub fn run_captured(store: &Store, argv: Vec<String>) -> (Vec<u8>, Vec<u8>, i32) {
     CAPTURE.with(|c| *c.borrow_mut() = Some((Vec::new(), Vec::new())));
     let code = match run_with(argv, Some(store)) {
         Ok(code) => if code == ExitCode::SUCCESS { 0 } else { 1 },
         Err(e) => {
-            let mut msg = e.to_string();
-            for cause in e.chain().skip(1) {
-                msg.push_str(": ");
-                msg.push_str(&cause.to_string());
-            }
-            err_write(format_args!("condense: {msg}\n"));
+            err_write(format_args!("condense: {}\n", error_text(&e)));
             2
         }
     };

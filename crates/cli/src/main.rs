@@ -33,12 +33,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            let mut msg = e.to_string();
-            for cause in e.chain().skip(1) {
-                msg.push_str(": ");
-                msg.push_str(&cause.to_string());
-            }
-            eprintln!("condense: {msg}");
+            eprintln!("condense: {}", commands::error_text(&e));
             ExitCode::from(2)
         }
     }

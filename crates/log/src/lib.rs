@@ -9,6 +9,7 @@
 mod blob;
 mod codec;
 mod export;
+mod manifest;
 mod writer;
 
 use condense_events::{Envelope, Event, Seq, SessionId};
@@ -114,6 +115,14 @@ pub enum LogError {
         /// The bound.
         max: u64,
     },
+    /// The store holds less than it acknowledged, or sled cannot read its own files.
+    #[error("the store at {path} is damaged: {detail}; restore it from an export into a new store (`condense import BACKUP --store NEW`)")]
+    Damaged {
+        /// The log folder.
+        path: PathBuf,
+        /// What was found.
+        detail: String,
+    },
     /// Another process has the store open (sled allows one process at a time).
     #[error("the store at {0} is in use by another condense process (while `condense serve` runs, commands go through it; otherwise wait for the other command or stop it)")]
     Locked(PathBuf),
@@ -154,6 +163,7 @@ pub(crate) struct Shared {
     pub(crate) sessions: sled::Tree,
     pub(crate) subscribers: Mutex<Vec<Sender<Appended>>>,
     pub(crate) heads: Mutex<BTreeMap<SessionId, Seq>>,
+    pub(crate) manifest: Mutex<manifest::Manifest>,
 }
 
 /// A handle to an open log. Cheap to clone; the writer stops when the last handle is dropped.
@@ -165,7 +175,13 @@ pub struct Log {
 }
 
 pub(crate) fn sled_err(path: &Path) -> impl FnOnce(sled::Error) -> LogError + '_ {
-    move |source| LogError::Sled { path: path.to_path_buf(), source }
+    move |source| match source {
+        sled::Error::Corruption { .. } => LogError::Damaged {
+            path: path.to_path_buf(),
+            detail: format!("sled finds its files corrupted ({source})"),
+        },
+        source => LogError::Sled { path: path.to_path_buf(), source },
+    }
 }
 
 impl Log {
@@ -189,8 +205,11 @@ impl Log {
             .mode(sled::Mode::HighThroughput)
             .flush_every_ms(None);
         let mut tries = 0;
+        let damaged = |detail: String| LogError::Damaged { path: dir.to_path_buf(), detail };
         let db = loop {
-            match config.open() {
+            // sled panics on some damaged files (a page table cut short): that is an error of the store.
+            let opened = quietly(|| config.open()).map_err(|p| damaged(format!("sled cannot read its files ({p})")))?;
+            match opened {
                 Ok(db) => break db,
                 Err(sled::Error::Io(e))
                     if (e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock"))
@@ -202,21 +221,48 @@ impl Log {
                 Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock") => {
                     return Err(LogError::Locked(dir.to_path_buf()));
                 }
+                Err(sled::Error::Corruption { .. }) => {
+                    return Err(damaged("sled finds its files corrupted (cut short or overwritten)".into()))
+                }
                 Err(e) => return Err(LogError::Sled { path, source: e }),
             }
         };
         let events = db.open_tree("events").map_err(sled_err(&path))?;
         let sessions = db.open_tree("sessions").map_err(sled_err(&path))?;
-        let mut heads = BTreeMap::new();
-        for item in sessions.iter() {
-            let (k, _) = item.map_err(sled_err(&path))?;
-            let id = codec::session_from_key(&k);
-            let head = match events.scan_prefix(id.to_be_bytes()).next_back() {
-                Some(last) => codec::split_key(&last.map_err(sled_err(&path))?.0).1,
-                None => 0,
-            };
-            heads.insert(id, head);
+        let heads = quietly(|| -> Result<BTreeMap<SessionId, Seq>> {
+            let mut heads = BTreeMap::new();
+            for item in sessions.iter() {
+                let (k, _) = item.map_err(sled_err(&path))?;
+                let id = codec::session_from_key(&k);
+                let head = match events.scan_prefix(id.to_be_bytes()).next_back() {
+                    Some(last) => codec::split_key(&last.map_err(sled_err(&path))?.0).1,
+                    None => 0,
+                };
+                heads.insert(id, head);
+            }
+            Ok(heads)
+        })
+        .map_err(|p| damaged(format!("sled cannot read its files ({p})")))??;
+        // A session holding fewer events than were acknowledged means the database lost data.
+        let (acknowledged, manifest_size) = manifest::read(dir)?;
+        if let Some((session, have, ack)) = manifest::check(&acknowledged, &heads) {
+            let name = sessions
+                .get(session.to_be_bytes())
+                .ok()
+                .flatten()
+                .map(|v| format!(" (`{}`)", String::from_utf8_lossy(&v)))
+                .unwrap_or_default();
+            return Err(damaged(format!(
+                "session {session}{name} holds {have} of its {ack} acknowledged events (to open what is left anyway, move {} aside)",
+                dir.join(manifest::FILE).display()
+            )));
         }
+        let mut merged = acknowledged;
+        for (s, h) in &heads {
+            let e = merged.entry(*s).or_insert(0);
+            *e = (*h).max(*e);
+        }
+        let manifest = manifest::Manifest::open(dir, &merged, manifest_size)?;
         let shared = Arc::new(Shared {
             path,
             db,
@@ -224,6 +270,7 @@ impl Log {
             sessions,
             subscribers: Mutex::new(Vec::new()),
             heads: Mutex::new(heads),
+            manifest: Mutex::new(manifest),
         });
         let writer = Arc::new(writer::WriterHandle::spawn(shared.clone()));
         let blobs = blob::BlobStore::new(dir.join("blobs"));
@@ -313,12 +360,17 @@ impl Log {
         }
         let lo = codec::key(session, from);
         let hi = codec::key(session, to);
-        for item in self.shared.events.range(lo..=hi) {
+        let mut range = self.shared.events.range(lo..=hi);
+        loop {
+            let next = quietly(|| range.next()).map_err(|p| LogError::Damaged {
+                path: self.shared.path.clone(),
+                detail: format!("sled failed reading session {session} ({p})"),
+            })?;
+            let Some(item) = next else { return Ok(()) };
             let (k, v) = item.map_err(sled_err(&self.shared.path))?;
             let (s, seq) = codec::split_key(&k);
             f(decode_envelope(s, seq, &v)?)?;
         }
-        Ok(())
     }
 
     /// A channel that receives a notice after every durable group of appends.
@@ -403,6 +455,33 @@ impl Log {
     }
 }
 
+thread_local! {
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic inside it (sled's, on damaged files) into `Err` with the panic's message.
+/// The process's panic hook stays silent for panics caught here and reports every other panic as before.
+pub(crate) fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    r.map_err(|p| {
+        p.downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    })
+}
+
 /// The blob an event refers to (a spilled output), if any.
 pub(crate) fn blob_of(e: &Event) -> Option<&str> {
     match e {
@@ -420,4 +499,16 @@ pub struct VerifyReport {
     pub events: u64,
     /// Blobs re-hashed.
     pub blobs: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_panic_inside_quietly_is_an_error_with_its_message() {
+        assert_eq!(super::quietly(|| 7), Ok(7));
+        let r: Result<(), String> = super::quietly(|| panic!("index out of bounds: the len is 10 but the index is 13"));
+        assert_eq!(r, Err("index out of bounds: the len is 10 but the index is 13".to_string()));
+        let r: Result<(), String> = super::quietly(|| std::panic::panic_any(5u8));
+        assert_eq!(r, Err("a panic without a message".to_string()));
+    }
 }

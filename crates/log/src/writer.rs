@@ -175,7 +175,8 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
         }
     }
     let durable = if wrote {
-        shared.events.apply_batch(batch).and_then(|()| shared.db.flush().map(|_| ()))
+        crate::quietly(|| shared.events.apply_batch(batch).and_then(|()| shared.db.flush().map(|_| ())))
+            .unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))))
     } else {
         Ok(())
     };
@@ -190,6 +191,9 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
             }
         }
         return;
+    }
+    if !notices.is_empty() {
+        shared.manifest.lock().expect("manifest lock").record(notices.iter().map(|n| (n.session, n.last)));
     }
     *shared.heads.lock().expect("heads lock") = heads;
     names.extend(new_names);

@@ -1,0 +1,93 @@
+//! The heads manifest: a small append-only file beside sled's pages (`heads`) that records, after every
+//! durable group commit, each touched session's new head as a 16-byte record (session, head; little
+//! endian). On open the log compares it with what sled holds: a session that holds fewer events than the
+//! manifest says were acknowledged means the database file lost data (cut short, overwritten), and the
+//! open fails with [`LogError::Damaged`] instead of serving a shortened store as if it were whole.
+//!
+//! The manifest is written after sled's flush returns, so it never claims more than sled made durable; it
+//! is not synced itself, so after a power cut it may lag (a loss goes unnoticed), never lead (no false
+//! alarm). A record cut short by a crash is ignored.
+
+use crate::{LogError, Result};
+use condense_events::{Seq, SessionId};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+/// File name of the manifest inside the log folder.
+pub const FILE: &str = "heads";
+const RECORD: usize = 16;
+
+pub(crate) struct Manifest {
+    file: Option<std::fs::File>,
+}
+
+/// Reads the manifest at `dir/heads`: the highest acknowledged head of each session it names.
+pub(crate) fn read(dir: &Path) -> Result<(BTreeMap<SessionId, Seq>, u64)> {
+    let path = dir.join(FILE);
+    let data = match std::fs::read(&path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(source) => return Err(LogError::Io { path, source }),
+    };
+    let mut heads = BTreeMap::new();
+    for rec in data.chunks_exact(RECORD) {
+        let session = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+        let head = u64::from_le_bytes(rec[8..].try_into().expect("8 bytes"));
+        let e = heads.entry(session).or_insert(0);
+        *e = head.max(*e);
+    }
+    Ok((heads, data.len() as u64))
+}
+
+fn encode(heads: &BTreeMap<SessionId, Seq>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(heads.len() * RECORD);
+    for (s, h) in heads {
+        out.extend_from_slice(&s.to_le_bytes());
+        out.extend_from_slice(&h.to_le_bytes());
+    }
+    out
+}
+
+impl Manifest {
+    /// Opens the manifest for appending; when it has grown well past one record per session, first
+    /// rewrites it (temp file and rename) to hold only `heads`.
+    pub(crate) fn open(dir: &Path, heads: &BTreeMap<SessionId, Seq>, size: u64) -> Result<Manifest> {
+        let path = dir.join(FILE);
+        let io = |source| LogError::Io { path: path.clone(), source };
+        let needed = (heads.len() * RECORD) as u64;
+        if size != needed && (size > 4 * needed + 4096 || size % RECORD as u64 != 0 || size == 0) {
+            let tmp = dir.join(format!("{FILE}.tmp"));
+            std::fs::write(&tmp, encode(heads)).map_err(|source| LogError::Io { path: tmp.clone(), source })?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+        }
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io)?;
+        Ok(Manifest { file: Some(file) })
+    }
+
+    /// Records new heads. A failed write stops the manifest (it then lags, which hides a later loss but
+    /// never reports a false one); the events themselves are already durable.
+    pub(crate) fn record(&mut self, heads: impl Iterator<Item = (SessionId, Seq)>) {
+        let mut buf = Vec::new();
+        for (s, h) in heads {
+            buf.extend_from_slice(&s.to_le_bytes());
+            buf.extend_from_slice(&h.to_le_bytes());
+        }
+        if let Some(f) = &mut self.file {
+            if f.write_all(&buf).is_err() {
+                self.file = None;
+            }
+        }
+    }
+}
+
+/// The first session whose stored head is below what the manifest says was acknowledged.
+pub(crate) fn check(
+    acknowledged: &BTreeMap<SessionId, Seq>,
+    stored: &BTreeMap<SessionId, Seq>,
+) -> Option<(SessionId, Seq, Seq)> {
+    acknowledged.iter().find_map(|(s, &ack)| {
+        let have = stored.get(s).copied().unwrap_or(0);
+        (have < ack).then_some((*s, have, ack))
+    })
+}
