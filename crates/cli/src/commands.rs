@@ -342,7 +342,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The summarizer a configuration names (`None`: the embedded extractive one).
-pub(crate) fn summarizer_of(file_config: &condense_engine::config::FileConfig) -> Option<Arc<dyn condense_summarize::Summarizer>> {
+/// With `warn_each`, a fallback to the extractive summarizer prints a warning on stderr as it happens (the
+/// 1st, 10th, 100th, … time); without, the caller reports the count when it is done.
+pub(crate) fn summarizer_of(file_config: &condense_engine::config::FileConfig, warn_each: bool) -> Option<Arc<dyn condense_summarize::Summarizer>> {
     match &file_config.summarizer {
         condense_engine::config::SummarizerChoice::Extractive => None,
         condense_engine::config::SummarizerChoice::Http { base_url, model, api_key_env, idle_secs, total_secs } => {
@@ -351,10 +353,17 @@ pub(crate) fn summarizer_of(file_config: &condense_engine::config::FileConfig) -
             let mut c = condense_summarize::HttpConfig::new(base_url, model, key);
             c.idle = std::time::Duration::from_secs(*idle_secs);
             c.total = std::time::Duration::from_secs(*total_secs);
-            Some(Arc::new(condense_summarize::WithFallback {
-                primary: condense_summarize::HttpSummarizer::new(c),
-                fallback: condense_summarize::Extractive::default(),
-            }))
+            let s = condense_summarize::WithFallback::new(condense_summarize::HttpSummarizer::new(c), condense_summarize::Extractive::default());
+            Some(if warn_each {
+                Arc::new(s.with_notice(|n, reason| {
+                    let digits = n.to_string();
+                    if digits.starts_with('1') && digits[1..].bytes().all(|b| b == b'0') {
+                        eprintln!("condense: warning: the configured summarizer failed ({n} times so far); the extractive summarizer stood in: {reason}");
+                    }
+                }))
+            } else {
+                Arc::new(s)
+            })
         }
     }
 }
@@ -370,7 +379,7 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
     let file_config = load_config(a, store_dir)?;
     let prices = file_config.prices;
     let config = file_config.raw.normalize();
-    let summarizer = summarizer_of(&file_config);
+    let summarizer = summarizer_of(&file_config, false);
     let mut files = Vec::new();
     for p in &a.positional {
         let path = PathBuf::from(p);
@@ -387,8 +396,8 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
     let scratch = tempfile::Builder::new().prefix("condense-simulate-").tempdir().context("creating a scratch folder for the replays")?;
     let temp = if a.flag("keep") { None } else { Some(Store::open(scratch.path())?) };
     let target = temp.as_ref().unwrap_or(store);
-    if let Some(s) = summarizer {
-        target.set_summarizer(s);
+    if let Some(s) = &summarizer {
+        target.set_summarizer(s.clone());
     }
     let mut total = condense_engine::simulate::Figures::default();
     let mut rows = Vec::new();
@@ -428,6 +437,17 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
     }
     let mut t = figures_json(&total);
     t["sessions"] = json!(rows.len());
+    // A configured summarizer that could not answer is said out loud: the figures above are then partly
+    // the extractive stand-in's.
+    let fallbacks = summarizer.as_ref().map(|s| s.fallbacks()).unwrap_or_default();
+    t["summarizer_fallbacks"] = json!(fallbacks.count);
+    if fallbacks.count > 0 {
+        errln!(
+            "condense: warning: the configured summarizer failed {} times and the extractive summarizer stood in (last: {})",
+            fallbacks.count,
+            fallbacks.last.as_deref().unwrap_or("?")
+        );
+    }
     t["median_token_ratio"] = json!((median(token_ratios) * 10000.0).round() / 10000.0);
     t["median_cost_ratio"] = json!((median(cost_ratios) * 10000.0).round() / 10000.0);
     if a.flag("json") {

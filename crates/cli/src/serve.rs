@@ -31,7 +31,7 @@ pub fn serve(store_dir: &Path, a: &Args) -> Result<ExitCode> {
         cfg.max_tool_rounds = n.parse().ok().filter(|n| *n >= 1).ok_or_else(|| anyhow!("--max-tool-rounds takes a whole number of at least 1, not `{n}`"))?;
     }
     let file = load_config(a, store_dir)?;
-    cfg.summarizer = summarizer_of(&file);
+    cfg.summarizer = summarizer_of(&file, true);
     cfg.file = file;
     cfg.cli = Some(std::sync::Arc::new(crate::commands::run_captured));
     if !cfg.listen.ip().is_loopback() {

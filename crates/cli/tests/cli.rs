@@ -296,6 +296,31 @@ fn config_set_refuses_values_out_of_range() {
 }
 
 #[test]
+fn an_unreachable_http_summarizer_falls_back_visibly() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    // A loopback port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = format!(r#"{{"summarizer":{{"kind":"http","baseUrl":"http://127.0.0.1:{port}/v1","model":"m","idleTimeoutSecs":1,"totalTimeoutSecs":2}}}}"#);
+    std::fs::write(store.join("config.json"), config).unwrap();
+    let session = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/corpus/pi/badlogic__pi-mono/session.jsonl");
+    let (code, out, err) = condense(&store, &["simulate", session, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let n = v["total"]["summarizer_fallbacks"].as_u64().unwrap();
+    assert!(n > 0, "{out}");
+    assert!(err.contains(&format!("the configured summarizer failed {n} times and the extractive summarizer stood in")), "{err}");
+    assert!(err.contains("Connection refused") || err.contains("connect"), "{err}");
+    // With the embedded summarizer nothing falls back and nothing is said.
+    std::fs::remove_file(store.join("config.json")).unwrap();
+    let (code, out, err) = condense(&store, &["simulate", session, "--json"]);
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["total"]["summarizer_fallbacks"], 0);
+    assert!(!err.contains("warning"), "{err}");
+}
+
+#[test]
 fn an_unreadable_file_or_folder_is_named_and_the_rest_imported() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();

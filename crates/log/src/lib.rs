@@ -205,6 +205,7 @@ impl Log {
             .mode(sled::Mode::HighThroughput)
             .flush_every_ms(None);
         let mut tries = 0;
+        let mut cleared_partial = false;
         let damaged = |detail: String| LogError::Damaged { path: dir.to_path_buf(), detail };
         let db = loop {
             // sled panics on some damaged files (a page table cut short): that is an error of the store.
@@ -220,6 +221,13 @@ impl Log {
                 }
                 Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock") => {
                     return Err(LogError::Locked(dir.to_path_buf()));
+                }
+                // sled writes a snapshot to `snap.N.generating` and renames it when complete; a crash or a
+                // full disk in between leaves that file behind, and sled then takes it for the newest
+                // snapshot and reports corruption. Such a file is never a finished snapshot: remove it and
+                // open again.
+                Err(sled::Error::Corruption { .. }) if !cleared_partial && remove_partial_snapshots(&path) => {
+                    cleared_partial = true;
                 }
                 Err(sled::Error::Corruption { .. }) => {
                     return Err(damaged("sled finds its files corrupted (cut short or overwritten)".into()))
@@ -453,6 +461,20 @@ impl Log {
     pub fn close(&self) {
         self.writer.stop();
     }
+}
+
+/// Removes sled's unfinished snapshot files (`snap.*.generating`) from `db`; whether there were any.
+fn remove_partial_snapshots(db: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(db) else { return false };
+    let mut removed = false;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") && std::fs::remove_file(e.path()).is_ok() {
+            removed = true;
+        }
+    }
+    removed
 }
 
 thread_local! {

@@ -123,6 +123,7 @@ impl State {
             "upstream_errors": g(&c.upstream_errors),
             "passthrough": g(&c.passthrough),
             "latency_ms": self.latency_json(),
+            "summarizer_fallbacks": self.cfg.summarizer.as_ref().map_or(0, |s| s.fallbacks().count),
         })
     }
 

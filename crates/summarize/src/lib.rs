@@ -60,6 +60,11 @@ pub trait Summarizer: Send + Sync {
         let _ = (transcript, max_chars);
         Ok(None)
     }
+
+    /// How often a stand-in answered instead of this summarizer (only [`WithFallback`] has one).
+    fn fallbacks(&self) -> Fallbacks {
+        Fallbacks::default()
+    }
 }
 
 /// The deterministic extractive summarizer.
@@ -205,12 +210,36 @@ impl Summarizer for Extractive {
     }
 }
 
-/// A summarizer that falls back to another when the first fails or miscounts.
+/// A summarizer that falls back to another when the first fails or miscounts. Every fallback is counted
+/// and its reason kept, so a host can say that the configured summarizer was not the one that ran
+/// ([`Summarizer::fallbacks`]).
 pub struct WithFallback<P, F> {
-    /// Tried first.
-    pub primary: P,
-    /// Used when the primary fails.
-    pub fallback: F,
+    primary: P,
+    fallback: F,
+    count: std::sync::atomic::AtomicU64,
+    last: std::sync::Mutex<Option<String>>,
+    notice: Option<Box<dyn Fn(u64, &str) + Send + Sync>>,
+}
+
+impl<P: Summarizer, F: Summarizer> WithFallback<P, F> {
+    /// `primary`, with `fallback` standing in whenever it fails.
+    pub fn new(primary: P, fallback: F) -> Self {
+        WithFallback { primary, fallback, count: Default::default(), last: Default::default(), notice: None }
+    }
+
+    /// Calls `notice(count so far, reason)` at every fallback (a server prints a warning with it).
+    pub fn with_notice(mut self, notice: impl Fn(u64, &str) + Send + Sync + 'static) -> Self {
+        self.notice = Some(Box::new(notice));
+        self
+    }
+
+    fn fell_back(&self, reason: String) {
+        let n = self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if let Some(notice) = &self.notice {
+            notice(n, &reason);
+        }
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+    }
 }
 
 impl<P: Summarizer, F: Summarizer> Summarizer for WithFallback<P, F> {
@@ -221,16 +250,42 @@ impl<P: Summarizer, F: Summarizer> Summarizer for WithFallback<P, F> {
     fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
         match self.primary.handoff(transcript, max_chars) {
             Ok(Some(s)) => Ok(Some(s)),
-            _ => self.fallback.handoff(transcript, max_chars),
+            Ok(None) => self.fallback.handoff(transcript, max_chars),
+            Err(e) => {
+                self.fell_back(e.to_string());
+                self.fallback.handoff(transcript, max_chars)
+            }
         }
     }
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
         match self.primary.summarize(batch) {
             Ok(s) if s.len() == batch.len() => Ok(s),
-            _ => self.fallback.summarize(batch),
+            other => {
+                self.fell_back(match other {
+                    Err(e) => e.to_string(),
+                    Ok(s) => format!("{} summaries for {} items", s.len(), batch.len()),
+                });
+                self.fallback.summarize(batch)
+            }
         }
     }
+
+    fn fallbacks(&self) -> Fallbacks {
+        Fallbacks {
+            count: self.count.load(std::sync::atomic::Ordering::Relaxed),
+            last: self.last.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        }
+    }
+}
+
+/// How often a summarizer's stand-in ran instead of it, and why the last time.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fallbacks {
+    /// Calls answered by the stand-in.
+    pub count: u64,
+    /// The last failure's reason.
+    pub last: Option<String>,
 }
 
 #[cfg(test)]
@@ -259,10 +314,12 @@ mod tests {
 
     #[test]
     fn fallback_takes_over() {
-        let s = WithFallback { primary: Broken, fallback: Extractive::default() };
+        let s = WithFallback::new(Broken, Extractive::default());
+        assert_eq!(s.fallbacks(), Fallbacks::default());
         let out = s.summarize(&[Item { ref_n: 1, tool: "read", arguments: "{}", text: "a\nb", is_error: false }]).unwrap();
         assert_eq!(out, vec!["t1 read: 3 chars, 2 lines\n  | a\n  | b".to_string()]);
         let three = s.summarize(&[Item { ref_n: 2, tool: "read", arguments: "{}", text: "a\nb\nc", is_error: false }]).unwrap();
         assert_eq!(three, vec!["t2 read: 5 chars, 3 lines\n  | a\n  | … 1 lines …\n  | c".to_string()]);
+        assert_eq!(s.fallbacks(), Fallbacks { count: 2, last: Some("broken: timeout".into()) });
     }
 }

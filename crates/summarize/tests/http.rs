@@ -79,9 +79,12 @@ fn missing_ref_or_error_status_falls_back() {
     assert!(err.contains("status 500"), "{err}");
     h.join().unwrap();
     let (url, h) = serve(vec![(200, reply("t2: only the second"), Duration::ZERO)]);
-    let with = WithFallback { primary: HttpSummarizer::new(cfg(&url)), fallback: Extractive::default() };
+    let with = WithFallback::new(HttpSummarizer::new(cfg(&url)), Extractive::default());
     let out = with.summarize(&items()).unwrap();
     assert!(out[0].starts_with("t1 bash (make):"), "{out:?}");
+    let f = with.fallbacks();
+    assert_eq!(f.count, 1);
+    assert!(f.last.as_deref().is_some_and(|l| l.contains("1 summaries for 2 items") || l.contains("got 1")), "{f:?}");
     h.join().unwrap();
 }
 
