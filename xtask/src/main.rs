@@ -10,15 +10,62 @@ use std::time::{Duration, Instant};
 
 mod serve;
 
+#[path = "../../crates/cli/tests/support/crash_rounds.rs"]
+mod crash_rounds;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("bench") => bench(&args[1..]),
+        Some("crash") => crash(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only serve]");
+            eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
             Ok(())
         }
     }
+}
+
+/// `cargo xtask crash`: kills `condense import`, `condense demo` and a restore at random points, many
+/// rounds, and checks after each that running the command again leaves a complete, verified store.
+fn crash(args: &[String]) -> Result<()> {
+    let (mut rounds, mut seed, mut entries) = (102u32, 0x9E37_79B9_7F4A_7C15u64, 20_000u32);
+    let mut i = 0;
+    while i < args.len() {
+        let value = args.get(i + 1).with_context(|| format!("{} needs a value", args[i]))?;
+        match args[i].as_str() {
+            "--rounds" => rounds = value.parse().context("--rounds takes a number")?,
+            "--seed" => seed = value.parse().context("--seed takes a number")?,
+            "--entries" => entries = value.parse().context("--entries takes a number")?,
+            other => bail!("unknown option {other}"),
+        }
+        i += 2;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = std::process::Command::new(cargo).args(["build", "--release", "-p", "condense-cli", "--bin", "condense"]).current_dir(root()).status()?;
+    if !st.success() {
+        bail!("building condense failed");
+    }
+    let bin = root().join("target/release/condense");
+    let work = root().join("target/crash-scratch");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let input = work.join(format!("gen-{entries}.jsonl"));
+    let tool = root().join("../shared/tools/gen_pi_session.py");
+    let st = std::process::Command::new("python3").arg(tool).args(["--entries", &entries.to_string(), "--seed", "1", "--out"]).arg(&input).status()?;
+    if !st.success() {
+        bail!("generating the input session failed");
+    }
+    let start = Instant::now();
+    let result = crash_rounds::crash_rounds(&bin, &work, &input, rounds, seed);
+    let _ = std::fs::remove_dir_all(&work);
+    let summary = result.map_err(|e| anyhow::anyhow!(e))?;
+    println!(
+        "crash: {rounds} rounds (seed {seed}, {entries} entries) in {:.0?}, every store complete and verified after the command ran again; killed mid-run: import {}/{}, demo {}/{}, restore {}/{}",
+        start.elapsed(),
+        summary.interrupted[0], summary.rounds[0], summary.interrupted[1], summary.rounds[1], summary.interrupted[2], summary.rounds[2]
+    );
+    Ok(())
 }
 
 pub(crate) fn root() -> PathBuf {

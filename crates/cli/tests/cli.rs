@@ -3,6 +3,9 @@
 
 use std::process::Command;
 
+#[path = "support/crash_rounds.rs"]
+mod crash_rounds;
+
 fn condense(store: &std::path::Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(store).args(args).output().unwrap();
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -392,37 +395,13 @@ fn a_grown_file_appends_and_another_file_under_the_same_name_is_an_error() {
 }
 
 #[test]
-fn imports_killed_at_random_points_finish_when_run_again() {
+fn imports_demos_and_restores_killed_at_random_points_finish_when_run_again() {
+    // Twelve rounds here (four per command); `cargo xtask crash` runs the same harness a hundred times and more.
     let dir = tempfile::tempdir().unwrap();
     let file = generated_pi(dir.path(), 1500);
-    let fresh = dir.path().join("fresh");
-    assert_eq!(condense(&fresh, &["import", file.to_str().unwrap()]).0, 0);
-    let name = condense(&fresh, &["sessions"]).1.lines().next().unwrap().split_whitespace().last().unwrap().to_string();
-    let expected = condense(&fresh, &["render", &name]).1;
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut interrupted = 0;
-    for round in 0..10 {
-        let store = dir.path().join(format!("store{round}"));
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let delay = std::time::Duration::from_millis(seed % 120);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(&store).arg("import").arg(&file).stdout(std::process::Stdio::null()).spawn().unwrap();
-        std::thread::sleep(delay);
-        let _ = Command::new("kill").arg("-9").arg(child.id().to_string()).status();
-        let _ = child.wait();
-        // Whether the kill came before the import was complete (the store says so, or has no session yet).
-        let (_, before, _) = condense(&store, &["verify", "--json"]);
-        let v: serde_json::Value = serde_json::from_str(&before).unwrap_or_default();
-        if v["incomplete_imports"].as_array().is_some_and(|a| !a.is_empty()) || v["sessions"].as_u64().unwrap_or(0) == 0 {
-            interrupted += 1;
-        }
-        let (code, out, err) = condense(&store, &["import", file.to_str().unwrap()]);
-        assert_eq!(code, 0, "round {round} ({delay:?}): {out}{err}");
-        let (code, out, _) = condense(&store, &["verify"]);
-        assert_eq!(code, 0, "round {round} ({delay:?}): {out}");
-        assert_eq!(condense(&store, &["render", &name]).1, expected, "round {round} ({delay:?})");
-    }
-    eprintln!("{interrupted} of 10 kills came during the import");
-    assert!(interrupted >= 3, "only {interrupted} of 10 kills came during the import");
+    let summary = crash_rounds::crash_rounds(std::path::Path::new(env!("CARGO_BIN_EXE_condense")), dir.path(), &file, 12, 0x2545_f491_4f6c_dd1d)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{summary:?}");
+    assert_eq!(summary.rounds, [4, 4, 4]);
+    assert!(summary.interrupted.iter().sum::<u32>() >= 4, "too few kills came during a command: {summary:?}");
 }
