@@ -181,3 +181,185 @@ fn a_renamed_duplicate_id_never_takes_an_existing_name() {
     let texts: Vec<String> = p.branch_messages().iter().map(|m| m.text()).collect();
     assert_eq!(texts, ["one", "two", "four"]);
 }
+
+/// A small deterministic generator for the fuzz loops below (reproducible failures).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// One random mutilation of `bytes`: cut short, flipped or overwritten bytes, a range deleted, a range
+/// repeated, random bytes spliced in, lines shuffled, or a number field replaced by a huge one.
+fn mutilate(bytes: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    let n = b.len().max(1);
+    match rng.below(8) {
+        0 => b.truncate(rng.below(n)),
+        1 => {
+            for _ in 0..1 + rng.below(16) {
+                let i = rng.below(n);
+                if let Some(x) = b.get_mut(i) {
+                    *x ^= 1 << rng.below(8);
+                }
+            }
+        }
+        2 => {
+            let i = rng.below(n);
+            let j = (i + rng.below(4096)).min(b.len());
+            b.drain(i.min(j)..j);
+        }
+        3 => {
+            let i = rng.below(n).min(b.len());
+            let j = (i + rng.below(2048)).min(b.len());
+            let copy = b[i..j].to_vec();
+            b.splice(i..i, copy);
+        }
+        4 => {
+            let i = rng.below(n).min(b.len());
+            let noise: Vec<u8> = (0..rng.below(512)).map(|_| rng.next() as u8).collect();
+            b.splice(i..i, noise);
+        }
+        5 => {
+            let mut lines: Vec<&[u8]> = bytes.split(|c| *c == b'\n').collect();
+            for _ in 0..lines.len().min(8) {
+                let (x, y) = (rng.below(lines.len()), rng.below(lines.len()));
+                lines.swap(x, y);
+            }
+            b = lines.join(&b'\n');
+        }
+        6 => {
+            // Quotes, brackets and backslashes dropped or doubled: broken JSON structure.
+            for _ in 0..1 + rng.below(8) {
+                let i = rng.below(n).min(b.len().saturating_sub(1));
+                if b.is_empty() {
+                    break;
+                }
+                let c = [b'"', b'{', b'}', b'[', b']', b'\\', b':', b','][rng.below(8)];
+                b[i] = c;
+            }
+        }
+        _ => {
+            // A number replaced by one far out of range.
+            if let Some(i) = b.iter().position(|c| c.is_ascii_digit()).map(|p| p + rng.below(n - p)) {
+                let huge: &[u8] = [&b"18446744073709551616"[..], b"-9223372036854775809", b"1e999", b"99999999999999999999999"][rng.below(4)];
+                let i = i.min(b.len());
+                b.splice(i..i, huge.iter().copied());
+            }
+        }
+    }
+    b
+}
+
+/// Imports `bytes` and, when that succeeds, renders the result and runs the provider-rule check: neither
+/// may panic, whatever the input.
+fn import_and_render(name: &str, bytes: &[u8]) -> bool {
+    let Ok(imported) = import_bytes(name, bytes) else { return false };
+    let mut p = Projection::new();
+    for (i, e) in imported.events.iter().enumerate() {
+        p.apply(i as u64 + 1, &condense_events::Event::Source(e.clone()));
+    }
+    let r = p.render();
+    let _ = check(&r.messages);
+    for d in &imported.diagnostics {
+        assert!(d.line >= 1 && d.file == name, "a diagnostic must name its file and line: {d}");
+    }
+    true
+}
+
+#[test]
+fn fuzz_each_importer_with_mutilated_corpus_files_and_random_bytes() {
+    let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+    let corpus = condense_tests::corpus_dir();
+    for format in ["pi", "claude-code", "codex"] {
+        let mut files = Vec::new();
+        condense_tests::walk_jsonl(&corpus.join(format), &mut files);
+        files.sort();
+        assert!(files.len() >= 3, "too few {format} files in the corpus");
+        let (mut imported, mut rounds) = (0, 0);
+        // Four files of each format, spread over the sorted list; at most 256 KB of each.
+        for k in 0..4 {
+            let file = &files[k * (files.len() - 1) / 3];
+            let bytes = std::fs::read(file).unwrap();
+            let bytes = &bytes[..bytes.len().min(256 << 10)];
+            assert!(import_and_render("t.jsonl", bytes) || bytes.is_empty(), "{} does not import unharmed", file.display());
+            for _ in 0..40 {
+                let mut m = mutilate(bytes, &mut rng);
+                if rng.below(3) == 0 {
+                    m = mutilate(&m, &mut rng);
+                }
+                rounds += 1;
+                imported += usize::from(import_and_render("t.jsonl", &m));
+            }
+        }
+        // Most mutilations still import (every good record is kept); the rest are a clear error.
+        eprintln!("{format}: {imported} of {rounds} mutilated files imported");
+        assert!(imported * 2 > rounds, "{format}: only {imported} of {rounds} mutilated files imported");
+    }
+    // Random bytes, bare and behind a first line that makes each importer take the file.
+    let heads: [&[u8]; 4] = [
+        b"",
+        b"{\"type\":\"session\",\"version\":3,\"id\":\"x\",\"timestamp\":\"2025-01-01T00:00:00Z\",\"cwd\":\"/\"}\n",
+        b"{\"type\":\"user\",\"uuid\":\"u\",\"sessionId\":\"s\",\"message\":{\"role\":\"user\",\"content\":\"hi\"}}\n",
+        b"{\"type\":\"session_meta\",\"payload\":{\"id\":\"x\"}}\n",
+    ];
+    for round in 0..400 {
+        let mut b = heads[round % 4].to_vec();
+        let len = rng.below(4096);
+        if round % 2 == 0 {
+            b.extend((0..len).map(|_| rng.next() as u8));
+        } else {
+            // JSON-shaped noise: random tokens of the format's vocabulary.
+            let tokens = ["{", "}", "[", "]", ",", ":", "\"type\"", "\"message\"", "\"content\"", "\"role\"", "\"tool_use\"", "\"id\"", "null", "1", "\"x\"", "\n", "\"payload\"", "\"parentId\""];
+            for _ in 0..len / 4 {
+                b.extend_from_slice(tokens[rng.below(tokens.len())].as_bytes());
+            }
+        }
+        import_and_render("t.jsonl", &b);
+    }
+}
+
+#[test]
+fn fuzz_the_export_reader_with_mutilated_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_engine::Store::open(dir.path().join("a")).unwrap();
+    let files = condense_tests::corpus_sessions();
+    for f in files.iter().take(3) {
+        store.import_file(f, &f.display().to_string()).unwrap();
+    }
+    let export = dir.path().join("a.export");
+    store.log().export(&export).unwrap();
+    let good = std::fs::read(&export).unwrap();
+    let target = condense_engine::Store::open(dir.path().join("b")).unwrap();
+    let mut rng = Rng(0x0123_4567_89AB_CDEF);
+    let path = dir.path().join("m.export");
+    let mut refused = 0;
+    for round in 0..300 {
+        let mut m = mutilate(&good, &mut rng);
+        if round % 5 == 0 {
+            // A length field made huge: the reader must not trust it.
+            let at = 16 + 1 + rng.below(good.len().saturating_sub(24)).min(good.len() - 21);
+            m = good.clone();
+            m[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        }
+        std::fs::write(&path, &m).unwrap();
+        match target.log().import(&path) {
+            Ok(_) => assert_eq!(m, good, "round {round}: a changed export was accepted"),
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                refused += 1;
+            }
+        }
+    }
+    eprintln!("{refused} of 300 mutilated exports refused");
+    assert!(refused >= 250, "only {refused} of 300 mutilated exports were refused");
+    // Nothing a refused import read was stored.
+    assert_eq!(target.log().verify().unwrap().events, 0);
+}
