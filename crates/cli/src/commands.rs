@@ -1,6 +1,8 @@
 //! The commands. Each returns its exit code; errors bubble up to one line on stderr.
 
-use crate::args::Args;
+use crate::cli::{Cli, Command, ConfigAction, Format, History};
+use clap::Parser as _;
+use std::ffi::OsString;
 use anyhow::{anyhow, bail, Context as _, Result};
 use condense_engine::{demo, Session, Stats, Store};
 use condense_events::Message;
@@ -53,8 +55,10 @@ pub fn error_text(e: &anyhow::Error) -> String {
 /// Runs a command with its output captured: `(stdout, stderr, exit code)`.
 pub fn run_captured(store: &Store, argv: Vec<String>) -> (Vec<u8>, Vec<u8>, i32) {
     CAPTURE.with(|c| *c.borrow_mut() = Some((Vec::new(), Vec::new())));
-    let code = match run_with(argv, Some(store)) {
-        Ok(code) => if code == ExitCode::SUCCESS { 0 } else { 1 },
+    let code = match run_with(argv.into_iter().map(OsString::from).collect(), Some(store)) {
+        Ok(code) if code == ExitCode::SUCCESS => 0,
+        Ok(code) if code == ExitCode::from(2) => 2,
+        Ok(_) => 1,
         Err(e) => {
             err_write(format_args!("condense: {}\n", error_text(&e)));
             2
@@ -75,163 +79,223 @@ macro_rules! errln {
     ($($t:tt)*) => { crate::commands::err_write(format_args!("{}\n", format_args!($($t)*))) };
 }
 
-const USAGE: &str = "\
-usage: condense [--store DIR] <command> [options]
-
-commands:
-  serve [--listen 127.0.0.1:8787] [--anthropic-upstream URL] [--openai-upstream URL]
-        [--max-body-bytes N] [--max-tool-rounds N]
-                                run a provider-compatible endpoint (Anthropic Messages, OpenAI Chat
-                                Completions and Responses) that agents point their base URL at; while
-                                it runs, the other commands on the same store go through it
-  demo                          generate a long realistic session, import it, print its stats
-  import PATH...                import session files or folders (pi, Claude Code, Codex; recursive),
-                                or a store export written by `condense export`
-  sessions                      list the sessions in the store
-  stats SESSION                 entries, turns, user-turn-groups, tool calls, tokens by role and tool
-  render SESSION [--as openai|anthropic|neutral] [--at SEQ]
-                                print the context the model would be sent next (or after event SEQ)
-  verify                        check the log, replay every session and compare with a fresh render,
-                                run the provider-validity check; exits 1 on any difference
-  export FILE [--force]         write the whole store to one portable file (written to a temporary
-                                file and renamed; an existing FILE only with --force)
-  simulate PATH... [--window N] [--config FILE] [--plot FILE.svg] [--keep]
-                                replay sessions turn by turn with pruning on and report tokens, cost,
-                                cache breaks, stubs, chains and recovery (--keep stores them as
-                                `simulated/<name>` for `render` and `query`; --window N
-                                fires checkpoints as a model with an N-token window would)
-  query SESSION REF...          print the originals behind refs (tN, bN, cN) or raw tool-call ids
-  compact SESSION               make a checkpoint of an idle session now (fails fast)
-  history archive SESSION       commit an archive view of the context as it stands (seed 004)
-  history archives SESSION [--page N]
-  history search SESSION KEYWORD... [--archive aN]
-  history read SESSION ENTRY [--offset N] [--archive aN]
-                                the read-only recovery tools: list archives, search one, read an entry
-  fork SESSION NAME [--at ENTRY]
-                                copy the path to ENTRY (default: the leaf) into a new session, with the
-                                decisions about it; checkpoints only when the fork includes their boundary
-  checkpoint-line SESSION [cN] [--timestamp T]
-                                print a checkpoint as a pi `compaction` entry line
-  config [--config FILE]        print the pruning configuration in force, normalized: FILE, or the
-                                store's config.json, or the defaults
-  config set KEY VALUE          set one key in the store's config.json (checked before it is written)
-
-options:
-  --store DIR                   the store folder (default ./.condense)
-  --json                        machine-readable output (import, sessions, stats, verify, demo)
-";
-
-pub fn run(argv: Vec<String>) -> Result<ExitCode> {
-    run_with(argv, None)
+/// The `condense` binary: parses `argv` (without the program name), runs the command, prints an error
+/// as one line on stderr; the exit code follows [`crate::cli::EXIT_CODES`].
+pub fn main(argv: Vec<OsString>) -> ExitCode {
+    match run_with(argv, None) {
+        Ok(code) => code,
+        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
+            // The reader went away (`condense … | head`): not an error of ours.
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            errln!("condense: {}", error_text(&e));
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// Runs a command; `served` is the store of a running `condense serve` when the command runs inside it.
-pub fn run_with(argv: Vec<String>, served: Option<&Store>) -> Result<ExitCode> {
-    let Some(pos) = argv.iter().position(|a| !a.starts_with("--") && !is_value_of_store(&argv, a)) else {
-        out!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    };
-    let command = argv[pos].clone();
-    let rest: Vec<String> = argv.iter().enumerate().filter(|(i, _)| *i != pos).map(|(_, s)| s.clone()).collect();
-    let a = Args::parse(&rest, &["store", "as", "at", "config", "plot", "window", "timestamp", "page", "archive", "offset", "listen", "anthropic-upstream", "openai-upstream", "max-body-bytes", "max-tool-rounds"], &["json", "help", "keep", "force"])?;
-    let at_entry = a.get("at").map(str::to_string);
-    if a.flag("help") || command == "help" {
-        out!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    let store_dir = PathBuf::from(a.get("store").unwrap_or(".condense"));
-    if command == "serve" {
-        if served.is_some() {
-            bail!("`serve` cannot run inside a running server");
+pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode> {
+    let cli = match Cli::try_parse_from(std::iter::once(OsString::from("condense")).chain(argv.iter().cloned())) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let text = e.render().to_string();
+            return Ok(match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    out!("{text}");
+                    ExitCode::SUCCESS
+                }
+                _ => {
+                    err_write(format_args!("{text}"));
+                    ExitCode::from(2)
+                }
+            });
         }
-        return crate::serve::serve(&store_dir, &a);
+    };
+    let store_dir = cli.store.clone();
+    match &cli.command {
+        Command::Serve(args) => {
+            if served.is_some() {
+                bail!("`serve` cannot run inside a running server");
+            }
+            return crate::serve::serve(&store_dir, args);
+        }
+        Command::Completions { shell } => {
+            let mut buf = Vec::new();
+            clap_complete::generate(*shell, &mut crate::cli::command(), "condense", &mut buf);
+            out!("{}", String::from_utf8_lossy(&buf));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Rm { .. } if served.is_some() => {
+            bail!("`rm` does not run while `condense serve` holds the store (it may be serving that session); stop the server first");
+        }
+        _ => {}
     }
-    if served.is_none() {
-        if let Some(code) = crate::serve::through_server(&store_dir, &argv)? {
+    if served.is_none() && !cli.command.needs_no_store() {
+        let takes_paths = matches!(cli.command, Command::Import { .. } | Command::Simulate { .. } | Command::Export { .. });
+        if let Some(code) = crate::serve::through_server(&store_dir, &argv, takes_paths)? {
             return Ok(code);
         }
     }
-    let open = || match served {
-        Some(s) => Ok(s.clone()),
-        None => Store::open(&store_dir).with_context(|| format!("opening store {}", store_dir.display())),
+    let creates = cli.command.creates_store();
+    let open = || -> Result<Store> {
+        if let Some(s) = served {
+            return Ok(s.clone());
+        }
+        if !creates && !store_dir.join("db").is_dir() {
+            bail!(
+                "no store at {} (`condense import` or `condense demo` creates one; pick another with --store or CONDENSE_STORE)",
+                store_dir.display()
+            );
+        }
+        Store::open(&store_dir).with_context(|| format!("opening store {}", store_dir.display()))
     };
-    match command.as_str() {
-        "import" => import(&open()?, &a),
-        "export" => {
-            let [file] = a.positional.as_slice() else { bail!("export takes one FILE") };
-            let target = Path::new(file);
-            if target.exists() && !a.flag("force") {
-                bail!("{file} exists already; pass --force to replace it");
+    match cli.command {
+        Command::Serve(_) | Command::Completions { .. } => unreachable!("handled above"),
+        Command::Import { paths, json } => import(&open()?, &paths, json),
+        Command::Export { file, force } => {
+            if file.exists() && !force {
+                bail!("{} exists already; pass --force to replace it", file.display());
             }
             let inside = |t: &Path| -> bool {
                 let (Ok(store), Some(parent)) = (store_dir.canonicalize(), t.parent().map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })) else { return false };
                 parent.canonicalize().is_ok_and(|p| p.starts_with(&store))
             };
-            if inside(target) {
-                bail!("{file} is inside the store {}; export to a file outside it", store_dir.display());
+            if inside(&file) {
+                bail!("{} is inside the store {}; export to a file outside it", file.display(), store_dir.display());
             }
-            let s = open()?.log().export(file)?;
-            outln!("exported {} sessions, {} events, {} blobs ({} bytes) to {file}", s.sessions, s.events, s.blobs, s.bytes);
+            let s = open()?.log().export(&file)?;
+            outln!("exported {} sessions, {} events, {} blobs ({} bytes) to {}", s.sessions, s.events, s.blobs, s.bytes, file.display());
             Ok(ExitCode::SUCCESS)
         }
-        "sessions" => sessions(&open()?, &a),
-        "stats" => {
-            let [name] = a.positional.as_slice() else { bail!("stats takes one SESSION") };
+        Command::Sessions { json } => sessions(&open()?, json),
+        Command::Stats { session, entry_ids, json } => {
             let store = open()?;
-            print_stats(&store.session(name)?, a.flag("json"))?;
+            let session = session_of(&store, &session)?;
+            print_stats(&session, json)?;
+            if entry_ids {
+                print_entries(&session, json)?;
+            }
             Ok(ExitCode::SUCCESS)
         }
-        "render" => render(&open()?, &a),
-        "verify" => verify(&open()?, &a),
-        "demo" => run_demo(&open()?, &store_dir, &a),
-        "simulate" => simulate(&open()?, &store_dir, &a),
-        "query" => query(&open()?, &a),
-        "checkpoint-line" => {
-            let (name, n) = match a.positional.as_slice() {
-                [name] => (name, None),
-                [name, c] => (name, Some(c.trim_start_matches('c').parse::<u32>().map_err(|_| anyhow!("`{c}` is not a checkpoint ref (cN)"))?)),
-                _ => bail!("checkpoint-line takes SESSION and an optional cN"),
+        Command::Render { session, format, after_event, entry_ids } => {
+            let store = open()?;
+            let session = session_of(&store, &session)?;
+            if entry_ids {
+                print_entries(&session, false)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            render(&session, format, after_event)
+        }
+        Command::Verify { json } => verify(&open()?, json),
+        Command::Demo { json } => run_demo(&open()?, &store_dir, json),
+        Command::Simulate { paths, window, config, plot, keep, force, json } => {
+            let store = if keep { Some(open()?) } else { None };
+            simulate(store.as_ref(), &store_dir, &SimulateOptions { paths, window, config, plot, force, json })
+        }
+        Command::Query { session, refs, json } => query(&open()?, &session, &refs, json),
+        Command::CheckpointLine { session, checkpoint, timestamp } => {
+            let n = match &checkpoint {
+                None => None,
+                Some(c) => Some(c.strip_prefix('c').unwrap_or(c).parse::<u32>().map_err(|_| anyhow!("`{c}` is not a checkpoint ref (cN)"))?),
             };
-            let ts = a.get("timestamp").unwrap_or("1970-01-01T00:00:00.000Z");
-            outln!("{}", open()?.session(name)?.checkpoint_as_pi_line(n, ts)?);
+            let ts = timestamp.unwrap_or_else(now_rfc3339);
+            let store = open()?;
+            outln!("{}", session_of(&store, &session)?.checkpoint_as_pi_line(n, &ts)?);
             Ok(ExitCode::SUCCESS)
         }
-        "history" => history(&open()?, &a),
-        "fork" => {
-            let [src, name] = a.positional.as_slice() else { bail!("fork takes SESSION and NAME") };
+        Command::History(verb) => history(&open()?, verb),
+        Command::Fork { session, name, at } => {
             let store = open()?;
-            let forked = store.fork(src, name, at_entry.as_deref())?;
+            let src = session_of(&store, &session)?.name().to_string();
+            let forked = store.fork(&src, &name, at.as_deref())?;
             let p = forked.projection()?;
             outln!("forked {src} into {name}: {} entries, {} refs, {} checkpoints", p.entries(), p.index().records.len(), p.index().checkpoints.len());
             Ok(ExitCode::SUCCESS)
         }
-        "compact" => {
-            let [name] = a.positional.as_slice() else { bail!("compact takes one SESSION") };
+        Command::Compact { session } => {
             let store = open()?;
-            let session = store.session(name)?;
+            let session = session_of(&store, &session)?;
             session.compact_now()?;
             let p = session.projection()?;
             let cp = p.index().checkpoints.values().next_back().expect("a checkpoint was just committed");
             outln!("checkpoint c{} committed over {} refs; {} prompts retained", cp.n, cp.covers.len(), cp.kept.len());
             Ok(ExitCode::SUCCESS)
         }
-        "config" => config(&store_dir, &a),
-        other => bail!("unknown command `{other}` (see `condense help`)"),
+        Command::Rm { session } => {
+            let store = open()?;
+            let name = session_of(&store, &session)?.name().to_string();
+            store.remove_session(&name)?;
+            outln!("removed session {name}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Config { action, config: file, json } => config(&store_dir, action, file.as_deref(), json),
     }
 }
 
-fn is_value_of_store(argv: &[String], a: &String) -> bool {
-    argv.windows(2)
-        .any(|w| {
-            ["--store", "--as", "--at", "--config", "--plot", "--window", "--timestamp", "--page", "--archive", "--offset", "--listen", "--anthropic-upstream", "--openai-upstream", "--max-body-bytes", "--max-tool-rounds"].contains(&w[0].as_str())
-                && std::ptr::eq(&w[1], a)
+/// A session by name, or by the numeric id `condense sessions` prints (a name wins over an id).
+fn session_of(store: &Store, key: &str) -> Result<Session> {
+    match store.session(key) {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            if let Ok(id) = key.parse::<u64>() {
+                if let Some(info) = store.sessions()?.into_iter().find(|s| s.id == id) {
+                    return Ok(store.session(&info.name)?);
+                }
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// The current time as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC), for a pi entry written now.
+fn now_rfc3339() -> String {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let (secs, ms) = (d.as_secs() as i64, d.subsec_millis());
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The active branch's entries: id, role, and the start of the text.
+fn print_entries(session: &Session, json_out: bool) -> Result<()> {
+    let p = session.projection()?;
+    let rows: Vec<(String, String, String)> = p
+        .branch_entries()
+        .into_iter()
+        .map(|(id, m)| {
+            let calls: Vec<String> = m.tool_calls().map(|(_, name, _)| format!("[{name}]")).collect();
+            let text = format!("{} {}", m.text(), calls.join(" "));
+            let preview: String = text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(70).collect();
+            (id.to_string(), m.role().to_string(), preview)
         })
+        .collect();
+    if json_out {
+        let v: Vec<Value> = rows.iter().map(|(id, role, text)| json!({"entry": id, "role": role, "text": text})).collect();
+        outln!("{}", serde_json::to_string_pretty(&json!({"session": session.name(), "entries": v}))?);
+    } else {
+        outln!("entries on the active branch ({}):", rows.len());
+        for (id, role, text) in rows {
+            outln!("  {id}  {role:<9}  {text}");
+        }
+    }
+    Ok(())
 }
 
 /// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults.
-pub(crate) fn load_config(a: &Args, store_dir: &Path) -> Result<condense_engine::config::FileConfig> {
-    let path = match a.get("config") {
-        Some(p) => PathBuf::from(p),
+pub(crate) fn load_config(file: Option<&Path>, store_dir: &Path) -> Result<condense_engine::config::FileConfig> {
+    let path = match file {
+        Some(p) => p.to_path_buf(),
         None => {
             let p = store_dir.join("config.json");
             if !p.exists() {
@@ -248,10 +312,10 @@ pub(crate) fn load_config(a: &Args, store_dir: &Path) -> Result<condense_engine:
     Ok(f)
 }
 
-fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {
-    match a.positional.as_slice() {
-        [] => {
-            let f = load_config(a, store_dir)?;
+fn config(store_dir: &Path, action: Option<ConfigAction>, file: Option<&Path>, json_out: bool) -> Result<ExitCode> {
+    match action {
+        None => {
+            let f = load_config(file, store_dir)?;
             let mut v = condense_engine::config::to_json(&f.raw.normalize(), f.prices);
             v["summarizer"] = match &f.summarizer {
                 condense_engine::config::SummarizerChoice::Extractive => json!("extractive"),
@@ -261,7 +325,7 @@ fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {
                 }),
             };
             outln!("{}", serde_json::to_string_pretty(&v)?);
-            if !a.flag("json") {
+            if !json_out {
                 outln!(
                     "presets: recoveryGraceTurns {:?}, minBatchChars {:?}, rollingWindow {:?}, autoBudgetThreshold {:?}",
                     condense_events::RECOVERY_GRACE_PRESETS,
@@ -272,7 +336,7 @@ fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        [set, key, value] if set == "set" => {
+        Some(ConfigAction::Set { key, value }) => {
             let path = store_dir.join("config.json");
             let mut current: serde_json::Map<String, Value> = if path.exists() {
                 let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -280,8 +344,8 @@ fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {
             } else {
                 serde_json::Map::new()
             };
-            let v: Value = serde_json::from_str(value).unwrap_or_else(|_| Value::String(value.clone()));
-            check_range(key, &v)?;
+            let v: Value = serde_json::from_str(&value).unwrap_or_else(|_| Value::String(value.clone()));
+            check_range(&key, &v)?;
             current.insert(key.clone(), v);
             let text = serde_json::to_string_pretty(&Value::Object(current))?;
             condense_engine::config::parse_file(&text).map_err(|e| anyhow!("{e}"))?;
@@ -290,7 +354,6 @@ fn config(store_dir: &Path, a: &Args) -> Result<ExitCode> {
             outln!("set {key} = {value} in {}", path.display());
             Ok(ExitCode::SUCCESS)
         }
-        _ => bail!("config takes no argument (show) or `set KEY VALUE`"),
     }
 }
 
@@ -368,34 +431,42 @@ pub(crate) fn summarizer_of(file_config: &condense_engine::config::FileConfig, w
     }
 }
 
-fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
-    if a.positional.is_empty() {
-        bail!("simulate takes at least one PATH");
-    }
-    let window = match a.get("window") {
-        None => None,
-        Some(w) => Some(w.parse::<u64>().ok().filter(|w| *w >= 1024).ok_or_else(|| anyhow!("--window takes a number of tokens (at least 1024), not `{w}`"))?),
-    };
-    let file_config = load_config(a, store_dir)?;
+/// `simulate`'s inputs.
+pub(crate) struct SimulateOptions {
+    paths: Vec<PathBuf>,
+    window: Option<u64>,
+    config: Option<PathBuf>,
+    plot: Option<PathBuf>,
+    force: bool,
+    json: bool,
+}
+
+/// Replays sessions with pruning on; into `kept` (the store, with `--keep`) or a private scratch store.
+fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Result<ExitCode> {
+    let window = o.window;
+    let file_config = load_config(o.config.as_deref(), store_dir)?;
     let prices = file_config.prices;
     let config = file_config.raw.normalize();
     let summarizer = summarizer_of(&file_config, false);
     let mut files = Vec::new();
-    for p in &a.positional {
-        let path = PathBuf::from(p);
+    for path in &o.paths {
         if path.is_dir() {
-            walk(&path, &mut files)?;
+            walk(path, &mut files)?;
         } else if path.is_file() {
-            files.push(path);
+            files.push(path.clone());
         } else {
-            bail!("{p}: no such file or folder");
+            bail!("{}: no such file or folder", path.display());
         }
     }
     // The replays go into a private folder made atomically under a fresh name and removed on every exit
     // path (declared before the store, so the store closes first).
     let scratch = tempfile::Builder::new().prefix("condense-simulate-").tempdir().context("creating a scratch folder for the replays")?;
-    let temp = if a.flag("keep") { None } else { Some(Store::open(scratch.path())?) };
-    let target = temp.as_ref().unwrap_or(store);
+    let temp = if kept.is_some() { None } else { Some(Store::open(scratch.path())?) };
+    let target = match (&temp, kept) {
+        (Some(t), _) => t,
+        (None, Some(k)) => k,
+        (None, None) => unreachable!("a scratch store or the kept one"),
+    };
     if let Some(s) = &summarizer {
         target.set_summarizer(s.clone());
     }
@@ -412,8 +483,14 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
             }
         };
         let name = format!("simulated/{}", name_of(file));
+        if kept.is_some() && target.log().session_id(&name)?.is_some() {
+            if !o.force {
+                bail!("session {name} exists from an earlier `simulate --keep`; pass --force to replace it");
+            }
+            target.remove_session(&name)?;
+        }
         let f = condense_engine::simulate::replay_with_window(target, &name, imported.events, config.clone(), prices, window)?;
-        if !a.flag("json") {
+        if !o.json {
             outln!(
                 "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures, refs {}/{} exact, {} validity errors",
                 f.turns, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
@@ -432,8 +509,8 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
     }
     drop(temp);
     drop(scratch);
-    if let Some(svg) = a.get("plot") {
-        std::fs::write(svg, plot_svg(&plot)).with_context(|| format!("writing {svg}"))?;
+    if let Some(svg) = &o.plot {
+        std::fs::write(svg, plot_svg(&plot)).with_context(|| format!("writing {}", svg.display()))?;
     }
     let mut t = figures_json(&total);
     t["sessions"] = json!(rows.len());
@@ -450,7 +527,7 @@ fn simulate(store: &Store, store_dir: &Path, a: &Args) -> Result<ExitCode> {
     }
     t["median_token_ratio"] = json!((median(token_ratios) * 10000.0).round() / 10000.0);
     t["median_cost_ratio"] = json!((median(cost_ratios) * 10000.0).round() / 10000.0);
-    if a.flag("json") {
+    if o.json {
         outln!("{}", serde_json::to_string_pretty(&json!({"config": condense_engine::config::to_json(&config, prices), "total": t, "sessions": rows}))?);
     } else {
         outln!(
@@ -492,45 +569,39 @@ fn plot_svg(sessions: &[(String, Vec<(u64, u64)>)]) -> String {
     svg
 }
 
-fn history(store: &Store, a: &Args) -> Result<ExitCode> {
-    let num = |k: &str| -> Result<usize> {
-        a.get(k).map_or(Ok(0), |v| v.parse().map_err(|_| anyhow!("--{k} takes a number, not `{v}`")))
-    };
-    match a.positional.as_slice() {
-        [verb, name] if verb == "archive" => {
-            let id = store.session(name)?.archive_now()?;
+fn history(store: &Store, verb: History) -> Result<ExitCode> {
+    match verb {
+        History::Archive { session } => {
+            let id = session_of(store, &session)?.archive_now()?;
             outln!("archive {id} committed");
         }
-        [verb, name] if verb == "archives" => {
-            let (ids, next) = store.session(name)?.history_archives(num("page")?, 20)?;
+        History::Archives { session, page } => {
+            let (ids, next) = session_of(store, &session)?.history_archives(page, 20)?;
             outln!("{}", serde_json::to_string_pretty(&json!({"archives": ids, "nextPage": next}))?);
         }
-        [verb, name, keywords @ ..] if verb == "search" => {
-            let session = store.session(name)?;
-            let archive = session.archive(a.get("archive"))?;
+        History::Search { session, keywords, archive } => {
+            let session = session_of(store, &session)?;
+            let archive = session.archive(archive.as_deref())?;
             let words: Vec<&str> = keywords.iter().map(String::as_str).collect();
             let hits = archive.search(&words, 20).map_err(|e| anyhow!("{e}"))?;
             let rows: Vec<Value> = hits.iter().map(|h| json!({"id": h.id, "matched": h.matched, "snippet": h.snippet})).collect();
             outln!("{}", serde_json::to_string_pretty(&json!({"archive": archive.id, "hits": rows, "note": "snippets can be partial; ranking is not a completeness guarantee"}))?);
         }
-        [verb, name, entry] if verb == "read" => {
-            let session = store.session(name)?;
-            let archive = session.archive(a.get("archive"))?;
-            let page = archive.read(entry, num("offset")?).map_err(|e| anyhow!("{e}"))?;
+        History::Read { session, entry, offset, archive } => {
+            let session = session_of(store, &session)?;
+            let archive = session.archive(archive.as_deref())?;
+            let page = archive.read(&entry, offset).map_err(|e| anyhow!("{e}"))?;
             outln!("{}", serde_json::to_string_pretty(&json!({"archive": archive.id, "id": entry, "text": page.text, "nextOffset": page.next_offset, "length": page.len}))?);
         }
-        _ => bail!("history takes: archive SESSION | archives SESSION | search SESSION KEYWORD... | read SESSION ENTRY"),
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn query(store: &Store, a: &Args) -> Result<ExitCode> {
-    let [name, keys @ ..] = a.positional.as_slice() else { bail!("query takes SESSION and at least one REF") };
-    if keys.is_empty() {
-        bail!("query takes SESSION and at least one REF");
-    }
-    let answer = store.session(name)?.query(keys)?;
-    if a.flag("json") {
+/// Prints the originals behind refs; exits 1 (a finding) when a ref recovers nothing, with or without
+/// `--json`.
+fn query(store: &Store, session: &str, refs: &[String], json_out: bool) -> Result<ExitCode> {
+    let answer = session_of(store, session)?.query(refs)?;
+    if json_out {
         outln!("{}", serde_json::to_string_pretty(&json!({"is_error": answer.is_error, "text": answer.text}))?);
     } else {
         outln!("{}", answer.text);
@@ -599,20 +670,17 @@ fn is_export(path: &Path) -> bool {
     std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok() && &head == b"CONDENSE-EXPORT"
 }
 
-fn import(store: &Store, a: &Args) -> Result<ExitCode> {
-    if a.positional.is_empty() {
-        bail!("import takes at least one PATH");
-    }
+fn import(store: &Store, paths: &[PathBuf], json_out: bool) -> Result<ExitCode> {
     let mut files: Vec<(PathBuf, bool)> = Vec::new();
-    for p in &a.positional {
-        let path = PathBuf::from(p);
+    for path in paths {
+        let p = path.display();
         if path.is_dir() {
             let mut found = Vec::new();
-            walk(&path, &mut found)?;
+            walk(path, &mut found)?;
             files.extend(found.into_iter().map(|f| (f, false)));
         } else if path.is_file() {
-            if is_export(&path) {
-                let s = store.log().import(&path)?;
+            if is_export(path) {
+                let s = store.log().import(path)?;
                 outln!(
                     "restored {} sessions, {} events, {} blobs from {p}{}",
                     s.sessions,
@@ -622,12 +690,11 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
                 );
                 continue;
             }
-            files.push((path, true));
+            files.push((path.clone(), true));
         } else {
             bail!("{p}: no such file or folder");
         }
     }
-    let json_out = a.flag("json");
     let progress = files.len() > 20 && std::io::stderr().is_terminal() && !json_out;
     let mut reports = Vec::new();
     let mut failed = false;
@@ -696,9 +763,9 @@ fn import(store: &Store, a: &Args) -> Result<ExitCode> {
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
-fn sessions(store: &Store, a: &Args) -> Result<ExitCode> {
+fn sessions(store: &Store, json_out: bool) -> Result<ExitCode> {
     let list = store.sessions()?;
-    if a.flag("json") {
+    if json_out {
         let v: Vec<Value> = list.iter().map(|s| json!({"id": s.id, "name": s.name, "events": s.head})).collect();
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -747,23 +814,21 @@ fn print_stats(session: &Session, json_out: bool) -> Result<()> {
     Ok(())
 }
 
-fn encode(messages: &[Arc<Message>], how: &str) -> Result<Value> {
-    Ok(match how {
-        "neutral" => condense_formats::export::neutral(messages),
-        "openai" => condense_formats::export::openai(messages),
-        "anthropic" => condense_formats::export::anthropic(messages),
-        other => bail!("--as takes openai, anthropic or neutral, not `{other}`"),
-    })
+fn encode(messages: &[Arc<Message>], how: Format) -> Value {
+    match how {
+        Format::Neutral => condense_formats::export::neutral(messages),
+        Format::Openai => condense_formats::export::openai(messages),
+        Format::Anthropic => condense_formats::export::anthropic(messages),
+    }
 }
 
-fn render(store: &Store, a: &Args) -> Result<ExitCode> {
-    let [name] = a.positional.as_slice() else { bail!("render takes one SESSION") };
-    let session = store.session(name)?;
-    let rendered = match a.get("at") {
-        Some(at) => session.render_at(at.parse().map_err(|_| anyhow!("--at takes an event number, not `{at}`"))?)?,
+fn render(session: &Session, how: Format, after_event: Option<u64>) -> Result<ExitCode> {
+    let name = session.name();
+    let rendered = match after_event {
+        Some(seq) => session.render_at(seq)?,
         None => session.render()?,
     };
-    let v = encode(&rendered.messages, a.get("as").unwrap_or("neutral"))?;
+    let v = encode(&rendered.messages, how);
     outln!("{}", serde_json::to_string_pretty(&v)?);
     // A context a provider would reject is printed (it is what the log holds) but said so, and the
     // command fails like `verify` does.
@@ -782,7 +847,7 @@ fn bytes_of(p: &Projection) -> Vec<u8> {
     serde_json::to_vec(&condense_formats::export::neutral(&p.render().messages)).expect("JSON of a context")
 }
 
-fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
+fn verify(store: &Store, json_out: bool) -> Result<ExitCode> {
     let report = store.log().verify()?;
     let mut rows = Vec::new();
     let mut bad = 0;
@@ -815,7 +880,7 @@ fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
             "empty_assistants": rendered.report.empty_assistants,
             "duplicate_calls": rendered.report.duplicate_calls,
         }));
-        if !a.flag("json") && (!same || !violations.is_empty()) {
+        if !json_out && (!same || !violations.is_empty()) {
             outln!("FAIL {}: identical={same}", info.name);
             for v in violations.iter().take(5) {
                 outln!("  {v}");
@@ -824,13 +889,13 @@ fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
     }
     // An import that began and never finished: the session holds only part of its file.
     let incomplete = store.incomplete_imports()?;
-    if !a.flag("json") {
+    if !json_out {
         for name in &incomplete {
             outln!("INCOMPLETE {name}: its import stopped part-way; import the same file again to finish it");
         }
     }
     let bad = bad + incomplete.len();
-    if a.flag("json") {
+    if json_out {
         outln!("{}", serde_json::to_string_pretty(&json!({
             "sessions": report.sessions, "events": report.events, "blobs": report.blobs, "failed": bad,
             "incomplete_imports": incomplete, "results": rows,
@@ -841,7 +906,7 @@ fn verify(store: &Store, a: &Args) -> Result<ExitCode> {
     Ok(if bad == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-fn run_demo(store: &Store, dir: &Path, a: &Args) -> Result<ExitCode> {
+fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<ExitCode> {
     let name = "demo";
     // The generated session is the same bytes every time: a demo that stopped part-way is finished, a
     // complete one is left as it is.
@@ -853,9 +918,9 @@ fn run_demo(store: &Store, dir: &Path, a: &Args) -> Result<ExitCode> {
         std::fs::write(&file, &text).with_context(|| format!("writing {}", file.display()))?;
     }
     let o = store.import_file(&file, name)?;
-    if !a.flag("json") && o.action != condense_engine::ImportAction::Unchanged {
+    if !json_out && o.action != condense_engine::ImportAction::Unchanged {
         outln!("generated {} ({} bytes) and imported it as session `{name}` ({} events)\n", file.display(), text.len(), o.events);
     }
-    print_stats(&store.session(name)?, a.flag("json"))?;
+    print_stats(&store.session(name)?, json_out)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,11 +1,5 @@
-//! `condense`: import agent sessions into a store, inspect them, render their context, verify the store.
-//!
-//! Every command takes `--store DIR` (default `./.condense`) and the reporting ones `--json`. Errors are
-//! one line on stderr and a non-zero exit.
-
-mod args;
-mod commands;
-mod serve;
+//! `condense`: import agent sessions into a store, serve them live, inspect them, render their context,
+//! verify the store. See `condense --help`; the commands live in the `condense_cli` library.
 
 use std::process::ExitCode;
 
@@ -15,26 +9,6 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    // Arguments are read as the OS gives them: one that is not UTF-8 is named in an error, never a panic.
-    let mut argv = Vec::new();
-    for (i, a) in std::env::args_os().skip(1).enumerate() {
-        match a.into_string() {
-            Ok(s) => argv.push(s),
-            Err(raw) => {
-                eprintln!("condense: argument {} ({}) is not valid UTF-8; condense takes UTF-8 paths and names", i + 1, raw.to_string_lossy());
-                return ExitCode::from(2);
-            }
-        }
-    }
-    match commands::run(argv) {
-        Ok(code) => code,
-        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
-            // The reader went away (`condense … | head`): not an error of ours.
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("condense: {}", commands::error_text(&e));
-            ExitCode::from(2)
-        }
-    }
+    // Arguments are taken as the OS gives them: paths need not be UTF-8.
+    condense_cli::commands::main(std::env::args_os().skip(1).collect())
 }

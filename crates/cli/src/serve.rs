@@ -1,36 +1,31 @@
 //! `condense serve`, and the route other commands take while a server holds the store: they run inside
 //! the server, which is the one process that may open the sled database.
 
-use crate::args::Args;
+use crate::cli::ServeArgs;
 use crate::commands::{load_config, summarizer_of};
+use std::ffi::OsString;
 use anyhow::{anyhow, bail, Context as _, Result};
 use condense_serve::{lock, ServeConfig};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Runs the server until Ctrl-C or SIGTERM.
-pub fn serve(store_dir: &Path, a: &Args) -> Result<ExitCode> {
-    if !a.positional.is_empty() {
-        bail!("serve takes no positional arguments (see `condense help`)");
-    }
+pub fn serve(store_dir: &Path, a: &ServeArgs) -> Result<ExitCode> {
     let mut cfg = ServeConfig::new(store_dir);
-    if let Some(l) = a.get("listen") {
-        cfg.listen = l.parse::<SocketAddr>().map_err(|_| anyhow!("--listen takes an address such as 127.0.0.1:8787, not `{l}`"))?;
+    cfg.listen = a.listen;
+    if let Some(u) = &a.anthropic_upstream {
+        cfg.anthropic_upstream = u.clone();
     }
-    if let Some(u) = a.get("anthropic-upstream") {
-        cfg.anthropic_upstream = u.to_string();
+    if let Some(u) = &a.openai_upstream {
+        cfg.openai_upstream = u.clone();
     }
-    if let Some(u) = a.get("openai-upstream") {
-        cfg.openai_upstream = u.to_string();
+    if let Some(n) = a.max_body_bytes {
+        cfg.max_body_bytes = usize::try_from(n).map_err(|_| anyhow!("--max-body-bytes {n} is more than this machine can address"))?;
     }
-    if let Some(n) = a.get("max-body-bytes") {
-        cfg.max_body_bytes = n.parse().ok().filter(|n| *n >= 1024).ok_or_else(|| anyhow!("--max-body-bytes takes a number of bytes (at least 1024), not `{n}`"))?;
+    if let Some(n) = a.max_tool_rounds {
+        cfg.max_tool_rounds = n;
     }
-    if let Some(n) = a.get("max-tool-rounds") {
-        cfg.max_tool_rounds = n.parse().ok().filter(|n| *n >= 1).ok_or_else(|| anyhow!("--max-tool-rounds takes a whole number of at least 1, not `{n}`"))?;
-    }
-    let file = load_config(a, store_dir)?;
+    let file = load_config(a.config.as_deref(), store_dir)?;
     cfg.summarizer = summarizer_of(&file, true);
     cfg.file = file;
     cfg.cli = Some(std::sync::Arc::new(crate::commands::run_captured));
@@ -65,17 +60,20 @@ pub fn serve(store_dir: &Path, a: &Args) -> Result<ExitCode> {
 
 /// Relative paths in a command mean the caller's folder: the server runs elsewhere, so they are made
 /// absolute before the command is sent.
-fn absolute_args(argv: &[String]) -> Vec<String> {
+fn absolute_args(argv: &[String], takes_paths: bool) -> Vec<String> {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     let path_valued = ["--store", "--config", "--plot"];
     let mut out = Vec::with_capacity(argv.len());
     let mut prev: Option<&str> = None;
-    let command = argv.iter().find(|a| !a.starts_with("--")).map(String::as_str).unwrap_or("");
     for a in argv {
         let is_value_of_path = prev.is_some_and(|p| path_valued.contains(&p));
-        let exists = !a.starts_with('-') && Path::new(a).exists();
-        let export_target = command == "export" && !a.starts_with('-') && a != "export" && !exists;
-        if (is_value_of_path || exists || export_target) && Path::new(a).is_relative() {
+        // Positional arguments are paths only for the commands that take paths (import, simulate,
+        // export); elsewhere they are session names, which may look like relative paths.
+        let positional_path = takes_paths && !a.starts_with('-') && !["import", "simulate", "export"].contains(&a.as_str());
+        let inline = path_valued.iter().find_map(|p| a.strip_prefix(p).and_then(|r| r.strip_prefix('=')).map(|v| (p, v)));
+        if let Some((flag, v)) = inline.filter(|(_, v)| Path::new(v).is_relative()) {
+            out.push(format!("{flag}={}", cwd.join(v).to_string_lossy()));
+        } else if (is_value_of_path || positional_path) && Path::new(a).is_relative() {
             out.push(cwd.join(a).to_string_lossy().into_owned());
         } else {
             out.push(a.clone());
@@ -87,10 +85,23 @@ fn absolute_args(argv: &[String]) -> Vec<String> {
 
 /// Runs the command inside a `condense serve` that holds this store, if one answers; `None` when no
 /// server runs here (the caller opens the store itself).
-pub fn through_server(store_dir: &Path, argv: &[String]) -> Result<Option<ExitCode>> {
+pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) -> Result<Option<ExitCode>> {
     let Some(announced) = lock::read(store_dir) else { return Ok(None) };
+    let mut utf8 = Vec::with_capacity(argv.len());
+    for (i, a) in argv.iter().enumerate() {
+        match a.to_str() {
+            Some(s) => utf8.push(s.to_string()),
+            None => bail!(
+                "argument {} ({}) is not UTF-8 and cannot be passed to the condense serve holding {}; stop the server or use a UTF-8 path",
+                i + 1,
+                a.to_string_lossy(),
+                store_dir.display()
+            ),
+        }
+    }
+    let argv = &utf8;
     let url = format!("http://{}/condense/cli", announced.addr);
-    let body = serde_json::json!({"argv": absolute_args(argv)}).to_string();
+    let body = serde_json::json!({"argv": absolute_args(argv, takes_paths)}).to_string();
     let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(false).timeout_global(None).build());
     let resp = agent.post(&url).header("x-condense-token", &announced.token).header("content-type", "application/json").send(body.as_bytes());
     let mut resp = match resp {

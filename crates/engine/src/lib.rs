@@ -213,6 +213,16 @@ impl Store {
         Ok(Session { store: self.clone(), id, name: name.to_string() })
     }
 
+    /// Deletes the session `name` and its events (spilled outputs stay as blobs; they are content-addressed
+    /// and may be shared).
+    pub fn remove_session(&self, name: &str) -> Result<()> {
+        let id = self.inner.log.session_id(name)?.ok_or_else(|| EngineError::UnknownSession(name.to_string()))?;
+        self.inner.log.remove_session(id)?;
+        self.inner.warm.lock().expect("warm lock").map.remove(&id);
+        self.inner.archives.lock().expect("archive cache lock").retain(|((s, _), _)| *s != id);
+        Ok(())
+    }
+
     /// Opens an existing session by name.
     pub fn session(&self, name: &str) -> Result<Session> {
         let id = self.inner.log.session_id(name)?.ok_or_else(|| EngineError::UnknownSession(name.to_string()))?;

@@ -324,6 +324,11 @@ impl Log {
             .ok_or_else(|| LogError::UnknownSession(session.to_string()))
     }
 
+    /// Deletes `session`: its name and every event. Its id is never given to another session.
+    pub fn remove_session(&self, session: SessionId) -> Result<()> {
+        self.writer.remove(session)
+    }
+
     /// Appends `events` to `session` if its head is still `expected_head`; returns the new head once the
     /// events are durable.
     pub fn append(&self, session: SessionId, expected_head: Seq, events: Vec<Event>) -> Result<Seq> {
@@ -460,6 +465,16 @@ impl Log {
     /// Flushes and stops the writer. Later calls on any clone return [`LogError::Closed`].
     pub fn close(&self) {
         self.writer.stop();
+    }
+}
+
+/// Key (in sled's default tree) of the lowest id a new session may take: one above every removed one.
+pub(crate) const ID_FLOOR_KEY: &[u8] = b"condense/session-id-floor";
+
+pub(crate) fn id_floor(shared: &Shared) -> SessionId {
+    match shared.db.get(ID_FLOOR_KEY) {
+        Ok(Some(v)) if v.len() == 8 => u64::from_be_bytes(v.as_ref().try_into().expect("8 bytes")),
+        _ => 1,
     }
 }
 

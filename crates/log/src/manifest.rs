@@ -17,6 +17,8 @@ use std::path::Path;
 /// File name of the manifest inside the log folder.
 pub const FILE: &str = "heads";
 const RECORD: usize = 16;
+/// The head recorded for a removed session: its earlier records no longer count.
+const REMOVED: u64 = u64::MAX;
 
 pub(crate) struct Manifest {
     file: Option<std::fs::File>,
@@ -34,6 +36,10 @@ pub(crate) fn read(dir: &Path) -> Result<(BTreeMap<SessionId, Seq>, u64)> {
     for rec in data.chunks_exact(RECORD) {
         let session = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
         let head = u64::from_le_bytes(rec[8..].try_into().expect("8 bytes"));
+        if head == REMOVED {
+            heads.remove(&session);
+            continue;
+        }
         let e = heads.entry(session).or_insert(0);
         *e = head.max(*e);
     }
@@ -78,6 +84,17 @@ impl Manifest {
                 self.file = None;
             }
         }
+    }
+}
+
+impl Manifest {
+    /// Records that `session` is being removed, synced before the removal starts.
+    pub(crate) fn forget(&mut self, session: SessionId) -> std::io::Result<()> {
+        let f = self.file.as_mut().ok_or_else(|| std::io::Error::other("the heads manifest could not be written earlier"))?;
+        let mut rec = session.to_le_bytes().to_vec();
+        rec.extend_from_slice(&REMOVED.to_le_bytes());
+        f.write_all(&rec)?;
+        f.sync_data()
     }
 }
 

@@ -14,6 +14,8 @@ const MAX_GROUP: usize = 512;
 enum Request {
     Create { name: String, reply: Sender<Result<SessionId>> },
     Append { session: SessionId, expected: Seq, events: Vec<Event>, reply: Sender<Result<Seq>> },
+    /// Delete a session: its name, then its events.
+    Remove { session: SessionId, reply: Sender<Result<()>> },
     /// Values already encoded by the caller for seq `expected + 1 ..`.
     Prepared { session: SessionId, expected: Seq, values: Vec<Vec<u8>>, reply: Sender<Result<Seq>> },
 }
@@ -41,6 +43,12 @@ impl WriterHandle {
     pub(crate) fn create_session(&self, name: &str) -> Result<SessionId> {
         let (reply, rx) = bounded(1);
         self.send(Request::Create { name: name.to_string(), reply })?;
+        rx.recv().map_err(|_| LogError::Closed)?
+    }
+
+    pub(crate) fn remove(&self, session: SessionId) -> Result<()> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Remove { session, reply })?;
         rx.recv().map_err(|_| LogError::Closed)?
     }
 
@@ -88,7 +96,22 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
                 Err(_) => break,
             }
         }
-        commit(shared, &mut names, group);
+        // A removal is committed on its own, after the appends that came before it.
+        let mut pending = Vec::new();
+        for r in group {
+            match r {
+                Request::Remove { session, reply } => {
+                    if !pending.is_empty() {
+                        commit(shared, &mut names, std::mem::take(&mut pending));
+                    }
+                    let _ = reply.send(remove(shared, &mut names, session));
+                }
+                other => pending.push(other),
+            }
+        }
+        if !pending.is_empty() {
+            commit(shared, &mut names, pending);
+        }
     }
     let _ = shared.db.flush();
 }
@@ -149,7 +172,8 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
                     replies.push(Reply::Created(reply, Err(LogError::SessionExists(name))));
                     continue;
                 }
-                let id = heads.keys().next_back().map_or(1, |m| m + 1);
+                // Ids are never reused: a removed session's id stays below the floor.
+                let id = heads.keys().next_back().map_or(1, |m| m + 1).max(crate::id_floor(shared));
                 if let Err(source) = shared.sessions.insert(id.to_be_bytes(), name.as_bytes()) {
                     replies.push(Reply::Created(reply, Err(LogError::Sled { path: shared.path.clone(), source })));
                     continue;
@@ -169,6 +193,7 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
                     .collect();
                 stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
             }
+            Request::Remove { .. } => unreachable!("removals are committed on their own"),
             Request::Prepared { session, expected, values, reply } => {
                 stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
             }
@@ -207,4 +232,28 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
         let mut subs = shared.subscribers.lock().expect("subscribers lock");
         subs.retain(|s| notices.iter().all(|n| s.send(*n).is_ok()));
     }
+}
+
+/// Deletes a session. The manifest learns first (synced), so a crash part-way never reads as lost events;
+/// then the id floor and the name go (flushed), then the events. A crash after the name is gone leaves
+/// only unreachable events behind.
+fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, session: SessionId) -> Result<()> {
+    let sled = |source| LogError::Sled { path: shared.path.clone(), source };
+    if !shared.heads.lock().expect("heads lock").contains_key(&session) {
+        return Err(LogError::UnknownSession(session.to_string()));
+    }
+    shared.manifest.lock().expect("manifest lock").forget(session).map_err(|source| LogError::Io { path: shared.path.clone(), source })?;
+    let floor = crate::id_floor(shared).max(session + 1);
+    shared.db.insert(crate::ID_FLOOR_KEY, &floor.to_be_bytes()).map_err(sled)?;
+    shared.sessions.remove(session.to_be_bytes()).map_err(sled)?;
+    shared.db.flush().map_err(sled)?;
+    names.retain(|_, id| *id != session);
+    shared.heads.lock().expect("heads lock").remove(&session);
+    let mut batch = sled::Batch::default();
+    for item in shared.events.scan_prefix(session.to_be_bytes()) {
+        batch.remove(item.map_err(sled)?.0);
+    }
+    shared.events.apply_batch(batch).map_err(sled)?;
+    shared.db.flush().map_err(sled)?;
+    Ok(())
 }

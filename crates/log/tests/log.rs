@@ -434,3 +434,31 @@ fn an_unfinished_snapshot_left_by_a_crash_or_a_full_disk_does_not_block_the_stor
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn a_removed_session_is_gone_its_id_never_reused_and_the_store_reopens_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path()).unwrap();
+    let mut ids = Vec::new();
+    for name in ["a", "b", "c"] {
+        let s = log.create_session(name).unwrap();
+        log.append(s, 0, (0..10).map(|i| note(format!("{name} {i}"))).collect()).unwrap();
+        ids.push(s);
+    }
+    log.remove_session(ids[2]).unwrap();
+    assert!(matches!(log.remove_session(ids[2]), Err(LogError::UnknownSession(_))));
+    assert_eq!(log.session_id("c").unwrap(), None);
+    assert!(log.read(ids[2], 1, u64::MAX).unwrap().is_empty());
+    let d = log.create_session("c").unwrap();
+    assert!(d > ids[2], "a removed id was reused: {d}");
+    log.append(d, 0, vec![note("new c".into())]).unwrap();
+    log.close();
+    drop(log);
+    // The manifest knew of the removal: reopening is not a false alarm, and the new `c` is the one kept.
+    let log = Log::open(dir.path()).unwrap();
+    assert_eq!(log.verify().unwrap().events, 21);
+    let names: Vec<_> = log.sessions().unwrap().into_iter().map(|s| (s.name, s.head)).collect();
+    assert_eq!(names, [("a".to_string(), 10), ("b".to_string(), 10), ("c".to_string(), 1)]);
+    let e = log.create_session("e").unwrap();
+    assert!(e > d);
+}

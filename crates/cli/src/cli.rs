@@ -1,0 +1,314 @@
+//! The command line, declared with clap: every command, flag and example. `condense help COMMAND` and
+//! `condense COMMAND --help` print a command's page; `cargo xtask man` writes the man page from the same
+//! declaration, and `condense completions SHELL` the shell completions.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// The exit codes, the same for every command and for `--json` output.
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  a finding: a failed check (verify, render of a context a provider would reject), a ref that
+     recovers nothing, a file that could not be imported, a replay whose refs or validity failed
+  2  a usage error (unknown command or flag, bad value) or an I/O or store error";
+
+/// condense: records what a coding agent's session does and renders, every turn, a context that is
+/// small, byte-stable and provider-valid, with every original recoverable by a short ref.
+#[derive(Debug, Parser)]
+#[command(name = "condense", version, about, max_term_width = 100, after_help = format!("Examples:
+  condense demo                                   a generated session, replayed with pruning on
+  condense serve                                  the live endpoint agents point their base URL at
+  condense import ~/.pi/agent/sessions ~/.claude/projects ~/.codex/sessions
+  condense simulate ~/.pi/agent/sessions --plot pi.svg
+
+{EXIT_CODES}"))]
+pub struct Cli {
+    /// The store folder
+    #[arg(long, global = true, env = "CONDENSE_STORE", value_name = "DIR", default_value = ".condense")]
+    pub store: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a provider-compatible endpoint (Anthropic Messages, OpenAI Chat Completions and Responses)
+    /// that agents point their base URL at; while it runs, other commands on the store go through it
+    #[command(after_help = "Example:\n  condense serve --listen 127.0.0.1:8787\n  ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude")]
+    Serve(ServeArgs),
+    /// Generate a long realistic session, import it as `demo` and print its statistics
+    #[command(after_help = "Example:\n  condense demo --store /tmp/demo-store")]
+    Demo {
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Import session files or folders (pi, Claude Code, Codex; recursive), or restore a store export
+    #[command(after_help = "Examples:\n  condense import ~/.pi/agent/sessions\n  condense import backup.export          restore what `condense export` wrote (resumable)")]
+    Import {
+        /// Session files, folders of them, or export files
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the sessions in the store: id, events, name (either addresses the session)
+    #[command(after_help = "Example:\n  condense sessions --json")]
+    Sessions {
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Entries, turns, user-turn groups, tool calls, tokens by role and by tool
+    #[command(after_help = "Example:\n  condense stats demo --entry-ids")]
+    Stats {
+        /// Session name or id
+        session: String,
+        /// Also list the active branch's entries with their ids (what `fork --at` takes)
+        #[arg(long)]
+        entry_ids: bool,
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the context the model would be sent next (or as it was after an event)
+    #[command(after_help = "Examples:\n  condense render demo --as anthropic\n  condense render demo --after-event 120\n  condense render demo --entry-ids")]
+    Render {
+        /// Session name or id
+        session: String,
+        /// Wire format of the printed context
+        #[arg(long = "as", value_enum, default_value_t = Format::Neutral)]
+        format: Format,
+        /// The context as it was after this event (a seq number of the session's log)
+        #[arg(long, value_name = "SEQ")]
+        after_event: Option<u64>,
+        /// Print the active branch's entries with their ids instead of the context
+        #[arg(long, conflicts_with = "after_event")]
+        entry_ids: bool,
+    },
+    /// Check the log, replay every session and compare with a fresh render, run the provider-validity
+    /// check, list unfinished imports; exits 1 on any finding
+    #[command(after_help = "Example:\n  condense verify --json")]
+    Verify {
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the whole store to one portable file (a temporary file renamed on success)
+    #[command(after_help = "Example:\n  condense export backup.export && condense import backup.export --store restored")]
+    Export {
+        /// The export file (outside the store)
+        file: PathBuf,
+        /// Replace an existing file
+        #[arg(long)]
+        force: bool,
+    },
+    /// Replay sessions request by request with pruning on and report tokens, cost, cache breaks,
+    /// stubs, chains and recovery
+    #[command(after_help = "Examples:\n  condense simulate ~/.pi/agent/sessions --plot pi.svg\n  condense simulate session.jsonl --window 32000     checkpoints as a 32k model would need\n  condense simulate session.jsonl --keep --force     store the replay as simulated/<name>")]
+    Simulate {
+        /// Session files or folders
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+        /// Replay as if the model had a window of N tokens (at least 1024): checkpoints fire
+        #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1024..))]
+        window: Option<u64>,
+        /// Configuration file (default: the store's config.json, else the defaults)
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Write an SVG plot of raw and rendered tokens per request
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
+        /// Keep the replays in the store as `simulated/<name>` (for render and query)
+        #[arg(long)]
+        keep: bool,
+        /// With --keep: replace replays kept before
+        #[arg(long, requires = "keep")]
+        force: bool,
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the originals behind refs (tN, bN, cN) or raw tool-call ids
+    #[command(after_help = "Example:\n  condense query simulated/session.jsonl t12 c1")]
+    Query {
+        /// Session name or id
+        session: String,
+        /// Refs: tN (a tool output), bN (a batch), cN (a checkpoint), or a tool-call id
+        #[arg(required = true, value_name = "REF")]
+        refs: Vec<String>,
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a checkpoint of an idle session now
+    #[command(after_help = "Example:\n  condense compact demo && condense query demo c1")]
+    Compact {
+        /// Session name or id
+        session: String,
+    },
+    /// Fork a session: copy the path to an entry into a new session, with the decisions about it
+    #[command(after_help = "Example:\n  condense fork demo demo-b --at 00000040      (entry ids: condense render demo --entry-ids)")]
+    Fork {
+        /// Session name or id
+        session: String,
+        /// Name of the new session
+        name: String,
+        /// The entry the fork ends at (default: the leaf)
+        #[arg(long, value_name = "ENTRY")]
+        at: Option<String>,
+    },
+    /// Delete a session and its events from the store
+    #[command(after_help = "Example:\n  condense rm simulated/session.jsonl")]
+    Rm {
+        /// Session name or id
+        session: String,
+    },
+    /// The read-only recovery tools of seed 004: archives, search, read
+    #[command(subcommand)]
+    History(History),
+    /// Print a checkpoint as a pi `compaction` entry line
+    #[command(after_help = "Example:\n  condense checkpoint-line demo c1 --timestamp 2026-01-01T00:00:00.000Z")]
+    CheckpointLine {
+        /// Session name or id
+        session: String,
+        /// The checkpoint (default: the newest)
+        #[arg(value_name = "cN")]
+        checkpoint: Option<String>,
+        /// Timestamp written into the line (default: now, UTC)
+        #[arg(long, value_name = "RFC3339")]
+        timestamp: Option<String>,
+    },
+    /// Print the pruning configuration in force, or set one key in the store's config.json
+    #[command(after_help = "Examples:\n  condense config\n  condense config set recoveryGraceTurns 2")]
+    Config {
+        #[command(subcommand)]
+        action: Option<ConfigAction>,
+        /// Configuration file to show (default: the store's config.json, else the defaults)
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Machine-readable output (the configuration only)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print shell completions
+    #[command(after_help = "Example:\n  condense completions bash > ~/.local/share/bash-completion/completions/condense")]
+    Completions {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
+}
+
+/// `condense serve`'s flags.
+#[derive(Debug, Args, Clone)]
+pub struct ServeArgs {
+    /// Address to listen on (loopback unless you mean otherwise: requests carry API keys)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8787")]
+    pub listen: std::net::SocketAddr,
+    /// Where Anthropic Messages requests go
+    #[arg(long, value_name = "URL")]
+    pub anthropic_upstream: Option<String>,
+    /// Where OpenAI Chat Completions and Responses requests go
+    #[arg(long, value_name = "URL")]
+    pub openai_upstream: Option<String>,
+    /// Largest request body accepted (bytes, at least 1024)
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1024..))]
+    pub max_body_bytes: Option<u64>,
+    /// Most rounds of condense's own tool calls answered inside one client request
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tool_rounds: Option<u32>,
+    /// Configuration file (default: the store's config.json, else the defaults)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// `condense history`'s verbs.
+#[derive(Debug, Subcommand)]
+pub enum History {
+    /// Commit an archive view of the context as it stands
+    #[command(after_help = "Example:\n  condense history archive demo")]
+    Archive {
+        /// Session name or id
+        session: String,
+    },
+    /// List archives, newest first, 20 per page
+    #[command(after_help = "Example:\n  condense history archives demo --page 1")]
+    Archives {
+        /// Session name or id
+        session: String,
+        /// Page number (from 0)
+        #[arg(long, default_value_t = 0)]
+        page: usize,
+    },
+    /// Search an archive for keywords
+    #[command(after_help = "Example:\n  condense history search demo FAILED test --archive a1")]
+    Search {
+        /// Session name or id
+        session: String,
+        /// Keywords
+        #[arg(required = true)]
+        keywords: Vec<String>,
+        /// The archive (default: the newest)
+        #[arg(long, value_name = "aN")]
+        archive: Option<String>,
+    },
+    /// Read an entry of an archive, a page at a time
+    #[command(after_help = "Example:\n  condense history read demo 00000040 --offset 4096")]
+    Read {
+        /// Session name or id
+        session: String,
+        /// Entry id
+        entry: String,
+        /// Byte offset to read from
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+        /// The archive (default: the newest)
+        #[arg(long, value_name = "aN")]
+        archive: Option<String>,
+    },
+}
+
+/// `condense config`'s verbs.
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// Set one key in the store's config.json (checked before it is written)
+    Set {
+        /// The key, as in the configuration file (e.g. recoveryGraceTurns)
+        key: String,
+        /// The value (JSON, or a bare string)
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+}
+
+/// Wire formats `render` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// condense's own message model
+    Neutral,
+    /// OpenAI Chat Completions messages
+    Openai,
+    /// An Anthropic Messages request body
+    Anthropic,
+}
+
+impl Command {
+    /// Whether the command creates the store when it does not exist (the others refuse a missing one).
+    pub fn creates_store(&self) -> bool {
+        matches!(self, Command::Import { .. } | Command::Demo { .. } | Command::Serve(_))
+            || matches!(self, Command::Simulate { keep: true, .. })
+    }
+
+    /// Whether the command needs no store at all.
+    pub fn needs_no_store(&self) -> bool {
+        matches!(self, Command::Completions { .. } | Command::Config { .. } | Command::Simulate { keep: false, .. })
+    }
+}
+
+/// The clap command, for completions and the man page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
