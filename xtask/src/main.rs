@@ -18,12 +18,43 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("bench") => bench(&args[1..]),
         Some("crash") => crash(&args[1..]),
+        Some("man") => man(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only serve]");
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
+            eprintln!("       cargo xtask man [--out DIR]");
             Ok(())
         }
     }
+}
+
+/// `cargo xtask man`: writes the man pages (`condense.1` and one `condense-COMMAND.1` per command) from
+/// the CLI's clap declaration, into `target/man` or `--out DIR`.
+fn man(args: &[String]) -> Result<()> {
+    let out = match args {
+        [] => root().join("target/man"),
+        [flag, dir] if flag == "--out" => PathBuf::from(dir),
+        _ => bail!("usage: cargo xtask man [--out DIR]"),
+    };
+    std::fs::create_dir_all(&out)?;
+    let cmd = condense_cli::cli::command();
+    let mut pages = 0;
+    let mut write = |name: String, cmd: clap::Command| -> Result<()> {
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(cmd).render(&mut buf)?;
+        std::fs::write(out.join(format!("{name}.1")), buf)?;
+        pages += 1;
+        Ok(())
+    };
+    for sub in cmd.get_subcommands() {
+        let name = format!("condense-{}", sub.get_name());
+        // clap's names are 'static: the page's title is leaked once per command, in a one-shot tool.
+        let title: &'static str = Box::leak(name.clone().into_boxed_str());
+        write(name, sub.clone().name(title))?;
+    }
+    write("condense".into(), cmd.clone())?;
+    println!("wrote {pages} man pages to {} (man {}/condense.1)", out.display(), out.display());
+    Ok(())
 }
 
 /// `cargo xtask crash`: kills `condense import`, `condense demo` and a restore at random points, many

@@ -426,3 +426,201 @@ fn imports_demos_and_restores_killed_at_random_points_finish_when_run_again() {
     assert_eq!(summary.rounds, [4, 4, 4]);
     assert!(summary.interrupted.iter().sum::<u32>() >= 4, "too few kills came during a command: {summary:?}");
 }
+
+fn bare(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_condense")).args(args).env_remove("CONDENSE_STORE").output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn help_version_and_completions() {
+    for flag in ["--version", "-V"] {
+        let (code, out, _) = bare(&[flag]);
+        assert_eq!(code, 0);
+        assert_eq!(out.trim(), format!("condense {}", env!("CARGO_PKG_VERSION")));
+    }
+    let (code, out, _) = bare(&["-h"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Commands:") && out.contains("serve") && out.contains("Exit codes:"), "{out}");
+    // Every command has its own page, with an example.
+    let (_, top, _) = bare(&["--help"]);
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert_eq!(commands.len(), 17, "{commands:?}");
+    for c in &commands {
+        let (code, page, _) = bare(&[c, "--help"]);
+        assert_eq!(code, 0, "{c}");
+        assert!(page.contains(&format!("Usage: condense {c}")), "{c}: {page}");
+        assert!(page.contains("Example") || c == "history", "{c} has no example: {page}");
+        let (_, via_help, _) = bare(&["help", c]);
+        assert_eq!(via_help, page, "{c}");
+    }
+    let (_, page, _) = bare(&["history", "search", "--help"]);
+    assert!(page.contains("Example:\n  condense history search"), "{page}");
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, _) = bare(&["completions", shell]);
+        assert_eq!(code, 0);
+        assert!(out.contains("simulate") && out.contains("after-event"), "{shell}");
+    }
+    let (code, _, err) = bare(&["completions", "tcsh"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("invalid value 'tcsh'"), "{err}");
+}
+
+#[test]
+fn store_from_the_environment_rm_and_simulate_keep_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("envstore");
+    let session = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/corpus/pi/badlogic__pi-mono/session.jsonl");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_condense")).args(args).env("CONDENSE_STORE", &store).output().unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, _, err) = run(&["simulate", session, "--keep"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(store.join("db").is_dir(), "CONDENSE_STORE names the store");
+    let (_, list, _) = run(&["sessions", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let name = v[0]["name"].as_str().unwrap().to_string();
+    let id = v[0]["id"].as_u64().unwrap();
+    assert!(name.starts_with("simulated/"), "{name}");
+    // A kept replay is not replaced silently.
+    let (code, _, err) = run(&["simulate", session, "--keep"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("pass --force to replace it"), "{err}");
+    let (code, _, err) = run(&["simulate", session, "--force"]);
+    assert_eq!(code, 2, "--force needs --keep");
+    assert!(err.contains("--keep"), "{err}");
+    let (code, _, err) = run(&["simulate", session, "--keep", "--force"]);
+    assert_eq!(code, 0, "{err}");
+    let (_, list, _) = run(&["sessions", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert!(v[0]["id"].as_u64().unwrap() > id, "a replaced session gets a new id");
+    // Entry ids, as `fork --at` takes them.
+    let (code, out, _) = run(&["render", &name, "--entry-ids"]);
+    assert_eq!(code, 0);
+    let entry = out.lines().nth(5).unwrap().split_whitespace().next().unwrap().to_string();
+    let (code, out, err) = run(&["fork", &name, "forked", "--at", &entry]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("forked"), "{out}");
+    let (code, out, _) = run(&["stats", "forked", "--entry-ids", "--json"]);
+    assert_eq!(code, 0);
+    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&out).into_iter().map(|d| d.unwrap()).collect();
+    assert_eq!(docs[1]["entries"].as_array().unwrap().last().unwrap()["entry"], entry.as_str());
+    // rm by name and by id.
+    let forked_id = {
+        let (_, list, _) = run(&["sessions", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+        v.as_array().unwrap().iter().find(|s| s["name"] == "forked").unwrap()["id"].as_u64().unwrap()
+    };
+    assert_eq!(run(&["rm", &forked_id.to_string()]).0, 0);
+    let (code, out, _) = run(&["rm", &name]);
+    assert_eq!(code, 0);
+    assert!(out.contains("removed session"), "{out}");
+    let (code, out, _) = run(&["sessions"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("0 sessions"), "{out}");
+    let (code, out, err) = run(&["verify"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, _, err) = run(&["rm", "nope"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("no session named `nope`"), "{err}");
+}
+
+/// Every `condense …` command the README and docs show, in code blocks and in inline code, against the
+/// CLI's own declaration: a concrete command must parse; a template (with `[…]`, `|`, `<…>`) must name an
+/// existing command and only flags that command has.
+#[test]
+fn docs_name_only_commands_and_flags_the_cli_has() {
+    use clap::Parser as _;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<_> = std::fs::read_dir(root.join("docs")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "md")).collect();
+    docs.sort();
+    files.extend(docs);
+    let mut cli = condense_cli::cli::command();
+    cli.build();
+    let placeholder = |w: &str| w.len() >= 2 && w.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_' || c == '.');
+    let mut checked = 0;
+    let mut wrong = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut in_code = false;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+                continue;
+            }
+            let mut candidates: Vec<String> = Vec::new();
+            if in_code && line.trim_start().starts_with("condense ") {
+                candidates.extend(line.trim().split("&&").map(str::to_string));
+            }
+            if !in_code {
+                for (i, span) in line.split('`').enumerate() {
+                    if i % 2 == 1 && span.starts_with("condense ") {
+                        candidates.push(span.to_string());
+                    }
+                }
+            }
+            for c in candidates.into_iter().map(|c| (c, !in_code)) {
+                let (c, inline) = c;
+                let words: Vec<String> = c
+                    .split_whitespace()
+                    .take_while(|w| !w.starts_with('#') && !w.starts_with('>'))
+                    .map(|w| w.trim_matches(|ch| ch == '"' || ch == '\'').to_string())
+                    .collect();
+                if words.first().map(String::as_str) != Some("condense") || words.len() < 2 || words[1].ends_with(':') || placeholder(&words[1]) {
+                    continue;
+                }
+                checked += 1;
+                let place = format!("{}:{}: `{}`", file.file_name().unwrap().to_string_lossy(), n + 1, c.trim());
+                // Inline code names a command in prose (often without its arguments): checked as a template.
+                let template = inline || words.iter().any(|w| w.contains('[') || w.contains('|') || w.contains('<') || w.contains('…') || placeholder(w));
+                if !template {
+                    if let Err(e) = condense_cli::cli::Cli::try_parse_from(&words) {
+                        if !matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) {
+                            wrong.push(format!("{place}: {}", e.render().to_string().lines().next().unwrap_or("")));
+                        }
+                    }
+                    continue;
+                }
+                // A template: the command path must exist and every --flag must belong to it.
+                let mut cmd = &cli;
+                let mut rest = words[1..].iter();
+                let mut path = Vec::new();
+                for w in rest.by_ref() {
+                    match cmd.find_subcommand(w) {
+                        Some(sub) => {
+                            path.push(w.clone());
+                            cmd = sub;
+                            if !cmd.has_subcommands() {
+                                break;
+                            }
+                        }
+                        None => break,
+                    }
+                }
+                if path.is_empty() && !words[1].starts_with("--") {
+                    wrong.push(format!("{place}: no such command"));
+                    continue;
+                }
+                for w in words.iter().filter(|w| w.trim_start_matches('[').starts_with("--")) {
+                    let flag = w.trim_start_matches('[').trim_start_matches("--").split(['=', ']']).next().unwrap_or("");
+                    let known = cmd.get_arguments().chain(cli.get_arguments()).any(|a| a.get_long() == Some(flag)) || flag == "help";
+                    if !known {
+                        wrong.push(format!("{place}: `condense {}` has no --{flag}", path.join(" ")));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 30, "only {checked} commands found in the docs");
+    assert!(wrong.is_empty(), "the docs name what the CLI does not have:\n{}", wrong.join("\n"));
+}

@@ -62,7 +62,7 @@ impl Manifest {
         let path = dir.join(FILE);
         let io = |source| LogError::Io { path: path.clone(), source };
         let needed = (heads.len() * RECORD) as u64;
-        if size != needed && (size > 4 * needed + 4096 || size % RECORD as u64 != 0 || size == 0) {
+        if size != needed && (size > 4 * needed + 4096 || !size.is_multiple_of(RECORD as u64) || size == 0) {
             let tmp = dir.join(format!("{FILE}.tmp"));
             std::fs::write(&tmp, encode(heads)).map_err(|source| LogError::Io { path: tmp.clone(), source })?;
             std::fs::rename(&tmp, &path).map_err(io)?;
@@ -79,10 +79,10 @@ impl Manifest {
             buf.extend_from_slice(&s.to_le_bytes());
             buf.extend_from_slice(&h.to_le_bytes());
         }
-        if let Some(f) = &mut self.file {
-            if f.write_all(&buf).is_err() {
-                self.file = None;
-            }
+        if let Some(f) = &mut self.file
+            && f.write_all(&buf).is_err()
+        {
+            self.file = None;
         }
     }
 }
