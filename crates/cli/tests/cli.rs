@@ -151,6 +151,8 @@ fn compact_and_checkpoint_line() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     assert_eq!(condense(&store, &["demo"]).0, 0);
+    let (_, before, _) = condense(&store, &["render", "demo", "--as", "openai"]);
+    let before: serde_json::Value = serde_json::from_str(&before).unwrap();
     let (code, out, err) = condense(&store, &["compact", "demo"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("checkpoint c1 committed"), "{out}");
@@ -163,8 +165,32 @@ fn compact_and_checkpoint_line() {
     assert_eq!(code, 0);
     let msgs: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(msgs[0]["content"][0]["text"].as_str().unwrap().starts_with("[Checkpoint c1"));
-    let (code, out, _) = condense(&store, &["query", "demo", "c1"]);
-    assert_eq!(code, 1, "the demo ran no pipeline, so the checkpoint covers no refs: {out}");
+    // Without --timestamp the line is stamped now.
+    let (code, out, _) = condense(&store, &["checkpoint-line", "demo"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let ts = v["timestamp"].as_str().unwrap();
+    assert!(ts.len() == 24 && ts.ends_with('Z') && ts.as_bytes()[10] == b'T' && ts[..4].parse::<u32>().unwrap() >= 2026, "{ts}");
+    // `query c1` recovers what the checkpoint replaced: every user prompt and tool output the context held
+    // before, byte for byte (the demo ran no pruning, so these are messages, not refs).
+    let (code, text, err) = condense(&store, &["query", "demo", "c1"]);
+    assert_eq!(code, 0, "{err}");
+    let mut checked = 0;
+    for m in before.as_array().unwrap() {
+        if let (Some("user" | "tool"), Some(content)) = (m["role"].as_str(), m["content"].as_str()) {
+            assert!(text.contains(content), "missing from c1: {}", &content[..content.len().min(200)]);
+            checked += 1;
+        }
+    }
+    assert!(checked > 300, "{checked}");
+    let (code, json_text, _) = condense(&store, &["query", "demo", "c1", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&json_text).unwrap();
+    assert_eq!(v["is_error"], false);
+    assert_eq!(format!("{}\n", v["text"].as_str().unwrap()), text);
+    // An unknown ref is a finding (exit 1) with or without --json.
+    assert_eq!(condense(&store, &["query", "demo", "c9"]).0, 1);
+    assert_eq!(condense(&store, &["query", "demo", "c9", "--json"]).0, 1);
 }
 
 #[test]

@@ -56,12 +56,13 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
     }
     let idx = p.index();
     let mut refs = Vec::new();
+    let mut checkpoints = Vec::new();
     let mut unknown = Vec::new();
     for k in keys {
         match idx.lookup(k) {
             Some(Target::Output(r)) => refs.push(r),
             Some(Target::Chain(b)) => refs.extend(idx.chains[&b].refs.iter().copied()),
-            Some(Target::Checkpoint(c)) => refs.extend(idx.checkpoints[&c].covers.iter().copied()),
+            Some(Target::Checkpoint(c)) => checkpoints.push(c),
             None => unknown.push(k.trim().to_string()),
         }
     }
@@ -71,6 +72,9 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
             _ => "nothing has been pruned in this session yet".to_string(),
         };
         return usage(&format!("unknown ref{} {} ({known})", if unknown.len() > 1 { "s" } else { "" }, unknown.join(", ")));
+    }
+    if !checkpoints.is_empty() {
+        return checkpoint_originals(p, &checkpoints, &refs, blob);
     }
     if refs.is_empty() {
         return Answer {
@@ -83,12 +87,9 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
     let mut originals = Vec::new();
     for r in refs {
         let rec = &idx.records[&r];
-        let original = match idx.spills.get(&r) {
-            Some(sp) => match blob(&sp.blob) {
-                Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
-                Err(e) => return Answer { text: format!("{QUERY_TOOL_NAME}: t{r} is spilled but its blob cannot be read: {e}"), is_error: true, originals: Vec::new() },
-            },
-            None => p.entry_message(&rec.entry).map(|m| output_text(m)).unwrap_or_default(),
+        let original = match original_output(p, r, blob) {
+            Ok(o) => o,
+            Err(a) => return a,
         };
         if !text.is_empty() {
             text.push('\n');
@@ -100,6 +101,91 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         }
         text.push_str(&original);
         originals.push((r, original));
+    }
+    Answer { text, is_error: false, originals }
+}
+
+/// The original text of tool output `r`: from its blob when it was spilled, else from the log.
+fn original_output(p: &Projection, r: u32, blob: &dyn Fn(&str) -> Result<Vec<u8>, String>) -> Result<String, Answer> {
+    let idx = p.index();
+    match idx.spills.get(&r) {
+        Some(sp) => blob(&sp.blob).map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).map_err(|e| Answer {
+            text: format!("{QUERY_TOOL_NAME}: t{r} is spilled but its blob cannot be read: {e}"),
+            is_error: true,
+            originals: Vec::new(),
+        }),
+        None => Ok(idx.records.get(&r).and_then(|rec| p.entry_message(&rec.entry)).map(|m| output_text(m)).unwrap_or_default()),
+    }
+}
+
+/// What checkpoints `cN` replaced, byte for byte: every message on the active branch after the previous
+/// checkpoint's boundary up to and including this one's (earlier ones are what the previous checkpoint
+/// replaced), each under a header naming its entry and role; text verbatim, tool calls with their
+/// arguments, tool outputs as the tool returned them (read back from the blob when spilled). Plain refs
+/// asked for beside a checkpoint follow.
+fn checkpoint_originals(p: &Projection, checkpoints: &[u32], refs: &[u32], blob: &dyn Fn(&str) -> Result<Vec<u8>, String>) -> Answer {
+    use condense_events::{Block, Message};
+    let idx = p.index();
+    let branch = p.branch_entries();
+    let position = |id: &str| branch.iter().position(|(e, _)| *e == id);
+    let mut text = String::new();
+    let mut originals = Vec::new();
+    for &c in checkpoints {
+        let cp = &idx.checkpoints[&c];
+        let Some(end) = position(&cp.boundary) else {
+            return Answer {
+                text: format!("{QUERY_TOOL_NAME}: c{c} belongs to a branch the session has left; nothing to recover on this one"),
+                is_error: true,
+                originals: Vec::new(),
+            };
+        };
+        let start = idx.checkpoints.range(..c).next_back().and_then(|(_, prev)| position(&prev.boundary)).map_or(0, |i| i + 1);
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&format!("=== c{c} replaced {} messages (entries {} to {}) ===\n", end + 1 - start.min(end + 1), branch.get(start).map_or("-", |b| b.0), cp.boundary));
+        for (entry, m) in &branch[start.min(end + 1)..=end] {
+            text.push_str(&format!("--- {entry} · {} ---\n", m.role()));
+            match m.as_ref() {
+                Message::ToolResult { .. } => {
+                    let original = match idx.by_entry.get(*entry) {
+                        Some(&r) => match original_output(p, r, blob) {
+                            Ok(o) => {
+                                originals.push((r, o.clone()));
+                                o
+                            }
+                            Err(a) => return a,
+                        },
+                        None => output_text(m),
+                    };
+                    text.push_str(&original);
+                    text.push('\n');
+                }
+                _ => {
+                    for b in m.content() {
+                        match b {
+                            Block::Text { text: t, .. } => text.push_str(t),
+                            Block::Thinking { thinking, .. } => {
+                                text.push_str("[thinking]\n");
+                                text.push_str(thinking);
+                            }
+                            Block::ToolCall { id, name, arguments } => text.push_str(&format!("[tool call {name} {id}] {arguments}")),
+                            Block::Image { .. } => text.push_str("[image]"),
+                        }
+                        text.push('\n');
+                    }
+                }
+            }
+        }
+    }
+    for &r in refs {
+        match original_output(p, r, blob) {
+            Ok(o) => {
+                text.push_str(&format!("=== t{r} ===\n{o}\n"));
+                originals.push((r, o));
+            }
+            Err(a) => return a,
+        }
     }
     Answer { text, is_error: false, originals }
 }
