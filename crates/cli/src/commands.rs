@@ -908,6 +908,7 @@ fn verify(store: &Store, json_out: bool) -> Result<ExitCode> {
 
 fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<ExitCode> {
     let name = "demo";
+    let pruned = "demo/pruned";
     // The generated session is the same bytes every time: a demo that stopped part-way is finished, a
     // complete one is left as it is.
     let text = demo::generate(demo::DemoConfig::default());
@@ -919,8 +920,55 @@ fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<ExitCode> {
     }
     let o = store.import_file(&file, name)?;
     if !json_out && o.action != condense_engine::ImportAction::Unchanged {
-        outln!("generated {} ({} bytes) and imported it as session `{name}` ({} events)\n", file.display(), text.len(), o.events);
+        outln!("generated {} ({} bytes) and imported it as session `{name}` ({} events)", file.display(), text.len(), o.events);
     }
-    print_stats(&store.session(name)?, json_out)?;
-    Ok(ExitCode::SUCCESS)
+    // The main job: the same session replayed request by request with condense in the loop, as `simulate`
+    // does. The replay is deterministic, so one left by an earlier (or interrupted) demo is replaced.
+    let file_config = load_config(None, dir)?;
+    if store.log().session_id(pruned)?.is_some() {
+        store.remove_session(pruned)?;
+    }
+    let events = condense_formats::import_file(&file)?.events;
+    let f = condense_engine::simulate::replay_with_window(store, pruned, events, file_config.raw.normalize(), file_config.prices, None)?;
+    let plot = folder.join("demo.svg");
+    std::fs::write(&plot, plot_svg(&[(pruned.to_string(), f.series.clone())])).with_context(|| format!("writing {}", plot.display()))?;
+    let ok = f.validity_errors == 0 && f.refs_recovered_exact == f.refs_checked;
+    if json_out {
+        let s = store.session(name)?.stats()?;
+        let mut v = stats_json(&s);
+        v["session"] = json!(name);
+        v["simulation"] = figures_json(&f);
+        v["simulation"]["session"] = json!(pruned);
+        v["plot"] = json!(plot.display().to_string());
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
+    }
+    let s = store.session(name)?.stats()?;
+    outln!(
+        "\nThe agent's session: {} requests, {} tool calls ({} failed), {} tokens of history by the end.",
+        f.turns, s.tool_calls, s.tool_errors, f.raw_tokens_peak
+    );
+    outln!("Replayed request by request with condense in the loop (session `{pruned}`):");
+    outln!(
+        "  input tokens sent   {:.1}% of what the agent alone sends ({} vs {})",
+        f.token_ratio() * 100.0, f.rendered_input_tokens_total, f.raw_input_tokens_total
+    );
+    outln!("  cost                {:.1}% of the agent alone's, prompt caching counted", f.cost_ratio() * 100.0);
+    outln!("  largest context     {} tokens instead of {}", f.rendered_tokens_peak, f.raw_tokens_peak);
+    outln!("  cache breaks        {} (the agent alone: {})", f.cache_breaks, f.raw_cache_breaks);
+    outln!("  pruned              {} stubs, {} spilled outputs, {} duplicates, {} chains", f.stubs, f.spills, f.dedups, f.chains);
+    outln!("  refs recovered      {}/{} byte-exact; {} provider-rule violations", f.refs_recovered_exact, f.refs_checked, f.validity_errors);
+    outln!("  plot                {}", plot.display());
+    let store_flag = if dir == Path::new(".condense") { String::new() } else { format!(" --store {}", dir.display()) };
+    outln!("\nNext:");
+    let next = [
+        (format!("condense render {pruned} --as anthropic{store_flag}"), "the context condense would send now"),
+        (format!("condense query {pruned} t12{store_flag}"), "an original behind a stub, byte for byte"),
+        (format!("condense serve{store_flag}"), "put condense between your agent and its provider (README)"),
+    ];
+    let width = next.iter().map(|(c, _)| c.len()).max().unwrap_or(0);
+    for (command, what) in next {
+        outln!("  {command:<width$}   {what}");
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -21,6 +21,16 @@ fn demo_import_render_verify_export() {
     assert_eq!(v["tool_calls"], 360);
     assert_eq!(v["user_turn_groups"], 12);
     assert!(v["tool_errors"].as_u64().unwrap() > 0);
+    // The main job: the replay with condense in the loop, its savings and a plot.
+    let sim = &v["simulation"];
+    assert_eq!(sim["session"], "demo/pruned");
+    assert!(sim["token_ratio"].as_f64().unwrap() < 0.2, "{sim}");
+    assert_eq!(sim["refs_recovered_exact"], sim["refs_checked"]);
+    assert_eq!(sim["validity_errors"], 0);
+    assert!(std::fs::read_to_string(v["plot"].as_str().unwrap()).unwrap().starts_with("<svg"));
+    let (code, out, _) = condense(&store, &["demo"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("input tokens sent") && out.contains("refs recovered      360/360") && out.contains("condense serve"), "{out}");
 
     let (code, out, _) = condense(&store, &["render", "demo", "--as", "anthropic", "--after-event", "20"]);
     assert_eq!(code, 0);
@@ -43,7 +53,7 @@ fn demo_import_render_verify_export() {
     let other = dir.path().join("other");
     let (code, out, _) = condense(&other, &["import", export.to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(out.contains("restored 1 sessions"), "{out}");
+    assert!(out.contains("restored 2 sessions"), "{out}");
     let a = condense(&store, &["render", "demo"]).1;
     let b = condense(&other, &["render", "demo"]).1;
     assert_eq!(a, b);
