@@ -132,7 +132,11 @@ fn pretty_printed_objects_are_read_as_a_stream() {
 #[test]
 fn unrecognized_input_is_a_clear_error() {
     assert_eq!(import_bytes("x.jsonl", b"").unwrap_err(), "the file holds no JSON lines");
-    assert_eq!(import_bytes("x.jsonl", b"{\"hello\":1}\n").unwrap_err(), "no line has a known shape");
+    assert_eq!(import_bytes("x.jsonl", b"{\"hello\":1}\n").unwrap_err(), "it looks like a JSON object of no session format condense reads (keys: hello)");
+    assert_eq!(
+        import_bytes("x.jsonl", b"{\"hello\":1}\n{\"world\":2}\n").unwrap_err(),
+        "no line has a known shape; line 1 looks like a JSON object of no session format condense reads (keys: hello)"
+    );
     let err = import_bytes("x.jsonl", b"\xff\xfe garbage\n").unwrap_err();
     assert!(err.starts_with("x.jsonl:1: "), "{err}");
 }
@@ -278,17 +282,25 @@ fn import_and_render(name: &str, bytes: &[u8]) -> bool {
 fn fuzz_each_importer_with_mutilated_corpus_files_and_random_bytes() {
     let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
     let corpus = condense_tests::corpus_dir();
-    for format in ["pi", "claude-code", "codex"] {
+    for format in ["pi", "claude-code", "codex", "opencode", "gemini-cli", "openhands", "swe-agent-traj", "mini-swe-agent-traj"] {
+        let lines = ["pi", "claude-code", "codex"].contains(&format);
         let mut files = Vec::new();
-        condense_tests::walk_jsonl(&corpus.join(format), &mut files);
+        condense_tests::walk_files(&corpus.join(format), &["jsonl", "json", "traj"], &mut files);
+        files.retain(|f| !f.ends_with("output.jsonl"));
         files.sort();
-        assert!(files.len() >= 3, "too few {format} files in the corpus");
+        assert!(files.len() >= 2, "too few {format} files in the corpus");
         let (mut imported, mut rounds) = (0, 0);
-        // Four files of each format, spread over the sorted list; at most 256 KB of each.
+        // Four files of each JSON-lines format and two of each document format, spread over the sorted list.
         for k in 0..4 {
             let file = &files[k * (files.len() - 1) / 3];
+            if !lines && k % 2 == 1 {
+                // Document formats: two files each (the corpus holds as few as two).
+                continue;
+            }
             let bytes = std::fs::read(file).unwrap();
-            let bytes = &bytes[..bytes.len().min(256 << 10)];
+            // JSON lines: at most 256 KB of each (a cut between lines is still a session). A document
+            // must be whole to be one.
+            let bytes = if lines { &bytes[..bytes.len().min(256 << 10)] } else { &bytes[..] };
             assert!(import_and_render("t.jsonl", bytes) || bytes.is_empty(), "{} does not import unharmed", file.display());
             for _ in 0..40 {
                 let mut m = mutilate(bytes, &mut rng);
@@ -299,9 +311,10 @@ fn fuzz_each_importer_with_mutilated_corpus_files_and_random_bytes() {
                 imported += usize::from(import_and_render("t.jsonl", &m));
             }
         }
-        // Most mutilations still import (every good record is kept); the rest are a clear error.
+        // Most mutilations of a JSON-lines file still import (every good line is kept); the rest are a
+        // clear error. A JSON document cut or broken anywhere no longer parses as one: an error, never a panic.
         eprintln!("{format}: {imported} of {rounds} mutilated files imported");
-        assert!(imported * 2 > rounds, "{format}: only {imported} of {rounds} mutilated files imported");
+        assert!(!lines || imported * 2 > rounds, "{format}: only {imported} of {rounds} mutilated files imported");
     }
     // Random bytes, bare and behind a first line that makes each importer take the file.
     let heads: [&[u8]; 4] = [
@@ -362,4 +375,121 @@ fn fuzz_the_export_reader_with_mutilated_exports() {
     assert!(refused >= 250, "only {refused} of 300 mutilated exports were refused");
     // Nothing a refused import read was stored.
     assert_eq!(target.log().verify().unwrap().events, 0);
+}
+
+#[test]
+fn opencode_steps_tool_parts_synthetic_text_and_compaction() {
+    let doc = r#"{"info":{"id":"ses_1","directory":"/w","time":{"created":1700000000000}},"messages":[
+ {"info":{"id":"msg_1","role":"user"},"parts":[{"type":"text","text":"fix the bug"},{"type":"text","synthetic":true,"text":"Called the Read tool: a.rs"},{"type":"file","filename":"a.rs"}]},
+ {"info":{"id":"msg_2","role":"assistant","modelID":"gpt-5"},"parts":[
+   {"type":"step-start"},{"type":"reasoning","text":"look first"},
+   {"type":"tool","id":"prt_1","callID":"c1","tool":"read","state":{"status":"completed","input":{"path":"a.rs"},"output":"fn main() {}"}},
+   {"type":"tool","id":"prt_2","callID":"c2","tool":"bash","state":{"status":"error","input":{"cmd":"cargo t"},"error":"exit 101"}},
+   {"type":"step-finish"},{"type":"step-start"},
+   {"type":"text","text":"done"},
+   {"type":"tool","id":"prt_3","callID":"c3","tool":"bash","state":{"status":"running","input":{"cmd":"sleep"}}},
+   {"type":"mystery"},{"type":"step-finish"}]},
+ {"info":{"id":"msg_5","role":"user"},"parts":[{"type":"text","text":"thanks"}]}
+]}"#;
+    insta::assert_snapshot!(check_import(doc));
+    // A compaction request and its summary: the context after it starts from the summary.
+    let compacted = r#"{"info":{"id":"ses_2"},"messages":[
+ {"info":{"id":"msg_1","role":"user"},"parts":[{"type":"text","text":"fix the bug"}]},
+ {"info":{"id":"msg_2","role":"assistant"},"parts":[{"type":"step-start"},{"type":"text","text":"fixed"},{"type":"step-finish"}]},
+ {"info":{"id":"msg_3","role":"user"},"parts":[{"type":"compaction","auto":true}]},
+ {"info":{"id":"msg_4","role":"assistant","mode":"compaction","summary":true},"parts":[{"type":"text","text":"Summary: fixed a.rs"}]},
+ {"info":{"id":"msg_5","role":"user"},"parts":[{"type":"text","text":"thanks"}]}
+]}"#;
+    insta::assert_snapshot!("opencode_compaction", check_import(compacted));
+}
+
+#[test]
+fn gemini_cli_calls_with_embedded_results() {
+    let doc = r#"{"sessionId":"s1","projectHash":"p","startTime":"2025-12-01T21:45:00Z","messages":[
+ {"id":"u1","type":"user","content":"list files"},
+ {"id":"g1","type":"gemini","content":"","thoughts":[{"subject":"Plan","description":"list the folder"}],"model":"gemini-2.5-pro",
+  "toolCalls":[{"id":"ls-1","name":"list_directory","args":{"dir_path":"/w"},"result":[{"functionResponse":{"id":"ls-1","name":"list_directory","response":{"output":"a.rs\nb.rs"}}}],"status":"success"},
+               {"id":"rd-2","name":"read_file","args":{"file_path":"/w/c.rs"},"result":[{"functionResponse":{"id":"rd-2","name":"read_file","response":{"error":"no such file"}}}],"status":"error"},
+               {"id":"x-3","name":"shell","args":{}}]},
+ {"id":"i1","type":"info","content":"Request cancelled."},
+ {"id":"g2","type":"gemini","content":"Two files: a.rs and b.rs."},
+ {"id":"q1","type":"question","content":"?"}
+]}"#;
+    insta::assert_snapshot!(check_import(doc));
+}
+
+#[test]
+fn openhands_actions_observations_and_one_response_with_two_calls() {
+    let mr = |id: &str| format!(r#"{{"id":"{id}","choices":[{{"message":{{"tool_calls":[{{"id":"t1","function":{{"name":"execute_bash","arguments":"{{\"command\":\"ls\"}}"}}}},{{"id":"t2","function":{{"name":"str_replace_editor","arguments":"{{\"command\":\"view\",\"path\":\"/w\"}}"}}}}]}}}}]}}"#);
+    let doc = format!(
+        r#"[{{"id":0,"source":"agent","action":"system","args":{{"content":"You are OpenHands"}}}},
+ {{"id":1,"source":"user","action":"message","args":{{"content":"list the repo"}},"message":"list the repo"}},
+ {{"id":2,"source":"agent","action":"run","args":{{"command":"ls","thought":"Start by listing."}},"tool_call_metadata":{{"function_name":"execute_bash","tool_call_id":"t1","model_response":{}}}}},
+ {{"id":3,"source":"agent","action":"read","args":{{"path":"/w"}},"tool_call_metadata":{{"function_name":"str_replace_editor","tool_call_id":"t2","model_response":{}}}}},
+ {{"id":4,"source":"agent","observation":"run","cause":2,"content":"a.py\nb.py","tool_call_metadata":{{"function_name":"execute_bash","tool_call_id":"t1"}}}},
+ {{"id":5,"source":"agent","observation":"error","cause":3,"content":"permission denied","tool_call_metadata":{{"function_name":"str_replace_editor","tool_call_id":"t2"}}}},
+ {{"id":6,"source":"environment","observation":"agent_state_changed","content":""}},
+ {{"id":7,"source":"agent","action":"message","args":{{"content":"There are two files."}}}}]"#,
+        mr("r1"),
+        mr("r1")
+    );
+    insta::assert_snapshot!(check_import(&doc));
+}
+
+#[test]
+fn swe_agent_and_mini_swe_agent_chat_histories() {
+    let swe = r#"{"environment":"swe_main","trajectory":[],"info":{"exit_status":"submitted"},"history":[
+ {"role":"system","content":"SETTING: you are an autonomous programmer","agent":"main"},
+ {"role":"user","content":"ISSUE: division by zero","agent":"main","message_type":"observation"},
+ {"role":"assistant","content":"Find the file.","thought":"Find the file.","action":"find_file x.py","tool_calls":[{"id":"call_1","type":"function","function":{"name":"find_file","arguments":"{\"file_name\":\"x.py\"}"}}]},
+ {"role":"tool","content":"Found 1 match: tests/x.py","tool_call_ids":["call_1"]},
+ {"role":"assistant","content":"open it\n```\nopen tests/x.py\n```"},
+ {"role":"user","content":"[File: tests/x.py (3 lines total)]","message_type":"observation"},
+ {"role":"narrator","content":"?"}
+]}"#;
+    let mini = r#"{"trajectory_format":"mini-swe-agent-1.1","instance_id":"repo__x-1","info":{"exit_status":"Submitted"},"messages":[
+ {"role":"system","content":"You are a helpful assistant."},
+ {"role":"user","content":"<pr_description>fix x</pr_description>"},
+ {"role":"assistant","content":"Look around.","reasoning_content":"Need the layout first.","tool_calls":[{"id":"call_a","type":"function","function":{"name":"bash","arguments":"{\"command\": \"ls\"}"}}]},
+ {"role":"tool","tool_call_id":"call_a","content":"<returncode>0</returncode>\n<output>x.py</output>","extra":{"returncode":0}},
+ {"role":"assistant","content":"Submit.","tool_calls":[{"id":"call_b","type":"function","function":{"name":"bash","arguments":"{\"command\": \"submit\"}"}}]},
+ {"role":"exit","content":"","extra":{"exit_status":"Submitted"}}
+]}"#;
+    insta::assert_snapshot!("swe_agent", check_import(swe));
+    insta::assert_snapshot!("mini_swe_agent", check_import(mini));
+}
+
+#[test]
+fn every_corpus_session_of_the_document_formats_imports_valid_or_is_named_with_a_reason() {
+    let corpus = condense_tests::corpus_dir();
+    let mut imported = std::collections::BTreeMap::new();
+    let mut refused = Vec::new();
+    for folder in ["opencode", "gemini-cli", "openhands", "swe-agent-traj", "mini-swe-agent-traj"] {
+        let mut files = Vec::new();
+        condense_tests::walk_files(&corpus.join(folder), &["json", "jsonl", "traj"], &mut files);
+        files.sort();
+        for f in files {
+            let bytes = std::fs::read(&f).unwrap();
+            let name = condense_tests::corpus_name(&f);
+            match import_bytes(&name, &bytes) {
+                Ok(i) => {
+                    let mut p = Projection::new();
+                    for (k, e) in i.events.iter().enumerate() {
+                        p.apply(k as u64 + 1, &condense_events::Event::Source(e.clone()));
+                    }
+                    let r = p.render();
+                    assert!(check(&r.messages).is_empty(), "{name}: {:?}", check(&r.messages));
+                    // (A session that ends in a host compaction renders as its summary alone.)
+                    assert!(!r.messages.is_empty(), "{name}: nothing rendered");
+                    *imported.entry(i.format.name()).or_insert(0) += 1;
+                }
+                Err(reason) => refused.push((name, reason)),
+            }
+        }
+    }
+    let counts: Vec<_> = imported.into_iter().collect();
+    assert_eq!(counts, [("gemini-cli", 2), ("mini-swe-agent", 95), ("opencode", 14), ("openhands", 3), ("swe-agent", 22)]);
+    // The two OpenHands evaluation outputs hold many trajectories per file: refused, saying so.
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(refused.iter().all(|(n, r)| n.ends_with("output.jsonl") && r.contains("OpenHands evaluation output")), "{refused:?}");
 }

@@ -38,6 +38,19 @@ pub fn walk_jsonl(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every file under `dir` whose extension is one of `extensions`.
+pub fn walk_files(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            walk_files(&p, extensions, out);
+        } else if p.extension().and_then(|x| x.to_str()).is_some_and(|x| extensions.contains(&x)) {
+            out.push(p);
+        }
+    }
+}
+
 /// The session's path relative to the corpus, with `/`.
 pub fn corpus_name(path: &Path) -> String {
     path.strip_prefix(corpus_dir()).unwrap_or(path).to_string_lossy().replace('\\', "/")

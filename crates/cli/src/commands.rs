@@ -637,7 +637,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     }
 }
 
-/// Every `.jsonl` file under `dir`, sorted; a subfolder or entry that cannot be read is noted with why,
+/// Every session file candidate (`.jsonl`, `.json`, `.traj`) under `dir`, sorted; a subfolder or entry that cannot be read is noted with why,
 /// and the rest is still walked.
 fn walk_all(dir: &Path, out: &mut Vec<PathBuf>, unreadable: &mut Vec<(PathBuf, std::io::Error)>) {
     let mut entries: Vec<_> = match std::fs::read_dir(dir) {
@@ -659,7 +659,7 @@ fn walk_all(dir: &Path, out: &mut Vec<PathBuf>, unreadable: &mut Vec<(PathBuf, s
         };
         if ft.is_dir() {
             walk_all(&p, out, unreadable);
-        } else if ft.is_file() && p.extension().is_some_and(|x| x == "jsonl") {
+        } else if ft.is_file() && p.extension().is_some_and(|x| x == "jsonl" || x == "json" || x == "traj") {
             out.push(p);
         }
     }

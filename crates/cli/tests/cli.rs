@@ -74,7 +74,7 @@ fn errors_are_one_line_and_non_zero() {
     std::fs::write(&bad, "{\"hello\":1}\n").unwrap();
     let (code, _, err) = condense(&store, &["import", bad.to_str().unwrap()]);
     assert_eq!(code, 1);
-    assert!(err.contains("bad.jsonl: not a pi, Claude Code or Codex session"), "{err}");
+    assert!(err.contains("bad.jsonl: not a session condense reads") && err.contains("(keys: hello)"), "{err}");
     let (code, _, err) = condense(&store, &["stats", "nope"]);
     assert_eq!(code, 2);
     assert_eq!(err.trim(), "condense: no session named `nope`");

@@ -8,6 +8,7 @@
 
 mod claude;
 mod codex;
+mod documents;
 pub mod export;
 mod jsonl;
 mod pi;
@@ -27,6 +28,16 @@ pub enum Format {
     ClaudeCode,
     /// OpenAI Codex CLI rollout JSONL.
     Codex,
+    /// opencode session export (one JSON document).
+    OpenCode,
+    /// Gemini CLI chat (one JSON document).
+    GeminiCli,
+    /// OpenHands event stream (a JSON array of events).
+    OpenHands,
+    /// SWE-agent trajectory (`*.traj`).
+    SweAgent,
+    /// mini-swe-agent trajectory (`*.traj.json`).
+    MiniSweAgent,
 }
 
 impl Format {
@@ -36,6 +47,11 @@ impl Format {
             Format::Pi => "pi",
             Format::ClaudeCode => "claude-code",
             Format::Codex => "codex",
+            Format::OpenCode => "opencode",
+            Format::GeminiCli => "gemini-cli",
+            Format::OpenHands => "openhands",
+            Format::SweAgent => "swe-agent",
+            Format::MiniSweAgent => "mini-swe-agent",
         }
     }
 }
@@ -53,7 +69,7 @@ pub enum FormatError {
         source: std::io::Error,
     },
     /// The file is not a session in any format condense reads.
-    #[error("{path}: not a pi, Claude Code or Codex session ({reason})")]
+    #[error("{path}: not a session condense reads (pi, Claude Code, Codex, opencode, Gemini CLI, OpenHands, SWE-agent, mini-swe-agent): {reason}")]
     Unrecognized {
         /// The file.
         path: PathBuf,
@@ -111,6 +127,21 @@ const DETECT_LINES: usize = 50;
 
 /// Imports a session held in memory; `file` names it in diagnostics.
 pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
+    // A session saved as one JSON document (opencode, Gemini CLI, OpenHands, SWE-agent, mini-swe-agent).
+    let mut document = None;
+    if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'['))
+        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes)
+    {
+        if let Some(format) = documents::detect(&v) {
+            let out = documents::import(format, file, v);
+            let mut events = out.events;
+            for d in &out.diagnostics {
+                events.push(SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() });
+            }
+            return Ok(Imported { format, events, diagnostics: out.diagnostics });
+        }
+        document = Some(v);
+    }
     let mut lines = jsonl::Lines::new(file, bytes);
     let head: Vec<jsonl::Line> = lines.by_ref().take(DETECT_LINES).collect();
     let (format, mut out, mut diagnostics) = match detect(&head) {
@@ -137,7 +168,14 @@ pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
                 }
                 _ => {
                     let rest: Vec<_> = lines.by_ref().collect();
-                    return Err(if !head.is_empty() || !rest.is_empty() {
+                    return Err(if let Some(v) = document {
+                        format!("it looks like {}", documents::looks_like(&v))
+                    } else if let Some(first) = head.first() {
+                        match &first.value {
+                            v @ serde_json::Value::Object(o) if o.contains_key("history") => format!("it looks like {}", documents::looks_like(v)),
+                            v => format!("no line has a known shape; line {} looks like {}", first.line, documents::looks_like(v)),
+                        }
+                    } else if !rest.is_empty() {
                         "no line has a known shape".to_string()
                     } else if let Some(d) = lines.diagnostics.first() {
                         d.to_string()
@@ -160,6 +198,9 @@ fn run(format: Format, file: &str, lines: impl Iterator<Item = jsonl::Line>) -> 
         Format::Pi => pi::import(file, lines),
         Format::ClaudeCode => claude::import(file, lines),
         Format::Codex => codex::import(file, lines),
+        Format::OpenCode | Format::GeminiCli | Format::OpenHands | Format::SweAgent | Format::MiniSweAgent => {
+            unreachable!("document formats are detected on the whole document, never from lines")
+        }
     }
 }
 
