@@ -493,3 +493,26 @@ fn every_corpus_session_of_the_document_formats_imports_valid_or_is_named_with_a
     assert_eq!(refused.len(), 2, "{refused:?}");
     assert!(refused.iter().all(|(n, r)| n.ends_with("output.jsonl") && r.contains("OpenHands evaluation output")), "{refused:?}");
 }
+
+#[test]
+fn every_corpus_file_imports_or_says_what_it_looks_like() {
+    let corpus = condense_tests::corpus_dir();
+    let mut files = Vec::new();
+    condense_tests::walk_files(&corpus, &["jsonl", "json", "traj"], &mut files);
+    files.sort();
+    let (mut ok, mut skipped) = (0, Vec::new());
+    for f in &files {
+        let name = condense_tests::corpus_name(f);
+        match import_bytes(&name, &std::fs::read(f).unwrap()) {
+            Ok(_) => ok += 1,
+            Err(reason) => {
+                assert!(reason.contains("looks like"), "{name}: a skip must say what the file looks like: {reason}");
+                skipped.push(name);
+            }
+        }
+    }
+    assert!(ok >= 189, "{ok} imported");
+    // What the corpus holds that condense does not read: managed-agent event transcripts, normalized
+    // exports, OpenHands evaluation outputs and one fixture manifest.
+    assert_eq!(skipped.len(), 13, "{skipped:#?}");
+}

@@ -49,6 +49,9 @@ pub(crate) fn looks_like(v: &Value) -> String {
         Value::Object(o) if o.contains_key("history") && (o.contains_key("instance_id") || o.contains_key("instruction")) => {
             "an OpenHands evaluation output (one trajectory per line under `history`); condense imports OpenHands trajectories saved one per file (`trajs/*.json`)".into()
         }
+        Value::Object(o) if o.get("raw").and_then(|r| r.get("type")).is_some() && o.contains_key("kind") => {
+            "an Anthropic managed-agent event transcript (one backend event per line), which condense does not read".into()
+        }
         Value::Object(o) if o.contains_key("messages") && o.contains_key("meta") => {
             "a normalized session export (`messages` + `meta`), which condense does not read; import the agent's own session file instead".into()
         }
