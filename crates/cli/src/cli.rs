@@ -55,6 +55,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Follow agents' session folders: import new session files and append what existing ones grow by,
+    /// one line per change, until stopped (Ctrl-C)
+    #[command(after_help = "Example:\n  condense watch ~/.claude/projects ~/.pi/agent/sessions ~/.codex/sessions\n\nWith `condense serve` running on the same store, start serve first: watch then imports through it.")]
+    Watch {
+        /// Folders (or files) to follow, recursively
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+        /// Quiet time before a changed file is read, in milliseconds (lets the agent finish writing)
+        #[arg(long, value_name = "MS", default_value_t = 500)]
+        settle: u64,
+    },
     /// List the sessions in the store: id, events, name (either addresses the session)
     #[command(after_help = "Example:\n  condense sessions --json")]
     Sessions {
@@ -298,7 +309,7 @@ pub enum Format {
 impl Command {
     /// Whether the command creates the store when it does not exist (the others refuse a missing one).
     pub fn creates_store(&self) -> bool {
-        matches!(self, Command::Import { .. } | Command::Demo { .. } | Command::Serve(_))
+        matches!(self, Command::Import { .. } | Command::Demo { .. } | Command::Serve(_) | Command::Watch { .. })
             || matches!(self, Command::Simulate { keep: true, .. })
     }
 

@@ -54,8 +54,13 @@ pub fn error_text(e: &anyhow::Error) -> String {
 
 /// Runs a command with its output captured: `(stdout, stderr, exit code)`.
 pub fn run_captured(store: &Store, argv: Vec<String>) -> (Vec<u8>, Vec<u8>, i32) {
+    capture(argv.into_iter().map(OsString::from).collect(), Some(store))
+}
+
+/// Runs a command (inside a server when `served` is given) with its output captured.
+pub(crate) fn capture(argv: Vec<OsString>, served: Option<&Store>) -> (Vec<u8>, Vec<u8>, i32) {
     CAPTURE.with(|c| *c.borrow_mut() = Some((Vec::new(), Vec::new())));
-    let code = match run_with(argv.into_iter().map(OsString::from).collect(), Some(store)) {
+    let code = match run_with(argv, served) {
         Ok(code) if code == ExitCode::SUCCESS => 0,
         Ok(code) if code == ExitCode::from(2) => 2,
         Ok(_) => 1,
@@ -127,6 +132,12 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
             out!("{}", String::from_utf8_lossy(&buf));
             return Ok(ExitCode::SUCCESS);
         }
+        Command::Watch { paths, settle } => {
+            if served.is_some() {
+                bail!("`watch` runs beside a server, not inside it");
+            }
+            return crate::watch::watch(&store_dir, paths, std::time::Duration::from_millis(*settle));
+        }
         Command::Rm { .. } if served.is_some() => {
             bail!("`rm` does not run while `condense serve` holds the store (it may be serving that session); stop the server first");
         }
@@ -152,7 +163,7 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
         Store::open(&store_dir).with_context(|| format!("opening store {}", store_dir.display()))
     };
     match cli.command {
-        Command::Serve(_) | Command::Completions { .. } => unreachable!("handled above"),
+        Command::Serve(_) | Command::Completions { .. } | Command::Watch { .. } => unreachable!("handled above"),
         Command::Import { paths, json } => import(&open()?, &paths, json),
         Command::Export { file, force } => {
             if file.exists() && !force {

@@ -6,3 +6,4 @@ pub mod cli;
 #[macro_use]
 pub mod commands;
 mod serve;
+mod watch;

@@ -115,9 +115,8 @@ pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) ->
         bail!("the condense serve holding {} refused the command ({status}): {}", store_dir.display(), text.trim());
     }
     let v: serde_json::Value = serde_json::from_str(&text).context("reading the server's answer")?;
-    use std::io::Write;
-    std::io::stdout().write_all(v["stdout"].as_str().unwrap_or("").as_bytes())?;
-    std::io::stderr().write_all(v["stderr"].as_str().unwrap_or("").as_bytes())?;
+    crate::commands::out_write(format_args!("{}", v["stdout"].as_str().unwrap_or("")))?;
+    crate::commands::err_write(format_args!("{}", v["stderr"].as_str().unwrap_or("")));
     Ok(Some(match v["code"].as_i64().unwrap_or(2) {
         0 => ExitCode::SUCCESS,
         1 => ExitCode::from(1),

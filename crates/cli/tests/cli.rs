@@ -488,7 +488,7 @@ fn help_version_and_completions() {
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .filter(|c| c != "help")
         .collect();
-    assert_eq!(commands.len(), 17, "{commands:?}");
+    assert_eq!(commands.len(), 18, "{commands:?}");
     for c in &commands {
         let (code, page, _) = bare(&[c, "--help"]);
         assert_eq!(code, 0, "{c}");
@@ -659,4 +659,78 @@ fn docs_name_only_commands_and_flags_the_cli_has() {
     }
     assert!(checked >= 30, "only {checked} commands found in the docs");
     assert!(wrong.is_empty(), "the docs name what the CLI does not have:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn watch_imports_new_files_and_appends_what_they_grow_by() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let folder = dir.path().join("sessions");
+    std::fs::create_dir_all(&folder).unwrap();
+    let full = generated_pi(dir.path(), 200);
+    let text = std::fs::read_to_string(&full).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let pi = folder.join("s.jsonl");
+    std::fs::write(&pi, lines[..100].join("\n") + "\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_condense"))
+        .arg("--store")
+        .arg(&store)
+        .args(["watch", "--settle", "200"])
+        .arg(&folder)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let expect = |what: &str| -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(what) => return line,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        panic!("watch never said `{what}`");
+    };
+    // The file there at the start, then its growth.
+    assert!(expect("imported").contains("s.jsonl"));
+    expect("watching");
+    std::fs::OpenOptions::new().append(true).open(&pi).map(|mut f| std::io::Write::write_all(&mut f, (lines[100..].join("\n") + "\n").as_bytes())).unwrap().unwrap();
+    let grown = expect("grown");
+    assert!(grown.contains("s.jsonl") && grown.contains("(+"), "{grown}");
+    // A JSON document that its agent rewrites whole as the chat goes on (Gemini CLI).
+    let gemini = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/corpus/gemini-cli/codemie-ai__codemie-code/tests/integration/metrics/fixtures/gemini/session-2025-12-01T21-45-5b959dae.json");
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&gemini).unwrap()).unwrap();
+    let all = doc["messages"].as_array().unwrap().clone();
+    doc["messages"] = serde_json::Value::Array(all[..6].to_vec());
+    std::fs::write(folder.join("chat.json"), serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    assert!(expect("imported").contains("chat.json"));
+    doc["messages"] = serde_json::Value::Array(all.clone());
+    std::fs::write(folder.join("chat.json"), serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
+    assert!(expect("grown").contains("chat.json"));
+    // Something that is not a session is named with the reason.
+    std::fs::write(folder.join("notes.json"), "{\"x\":1}").unwrap();
+    let skipped = expect("skipped");
+    assert!(skipped.contains("notes.json") && skipped.contains("keys: x"), "{skipped}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The watched session is what an import of the finished file gives.
+    let fresh = dir.path().join("fresh");
+    assert_eq!(condense(&fresh, &["import", pi.to_str().unwrap()]).0, 0);
+    let name = condense(&fresh, &["sessions", "--json"]).1;
+    let name = serde_json::from_str::<serde_json::Value>(&name).unwrap()[0]["name"].as_str().unwrap().to_string();
+    assert_eq!(condense(&store, &["render", &name]).1, condense(&fresh, &["render", &name]).1);
+    assert_eq!(condense(&store, &["verify"]).0, 0);
 }

@@ -293,16 +293,20 @@ impl Store {
         if finished && *h0 == hash {
             return Ok(outcome(ImportAction::Unchanged, 0));
         }
-        let grown = bytes.len() as u64 > *b0 && blake3::hash(&bytes[..*b0 as usize]).to_hex().as_str() == h0;
-        if finished && !grown {
-            return Err(EngineError::NameTaken { name: name.to_string(), reason: format!("{canonical} changed since it was imported, and not by growing") });
-        }
         // The events of this import are the file's events; the session holds a prefix of them (an import
         // that stopped, or the file before it grew). Diagnostics and import markers are set aside.
         let core = |e: &&SourceEvent| !matches!(e, SourceEvent::ImportDiagnostic { .. } | SourceEvent::ImportStarted { .. } | SourceEvent::ImportCompleted { .. });
         let old: Vec<&SourceEvent> = held.iter().filter(core).collect();
         let new: Vec<&SourceEvent> = imported.events.iter().filter(core).collect();
-        if old.len() > new.len() || old.iter().zip(&new).any(|(a, b)| a != b) {
+        let prefix = old.len() <= new.len() && old.iter().zip(&new).all(|(a, b)| a == b);
+        // Grown: the file's old bytes are a prefix of its new ones (JSON lines only ever append), or a file
+        // rewritten whole (a JSON document such as a Gemini CLI chat) holds what it held plus more.
+        let grown = (bytes.len() as u64 > *b0 && blake3::hash(&bytes[..*b0 as usize]).to_hex().as_str() == h0)
+            || (finished && prefix && new.len() > old.len());
+        if finished && !grown {
+            return Err(EngineError::NameTaken { name: name.to_string(), reason: format!("{canonical} changed since it was imported, and not by growing") });
+        }
+        if !prefix {
             return Err(EngineError::NameTaken { name: name.to_string(), reason: format!("what it holds is not a prefix of what {canonical} holds now") });
         }
         let mut events: Vec<SourceEvent> = Vec::new();
