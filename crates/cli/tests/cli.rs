@@ -175,6 +175,12 @@ fn compact_and_checkpoint_line() {
     assert_eq!(code, 0);
     let msgs: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(msgs[0]["content"][0]["text"].as_str().unwrap().starts_with("[Checkpoint c1"));
+    // Errors say one thing each.
+    let (code, _, err) = condense(&store, &["checkpoint-line", "demo", "c5"]);
+    assert_eq!((code, err.trim()), (2, "condense: session `demo` has no checkpoint c5 (it has 1)"));
+    let (code, _, err) = condense(&store, &["fork", "demo", "x", "--at", "nope"]);
+    assert_eq!(code, 2);
+    assert!(err.starts_with("condense: session `demo` has no entry `nope`"), "{err}");
     // Without --timestamp the line is stamped now.
     let (code, out, _) = condense(&store, &["checkpoint-line", "demo"]);
     assert_eq!(code, 0);

@@ -42,6 +42,22 @@ pub enum EngineError {
     /// No session has this name.
     #[error("no session named `{0}`")]
     UnknownSession(String),
+    /// The session has no entry with this id.
+    #[error("session `{name}` has no entry `{entry}` (`condense render SESSION --entry-ids` lists them)")]
+    UnknownEntry {
+        /// The session.
+        name: String,
+        /// The id asked for.
+        entry: String,
+    },
+    /// The session has no such checkpoint.
+    #[error("session `{name}` has {what}")]
+    UnknownCheckpoint {
+        /// The session.
+        name: String,
+        /// What it lacks (`no checkpoint c5`, `no checkpoints yet`).
+        what: String,
+    },
     /// A pipeline stage failed (a summarizer, a blob write); nothing of that run was stored.
     #[error("session `{name}`: pruning pipeline: {reason}")]
     Pipeline {
@@ -360,7 +376,7 @@ impl Store {
         if let Some(at) = at {
             proj.apply(head + 1, &Event::Source(SourceEvent::LeafMoved { leaf: Some(at.to_string()) }));
             if proj.path_ids().last().map(String::as_str) != Some(at) {
-                return Err(EngineError::UnknownSession(format!("{source}: no entry `{at}`")));
+                return Err(EngineError::UnknownEntry { name: source.to_string(), entry: at.to_string() });
             }
         }
         let on_path: std::collections::BTreeSet<String> = proj.path_ids().into_iter().collect();
@@ -799,7 +815,13 @@ impl Session {
             Some(n) => idx.checkpoints.get(&n),
             None => idx.checkpoints.values().next_back(),
         }
-        .ok_or_else(|| EngineError::UnknownSession(format!("{}: no such checkpoint", self.name)))?;
+        .ok_or_else(|| EngineError::UnknownCheckpoint {
+            name: self.name.clone(),
+            what: match n {
+                Some(n) => format!("no checkpoint c{n} (it has {})", idx.checkpoints.len()),
+                None => "no checkpoints yet (`condense compact` makes one)".into(),
+            },
+        })?;
         let branch = p.branch_entries();
         let leaf = branch.last().map_or("", |(id, _)| id);
         let first_kept = branch.iter().position(|(id, _)| *id == cp.boundary).and_then(|b| branch.get(b + 1)).map(|(id, _)| *id);
