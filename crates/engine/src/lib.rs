@@ -121,6 +121,7 @@ struct Inner {
     log: Log,
     warm: Mutex<Warm>,
     summarizer: Mutex<Arc<dyn Summarizer>>,
+    defer_durability: bool,
 }
 
 /// The warm projections, bounded: the least recently used one that nobody holds is dropped when there are
@@ -138,11 +139,15 @@ pub struct StoreOptions {
     pub cache_bytes: u64,
     /// Warm projections kept in memory at most (the least recently used beyond it are dropped).
     pub warm_limit: usize,
+    /// Appends return once written, before they are durable; [`Store::sync`] (or any durable write after
+    /// them) makes them durable. For a host whose source resends what a crash would lose (`condense
+    /// serve`: the client sends its whole history with every request). Off by default.
+    pub defer_durability: bool,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { cache_bytes: condense_log::DEFAULT_CACHE_BYTES, warm_limit: 64 }
+        StoreOptions { cache_bytes: condense_log::DEFAULT_CACHE_BYTES, warm_limit: 64, defer_durability: false }
     }
 }
 
@@ -204,6 +209,7 @@ impl Store {
                 log: Log::open_with(dir, options.cache_bytes)?,
                 warm: Mutex::new(Warm { map: BTreeMap::new(), tick: 0, limit: options.warm_limit.max(1) }),
                 summarizer: Mutex::new(Arc::new(Extractive::default())),
+                defer_durability: options.defer_durability,
             }),
         })
     }
@@ -211,6 +217,11 @@ impl Store {
     /// Replaces the summarizer the pruning pipeline uses (the embedded default is [`Extractive`]).
     pub fn set_summarizer(&self, summarizer: Arc<dyn Summarizer>) {
         *self.inner.summarizer.lock().expect("summarizer lock") = summarizer;
+    }
+
+    /// Makes every append so far durable (a no-op cost when nothing is pending).
+    pub fn sync(&self) -> Result<()> {
+        Ok(self.inner.log.sync()?)
     }
 
     /// The underlying log.
@@ -507,7 +518,13 @@ impl Session {
         Ok(self.store.inner.log.head(self.id)?)
     }
 
-    /// Appends source events at the current head and returns the new head once they are durable.
+    /// Makes every append so far durable (see [`StoreOptions::defer_durability`]).
+    pub fn sync(&self) -> Result<()> {
+        self.store.sync()
+    }
+
+    /// Appends source events at the current head and returns the new head once they are durable (once
+    /// written, with [`StoreOptions::defer_durability`]).
     ///
     /// Large batches go in chunks, pipelined: while the log writer makes one chunk durable, this thread
     /// encodes the next. The warm projection takes each chunk's events (moving their bodies, not copying
@@ -534,7 +551,7 @@ impl Session {
                     .enumerate()
                     .map(|(i, body)| condense_log::encode_event(self.id, head + 1 + i as u64, body))
                     .collect();
-                let rx = log.append_encoded(self.id, head, values)?;
+                let rx = if self.store.inner.defer_durability { log.append_deferred(self.id, head, values)? } else { log.append_encoded(self.id, head, values)? };
                 let first = head + 1;
                 head += chunk.len() as u64;
                 Some((first, chunk, rx))

@@ -145,7 +145,7 @@ pub struct SessionInfo {
     pub head: Seq,
 }
 
-/// Notice sent to subscribers after a group of events is durable.
+/// Notice sent to subscribers after a group of events is written (durable, unless it was deferred).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Appended {
     /// The session.
@@ -344,10 +344,28 @@ impl Log {
         expected_head: Seq,
         values: Vec<Vec<u8>>,
     ) -> Result<Receiver<Result<Seq>>> {
-        if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| v.len() > codec::MAX_VALUE_BYTES + 1) {
-            return Err(LogError::Oversized { session, seq: expected_head + 1 + i as u64, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 });
-        }
-        self.writer.append_prepared(session, expected_head, values)
+        check_sizes(session, expected_head, &values)?;
+        self.writer.append_prepared(session, expected_head, values, true)
+    }
+
+    /// As [`Log::append_encoded`], but acknowledged once written, before it is durable: the next durable
+    /// append, [`Log::sync`], or closing the log makes it durable. A crash before then loses a suffix of
+    /// the deferred appends (never a middle: what survives is still a gap-free prefix of each session).
+    /// For a host that can afford to lose its latest events because their source resends them (a client
+    /// resending its whole history), in exchange for not waiting for the disk.
+    pub fn append_deferred(
+        &self,
+        session: SessionId,
+        expected_head: Seq,
+        values: Vec<Vec<u8>>,
+    ) -> Result<Receiver<Result<Seq>>> {
+        check_sizes(session, expected_head, &values)?;
+        self.writer.append_prepared(session, expected_head, values, false)
+    }
+
+    /// Makes everything appended so far durable.
+    pub fn sync(&self) -> Result<()> {
+        self.writer.sync()
     }
 
     /// Reads the events of `session` with `from <= seq <= to`, in order.
@@ -465,6 +483,14 @@ impl Log {
     /// Flushes and stops the writer. Later calls on any clone return [`LogError::Closed`].
     pub fn close(&self) {
         self.writer.stop();
+    }
+}
+
+/// An encoded value over the bound of a stored value is refused before anything is written.
+fn check_sizes(session: SessionId, expected_head: Seq, values: &[Vec<u8>]) -> Result<()> {
+    match values.iter().enumerate().find(|(_, v)| v.len() > codec::MAX_VALUE_BYTES + 1) {
+        Some((i, v)) => Err(LogError::Oversized { session, seq: expected_head + 1 + i as u64, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 }),
+        None => Ok(()),
     }
 }
 

@@ -17,7 +17,10 @@ enum Request {
     /// Delete a session: its name, then its events.
     Remove { session: SessionId, reply: Sender<Result<()>> },
     /// Values already encoded by the caller for seq `expected + 1 ..`.
-    Prepared { session: SessionId, expected: Seq, values: Vec<Vec<u8>>, reply: Sender<Result<Seq>> },
+    /// `durable: false` is acknowledged once written, before the flush (see [`crate::Log::append_deferred`]).
+    Prepared { session: SessionId, expected: Seq, values: Vec<Vec<u8>>, durable: bool, reply: Sender<Result<Seq>> },
+    /// Flush everything written so far; acknowledged once durable.
+    Sync { reply: Sender<Result<()>> },
 }
 
 pub(crate) struct WriterHandle {
@@ -63,10 +66,17 @@ impl WriterHandle {
         session: SessionId,
         expected: Seq,
         values: Vec<Vec<u8>>,
+        durable: bool,
     ) -> Result<crossbeam_channel::Receiver<Result<Seq>>> {
         let (reply, rx) = bounded(1);
-        self.send(Request::Prepared { session, expected, values, reply })?;
+        self.send(Request::Prepared { session, expected, values, durable, reply })?;
         Ok(rx)
+    }
+
+    pub(crate) fn sync(&self) -> Result<()> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Sync { reply })?;
+        rx.recv().map_err(|_| LogError::Closed)?
     }
 
     pub(crate) fn stop(&self) {
@@ -84,6 +94,7 @@ impl Drop for WriterHandle {
 }
 
 fn run(shared: &Shared, rx: &Receiver<Request>) {
+    let mut unflushed = Unflushed::default();
     let mut names: BTreeMap<String, SessionId> = BTreeMap::new();
     for (k, v) in shared.sessions.iter().flatten() {
         names.insert(String::from_utf8_lossy(&v).into_owned(), crate::codec::session_from_key(&k));
@@ -102,7 +113,7 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
             match r {
                 Request::Remove { session, reply } => {
                     if !pending.is_empty() {
-                        commit(shared, &mut names, std::mem::take(&mut pending));
+                        commit(shared, &mut names, &mut unflushed, std::mem::take(&mut pending));
                     }
                     let _ = reply.send(remove(shared, &mut names, session));
                 }
@@ -110,7 +121,7 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
             }
         }
         if !pending.is_empty() {
-            commit(shared, &mut names, pending);
+            commit(shared, &mut names, &mut unflushed, pending);
         }
     }
     let _ = shared.db.flush();
@@ -157,14 +168,24 @@ fn stage(
     replies.push(Reply::Appended(reply, Ok(seq)));
 }
 
-/// Applies one group as a single sled batch and flushes; replies go out only after the flush.
-fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<Request>) {
+/// Heads written by deferred appends and not yet flushed: the manifest learns them at the next flush.
+#[derive(Default)]
+pub(crate) struct Unflushed {
+    heads: BTreeMap<SessionId, Seq>,
+}
+
+/// Applies one group as a single sled batch and flushes when any request in it needs durability (a
+/// durable append, a new session, a sync); replies go out only after that flush. A group of deferred
+/// appends only is acknowledged once written: the next flush makes it durable.
+fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &mut Unflushed, group: Vec<Request>) {
     let mut heads = shared.heads.lock().expect("heads lock").clone();
     let mut batch = sled::Batch::default();
     let mut replies = Vec::with_capacity(group.len());
     let mut notices = Vec::new();
     let mut new_names = Vec::new();
     let mut wrote = false;
+    let mut flush = false;
+    let mut syncs = Vec::new();
     for req in group {
         match req {
             Request::Create { name, reply } => {
@@ -179,11 +200,13 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
                     continue;
                 }
                 wrote = true;
+                flush = true;
                 heads.insert(id, 0);
                 new_names.push((name, id));
                 replies.push(Reply::Created(reply, Ok(id)));
             }
             Request::Append { session, expected, events, reply } => {
+                flush = true;
                 let values = events
                     .into_iter()
                     .enumerate()
@@ -194,20 +217,33 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
                 stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
             }
             Request::Remove { .. } => unreachable!("removals are committed on their own"),
-            Request::Prepared { session, expected, values, reply } => {
+            Request::Prepared { session, expected, values, durable, reply } => {
+                flush |= durable;
                 stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
+            }
+            Request::Sync { reply } => {
+                flush = true;
+                syncs.push(reply);
             }
         }
     }
-    let durable = if wrote {
-        crate::quietly(|| shared.events.apply_batch(batch).and_then(|()| shared.db.flush().map(|_| ())))
-            .unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))))
-    } else {
-        Ok(())
-    };
+    let flush = flush && (wrote || !unflushed.heads.is_empty() || !syncs.is_empty());
+    let durable = crate::quietly(|| {
+        if wrote {
+            shared.events.apply_batch(batch)?;
+        }
+        if flush {
+            shared.db.flush()?;
+        }
+        Ok::<(), sled::Error>(())
+    })
+    .unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))));
     if let Err(e) = durable {
         // Nothing of this group is acknowledged; the in-memory heads stay as they were.
         let msg = format!("group commit failed: {e}");
+        for tx in syncs {
+            drop(tx.send(Err(LogError::Sled { path: shared.path.clone(), source: sled::Error::Unsupported(msg.clone()) })));
+        }
         for r in replies {
             let err = || LogError::Sled { path: shared.path.clone(), source: sled::Error::Unsupported(msg.clone()) };
             match r {
@@ -217,8 +253,16 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, group: Vec<R
         }
         return;
     }
-    if !notices.is_empty() {
-        shared.manifest.lock().expect("manifest lock").record(notices.iter().map(|n| (n.session, n.last)));
+    // The manifest only ever learns heads that are durable: deferred ones wait for the next flush.
+    for n in &notices {
+        unflushed.heads.insert(n.session, n.last);
+    }
+    if flush && !unflushed.heads.is_empty() {
+        let durable_heads = std::mem::take(&mut unflushed.heads);
+        shared.manifest.lock().expect("manifest lock").record(durable_heads.into_iter());
+    }
+    for tx in syncs {
+        drop(tx.send(Ok(())));
     }
     *shared.heads.lock().expect("heads lock") = heads;
     names.extend(new_names);

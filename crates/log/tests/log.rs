@@ -233,11 +233,14 @@ fn corrupt_value_is_a_typed_error() {
 }
 
 /// The child half of the crash test: appends from two threads until killed, printing every acknowledged
-/// head as `ack <session> <head>`.
+/// head as `ack <session> <head>` (with deferred appends: every head made durable by a sync).
 #[test]
 #[ignore = "run by crash_test_kill_9 as a child process"]
 fn crash_child() {
     let Ok(dir) = std::env::var("CONDENSE_CRASH_DIR") else { return };
+    // Deferred: appends return once written; every third is followed by a sync, and only synced heads
+    // are reported as acknowledged.
+    let deferred = std::env::var("CONDENSE_CRASH_DEFERRED").is_ok_and(|v| v == "1");
     let log = Log::open(&dir).unwrap();
     let mut threads = Vec::new();
     for name in ["left", "right"] {
@@ -248,11 +251,20 @@ fn crash_child() {
                 None => log.create_session(name).unwrap(),
             };
             let mut head = log.head(id).unwrap();
-            loop {
+            for k in 0u64.. {
                 let n = 1 + head % 7;
-                let events = (0..n).map(|i| note(format!("{name}:{}", head + 1 + i))).collect();
-                head = log.append(id, head, events).unwrap();
-                println!("ack {name} {head}");
+                let events: Vec<Event> = (0..n).map(|i| note(format!("{name}:{}", head + 1 + i))).collect();
+                if deferred {
+                    let values = events.iter().enumerate().map(|(i, e)| condense_log::encode_event(id, head + 1 + i as u64, e)).collect();
+                    head = log.append_deferred(id, head, values).unwrap().recv().unwrap().unwrap();
+                    if k % 3 == 2 {
+                        log.sync().unwrap();
+                        println!("ack {name} {head}");
+                    }
+                } else {
+                    head = log.append(id, head, events).unwrap();
+                    println!("ack {name} {head}");
+                }
             }
         }));
     }
@@ -270,6 +282,7 @@ fn crash_test_kill_9() {
         let mut child = Command::new(&exe)
             .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
             .env("CONDENSE_CRASH_DIR", dir.path())
+            .env("CONDENSE_CRASH_DEFERRED", if round % 2 == 1 { "1" } else { "0" })
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -482,6 +482,9 @@ impl Conv {
             events.push(SourceEvent::ProviderUsage(u));
         }
         self.session.append(events)?;
+        // The reply exists nowhere else: it is durable, with everything recorded before it, before the
+        // client sees it end.
+        self.session.sync()?;
         self.track.add(&id, parent, &reply, &|n| internal.is(n), None);
         Ok(id)
     }

@@ -156,7 +156,9 @@ pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
     config.anthropic_upstream = base_url(&config.anthropic_upstream)?;
     config.openai_upstream = base_url(&config.openai_upstream)?;
     let path = config.store.clone();
-    let options = StoreOptions { cache_bytes: config.cache_bytes, warm_limit: config.warm_limit };
+    // A request's history and the pipeline's decisions are written without waiting for the disk (the
+    // client resends its history with every request); a reply is made durable when it is recorded.
+    let options = StoreOptions { cache_bytes: config.cache_bytes, warm_limit: config.warm_limit, defer_durability: true };
     let store = tokio::task::spawn_blocking(move || Store::open_with(&path, options))
         .await
         .expect("store open task")

@@ -928,6 +928,15 @@ async fn cli(axum::extract::State(st): S, req: Request) -> Response {
         None => return (StatusCode::BAD_REQUEST, "condense serve: expected {\"argv\": [..]}\n").into_response(),
     };
     let store = st.store.clone();
-    let (out, err, code) = tokio::task::spawn_blocking(move || handler(&store, argv)).await.unwrap_or_else(|_| (Vec::new(), b"condense: the command panicked\n".to_vec(), 2));
+    let (out, err, code) = tokio::task::spawn_blocking(move || {
+        let r = handler(&store, argv);
+        // What a command wrote (an import, a compaction) is durable before it reports done.
+        match store.sync() {
+            Ok(()) => r,
+            Err(e) => (r.0, format!("{}condense: {e}\n", String::from_utf8_lossy(&r.1)).into_bytes(), 2),
+        }
+    })
+    .await
+    .unwrap_or_else(|_| (Vec::new(), b"condense: the command panicked\n".to_vec(), 2));
     json_response(StatusCode::OK, &json!({"stdout": String::from_utf8_lossy(&out), "stderr": String::from_utf8_lossy(&err), "code": code}))
 }
