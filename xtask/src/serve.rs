@@ -96,6 +96,7 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Serve's own* latency is what the server reports in `/condense/status` (`latency_ms`, its last 100 requests): from the request read in to the rewritten request handed to the HTTP client — recording, pipeline, checkpoint check, render, rewriting. *With both loopback transfers* adds reading the request and forwarding it: from the client starting to send (its body already serialized) to the fake upstream having received the whole rewritten request. Each measured request is an agent's next request in an active conversation: the server holds half as many conversations as requests measured, each recorded whole beforehand by an unmeasured request; after a 3-second pause (recording them wrote tens of megabytes; the store's background writes settle, as they do between an agent's requests, which are seconds apart), the measured requests go round-robin over them, each adding a prompt (a conversation grows by two messages between its two measured requests). Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
     writeln!(md, "| conversation | requests measured | request body | serve's own p50 | serve's own p99 | with both loopback transfers p50 | p99 | target |")?;
     writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---|")?;
+    let mut phase_rows = Vec::new();
     for (n, reqs) in [(10usize, 200usize), (100, 200), (1000, 100)] {
         // Conversations of n - 1 messages the server holds (recorded by unmeasured requests first), then
         // the measured requests, round-robin over them, each adding a prompt as an agent's next request.
@@ -128,6 +129,11 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
         let target = if n == 1000 { "serve's own p99 < 5 ms" } else { "" };
         // The server's own figures cover its last 100 requests: measured ones only.
         let own = status(&agent, &addr)?["latency_ms"].clone();
+        let phases: Vec<String> = ["parse", "wait", "record", "build", "body"]
+            .iter()
+            .map(|p| format!("{p} {:.2}/{:.2}", own["phases"][p]["p50"].as_f64().unwrap_or(0.0), own["phases"][p]["p99"].as_f64().unwrap_or(0.0)))
+            .collect();
+        phase_rows.push(format!("{n} messages: {}", phases.join(", ")));
         writeln!(
             md,
             "| {n} messages | {reqs} | {:.0} KB | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {target} |",
@@ -137,6 +143,13 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
             ms(percentile(lat.clone(), 0.5)),
             ms(percentile(lat, 0.99))
         )?;
+    }
+    writeln!(
+        md,
+        "\nWhere serve's own time goes (p50/p99 per phase, ms; `latency_ms.phases` in `/condense/status`): parsing the body's structure, waiting for a blocking thread and the conversation, recording the request, preparing and rendering the context, writing the upstream body.\n"
+    )?;
+    for row in phase_rows {
+        writeln!(md, "- {row}")?;
     }
     fake.clear_log();
     // Memory: 1,000 sessions of 200 messages held by one server.

@@ -42,8 +42,13 @@ struct Counters {
     passthrough: AtomicU64,
     /// serve's own time for each of the last requests, microseconds: from the request read in to its
     /// rewritten body handed to the HTTP client (first round only).
-    latencies: std::sync::Mutex<std::collections::VecDeque<u64>>,
+    latencies: std::sync::Mutex<std::collections::VecDeque<[u64; PHASES.len() + 1]>>,
 }
+
+/// The phases of serve's own time on a request, as `/condense/status` reports them: reading the body's
+/// structure, waiting for a blocking thread and the conversation, recording the request, the engine's
+/// preparation and the render into the provider's format, and writing the upstream body.
+const PHASES: [&str; 5] = ["parse", "wait", "record", "build", "body"];
 
 /// How many recent requests the latency figures cover.
 const LATENCY_WINDOW: usize = 100;
@@ -127,19 +132,33 @@ impl State {
         })
     }
 
-    fn record_latency(&self, d: std::time::Duration) {
+    fn record_latency(&self, d: std::time::Duration, phases: [std::time::Duration; PHASES.len()]) {
         let mut l = self.counters.latencies.lock().expect("latency lock");
         if l.len() == LATENCY_WINDOW {
             l.pop_front();
         }
-        l.push_back(d.as_micros() as u64);
+        let mut row = [d.as_micros() as u64; PHASES.len() + 1];
+        for (i, p) in phases.iter().enumerate() {
+            row[i + 1] = p.as_micros() as u64;
+        }
+        l.push_back(row);
     }
 
     fn latency_json(&self) -> Value {
-        let mut v: Vec<u64> = self.counters.latencies.lock().expect("latency lock").iter().copied().collect();
-        v.sort_unstable();
-        let at = |p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |us| *us as f64 / 1000.0);
-        json!({"requests": v.len(), "p50": at(0.5), "p99": at(0.99), "max": at(1.0)})
+        let rows: Vec<[u64; PHASES.len() + 1]> = self.counters.latencies.lock().expect("latency lock").iter().copied().collect();
+        let figures = |col: usize| {
+            let mut v: Vec<u64> = rows.iter().map(|r| r[col]).collect();
+            v.sort_unstable();
+            let at = |p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |us| *us as f64 / 1000.0);
+            (at(0.5), at(0.99), at(1.0))
+        };
+        let (p50, p99, max) = figures(0);
+        let mut phases = serde_json::Map::new();
+        for (i, name) in PHASES.iter().enumerate() {
+            let (p50, p99, max) = figures(i + 1);
+            phases.insert((*name).into(), json!({"p50": p50, "p99": p99, "max": max}));
+        }
+        json!({"requests": rows.len(), "p50": p50, "p99": p99, "max": max, "phases": phases})
     }
 
     fn count_usage(&self, u: &Option<Usage>) {
@@ -463,6 +482,7 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
         Ok(r) => r,
         Err(resp) => return resp,
     };
+    let parsed = arrived.elapsed();
     if req.raw.units.is_empty() {
         // Nothing of a conversation to manage: forwarded as it came.
         return forward_unchanged(&st, &req, bytes.to_vec()).await;
@@ -476,10 +496,16 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
     let limits = model_limits(&st.cfg.file.models, &model);
     let (raw, internal) = (req.raw.clone(), req.internal.clone());
     let fields = req.fields.clone();
-    let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built, Vec<u8>), ConvError> {
+    let queued = std::time::Instant::now();
+    let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built, Vec<u8>, [std::time::Duration; 4]), ConvError> {
+        let t0 = std::time::Instant::now();
+        let wait = t0 - queued;
         let rec = c.record_request(api, &raw, &model, limits, &internal)?;
+        let t1 = std::time::Instant::now();
         let mut built = c.build(api, &raw, &rec, &internal)?;
+        let t2 = std::time::Instant::now();
         let mut body = upstream_body(api, &raw.buf, &fields, &built);
+        let t3 = std::time::Instant::now();
         // The payload guard after a model change, on the bytes about to be sent: an oversized request is
         // recorded as an overflow and prepared once more (recovery).
         match c.session.guard_payload(body.len() as u64) {
@@ -490,16 +516,16 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
             }
             Err(e) => return Err(e.into()),
         }
-        Ok((rec, built, body))
+        Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2]))
     })
     .await;
-    let (rec, built, body) = match prepared {
+    let (rec, built, body, [wait, record, build, write]) = match prepared {
         Ok(x) => x,
         Err(e) => return conv_error(api, &e),
     };
     st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
     st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
-    st.record_latency(arrived.elapsed());
+    st.record_latency(arrived.elapsed(), [parsed, wait, record, build, write]);
     run_rounds(st, conv, req, rec, body).await
 }
 
