@@ -471,27 +471,31 @@ fn every_corpus_session_of_the_document_formats_imports_valid_or_is_named_with_a
         for f in files {
             let bytes = std::fs::read(&f).unwrap();
             let name = condense_tests::corpus_name(&f);
-            match import_bytes(&name, &bytes) {
-                Ok(i) => {
-                    let mut p = Projection::new();
-                    for (k, e) in i.events.iter().enumerate() {
-                        p.apply(k as u64 + 1, &condense_events::Event::Source(e.clone()));
+            match condense_formats::import_sessions(&name, &bytes) {
+                Ok(sessions) => {
+                    for (_, i) in sessions {
+                        let mut p = Projection::new();
+                        for (k, e) in i.events.iter().enumerate() {
+                            p.apply(k as u64 + 1, &condense_events::Event::Source(e.clone()));
+                        }
+                        let r = p.render();
+                        assert!(check(&r.messages).is_empty(), "{name}: {:?}", check(&r.messages));
+                        // (A session that ends in a host compaction renders as its summary alone.)
+                        assert!(!r.messages.is_empty(), "{name}: nothing rendered");
+                        *imported.entry(i.format.name()).or_insert(0) += 1;
                     }
-                    let r = p.render();
-                    assert!(check(&r.messages).is_empty(), "{name}: {:?}", check(&r.messages));
-                    // (A session that ends in a host compaction renders as its summary alone.)
-                    assert!(!r.messages.is_empty(), "{name}: nothing rendered");
-                    *imported.entry(i.format.name()).or_insert(0) += 1;
                 }
                 Err(reason) => refused.push((name, reason)),
             }
         }
     }
     let counts: Vec<_> = imported.into_iter().collect();
-    assert_eq!(counts, [("gemini-cli", 2), ("mini-swe-agent", 95), ("opencode", 14), ("openhands", 3), ("swe-agent", 22)]);
-    // The two OpenHands evaluation outputs hold many trajectories per file: refused, saying so.
-    assert_eq!(refused.len(), 2, "{refused:?}");
-    assert!(refused.iter().all(|(n, r)| n.ends_with("output.jsonl") && r.contains("OpenHands evaluation output")), "{refused:?}");
+    // OpenHands: three trajectories saved one per file, and three instances of an evaluation output (one
+    // trajectory per line, a session each).
+    assert_eq!(counts, [("gemini-cli", 2), ("mini-swe-agent", 95), ("opencode", 14), ("openhands", 6), ("swe-agent", 22)]);
+    // The resolver's mock output holds histories of an older event shape: refused, saying so.
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(refused[0].0.ends_with("mock_output/output.jsonl") && refused[0].1.contains("older event shape"), "{refused:?}");
 }
 
 #[test]
@@ -503,7 +507,7 @@ fn every_corpus_file_imports_or_says_what_it_looks_like() {
     let (mut ok, mut skipped) = (0, Vec::new());
     for f in &files {
         let name = condense_tests::corpus_name(f);
-        match import_bytes(&name, &std::fs::read(f).unwrap()) {
+        match condense_formats::import_sessions(&name, &std::fs::read(f).unwrap()) {
             Ok(_) => ok += 1,
             Err(reason) => {
                 assert!(reason.contains("looks like"), "{name}: a skip must say what the file looks like: {reason}");
@@ -511,8 +515,30 @@ fn every_corpus_file_imports_or_says_what_it_looks_like() {
             }
         }
     }
-    assert!(ok >= 189, "{ok} imported");
+    assert!(ok >= 190, "{ok} imported");
     // What the corpus holds that condense does not read: managed-agent event transcripts, normalized
-    // exports, OpenHands evaluation outputs and one fixture manifest.
-    assert_eq!(skipped.len(), 13, "{skipped:#?}");
+    // exports, an OpenHands resolver output of an older event shape and one fixture manifest.
+    assert_eq!(skipped.len(), 12, "{skipped:#?}");
+}
+
+#[test]
+fn an_openhands_evaluation_output_holds_a_session_per_instance() {
+    let line = |id: &str, task: &str| {
+        format!(
+            r#"{{"instance_id":"{id}","instruction":"{task}","history":[{{"id":1,"source":"user","action":"message","args":{{"content":"{task}"}}}},{{"id":2,"source":"agent","action":"message","args":{{"content":"done"}}}}]}}"#
+        )
+    };
+    let file = format!("{}\n{{broken\n{}\n", line("repo__a-1", "fix a"), line("repo__b-2", "fix b"));
+    let sessions = condense_formats::import_sessions("output.jsonl", file.as_bytes()).unwrap();
+    let keys: Vec<_> = sessions.iter().map(|(k, _)| k.clone().unwrap()).collect();
+    assert_eq!(keys, ["repo__a-1", "repo__b-2"]);
+    // The broken line is named, on the first session.
+    let d = &sessions[0].1.diagnostics;
+    assert_eq!(d.len(), 1);
+    assert_eq!((d[0].file.as_str(), d[0].line), ("output.jsonl", 2));
+    assert!(matches!(&sessions[1].1.events[0], SourceEvent::SessionStarted { source_id: Some(id), .. } if id == "repo__b-2"));
+    // Any other file is one session, keyed by nothing.
+    let one = condense_formats::import_sessions("s.jsonl", b"{\"type\":\"session\",\"version\":3,\"id\":\"x\"}\n").unwrap();
+    assert_eq!(one.len(), 1);
+    assert!(one[0].0.is_none());
 }

@@ -250,10 +250,10 @@ fn session_of(store: &Store, key: &str) -> Result<Session> {
     match store.session(key) {
         Ok(s) => Ok(s),
         Err(e) => {
-            if let Ok(id) = key.parse::<u64>() {
-                if let Some(info) = store.sessions()?.into_iter().find(|s| s.id == id) {
-                    return Ok(store.session(&info.name)?);
-                }
+            if let Ok(id) = key.parse::<u64>()
+                && let Some(info) = store.sessions()?.into_iter().find(|s| s.id == id)
+            {
+                return Ok(store.session(&info.name)?);
             }
             Err(e.into())
         }
@@ -718,34 +718,38 @@ fn import(store: &Store, paths: &[PathBuf], json_out: bool) -> Result<ExitCode> 
             let _ = std::io::stderr().flush();
         }
         let name = name_of(file);
-        match store.import_file(file, &name) {
-            Ok(o) if o.action == condense_engine::ImportAction::Unchanged => {
-                skipped += 1;
-                reports.push(json!({"file": file.display().to_string(), "status": "exists", "session": name}));
-            }
-            Ok(o) => {
-                imported += 1;
-                diags += o.diagnostics.len() as u64;
-                let status = match o.action {
-                    condense_engine::ImportAction::Resumed => "resumed",
-                    condense_engine::ImportAction::Grown => "grown",
-                    _ => "imported",
-                };
-                if !json_out && !progress {
-                    let how = if status == "imported" { String::new() } else { format!(", {status}") };
-                    outln!("{name}: {} ({} events{how}, {} diagnostics)", o.format.name(), o.events, o.diagnostics.len());
-                    for d in o.diagnostics.iter().take(5) {
-                        outln!("  {d}");
+        match store.import_file_all(file, &name) {
+            Ok(outcomes) => {
+                for o in outcomes {
+                    let name = &o.name;
+                    if o.action == condense_engine::ImportAction::Unchanged {
+                        skipped += 1;
+                        reports.push(json!({"file": file.display().to_string(), "status": "exists", "session": name}));
+                        continue;
                     }
-                    if o.diagnostics.len() > 5 {
-                        outln!("  … {} more (stored as import_diagnostic events)", o.diagnostics.len() - 5);
+                    imported += 1;
+                    diags += o.diagnostics.len() as u64;
+                    let status = match o.action {
+                        condense_engine::ImportAction::Resumed => "resumed",
+                        condense_engine::ImportAction::Grown => "grown",
+                        _ => "imported",
+                    };
+                    if !json_out && !progress {
+                        let how = if status == "imported" { String::new() } else { format!(", {status}") };
+                        outln!("{name}: {} ({} events{how}, {} diagnostics)", o.format.name(), o.events, o.diagnostics.len());
+                        for d in o.diagnostics.iter().take(5) {
+                            outln!("  {d}");
+                        }
+                        if o.diagnostics.len() > 5 {
+                            outln!("  … {} more (stored as import_diagnostic events)", o.diagnostics.len() - 5);
+                        }
                     }
+                    reports.push(json!({
+                        "file": file.display().to_string(), "status": status, "session": name,
+                        "format": o.format.name(), "events": o.events, "bytes": o.bytes,
+                        "diagnostics": o.diagnostics.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+                    }));
                 }
-                reports.push(json!({
-                    "file": file.display().to_string(), "status": status, "session": name,
-                    "format": o.format.name(), "events": o.events, "bytes": o.bytes,
-                    "diagnostics": o.diagnostics.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
-                }));
             }
             Err(condense_engine::EngineError::Format(e)) if !named => {
                 skipped += 1;

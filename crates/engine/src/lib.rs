@@ -262,20 +262,42 @@ impl Store {
     /// appends what a file grew by (pi, Claude Code and Codex files only grow), and leaves a complete one
     /// as it is. A different file under the same name is an error.
     pub fn import_file(&self, path: &Path, name: &str) -> Result<ImportOutcome> {
+        let mut all = self.import_file_all(path, name)?;
+        Ok(all.remove(0))
+    }
+
+    /// As [`Store::import_file`], for every session the file holds: one for most formats; one per line of
+    /// an OpenHands evaluation output, each named `NAME#INSTANCE_ID`.
+    pub fn import_file_all(&self, path: &Path, name: &str) -> Result<Vec<ImportOutcome>> {
         let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
         let bytes = std::fs::read(path).map_err(io)?;
         let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
         let hash = blake3::hash(&bytes).to_hex().to_string();
-        let imported = condense_formats::import_bytes(&path.display().to_string(), &bytes)
+        let sessions = condense_formats::import_sessions(&path.display().to_string(), &bytes)
             .map_err(|reason| EngineError::Format(condense_formats::FormatError::Unrecognized { path: path.to_path_buf(), reason }))?;
-        let started = SourceEvent::ImportStarted { path: canonical.clone(), bytes: bytes.len() as u64, hash: hash.clone() };
-        let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: bytes.len() as u64, hash: hash.clone() };
+        let mut out = Vec::with_capacity(sessions.len());
+        for (key, imported) in sessions {
+            let name = match key {
+                None => name.to_string(),
+                Some(k) => format!("{name}#{k}"),
+            };
+            out.push(self.import_one(&canonical, &hash, bytes.len(), &bytes, imported, &name)?);
+        }
+        Ok(out)
+    }
+
+    /// Imports one session read from a file (see [`Store::import_file`]).
+    fn import_one(&self, canonical: &str, hash: &str, len: usize, bytes: &[u8], imported: condense_formats::Imported, name: &str) -> Result<ImportOutcome> {
+        let canonical = canonical.to_string();
+        let hash = hash.to_string();
+        let started = SourceEvent::ImportStarted { path: canonical.clone(), bytes: len as u64, hash: hash.clone() };
+        let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: len as u64, hash: hash.clone() };
         let outcome = |action, events| ImportOutcome {
             action,
             name: name.to_string(),
             format: imported.format,
             events,
-            bytes: bytes.len() as u64,
+            bytes: len as u64,
             diagnostics: imported.diagnostics.clone(),
         };
         let Some(id) = self.inner.log.session_id(name)? else {
@@ -328,7 +350,7 @@ impl Store {
         let prefix = old.len() <= new.len() && old.iter().zip(&new).all(|(a, b)| a == b);
         // Grown: the file's old bytes are a prefix of its new ones (JSON lines only ever append), or a file
         // rewritten whole (a JSON document such as a Gemini CLI chat) holds what it held plus more.
-        let grown = (bytes.len() as u64 > *b0 && blake3::hash(&bytes[..*b0 as usize]).to_hex().as_str() == h0)
+        let grown = (len as u64 > *b0 && blake3::hash(&bytes[..*b0 as usize]).to_hex().as_str() == h0)
             || (finished && prefix && new.len() > old.len());
         if finished && !grown {
             return Err(EngineError::NameTaken { name: name.to_string(), reason: format!("{canonical} changed since it was imported, and not by growing") });

@@ -43,12 +43,64 @@ fn is_openhands_event(e: &Value) -> bool {
     e.get("source").and_then(Value::as_str).is_some() && (e.get("action").is_some() || e.get("observation").is_some())
 }
 
+/// An OpenHands evaluation output (`output.jsonl`: one evaluated instance per line, its trajectory under
+/// `history`): `None` when `bytes` is not one; else each trajectory as a session, keyed by the instance id
+/// (or `line<N>`), or why none could be read. A line that cannot be read is a diagnostic of the first
+/// session, naming its line.
+pub(crate) fn evaluation_output(file: &str, bytes: &[u8]) -> Option<Result<Vec<(String, crate::Imported)>, String>> {
+    let mut lines = bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.trim_ascii().is_empty());
+    let (_, first) = lines.next()?;
+    let head: Value = serde_json::from_slice(first).ok()?;
+    if !(head.get("history").is_some_and(Value::is_array) && (head.get("instance_id").is_some() || head.get("instruction").is_some())) {
+        return None;
+    }
+    let mut sessions: Vec<(String, crate::Imported)> = Vec::new();
+    let mut skipped: Vec<Diagnostic> = Vec::new();
+    for (i, line) in bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.trim_ascii().is_empty()) {
+        let n = i as u64 + 1;
+        let diag = |message: String| Diagnostic { file: file.to_string(), line: n, message };
+        let mut v: Value = match serde_json::from_slice(line) {
+            Ok(v) => v,
+            Err(e) => {
+                skipped.push(diag(format!("not JSON ({e}); line skipped")));
+                continue;
+            }
+        };
+        let key = match v.get("instance_id") {
+            Some(Value::String(s)) => s.clone(),
+            Some(other) if !other.is_null() => json_text(other),
+            _ => format!("line{n}"),
+        };
+        let history = v.get_mut("history").map(Value::take).unwrap_or(Value::Null);
+        if !history.as_array().is_some_and(|h| h.iter().any(is_openhands_event)) {
+            skipped.push(diag(format!("instance `{key}`: its history holds no OpenHands events condense reads (an older event shape); line skipped")));
+            continue;
+        }
+        let mut out = import(Format::OpenHands, file, history);
+        if let Some(SourceEvent::SessionStarted { source_id, .. }) = out.events.first_mut() {
+            *source_id = Some(key.clone());
+        }
+        for d in &mut out.diagnostics {
+            d.line = n;
+        }
+        let mut events = out.events;
+        events.extend(out.diagnostics.iter().map(|d| SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() }));
+        sessions.push((key, crate::Imported { format: Format::OpenHands, events, diagnostics: out.diagnostics }));
+    }
+    if sessions.is_empty() {
+        let why = skipped.first().map_or_else(|| "no lines".to_string(), |d| d.to_string());
+        return Some(Err(format!("it looks like an OpenHands evaluation output, but none of its trajectories could be read ({why})")));
+    }
+    if let Some((_, first)) = sessions.first_mut() {
+        first.events.extend(skipped.iter().map(|d| SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() }));
+        first.diagnostics.extend(skipped);
+    }
+    Some(Ok(sessions))
+}
+
 /// What a JSON document that condense does not import looks like, for the message that says why.
 pub(crate) fn looks_like(v: &Value) -> String {
     match v {
-        Value::Object(o) if o.contains_key("history") && (o.contains_key("instance_id") || o.contains_key("instruction")) => {
-            "an OpenHands evaluation output (one trajectory per line under `history`); condense imports OpenHands trajectories saved one per file (`trajs/*.json`)".into()
-        }
         Value::Object(o) if o.get("raw").and_then(|r| r.get("type")).is_some() && o.contains_key("kind") => {
             "an Anthropic managed-agent event transcript (one backend event per line), which condense does not read".into()
         }

@@ -122,6 +122,16 @@ pub fn import_file(path: &Path) -> Result<Imported, FormatError> {
         .map_err(|reason| FormatError::Unrecognized { path: path.to_path_buf(), reason })
 }
 
+/// The sessions a file holds, each with its key within the file: one session (key `None`) for every
+/// format, except an OpenHands evaluation output, which holds one trajectory per line (keyed by instance
+/// id).
+pub fn import_sessions(file: &str, bytes: &[u8]) -> Result<Vec<(Option<String>, Imported)>, String> {
+    if let Some(many) = documents::evaluation_output(file, bytes) {
+        return many.map(|v| v.into_iter().map(|(k, i)| (Some(k), i)).collect());
+    }
+    import_bytes(file, bytes).map(|i| vec![(None, i)])
+}
+
 /// Lines read before the format is decided.
 const DETECT_LINES: usize = 50;
 
