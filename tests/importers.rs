@@ -542,3 +542,25 @@ fn an_openhands_evaluation_output_holds_a_session_per_instance() {
     assert_eq!(one.len(), 1);
     assert!(one[0].0.is_none());
 }
+
+#[test]
+fn a_codex_prompt_recorded_only_as_an_event_is_imported_once() {
+    let only_event = concat!(
+        r#"{"type":"session_meta","payload":{"id":"x"}}"#, "\n",
+        r#"{"type":"event_msg","payload":{"type":"user_message","message":"fix the build"}}"#, "\n",
+        r#"{"type":"response_item","payload":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"on it"}]}}"#, "\n",
+    );
+    let both = concat!(
+        r#"{"type":"session_meta","payload":{"id":"x"}}"#, "\n",
+        r#"{"type":"response_item","payload":{"type":"message","role":"user","content":[{"type":"input_text","text":"fix the build"}]}}"#, "\n",
+        r#"{"type":"event_msg","payload":{"type":"user_message","message":"fix the build"}}"#, "\n",
+        r#"{"type":"response_item","payload":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"on it"}]}}"#, "\n",
+        r#"{"type":"event_msg","payload":{"type":"user_message","message":"and the tests"}}"#, "\n",
+    );
+    let a = check_import(only_event);
+    assert!(a.contains("user(Prompt): text \"fix the build\"\nassistant: text \"on it\""), "{a}");
+    let b = check_import(both);
+    assert_eq!(b.matches("fix the build").count(), 1, "{b}");
+    // A prompt at the end of the file with no reply yet is kept too.
+    assert!(b.trim_end().ends_with("user(Prompt): text \"and the tests\""), "{b}");
+}

@@ -72,6 +72,14 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
                         model_event = model.as_ref().map(|_| ());
                     }
                 }
+                // Some rollouts record the user's prompt only as this event (no `response_item` message):
+                // it is kept, and becomes the turn's prompt if no prompt message comes before the reply.
+                "user_message" => {
+                    let text = str_of(&payload, "message").unwrap_or("").to_string();
+                    if !text.trim().is_empty() && !h.prompt_since_reply() {
+                        h.event_prompt = Some(text);
+                    }
+                }
                 "token_count" => {
                     let info = payload.get("info");
                     if let Some(w) = info.and_then(|i| i.get("model_context_window")).and_then(Value::as_u64) {
@@ -105,6 +113,7 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
         }
     }
     events.push(started);
+    h.flush_event_prompt();
     let History { entries, side, .. } = h;
     let ids = entries.into_iter().enumerate().map(|(i, e)| (format!("r{}", i + 1), e));
     events.extend(crate::linear_chain(ids, side));
@@ -118,6 +127,8 @@ struct History {
     open: bool,
     names: BTreeMap<String, String>,
     side: Vec<(usize, SourceEvent)>,
+    /// A prompt seen only as a `user_message` event so far in this turn.
+    event_prompt: Option<String>,
 }
 
 /// Developer messages and the environment, permission and AGENTS.md blocks Codex injects are not prompts.
@@ -131,16 +142,37 @@ pub(crate) fn user_origin(role: &str, text: &str) -> UserOrigin {
 }
 
 impl History {
+    /// Whether a user prompt was recorded since the last assistant message.
+    fn prompt_since_reply(&self) -> bool {
+        self.entries
+            .iter()
+            .rev()
+            .take_while(|e| !matches!(e, Entry::Message(Message::Assistant { .. })))
+            .any(|e| matches!(e, Entry::Message(Message::User { origin: UserOrigin::Prompt, .. })))
+    }
+
+    /// A prompt known only from its `user_message` event becomes a message before the reply to it.
+    fn flush_event_prompt(&mut self) {
+        if let Some(text) = self.event_prompt.take() {
+            self.open = false;
+            self.entries.push(Entry::Message(Message::User { content: vec![Block::Text { text }], origin: UserOrigin::Prompt }));
+        }
+    }
+
     fn side(&mut self, ev: SourceEvent) {
         self.side.push((self.entries.len(), ev));
     }
 
     fn push(&mut self, e: Entry) {
+        if !matches!(e, Entry::Message(Message::User { .. })) {
+            self.flush_event_prompt();
+        }
         self.open = false;
         self.entries.push(e);
     }
 
     fn assistant_block(&mut self, b: Block) {
+        self.flush_event_prompt();
         if let Block::ToolCall { id, name, .. } = &b {
             self.names.insert(id.clone(), name.clone());
         }
@@ -188,6 +220,10 @@ impl History {
                 } else {
                     let text: String = blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.as_str()), _ => None }).collect();
                     let origin = user_origin(&role, &text);
+                    // The turn's prompt as a message: its `user_message` event is not needed.
+                    if origin == UserOrigin::Prompt {
+                        self.event_prompt = None;
+                    }
                     self.push(Entry::Message(Message::User { content: blocks, origin }));
                 }
             }
