@@ -260,6 +260,8 @@ fn budget_notices_ride_at_the_end_and_are_never_stored() {
         let r = l.s.prepare().unwrap();
         let last = r.messages.last().unwrap().text();
         if last.starts_with("[condense notice") {
+            // ADR 0064: a notice tells the remaining budget; it does not ask for a tool call.
+            assert!(last.contains("tokens of context remain") && !last.contains("call ") && !last.contains("new_context"), "{last}");
             seen.push(last[..27].to_string());
         }
         assert!(condense_render::check(&r.messages[..]).is_empty());

@@ -275,16 +275,15 @@ pub const NOTICE_2_PERCENT: u64 = 90;
 pub fn notice(p: &Projection, tokens: u64) -> Option<Message> {
     let budget = budget_of(p)?;
     let remaining = budget.hard.saturating_sub(tokens);
+    // ADR 0064: the notices tell the model the budget that remains; they do not ask it to call a tool (the
+    // hard boundary is what enforces the limit).
     let text = if tokens * 100 >= budget.hard * NOTICE_2_PERCENT {
         format!(
-            "[condense notice 2 of 2: about {remaining} tokens of context remain before an automatic checkpoint. \
-             Finish the current step and call {NEW_CONTEXT_TOOL} now, so the checkpoint keeps what matters.]"
+            "[condense notice 2 of 2: about {remaining} tokens of context remain before an automatic checkpoint; \
+             at that point earlier context is summarized, and its originals stay recoverable by ref.]"
         )
     } else if tokens * 100 >= budget.hard * NOTICE_1_PERCENT {
-        format!(
-            "[condense notice 1 of 2: about {remaining} tokens of context remain before an automatic checkpoint. \
-             Plan to reach a good stopping point; you may call {NEW_CONTEXT_TOOL} to checkpoint on your terms.]"
-        )
+        format!("[condense notice 1 of 2: about {remaining} tokens of context remain before an automatic checkpoint.]")
     } else {
         return None;
     };
