@@ -99,6 +99,9 @@ pub enum Command {
         /// Print the active branch's entries with their ids instead of the context
         #[arg(long, conflicts_with = "after_event")]
         entry_ids: bool,
+        /// The model named in an `openai` or `anthropic` request body (default: the session's newest)
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
     },
     /// Check the log, replay every session and compare with a fresh render, run the provider-validity
     /// check, list unfinished imports; exits 1 on any finding
@@ -300,9 +303,9 @@ pub enum ConfigAction {
 pub enum Format {
     /// condense's own message model
     Neutral,
-    /// OpenAI Chat Completions messages
+    /// An OpenAI Chat Completions request body (model, max_completion_tokens, messages, condense's tools when used)
     Openai,
-    /// An Anthropic Messages request body
+    /// An Anthropic Messages request body (model, max_tokens, messages, condense's tools when used)
     Anthropic,
 }
 

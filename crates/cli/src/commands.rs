@@ -190,14 +190,14 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Render { session, format, after_event, entry_ids } => {
+        Command::Render { session, format, after_event, entry_ids, model } => {
             let store = open()?;
             let session = session_of(&store, &session)?;
             if entry_ids {
                 print_entries(&session, false)?;
                 return Ok(ExitCode::SUCCESS);
             }
-            render(&session, format, after_event)
+            render(&session, format, after_event, model.as_deref(), &store_dir)
         }
         Command::Verify { json } => verify(&open()?, json),
         Command::Demo { json } => run_demo(&open()?, &store_dir, json),
@@ -837,13 +837,58 @@ fn encode(messages: &[Arc<Message>], how: Format) -> Value {
     }
 }
 
-fn render(session: &Session, how: Format, after_event: Option<u64>) -> Result<ExitCode> {
+/// A complete request body for the provider: the model (`--model`, else the session's newest), the output
+/// limit the model table gives it, the messages, and condense's tool definitions when the context refers
+/// to them (the agent's own tools and system prompt are not in the log: a host adds them).
+fn request_body(session: &Session, how: Format, messages: &[Arc<Message>], model: Option<&str>, store_dir: &Path) -> Result<Value> {
+    let p = session.projection()?;
+    let recorded = p.model().map(|m| m.model.clone()).filter(|m| !m.is_empty());
+    let model = model.map(str::to_string).or(recorded);
+    if model.is_none() {
+        errln!("condense: no model is recorded for {}: the body names none (pass --model NAME)", session.name());
+    }
+    let file = load_config(None, store_dir)?;
+    let max_output = model
+        .as_deref()
+        .and_then(|m| condense_engine::config::model_limits(&file.models, m))
+        .and_then(|l| l.max_output)
+        .or_else(|| p.model().and_then(|m| m.max_output))
+        .unwrap_or(8192);
+    let needed = condense_engine::tools::needed(&p);
+    Ok(match how {
+        Format::Anthropic => {
+            let mut body = json!({"model": model, "max_tokens": max_output});
+            let list = encode(messages, how);
+            if let (Some(b), Some(l)) = (body.as_object_mut(), list.as_object()) {
+                for (k, v) in l {
+                    b.insert(k.clone(), v.clone());
+                }
+            }
+            if !needed.is_empty() {
+                body["tools"] = needed.iter().map(|t| condense_engine::tools::tool_json(condense_formats::wire::Api::Anthropic, t)).collect();
+            }
+            body
+        }
+        _ => {
+            let mut body = json!({"model": model, "max_completion_tokens": max_output, "messages": encode(messages, how)});
+            if !needed.is_empty() {
+                body["tools"] = needed.iter().map(|t| condense_engine::tools::tool_json(condense_formats::wire::Api::Chat, t)).collect();
+            }
+            body
+        }
+    })
+}
+
+fn render(session: &Session, how: Format, after_event: Option<u64>, model: Option<&str>, store_dir: &Path) -> Result<ExitCode> {
     let name = session.name();
     let rendered = match after_event {
         Some(seq) => session.render_at(seq)?,
         None => session.render()?,
     };
-    let v = encode(&rendered.messages, how);
+    let v = match how {
+        Format::Neutral => encode(&rendered.messages, how),
+        _ => request_body(session, how, &rendered.messages, model, store_dir)?,
+    };
     outln!("{}", serde_json::to_string_pretty(&v)?);
     // A context a provider would reject is printed (it is what the log holds) but said so, and the
     // command fails like `verify` does.

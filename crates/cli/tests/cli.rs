@@ -38,10 +38,19 @@ fn demo_import_render_verify_export() {
     let msgs = v["messages"].as_array().unwrap();
     assert_eq!(msgs[0]["role"], "user");
     assert_eq!(msgs[1]["content"].as_array().unwrap().last().unwrap()["type"], "tool_use");
-    let (code, out, _) = condense(&store, &["render", "demo", "--as", "openai"]);
+    let (code, out, err) = condense(&store, &["render", "demo", "--as", "openai"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v.as_array().unwrap().len(), 744);
+    assert_eq!(v["messages"].as_array().unwrap().len(), 744);
+    assert!(v["model"].is_null() && err.contains("pass --model NAME"), "{err}");
+    // A complete request body: model, output limit, messages, and condense's tools once stubs refer to them.
+    let (code, out, _) = condense(&store, &["render", "demo/pruned", "--as", "anthropic", "--model", "claude-sonnet-4-5"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["model"], "claude-sonnet-4-5");
+    assert!(v["max_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(v["messages"][0]["role"], "user");
+    assert!(v["tools"].as_array().unwrap().iter().any(|t| t["name"] == "context_tree_query" && t["input_schema"].is_object()), "{}", v["tools"]);
 
     let (code, out, _) = condense(&store, &["verify", "--json"]);
     assert_eq!(code, 0, "{out}");

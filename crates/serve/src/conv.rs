@@ -467,7 +467,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
             }
         }
     }
-    let tools = tools.iter().map(|t| tool_json(api, t)).collect();
+    let tools = tools.iter().map(|t| tools::tool_json(api, t)).collect();
     Ok(Built { list: wire::write_list(api, &raw.slice(0, raw.system), &pieces), tools, tokens_sent })
 }
 
@@ -531,11 +531,3 @@ fn mark_last_part(o: &mut OutMessage<'_>, control: &Value) {
     }
 }
 
-/// A tool definition in `api`'s wire form.
-pub fn tool_json(api: Api, t: &tools::ToolDef) -> Value {
-    match api {
-        Api::Anthropic => json!({"name": t.name, "description": t.description, "input_schema": t.schema}),
-        Api::Chat => json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.schema}}),
-        Api::Responses => json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.schema, "strict": false}),
-    }
-}
