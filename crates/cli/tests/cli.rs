@@ -201,7 +201,7 @@ fn compact_and_checkpoint_line() {
     let (code, text, err) = condense(&store, &["query", "demo", "c1"]);
     assert_eq!(code, 0, "{err}");
     let mut checked = 0;
-    for m in before.as_array().unwrap() {
+    for m in before["messages"].as_array().unwrap() {
         if let (Some("user" | "tool"), Some(content)) = (m["role"].as_str(), m["content"].as_str()) {
             assert!(text.contains(content), "missing from c1: {}", &content[..content.len().min(200)]);
             checked += 1;
