@@ -80,13 +80,18 @@ pub fn openai<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
             }
             Message::Assistant { .. } => {
                 let text = m.text();
-                let mut o = Map::new();
-                o.insert("role".into(), json!("assistant"));
-                o.insert("content".into(), if text.is_empty() { Value::Null } else { json!(text) });
                 let calls: Vec<Value> = m
                     .tool_calls()
                     .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
                     .collect();
+                // Thinking does not travel in Chat Completions: an assistant message of thinking only would
+                // be `content: null` without calls, which OpenAI rejects. It carries nothing here: left out.
+                if text.is_empty() && calls.is_empty() {
+                    continue;
+                }
+                let mut o = Map::new();
+                o.insert("role".into(), json!("assistant"));
+                o.insert("content".into(), if text.is_empty() { Value::Null } else { json!(text) });
                 if !calls.is_empty() {
                     o.insert("tool_calls".into(), Value::Array(calls));
                 }
@@ -276,3 +281,24 @@ pub fn pi_compaction(
     }
     serde_json::to_string(&v).expect("JSON of a compaction line")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use condense_events::UserOrigin;
+
+    #[test]
+    fn a_thinking_only_assistant_message_is_left_out_of_chat_completions() {
+        let messages = vec![
+            Message::user_text("hi", UserOrigin::Prompt),
+            Message::Assistant { content: vec![Block::Thinking { thinking: "hmm".into(), signature: None }], model: None, stop: None, usage: None },
+            Message::user_text("again", UserOrigin::Prompt),
+            Message::Assistant { content: vec![Block::Text { text: "hello".into() }], model: None, stop: None, usage: None },
+        ];
+        let v = openai(&messages.iter().collect::<Vec<_>>());
+        let roles: Vec<&str> = v.as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["user", "user", "assistant"]);
+        assert!(v.as_array().unwrap().iter().all(|m| !m["content"].is_null() || m.get("tool_calls").is_some()));
+    }
+}
+
