@@ -53,6 +53,26 @@ fn data_url(mime: &str, data: &str) -> String {
     }
 }
 
+/// A tool name as both providers accept it (`^[a-zA-Z0-9_-]{1,64}$`: Anthropic allows 128 characters,
+/// OpenAI 64). A recorded name that does not match (a sanitized log holds names such as
+/// `[REDACTED_NAME len=43 …]`) is mapped the same way in every request: each other character becomes `_`,
+/// cut to 55 characters, then `_` and 8 hex digits of a hash of the whole original name, so two names
+/// never meet.
+pub fn provider_tool_name(name: &str) -> std::borrow::Cow<'_, str> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if !name.is_empty() && name.len() <= 64 && name.chars().all(ok) {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    // FNV-1a, 64 bits: fixed, so the mapping never changes between runs or builds.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let base: String = name.chars().map(|c| if ok(c) { c } else { '_' }).take(55).collect();
+    std::borrow::Cow::Owned(format!("{}_{:08x}", if base.is_empty() { "tool".into() } else { base }, h as u32))
+}
+
 /// The context as OpenAI Chat Completions messages.
 pub fn openai<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
     let mut out = Vec::with_capacity(messages.len());
@@ -82,7 +102,7 @@ pub fn openai<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
                 let text = m.text();
                 let calls: Vec<Value> = m
                     .tool_calls()
-                    .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}))
+                    .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": provider_tool_name(name), "arguments": args}}))
                     .collect();
                 // Thinking does not travel in Chat Completions: an assistant message of thinking only would
                 // be `content: null` without calls, which OpenAI rejects. It carries nothing here: left out.
@@ -143,7 +163,7 @@ pub fn responses<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                         Block::Text { text } if !text.is_empty() => texts.push(json!({"type": "output_text", "text": text, "annotations": []})),
                         Block::ToolCall { id, name, arguments } => {
                             flush(&mut texts, &mut out);
-                            out.push(json!({"type": "function_call", "call_id": id, "name": name, "arguments": arguments}));
+                            out.push(json!({"type": "function_call", "call_id": id, "name": provider_tool_name(name), "arguments": arguments}));
                         }
                         _ => {}
                     }
@@ -206,7 +226,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                                 Ok(v @ Value::Object(_)) => v,
                                 _ => json!({"input": arguments}),
                             };
-                            Some(json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+                            Some(json!({"type": "tool_use", "id": id, "name": provider_tool_name(name), "input": input}))
                         }
                         _ => None,
                     })
@@ -286,6 +306,27 @@ pub fn pi_compaction(
 mod tests {
     use super::*;
     use condense_events::UserOrigin;
+
+    #[test]
+    fn tool_names_a_provider_rejects_are_mapped_the_same_way_every_time() {
+        assert_eq!(provider_tool_name("exec_command"), "exec_command");
+        assert_eq!(provider_tool_name("mcp__server-1__read"), "mcp__server-1__read");
+        let odd = "[REDACTED_NAME len=43 sha=1a2b3c4d]";
+        let a = provider_tool_name(odd);
+        assert_eq!(a, provider_tool_name(odd));
+        let valid = |n: &str| !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        assert!(valid(&a), "{a}");
+        assert_ne!(a, provider_tool_name("[REDACTED_NAME len=43 sha=ffffffff]"));
+        let long = "x".repeat(100);
+        assert!(valid(&provider_tool_name(&long)) && provider_tool_name(&long).len() == 64);
+        assert!(valid(&provider_tool_name("")));
+        // In every provider format.
+        let m = Message::Assistant { content: vec![Block::ToolCall { id: "c1".into(), name: odd.into(), arguments: "{}".into() }], model: None, stop: None, usage: None };
+        let ms = [&m];
+        assert_eq!(openai(&ms)[0]["tool_calls"][0]["function"]["name"], a.as_ref());
+        assert_eq!(anthropic(&ms)["messages"][0]["content"][0]["name"], a.as_ref());
+        assert_eq!(responses(&ms)[0]["name"], a.as_ref());
+    }
 
     #[test]
     fn a_thinking_only_assistant_message_is_left_out_of_chat_completions() {
