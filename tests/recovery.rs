@@ -189,3 +189,33 @@ fn each_fail_closed_reason() {
     }]).unwrap();
     assert_eq!(prepare(&img.projection().unwrap(), &Fake("default")), Err(Blocked::Image("i1".into())));
 }
+
+#[test]
+fn only_a_successful_reply_on_the_new_model_ends_the_guard() {
+    use condense_events::{Block, Entry, Message, StopReason, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.create_session("x").unwrap();
+    let reply = |id: &str, parent: &str, model: Option<&str>, stop: Option<StopReason>| SourceEvent::EntryAppended {
+        id: id.into(),
+        parent: Some(parent.into()),
+        entry: Entry::Message(Message::Assistant { content: vec![Block::Text { text: "ok".into() }], model: model.map(str::to_string), stop, usage: None }),
+    };
+    s.append(vec![
+        model(200_000),
+        SourceEvent::EntryAppended { id: "u1".into(), parent: None, entry: Entry::Message(Message::user_text("go", UserOrigin::Prompt)) },
+        model(32_000),
+    ])
+    .unwrap();
+    let active = || s.with_projection(condense_engine::recover::guard_active).unwrap();
+    assert!(active());
+    // A reply that ended in a provider error keeps the guard on.
+    s.append(vec![reply("a1", "u1", Some("m32000"), Some(StopReason::Error))]).unwrap();
+    assert!(active(), "an error reply ended the guard");
+    // So does one the old model wrote.
+    s.append(vec![reply("a2", "a1", Some("m200000"), Some(StopReason::Stop))]).unwrap();
+    assert!(active(), "a reply of another model ended the guard");
+    // A successful reply on the new model ends it.
+    s.append(vec![reply("a3", "a2", Some("m32000"), Some(StopReason::Stop))]).unwrap();
+    assert!(!active());
+}

@@ -270,8 +270,9 @@ impl Projection {
         Some(base + later)
     }
 
-    /// Whether the session is in a model transition: the model changed and no assistant message has
-    /// been added since (the first successful response on the new model ends it).
+    /// Whether the session is in a model transition: the model changed and no successful reply on the new
+    /// model has been added since (an overflowed reply, a reply that ended in a provider error, or one
+    /// another model wrote does not end it).
     pub fn in_model_transition(&self) -> bool {
         let Some(at) = self.model_change_leaf else { return false };
         let path = self.path();
@@ -282,8 +283,13 @@ impl Projection {
             },
             None => 0,
         };
+        // Only a successful reply on the new model ends the transition: not an overflowed one, not one that
+        // ended in a provider error, not one another model wrote.
+        let current = self.model.as_ref().map(|m| m.model.as_str());
         !path[from..].iter().any(|&i| {
-            !self.overflowed.contains(&i) && matches!(&self.items[i].node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. }))
+            !self.overflowed.contains(&i)
+                && matches!(&self.items[i].node, Node::Message(m, _) if matches!(&**m, Message::Assistant { stop, model, .. }
+                    if *stop != Some(condense_events::StopReason::Error) && (model.is_none() || model.as_deref() == current)))
         })
     }
 
