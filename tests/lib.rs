@@ -19,23 +19,10 @@ pub fn corpus_sessions() -> Vec<PathBuf> {
     let root = corpus_dir();
     let mut out = Vec::new();
     for sub in ["pi", "claude-code", "codex"] {
-        walk_jsonl(&root.join(sub), &mut out);
+        walk_files(&root.join(sub), &["jsonl"], &mut out);
     }
     out.sort();
     out
-}
-
-/// Every `.jsonl` file under `dir`, in the order the folder lists them.
-pub fn walk_jsonl(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            walk_jsonl(&p, out);
-        } else if p.extension().is_some_and(|x| x == "jsonl") {
-            out.push(p);
-        }
-    }
 }
 
 /// Every file under `dir` whose extension is one of `extensions`.

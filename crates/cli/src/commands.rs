@@ -648,7 +648,13 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     }
 }
 
-/// Every session file candidate (`.jsonl`, `.json`, `.traj`) under `dir`, sorted; a subfolder or entry that cannot be read is noted with why,
+/// Whether `path` may hold a session, by its extension (`.jsonl`, `.json`, `.traj`): what a folder import
+/// and `watch` read.
+pub(crate) fn is_session_file(path: &Path) -> bool {
+    path.extension().is_some_and(|x| x == "jsonl" || x == "json" || x == "traj")
+}
+
+/// Every session file candidate under `dir` ([`is_session_file`]), sorted; a subfolder or entry that cannot be read is noted with why,
 /// and the rest is still walked.
 fn walk_all(dir: &Path, out: &mut Vec<PathBuf>, unreadable: &mut Vec<(PathBuf, std::io::Error)>) {
     let mut entries: Vec<_> = match std::fs::read_dir(dir) {
@@ -670,7 +676,7 @@ fn walk_all(dir: &Path, out: &mut Vec<PathBuf>, unreadable: &mut Vec<(PathBuf, s
         };
         if ft.is_dir() {
             walk_all(&p, out, unreadable);
-        } else if ft.is_file() && p.extension().is_some_and(|x| x == "jsonl" || x == "json" || x == "traj") {
+        } else if ft.is_file() && is_session_file(&p) {
             out.push(p);
         }
     }
@@ -854,29 +860,22 @@ fn request_body(session: &Session, how: Format, messages: &[Arc<Message>], model
         .and_then(|l| l.max_output)
         .or_else(|| p.model().and_then(|m| m.max_output))
         .unwrap_or(8192);
+    use condense_formats::wire::Api;
+    let (api, limit_key) = match how {
+        Format::Anthropic => (Api::Anthropic, "max_tokens"),
+        _ => (Api::Chat, "max_completion_tokens"),
+    };
+    let mut body = json!({"model": model, limit_key: max_output});
+    // The Messages export is an object (messages, and system when there is one); Chat is a message list.
+    match (body.as_object_mut(), encode(messages, how)) {
+        (Some(b), Value::Object(fields)) => b.extend(fields),
+        (_, list) => body["messages"] = list,
+    }
     let needed = condense_engine::tools::needed(&p);
-    Ok(match how {
-        Format::Anthropic => {
-            let mut body = json!({"model": model, "max_tokens": max_output});
-            let list = encode(messages, how);
-            if let (Some(b), Some(l)) = (body.as_object_mut(), list.as_object()) {
-                for (k, v) in l {
-                    b.insert(k.clone(), v.clone());
-                }
-            }
-            if !needed.is_empty() {
-                body["tools"] = needed.iter().map(|t| condense_engine::tools::tool_json(condense_formats::wire::Api::Anthropic, t)).collect();
-            }
-            body
-        }
-        _ => {
-            let mut body = json!({"model": model, "max_completion_tokens": max_output, "messages": encode(messages, how)});
-            if !needed.is_empty() {
-                body["tools"] = needed.iter().map(|t| condense_engine::tools::tool_json(condense_formats::wire::Api::Chat, t)).collect();
-            }
-            body
-        }
-    })
+    if !needed.is_empty() {
+        body["tools"] = needed.iter().map(|t| condense_engine::tools::tool_json(api, t)).collect();
+    }
+    Ok(body)
 }
 
 fn render(session: &Session, how: Format, after_event: Option<u64>, model: Option<&str>, store_dir: &Path) -> Result<ExitCode> {

@@ -3,7 +3,7 @@
 //! moment. Each import is an ordinary `condense import` (through a running `condense serve` when one holds
 //! the store), so new files become sessions and grown files append what they grew by; one line per change.
 
-use crate::commands::capture;
+use crate::commands::{capture, is_session_file};
 use anyhow::{anyhow, bail, Context as _, Result};
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use std::collections::BTreeSet;
@@ -11,11 +11,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
-
-/// Whether `path` may hold a session (what `import` reads from a folder).
-fn candidate(path: &Path) -> bool {
-    path.extension().is_some_and(|x| x == "jsonl" || x == "json" || x == "traj")
-}
 
 /// Follows `paths` until the process is stopped.
 pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<ExitCode> {
@@ -55,7 +50,7 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<Ex
         let mut note = |event: notify::Result<notify::Event>| match event {
             Ok(e) if matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_)) => {
                 for p in e.paths {
-                    if candidate(&p) && !p.starts_with(&store) && p.canonicalize().map_or(true, |c| !c.starts_with(&store)) {
+                    if is_session_file(&p) && !p.starts_with(&store) && p.canonicalize().map_or(true, |c| !c.starts_with(&store)) {
                         changed.insert(as_given(&p));
                     }
                 }

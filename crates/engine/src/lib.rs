@@ -281,33 +281,28 @@ impl Store {
                 None => name.to_string(),
                 Some(k) => format!("{name}#{k}"),
             };
-            out.push(self.import_one(&canonical, &hash, bytes.len(), &bytes, imported, &name)?);
+            out.push(self.import_one(&canonical, &hash, &bytes, imported, &name)?);
         }
         Ok(out)
     }
 
     /// Imports one session read from a file (see [`Store::import_file`]).
-    fn import_one(&self, canonical: &str, hash: &str, len: usize, bytes: &[u8], imported: condense_formats::Imported, name: &str) -> Result<ImportOutcome> {
-        let canonical = canonical.to_string();
-        let hash = hash.to_string();
-        let started = SourceEvent::ImportStarted { path: canonical.clone(), bytes: len as u64, hash: hash.clone() };
-        let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: len as u64, hash: hash.clone() };
-        let outcome = |action, events| ImportOutcome {
-            action,
-            name: name.to_string(),
-            format: imported.format,
-            events,
-            bytes: len as u64,
-            diagnostics: imported.diagnostics.clone(),
-        };
-        let Some(id) = self.inner.log.session_id(name)? else {
-            let session = self.create_session(name)?;
-            let mut events = imported.events.clone();
-            events.insert(1.min(events.len()), started);
-            events.push(completed);
+    fn import_one(&self, canonical: &str, hash: &str, bytes: &[u8], imported: condense_formats::Imported, name: &str) -> Result<ImportOutcome> {
+        let len = bytes.len() as u64;
+        let started = SourceEvent::ImportStarted { path: canonical.to_string(), bytes: len, hash: hash.to_string() };
+        let completed = SourceEvent::ImportCompleted { path: canonical.to_string(), bytes: len, hash: hash.to_string() };
+        let condense_formats::Imported { format, events: file_events, diagnostics } = imported;
+        let outcome = |action, events| ImportOutcome { action, name: name.to_string(), format, events, bytes: len, diagnostics: diagnostics.clone() };
+        // The whole file into a session that holds nothing yet, between its import markers.
+        let whole = |session: Session, mut events: Vec<SourceEvent>, action| -> Result<ImportOutcome> {
+            events.insert(1.min(events.len()), started.clone());
+            events.push(completed.clone());
             let n = events.len() as u64;
             session.append(events)?;
-            return Ok(outcome(ImportAction::Imported, n));
+            Ok(outcome(action, n))
+        };
+        let Some(id) = self.inner.log.session_id(name)? else {
+            return whole(self.create_session(name)?, file_events, ImportAction::Imported);
         };
         let session = Session { store: self.clone(), id, name: name.to_string() };
         let held: Vec<SourceEvent> = self
@@ -325,12 +320,7 @@ impl Store {
         let Some(ls) = last_start else {
             if held.is_empty() {
                 // Created, then stopped before its first events were written: import into it.
-                let mut events = imported.events.clone();
-                events.insert(1.min(events.len()), started);
-                events.push(completed);
-                let n = events.len() as u64;
-                session.append(events)?;
-                return Ok(outcome(ImportAction::Resumed, n));
+                return whole(session, file_events, ImportAction::Resumed);
             }
             return Err(EngineError::NameTaken { name: name.to_string(), reason: "it was not imported from a file (or by a condense that did not record its source)".into() });
         };
@@ -346,11 +336,11 @@ impl Store {
         // that stopped, or the file before it grew). Diagnostics and import markers are set aside.
         let core = |e: &&SourceEvent| !matches!(e, SourceEvent::ImportDiagnostic { .. } | SourceEvent::ImportStarted { .. } | SourceEvent::ImportCompleted { .. });
         let old: Vec<&SourceEvent> = held.iter().filter(core).collect();
-        let new: Vec<&SourceEvent> = imported.events.iter().filter(core).collect();
+        let new: Vec<&SourceEvent> = file_events.iter().filter(core).collect();
         let prefix = old.len() <= new.len() && old.iter().zip(&new).all(|(a, b)| a == b);
         // Grown: the file's old bytes are a prefix of its new ones (JSON lines only ever append), or a file
         // rewritten whole (a JSON document such as a Gemini CLI chat) holds what it held plus more.
-        let grown = (len as u64 > *b0 && blake3::hash(&bytes[..*b0 as usize]).to_hex().as_str() == h0)
+        let grown = (len > *b0 && blake3::hash(&bytes[..*b0 as usize]).to_hex().as_str() == h0)
             || (finished && prefix && new.len() > old.len());
         if finished && !grown {
             return Err(EngineError::NameTaken { name: name.to_string(), reason: format!("{canonical} changed since it was imported, and not by growing") });
@@ -363,7 +353,7 @@ impl Store {
             events.push(started);
         }
         events.extend(new[old.len()..].iter().map(|e| (*e).clone()));
-        for d in imported.events.iter().filter(|e| matches!(e, SourceEvent::ImportDiagnostic { .. })) {
+        for d in file_events.iter().filter(|e| matches!(e, SourceEvent::ImportDiagnostic { .. })) {
             if !held.contains(d) {
                 events.push(d.clone());
             }
@@ -573,7 +563,7 @@ impl Session {
                     .enumerate()
                     .map(|(i, body)| condense_log::encode_event(self.id, head + 1 + i as u64, body))
                     .collect();
-                let rx = if self.store.inner.defer_durability { log.append_deferred(self.id, head, values)? } else { log.append_encoded(self.id, head, values)? };
+                let rx = log.append_encoded(self.id, head, values, !self.store.inner.defer_durability)?;
                 let first = head + 1;
                 head += chunk.len() as u64;
                 Some((first, chunk, rx))

@@ -139,12 +139,12 @@ fn checkpoint_originals(p: &Projection, checkpoints: &[u32], refs: &[u32], blob:
                 originals: Vec::new(),
             };
         };
-        let start = idx.checkpoints.range(..c).next_back().and_then(|(_, prev)| position(&prev.boundary)).map_or(0, |i| i + 1);
+        let start = idx.checkpoints.range(..c).next_back().and_then(|(_, prev)| position(&prev.boundary)).map_or(0, |i| i + 1).min(end + 1);
         if !text.is_empty() {
             text.push('\n');
         }
-        text.push_str(&format!("=== c{c} replaced {} messages (entries {} to {}) ===\n", end + 1 - start.min(end + 1), branch.get(start).map_or("-", |b| b.0), cp.boundary));
-        for (entry, m) in &branch[start.min(end + 1)..=end] {
+        text.push_str(&format!("=== c{c} replaced {} messages (entries {} to {}) ===\n", end + 1 - start, branch.get(start).map_or("-", |b| b.0), cp.boundary));
+        for (entry, m) in &branch[start..=end] {
             text.push_str(&format!("--- {entry} · {} ---\n", m.role()));
             match m.as_ref() {
                 Message::ToolResult { .. } => {

@@ -48,15 +48,14 @@ fn is_openhands_event(e: &Value) -> bool {
 /// (or `line<N>`), or why none could be read. A line that cannot be read is a diagnostic of the first
 /// session, naming its line.
 pub(crate) fn evaluation_output(file: &str, bytes: &[u8]) -> Option<Result<Vec<(String, crate::Imported)>, String>> {
-    let mut lines = bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.trim_ascii().is_empty());
-    let (_, first) = lines.next()?;
-    let head: Value = serde_json::from_slice(first).ok()?;
+    let lines: Vec<(usize, &[u8])> = bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.trim_ascii().is_empty()).collect();
+    let head: Value = serde_json::from_slice(lines.first()?.1).ok()?;
     if !(head.get("history").is_some_and(Value::is_array) && (head.get("instance_id").is_some() || head.get("instruction").is_some())) {
         return None;
     }
     let mut sessions: Vec<(String, crate::Imported)> = Vec::new();
     let mut skipped: Vec<Diagnostic> = Vec::new();
-    for (i, line) in bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.trim_ascii().is_empty()) {
+    for (i, line) in lines {
         let n = i as u64 + 1;
         let diag = |message: String| Diagnostic { file: file.to_string(), line: n, message };
         let mut v: Value = match serde_json::from_slice(line) {

@@ -181,10 +181,7 @@ pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
                     return Err(if let Some(v) = document {
                         format!("it looks like {}", documents::looks_like(&v))
                     } else if let Some(first) = head.first() {
-                        match &first.value {
-                            v @ serde_json::Value::Object(o) if o.contains_key("history") => format!("it looks like {}", documents::looks_like(v)),
-                            v => format!("no line has a known shape; line {} looks like {}", first.line, documents::looks_like(v)),
-                        }
+                        format!("no line has a known shape; line {} looks like {}", first.line, documents::looks_like(&first.value))
                     } else if !rest.is_empty() {
                         "no line has a known shape".to_string()
                     } else if let Some(d) = lines.diagnostics.first() {

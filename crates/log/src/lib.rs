@@ -336,31 +336,25 @@ impl Log {
     }
 
     /// Starts an append of envelopes the caller encoded itself (with [`encode_envelope`], for the seqs
-    /// `expected_head + 1 ..`) and returns at once; the receiver yields the new head once the values are
-    /// durable, or the error. A caller can encode its next chunk while this one is written.
+    /// `expected_head + 1 ..`) and returns at once; the receiver yields the new head, or the error. A
+    /// caller can encode its next chunk while this one is written.
+    ///
+    /// With `durable`, the head comes once the values are durable. Without, it comes once they are
+    /// written: the next durable append, [`Log::sync`], or closing the log makes them durable, and a crash
+    /// before then loses a suffix of such appends (never a middle: what survives is still a gap-free prefix
+    /// of each session). That is for a host that can afford to lose its latest events because their source
+    /// resends them (a client resending its whole history), in exchange for not waiting for the disk.
     pub fn append_encoded(
         &self,
         session: SessionId,
         expected_head: Seq,
         values: Vec<Vec<u8>>,
+        durable: bool,
     ) -> Result<Receiver<Result<Seq>>> {
-        check_sizes(session, expected_head, &values)?;
-        self.writer.append_prepared(session, expected_head, values, true)
-    }
-
-    /// As [`Log::append_encoded`], but acknowledged once written, before it is durable: the next durable
-    /// append, [`Log::sync`], or closing the log makes it durable. A crash before then loses a suffix of
-    /// the deferred appends (never a middle: what survives is still a gap-free prefix of each session).
-    /// For a host that can afford to lose its latest events because their source resends them (a client
-    /// resending its whole history), in exchange for not waiting for the disk.
-    pub fn append_deferred(
-        &self,
-        session: SessionId,
-        expected_head: Seq,
-        values: Vec<Vec<u8>>,
-    ) -> Result<Receiver<Result<Seq>>> {
-        check_sizes(session, expected_head, &values)?;
-        self.writer.append_prepared(session, expected_head, values, false)
+        if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| v.len() > codec::MAX_VALUE_BYTES + 1) {
+            return Err(LogError::Oversized { session, seq: expected_head + 1 + i as u64, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 });
+        }
+        self.writer.append_prepared(session, expected_head, values, durable)
     }
 
     /// Makes everything appended so far durable.
@@ -474,8 +468,10 @@ impl Log {
         export::export(self, path.as_ref())
     }
 
-    /// Reads a file written by [`Log::export`] into this log. Sessions whose names exist already are an error;
-    /// the file is checked in full before anything is written.
+    /// Reads a file written by [`Log::export`] into this log, resumably: a session the log holds in full
+    /// already is skipped, one holding a prefix of the export's events is completed, and one of the same
+    /// name with other events is [`LogError::RestoreConflict`]. The file is checked in full, and every
+    /// conflict found, before anything is written.
     pub fn import(&self, path: impl AsRef<Path>) -> Result<ExportSummary> {
         export::import(self, path.as_ref())
     }
@@ -483,14 +479,6 @@ impl Log {
     /// Flushes and stops the writer. Later calls on any clone return [`LogError::Closed`].
     pub fn close(&self) {
         self.writer.stop();
-    }
-}
-
-/// An encoded value over the bound of a stored value is refused before anything is written.
-fn check_sizes(session: SessionId, expected_head: Seq, values: &[Vec<u8>]) -> Result<()> {
-    match values.iter().enumerate().find(|(_, v)| v.len() > codec::MAX_VALUE_BYTES + 1) {
-        Some((i, v)) => Err(LogError::Oversized { session, seq: expected_head + 1 + i as u64, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 }),
-        None => Ok(()),
     }
 }
 

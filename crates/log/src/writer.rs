@@ -17,7 +17,7 @@ enum Request {
     /// Delete a session: its name, then its events.
     Remove { session: SessionId, reply: Sender<Result<()>> },
     /// Values already encoded by the caller for seq `expected + 1 ..`.
-    /// `durable: false` is acknowledged once written, before the flush (see [`crate::Log::append_deferred`]).
+    /// `durable: false` is acknowledged once written, before the flush (see [`crate::Log::append_encoded`]).
     Prepared { session: SessionId, expected: Seq, values: Vec<Vec<u8>>, durable: bool, reply: Sender<Result<Seq>> },
     /// Flush everything written so far; acknowledged once durable.
     Sync { reply: Sender<Result<()>> },
@@ -94,7 +94,8 @@ impl Drop for WriterHandle {
 }
 
 fn run(shared: &Shared, rx: &Receiver<Request>) {
-    let mut unflushed = Unflushed::default();
+    // Heads written by deferred appends and not yet flushed: the manifest learns them at the next flush.
+    let mut unflushed: BTreeMap<SessionId, Seq> = BTreeMap::new();
     let mut names: BTreeMap<String, SessionId> = BTreeMap::new();
     for (k, v) in shared.sessions.iter().flatten() {
         names.insert(String::from_utf8_lossy(&v).into_owned(), crate::codec::session_from_key(&k));
@@ -168,16 +169,10 @@ fn stage(
     replies.push(Reply::Appended(reply, Ok(seq)));
 }
 
-/// Heads written by deferred appends and not yet flushed: the manifest learns them at the next flush.
-#[derive(Default)]
-pub(crate) struct Unflushed {
-    heads: BTreeMap<SessionId, Seq>,
-}
-
 /// Applies one group as a single sled batch and flushes when any request in it needs durability (a
 /// durable append, a new session, a sync); replies go out only after that flush. A group of deferred
 /// appends only is acknowledged once written: the next flush makes it durable.
-fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &mut Unflushed, group: Vec<Request>) {
+fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &mut BTreeMap<SessionId, Seq>, group: Vec<Request>) {
     let mut heads = shared.heads.lock().expect("heads lock").clone();
     let mut batch = sled::Batch::default();
     let mut replies = Vec::with_capacity(group.len());
@@ -227,7 +222,8 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
             }
         }
     }
-    let flush = flush && (wrote || !unflushed.heads.is_empty() || !syncs.is_empty());
+    // Nothing written and nothing pending: a sync or an empty durable append costs no flush.
+    let flush = flush && (wrote || !unflushed.is_empty());
     let durable = crate::quietly(|| {
         if wrote {
             shared.events.apply_batch(batch)?;
@@ -255,10 +251,10 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
     }
     // The manifest only ever learns heads that are durable: deferred ones wait for the next flush.
     for n in &notices {
-        unflushed.heads.insert(n.session, n.last);
+        unflushed.insert(n.session, n.last);
     }
-    if flush && !unflushed.heads.is_empty() {
-        let durable_heads = std::mem::take(&mut unflushed.heads);
+    if flush && !unflushed.is_empty() {
+        let durable_heads = std::mem::take(unflushed);
         shared.manifest.lock().expect("manifest lock").record(durable_heads.into_iter());
     }
     for tx in syncs {

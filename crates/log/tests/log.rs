@@ -256,7 +256,7 @@ fn crash_child() {
                 let events: Vec<Event> = (0..n).map(|i| note(format!("{name}:{}", head + 1 + i))).collect();
                 if deferred {
                     let values = events.iter().enumerate().map(|(i, e)| condense_log::encode_event(id, head + 1 + i as u64, e)).collect();
-                    head = log.append_deferred(id, head, values).unwrap().recv().unwrap().unwrap();
+                    head = log.append_encoded(id, head, values, false).unwrap().recv().unwrap().unwrap();
                     if k % 3 == 2 {
                         log.sync().unwrap();
                         println!("ack {name} {head}");
