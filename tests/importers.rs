@@ -5,13 +5,19 @@ use condense_events::SourceEvent;
 use condense_formats::import_bytes;
 use condense_render::{check, Projection};
 
+/// A projection folded from an import's events, in order.
+fn fold(events: &[SourceEvent]) -> Projection {
+    let mut p = Projection::new();
+    for (i, e) in events.iter().enumerate() {
+        p.apply(i as u64 + 1, &condense_events::Event::Source(e.clone()));
+    }
+    p
+}
+
 /// Imports `input`, renders it, and prints diagnostics plus one line per rendered message.
 fn check_import(input: &str) -> String {
     let imported = import_bytes("t.jsonl", input.as_bytes()).expect("import");
-    let mut p = Projection::new();
-    for (i, e) in imported.events.iter().enumerate() {
-        p.apply(i as u64 + 1, &condense_events::Event::Source(e.clone()));
-    }
+    let p = fold(&imported.events);
     let r = p.render();
     let mut out = format!("format: {}\n", imported.format.name());
     for d in &imported.diagnostics {
@@ -178,10 +184,7 @@ fn a_renamed_duplicate_id_never_takes_an_existing_name() {
     unique.dedup();
     assert_eq!(unique.len(), ids.len(), "every entry id is unique: {ids:?}");
     // The branch to `y` is x → x~4 → y: the renamed `three` does not sit on it.
-    let mut p = Projection::new();
-    for (i, e) in imported.events.iter().enumerate() {
-        p.apply(i as u64 + 1, &condense_events::Event::Source(e.clone()));
-    }
+    let p = fold(&imported.events);
     let texts: Vec<String> = p.branch_messages().iter().map(|m| m.text()).collect();
     assert_eq!(texts, ["one", "two", "four"]);
 }
@@ -266,10 +269,7 @@ fn mutilate(bytes: &[u8], rng: &mut Rng) -> Vec<u8> {
 /// may panic, whatever the input.
 fn import_and_render(name: &str, bytes: &[u8]) -> bool {
     let Ok(imported) = import_bytes(name, bytes) else { return false };
-    let mut p = Projection::new();
-    for (i, e) in imported.events.iter().enumerate() {
-        p.apply(i as u64 + 1, &condense_events::Event::Source(e.clone()));
-    }
+    let p = fold(&imported.events);
     let r = p.render();
     let _ = check(&r.messages);
     for d in &imported.diagnostics {
@@ -474,10 +474,7 @@ fn every_corpus_session_of_the_document_formats_imports_valid_or_is_named_with_a
             match condense_formats::import_sessions(&name, &bytes) {
                 Ok(sessions) => {
                     for (_, i) in sessions {
-                        let mut p = Projection::new();
-                        for (k, e) in i.events.iter().enumerate() {
-                            p.apply(k as u64 + 1, &condense_events::Event::Source(e.clone()));
-                        }
+                        let p = fold(&i.events);
                         let r = p.render();
                         assert!(check(&r.messages).is_empty(), "{name}: {:?}", check(&r.messages));
                         // (A session that ends in a host compaction renders as its summary alone.)
