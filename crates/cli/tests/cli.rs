@@ -635,10 +635,10 @@ fn docs_name_only_commands_and_flags_the_cli_has() {
                 // Inline code names a command in prose (often without its arguments): checked as a template.
                 let template = inline || words.iter().any(|w| w.contains('[') || w.contains('|') || w.contains('<') || w.contains('…') || placeholder(w));
                 if !template {
-                    if let Err(e) = condense_cli::cli::Cli::try_parse_from(&words) {
-                        if !matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) {
-                            wrong.push(format!("{place}: {}", e.render().to_string().lines().next().unwrap_or("")));
-                        }
+                    if let Err(e) = condense_cli::cli::Cli::try_parse_from(&words)
+                        && !matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion)
+                    {
+                        wrong.push(format!("{place}: {}", e.render().to_string().lines().next().unwrap_or("")));
                     }
                     continue;
                 }

@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn a_thinking_only_assistant_message_is_left_out_of_chat_completions() {
-        let messages = vec![
+        let messages = [
             Message::user_text("hi", UserOrigin::Prompt),
             Message::Assistant { content: vec![Block::Thinking { thinking: "hmm".into(), signature: None }], model: None, stop: None, usage: None },
             Message::user_text("again", UserOrigin::Prompt),
