@@ -500,13 +500,15 @@ fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEve
     }
     let a = after.render_full_now().messages;
     let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();
-    let saved = count(&b).saturating_sub(count(&a));
+    // The candidate's own messages are counted without being remembered: it is usually dropped.
+    let count_candidate = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate_once(m)).sum::<u64>();
+    let saved = count(&b).saturating_sub(count_candidate(&a));
     // Everything after the first changed message is sent uncached once more: the prune must save more
     // than that, or it costs more than it brings back.
     let same = b.iter().zip(a.iter()).take_while(|(x, y)| Arc::ptr_eq(x, y) || x == y).count();
     // What came after the last assistant message is new to the model and goes uncached either way.
     let fresh_from = a.iter().rposition(|m| matches!(**m, condense_events::Message::Assistant { .. })).map_or(0, |i| i + 1);
-    let resent = count(&a[same.min(fresh_from)..fresh_from]);
+    let resent = count_candidate(&a[same.min(fresh_from)..fresh_from]);
     // Expected requests still to come: as many as there were so far (a session that has run long tends
     // to run on). The prune pays when the cached-price savings over them beat re-sending at full price.
     let requests = proj.branch_entries().iter().filter(|(_, m)| matches!(***m, condense_events::Message::Assistant { .. })).count() as u64;

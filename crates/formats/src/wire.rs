@@ -226,11 +226,11 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
     let mut probes: Vec<(&'static str, bool)> = Vec::with_capacity(items.len());
     let mut keys = Vec::with_capacity(items.len());
     for (i, r) in items.iter().enumerate() {
-        let at = format!("{}[{i}]", api.list_field());
+        let at = || format!("{}[{i}]", api.list_field());
         let text = &buf[r.clone()];
-        let p: Probe<'_> = serde_json::from_slice(text).map_err(|_| werr(at.clone(), "expected an object"))?;
+        let p: Probe<'_> = serde_json::from_slice(text).map_err(|_| werr(at(), "expected an object"))?;
         if api != Api::Responses && p.role.is_none() {
-            return Err(werr(at, "`role` is missing"));
+            return Err(werr(at(), "`role` is missing"));
         }
         let role = p.role.as_deref();
         let assistant_side = match p.kind.as_deref() {

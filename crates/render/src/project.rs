@@ -235,10 +235,25 @@ impl Projection {
         }
         let t = condense_tokens::estimate(m);
         if cache.len() > 2 * self.items.len() + 1024 {
-            cache.clear();
+            // Keep what is still in use (a render holds it): dropping everything would make the next
+            // request count the whole context again.
+            cache.retain(|_, (m, _)| Arc::strong_count(m) > 1);
+            if cache.len() > 2 * self.items.len() + 1024 {
+                cache.clear();
+            }
         }
         cache.insert(key, (m.clone(), t));
         t
+    }
+
+    /// As [`Projection::estimate`] for a message that will not be seen again (a candidate render's): a
+    /// remembered count is used, but a new one is not remembered.
+    pub fn estimate_once(&self, m: &Arc<Message>) -> u64 {
+        let key = Arc::as_ptr(m) as usize;
+        if let Some((_, t)) = self.tokens.lock().expect("token cache lock").get(&key) {
+            return *t;
+        }
+        condense_tokens::estimate(m)
     }
 
     /// Provider overflows since the last entry that was not a failed assistant message: 1 asks for a
@@ -1011,4 +1026,43 @@ fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental {
         }
     }
     Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use condense_events::{Entry, SourceEvent, UserOrigin};
+
+    fn prompts(n: usize) -> Projection {
+        let mut p = Projection::new();
+        for i in 0..n {
+            let parent = (i > 0).then(|| format!("e{}", i - 1));
+            let m = Message::user_text(format!("prompt {i}"), UserOrigin::Prompt);
+            p.apply(i as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry: Entry::Message(m) }));
+        }
+        p
+    }
+
+    #[test]
+    fn a_candidate_is_counted_without_being_remembered_and_the_live_render_stays_counted() {
+        let p = prompts(8);
+        let rendered = p.render();
+        let live: u64 = rendered.messages.iter().map(|m| p.estimate(m)).sum();
+        assert_eq!(p.tokens.lock().unwrap().len(), 8);
+        // Candidates counted once: the same figure, nothing kept.
+        for _ in 0..3000 {
+            let copy: Vec<Arc<Message>> = rendered.messages.iter().map(|m| Arc::new((**m).clone())).collect();
+            assert_eq!(copy.iter().map(|m| p.estimate_once(m)).sum::<u64>(), live);
+        }
+        assert_eq!(p.tokens.lock().unwrap().len(), 8);
+        // Messages counted and dropped push the cache over its bound: what the live render still holds stays.
+        for i in 0..3000 {
+            p.estimate(&Arc::new(Message::user_text(format!("gone {i}"), UserOrigin::Prompt)));
+        }
+        let cache = p.tokens.lock().unwrap();
+        assert!(cache.len() < 2000, "the bound holds: {}", cache.len());
+        for m in rendered.messages.iter() {
+            assert!(cache.contains_key(&(Arc::as_ptr(m) as usize)), "a live message was forgotten");
+        }
+    }
 }
