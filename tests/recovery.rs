@@ -42,6 +42,9 @@ fn every_corpus_session_switched_to_32k_recovers_or_fails_closed() {
                 assert!(condense_render::check(&r.messages[..]).is_empty(), "{name}");
                 let p = s.projection().unwrap();
                 assert_eq!(p.index().archives.len(), 1, "{name}: the archive view is committed with the checkpoint");
+                let handoff = r.messages[0].text();
+                assert!(handoff.contains("## Task") && handoff.contains("## References"), "{name}: the handoff carries the seed's sections");
+                assert!(handoff.len() as u64 <= condense_recovery::summary_budget(condense_recovery::input_budget(32_000), 0), "{name}: handoff over its bound");
                 recovered += 1;
                 if snapshot.is_none() && name.starts_with("pi/") {
                     snapshot = Some(format!("{name}\n{}--- handoff head ---\n{}", readable(&r.messages[..]), r.messages[0].text().chars().take(1200).collect::<String>()));
@@ -218,4 +221,204 @@ fn only_a_successful_reply_on_the_new_model_ends_the_guard() {
     // A successful reply on the new model ends it.
     s.append(vec![reply("a3", "a2", Some("m32000"), Some(StopReason::Stop))]).unwrap();
     assert!(!active());
+}
+
+/// Records the pieces it is given and answers each with a short summary.
+#[derive(Default)]
+struct Recording(std::sync::Mutex<Vec<String>>);
+impl condense_summarize::Summarizer for Recording {
+    fn name(&self) -> &str {
+        "recording"
+    }
+    fn summarize(&self, b: &[condense_summarize::Item<'_>]) -> Result<Vec<String>, condense_summarize::SummarizeError> {
+        condense_summarize::Extractive::default().summarize(b)
+    }
+    fn handoff(&self, piece: &str, _: usize) -> Result<Option<String>, condense_summarize::SummarizeError> {
+        let mut seen = self.0.lock().unwrap();
+        seen.push(piece.to_string());
+        Ok(Some(format!("piece {}\n", seen.len())))
+    }
+}
+
+fn msg(id: &str, parent: Option<&str>, m: condense_events::Message) -> SourceEvent {
+    SourceEvent::EntryAppended { id: id.into(), parent: parent.map(str::to_string), entry: condense_events::Entry::Message(m) }
+}
+
+fn call(id: &str, text: &str) -> condense_events::Message {
+    use condense_events::{Block, Message};
+    Message::Assistant {
+        content: vec![Block::Text { text: text.into() }, Block::ToolCall { id: id.into(), name: "bash".into(), arguments: r#"{"command":"cat src/big.log"}"#.into() }],
+        model: None,
+        stop: None,
+        usage: None,
+    }
+}
+
+fn result(id: &str, text: String, is_error: bool) -> condense_events::Message {
+    condense_events::Message::ToolResult { call_id: id.into(), tool_name: "bash".into(), content: vec![condense_events::Block::Text { text }], is_error }
+}
+
+fn reply(text: &str) -> condense_events::Message {
+    condense_events::Message::Assistant { content: vec![condense_events::Block::Text { text: text.into() }], model: None, stop: None, usage: None }
+}
+
+#[test]
+fn a_message_larger_than_a_piece_is_split_and_every_piece_stays_in_the_input_budget() {
+    use condense_events::{Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.create_session("big").unwrap();
+    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let big: String = (0..30_000).map(|i| format!("{i:>9}\n")).collect();
+    assert_eq!(big.len(), 300_000);
+    s.append(vec![
+        model(32_000),
+        msg("u1", None, Message::user_text("read the log", UserOrigin::Prompt)),
+        msg("a1", Some("u1"), call("c1", "Reading it.")),
+        msg("r1", Some("a1"), result("c1", big, false)),
+        msg("a2", Some("r1"), reply("The log counts to 29999.")),
+        msg("u2", Some("a2"), Message::user_text("now summarize it", UserOrigin::Prompt)),
+    ])
+    .unwrap();
+    let rec = Recording::default();
+    let p = s.projection().unwrap();
+    condense_engine::recover::prepare(&p, &rec).expect("recovers");
+    let pieces = rec.0.lock().unwrap();
+    let budget = condense_recovery::input_budget(32_000) as usize;
+    assert!(pieces.len() >= 300_000 / budget, "{} pieces", pieces.len());
+    for piece in pieces.iter() {
+        assert!(piece.len() <= budget - 4096, "a piece of {} bytes, over {}", piece.len(), budget - 4096);
+    }
+    // Nothing is lost between pieces: they join back to the whole source.
+    let joined: String = pieces.concat();
+    assert!(joined.contains("[r1] tool:") && joined.contains("29999\n") && joined.contains("[a2] assistant: The log counts to 29999."));
+}
+
+#[test]
+fn recovery_reads_the_canonical_context_and_the_archive_holds_it() {
+    use condense_events::{Entry, Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.create_session("compacted").unwrap();
+    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    s.append(vec![
+        model(200_000),
+        msg("u1", None, Message::user_text("the removed request about zebra-stripes", UserOrigin::Prompt)),
+        msg("a1", Some("u1"), reply("removed reply")),
+        SourceEvent::EntryAppended {
+            id: "hc".into(),
+            parent: Some("a1".into()),
+            entry: Entry::HostCompaction { summary: Some("HOST SUMMARY: the user wants a parser".into()), first_kept: None, replacement: Vec::new(), tokens_before: None },
+        },
+        msg("u2", Some("hc"), Message::user_text("go on with the parser", UserOrigin::Prompt)),
+        msg("a2", Some("u2"), reply("I will use a recursive descent parser because the grammar is small.")),
+        msg("u3", Some("a2"), Message::user_text("next", UserOrigin::Prompt)),
+        model(32_000),
+    ])
+    .unwrap();
+    let rec = Recording::default();
+    condense_engine::recover::prepare(&s.projection().unwrap(), &rec).expect("recovers");
+    let read: String = rec.0.lock().unwrap().concat();
+    assert!(read.contains("HOST SUMMARY: the user wants a parser"), "the host's summary is read as a summary: {read}");
+    assert!(!read.contains("zebra-stripes") && !read.contains("removed reply"), "text the host compaction removed is not read again: {read}");
+    // The recovery the session runs itself (default handoff) commits an archive of the same view.
+    assert!(matches!(s.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
+    let r = s.prepare().expect("recovers");
+    let handoff = r.messages[0].text();
+    for section in ["## Task", "## Decisions", "## Next step", "[u2]", "I will use a recursive descent parser"] {
+        assert!(handoff.contains(section), "the handoff lacks {section}: {handoff}");
+    }
+    let search = |words: &str| s.history_tool("history_search", &format!("{{\"keywords\":[{words}]}}")).unwrap().text;
+    assert!(search(r#""zebra""#).contains(r#""hits":[]"#), "the archive holds text the context no longer had");
+    assert!(search(r#""host","summary""#).contains("HOST SUMMARY"), "the archive holds the host's summary as a summary");
+}
+
+/// A session holding `texts` as prompts answered by short replies, with an archive of it committed.
+fn archived(store: &Store, name: &str, texts: &[String]) -> condense_engine::Session {
+    use condense_events::{Message, UserOrigin};
+    let s = store.create_session(name).unwrap();
+    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let mut events = vec![model(200_000)];
+    let mut parent: Option<String> = None;
+    for (i, t) in texts.iter().enumerate() {
+        events.push(msg(&format!("u{i}"), parent.as_deref(), Message::user_text(t.clone(), UserOrigin::Prompt)));
+        events.push(msg(&format!("a{i}"), Some(&format!("u{i}")), reply("noted")));
+        parent = Some(format!("a{i}"));
+    }
+    s.append(events).unwrap();
+    assert_eq!(s.archive_now().unwrap(), "a1");
+    s
+}
+
+#[test]
+fn history_replies_stay_within_the_tool_text_ceiling_as_the_model_reads_them() {
+    use condense_recovery::{PAGE_BYTES, REPLY_CEILING};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // Below the ceiling: plain text pages are whole 2,048-byte pages. Above it once escaped: quotes (2 bytes
+    // each) and control characters (6 bytes each) make the page shorter, never the reply longer.
+    let plain = "abcdefgh ".repeat(1000);
+    let quotes = "\"".repeat(9000);
+    let controls: String = (0..5000).map(|i| if i % 2 == 0 { '\u{1}' } else { 'x' }).collect();
+    let mixed: String = (0..4000).map(|i| ['é', '"', '\n', '€', 'a'][i % 5]).collect();
+    let s = archived(&store, "escapes", &[plain.clone(), quotes.clone(), controls.clone(), mixed.clone()]);
+    for (id, original) in [("u0", &plain), ("u1", &quotes), ("u2", &controls), ("u3", &mixed)] {
+        let (mut offset, mut back, mut pages) = (0u64, String::new(), 0);
+        loop {
+            let a = s.history_tool("history_read", &format!("{{\"id\":\"{id}\",\"offset\":{offset}}}")).unwrap();
+            assert!(!a.is_error, "{}", a.text);
+            assert!(a.text.len() <= REPLY_CEILING, "{id}: a reply of {} bytes", a.text.len());
+            let v: serde_json::Value = serde_json::from_str(&a.text).unwrap();
+            let text = v["text"].as_str().unwrap();
+            assert!(text.len() <= PAGE_BYTES);
+            if id == "u0" && v["nextOffset"].is_u64() {
+                assert_eq!(text.len(), PAGE_BYTES, "plain text is not cut short");
+            }
+            back.push_str(text);
+            pages += 1;
+            match v["nextOffset"].as_u64() {
+                Some(n) => offset = n,
+                None => break,
+            }
+        }
+        assert_eq!(&back, original, "{id}: the pages join back to the entry ({pages} pages)");
+    }
+    // Search: 20 hits of snippets that escape to six times their size.
+    let noisy: Vec<String> = (0..30).map(|i| format!("needle {i} {}", "\u{2}\"".repeat(80))).collect();
+    let s = archived(&store, "noisy", &noisy);
+    let a = s.history_tool("history_search", r#"{"keywords":["needle"]}"#).unwrap();
+    assert!(a.text.len() <= REPLY_CEILING, "a search reply of {} bytes", a.text.len());
+    let v: serde_json::Value = serde_json::from_str(&a.text).unwrap();
+    assert!(!v["hits"].as_array().unwrap().is_empty() && v["omitted"].as_str().unwrap().contains("lower-ranked"), "{}", a.text);
+    // The newest records rank first among equals, and stay.
+    assert_eq!(v["hits"][0]["id"], "u29");
+}
+
+#[test]
+fn archives_of_a_branch_the_session_left_are_not_listed_searched_or_read() {
+    use condense_events::{Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = archived(&store, "left", &["the first task about walruses".to_string(), "the second task".to_string()]);
+    let listed = |s: &condense_engine::Session| s.history_tool("history_archives", "{}").unwrap().text;
+    let has_history_tools = |s: &condense_engine::Session| {
+        s.with_projection(|p| condense_engine::tools::needed(p).iter().any(|t| t.name == "history_search")).unwrap()
+    };
+    assert!(listed(&s).contains("a1") && has_history_tools(&s));
+    // Going on from the archived leaf keeps it.
+    s.append(vec![msg("u9", Some("a1"), Message::user_text("more", UserOrigin::Prompt))]).unwrap();
+    assert!(listed(&s).contains("a1"));
+    // Rewinding to before it and going another way leaves it.
+    s.append(vec![SourceEvent::LeafMoved { leaf: Some("a0".into()) }, msg("v1", Some("a0"), Message::user_text("another way", UserOrigin::Prompt))]).unwrap();
+    assert!(!listed(&s).contains("a1"), "{}", listed(&s));
+    assert!(!has_history_tools(&s), "the history tools are offered for a branch left");
+    let search = s.history_tool("history_search", r#"{"keywords":["walruses"],"archive":"a1"}"#).unwrap();
+    assert!(search.is_error && search.text.contains("left"), "{}", search.text);
+    let newest = s.history_tool("history_search", r#"{"keywords":["walruses"]}"#).unwrap();
+    assert!(newest.is_error && newest.text.contains("no archive"), "{}", newest.text);
+    let read = s.history_tool("history_read", r#"{"id":"u0"}"#).unwrap();
+    assert!(read.is_error, "{}", read.text);
+    // Coming back to the archived branch finds it again.
+    s.append(vec![SourceEvent::LeafMoved { leaf: Some("u9".into()) }]).unwrap();
+    assert!(listed(&s).contains("a1") && !s.history_tool("history_read", r#"{"id":"u0"}"#).unwrap().is_error);
 }

@@ -9,7 +9,7 @@
 
 use condense_events::{Block, Message, UserOrigin};
 use condense_tokens::estimate;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// pi's default reserve, in tokens.
 pub const DEFAULT_RESERVE: u64 = 16_384;
@@ -72,6 +72,18 @@ fn clip(s: &str, max: usize) -> String {
         Some((i, _)) => format!("{}…", &s[..i]),
         None => s.to_string(),
     }
+}
+
+/// `s` in at most `max` bytes, cut at a character boundary, `…` marking a cut.
+fn clip_bytes(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 /// A deterministic handoff summary of `messages` with the sections a handoff needs: goal, constraints,
@@ -144,6 +156,137 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
         ));
     }
     clip(&s, max_chars)
+}
+
+/// The recovery handoff seed 004 lists, extracted verbatim when no summarizer compute is configured: the
+/// current task, constraints, decisions, completed and uncertain actions, dependencies, source references
+/// and the next step, each line cited by the entry it comes from (`[id]`, readable with `history_read`)
+/// and its output ref where it has one. `cite(k)` names message `k`; `tool_ref` maps an entry id to its
+/// ref. Sections share `max` bytes; a section over its share keeps its newest lines.
+pub fn recovery_handoff(
+    context: &[(Option<String>, std::sync::Arc<Message>)],
+    cite: &dyn Fn(usize) -> String,
+    tool_ref: &dyn Fn(&str) -> Option<u32>,
+    max: usize,
+) -> String {
+    let one_line = |t: &str, n: usize| clip(&t.split_whitespace().collect::<Vec<_>>().join(" "), n);
+    let prompts: Vec<usize> =
+        (0..context.len()).filter(|&k| matches!(*context[k].1, Message::User { origin: UserOrigin::Prompt, .. })).collect();
+    let mut task = Vec::new();
+    if let Some(&first) = prompts.first() {
+        task.push(format!("- first request [{}]: {}", cite(first), one_line(&context[first].1.text(), 600)));
+    }
+    if let Some(&last) = prompts.last().filter(|&&l| Some(&l) != prompts.first()) {
+        task.push(format!("- latest request [{}]: {}", cite(last), one_line(&context[last].1.text(), 600)));
+    }
+    for (k, (_, m)) in context.iter().enumerate() {
+        if matches!(**m, Message::User { origin: UserOrigin::Summary, .. }) {
+            task.push(format!("- earlier summary [{}]: {}", cite(k), one_line(&m.text(), 400)));
+        }
+    }
+    // Sentences of the user's that bind the work, and of the assistant's that settle a choice.
+    let sentences = |t: &str| -> Vec<String> {
+        t.split(['\n', '.', '!', '?']).map(str::trim).filter(|x| x.len() > 8).map(str::to_string).collect()
+    };
+    let has = |s: &str, words: &[&str]| {
+        let l = format!(" {} ", s.to_lowercase());
+        words.iter().any(|w| l.contains(w))
+    };
+    let mut constraints = Vec::new();
+    for &k in &prompts {
+        for s in sentences(&context[k].1.text()) {
+            if has(&s, &[" must ", " never ", " don't ", " do not ", " always ", " only ", " avoid ", " without ", " should not "]) {
+                constraints.push(format!("- [{}] {}", cite(k), one_line(&s, 200)));
+            }
+        }
+    }
+    let mut decisions = Vec::new();
+    let mut last_reply = None;
+    for (k, (_, m)) in context.iter().enumerate() {
+        if let Message::Assistant { .. } = **m {
+            let text: String = m.content().iter().filter_map(|b| if let Block::Text { text } = b { Some(text.as_str()) } else { None }).collect();
+            if !text.trim().is_empty() {
+                last_reply = Some((k, text.clone()));
+            }
+            for s in sentences(&text) {
+                if has(&s, &[" decided ", " decide ", " will ", " chose ", " instead ", " going to ", " plan ", " use ", " because "]) {
+                    decisions.push(format!("- [{}] {}", cite(k), one_line(&s, 200)));
+                }
+            }
+        }
+    }
+    // Calls and what became of them in this context.
+    let mut outcome: BTreeMap<&str, (usize, bool)> = BTreeMap::new();
+    for (k, (_, m)) in context.iter().enumerate() {
+        if let Message::ToolResult { call_id, is_error, .. } = &**m {
+            outcome.insert(call_id.as_str(), (k, *is_error));
+        }
+    }
+    let (mut done, mut uncertain) = (Vec::new(), Vec::new());
+    let mut deps = BTreeSet::new();
+    for (k, (_, m)) in context.iter().enumerate() {
+        for (id, name, args) in m.tool_calls() {
+            deps.extend(path_values(args));
+            let call = format!("{name} {}", one_line(args, 120));
+            match outcome.get(id) {
+                Some(&(r, false)) => {
+                    let t = context[r].0.as_deref().and_then(tool_ref).map_or(String::new(), |t| format!(" → t{t}"));
+                    done.push(format!("- [{}] {call}{t}", cite(r)));
+                }
+                Some(&(r, true)) => uncertain.push(format!("- [{}] {call}: failed: {}", cite(r), one_line(&context[r].1.text(), 120))),
+                None => uncertain.push(format!("- [{}] {call}: no result seen; check before repeating it", cite(k))),
+            }
+        }
+    }
+    let refs: Vec<u32> = context.iter().filter_map(|(id, _)| id.as_deref().and_then(tool_ref)).collect();
+    let mut references = vec!["- every [id] above is readable with history_read; history_search finds others".to_string()];
+    if let (Some(a), Some(b)) = (refs.iter().min(), refs.iter().max()) {
+        references.push(format!("- tool outputs t{a}–t{b}: originals with {}", condense_events::QUERY_TOOL_NAME));
+    }
+    let next = match (last_reply, prompts.last()) {
+        (Some((k, t)), _) => vec![format!("- the assistant last said [{}]: {}", cite(k), one_line(&t, 400))],
+        (None, Some(&p)) => vec![format!("- answer the latest request [{}]", cite(p))],
+        _ => Vec::new(),
+    };
+    let sections: [(&str, Vec<String>, usize); 8] = [
+        ("Task", task, 22),
+        ("Constraints", constraints, 10),
+        ("Decisions", decisions, 14),
+        ("Completed actions", done, 16),
+        ("Uncertain actions (reconcile, do not repeat blindly)", uncertain, 10),
+        ("Dependencies", deps.into_iter().map(|d| format!("- {d}")).collect(), 10),
+        ("References", references, 6),
+        ("Next step", next, 12),
+    ];
+    let mut out = String::new();
+    for (title, lines, share) in sections {
+        let room = max * share / 100;
+        let head = format!("## {title}\n");
+        let mut kept: Vec<&String> = Vec::new();
+        let mut used = head.len();
+        for l in lines.iter().rev() {
+            if used + l.len() + 1 > room {
+                break;
+            }
+            used += l.len() + 1;
+            kept.push(l);
+        }
+        if kept.is_empty() && !lines.is_empty() && room > head.len() + 8 {
+            out.push_str(&head);
+            out.push_str(&clip_bytes(&lines[lines.len() - 1], room - head.len() - 1));
+            out.push('\n');
+            continue;
+        }
+        if kept.is_empty() {
+            continue;
+        }
+        out.push_str(&head);
+        for l in kept.into_iter().rev() {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// String values under keys naming a path or file in a JSON argument text.

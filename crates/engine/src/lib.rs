@@ -875,13 +875,19 @@ impl Session {
     /// The archive `id` (the newest when `None`), from the cache or rebuilt from the log.
     pub fn archive(&self, id: Option<&str>) -> Result<Arc<condense_recovery::Archive>> {
         let proj = self.projection()?;
-        let all = &proj.index().archives;
+        let all = recover::archives_on_branch(&proj);
         let (aid, seq, leaf) = match id {
-            Some(id) => all.iter().find(|(a, _, _)| a == id),
-            None => all.last(),
+            Some(id) => all.iter().find(|(a, _, _)| a == id).copied(),
+            None => all.last().copied(),
         }
         .cloned()
-        .ok_or_else(|| EngineError::Recovery(condense_recovery::RecoveryError::UnknownArchive(id.unwrap_or("(none yet)").to_string())))?;
+        .ok_or_else(|| {
+            let e = match id {
+                Some(id) if proj.index().archives.iter().any(|(a, _, _)| a == id) => condense_recovery::RecoveryError::LeftBranch(id.to_string()),
+                _ => condense_recovery::RecoveryError::UnknownArchive(id.unwrap_or("(none on this branch)").to_string()),
+            };
+            EngineError::Recovery(e)
+        })?;
         let key = (self.id, aid.clone());
         if let Some((_, a)) = self.store.inner.archives.lock().expect("archive cache lock").iter().find(|(k, _)| *k == key) {
             return Ok(a.clone());
@@ -889,9 +895,16 @@ impl Session {
         let mut view = self.projection_at(seq)?;
         view.apply(seq + 1, &Event::Source(SourceEvent::LeafMoved { leaf }));
         let idx = view.index();
-        let entries = view.branch_entries_in_context();
+        // The canonical context as it was (summaries as summaries, pruned outputs as their stubs); a
+        // message that stands for several entries is cited by its place (`s<k>`).
+        let entries: Vec<(String, Arc<condense_events::Message>)> = view
+            .context_entries()
+            .into_iter()
+            .enumerate()
+            .map(|(k, (id, m))| (id.map_or_else(|| format!("s{k}"), str::to_string), m))
+            .collect();
         let archive = Arc::new(
-            condense_recovery::Archive::build(&aid, entries.iter().map(|(id, m)| (*id, &***m, idx.by_entry.get(*id).copied())))
+            condense_recovery::Archive::build(&aid, entries.iter().map(|(id, m)| (id.as_str(), &**m, idx.by_entry.get(id).copied())))
                 .map_err(EngineError::Recovery)?,
         );
         let mut cache = self.store.inner.archives.lock().expect("archive cache lock");
@@ -909,7 +922,7 @@ impl Session {
             let arch = self.archive(Some(a))?;
             return arch.read(id, offset).map(|p| (arch.id.clone(), p)).map_err(EngineError::Recovery);
         }
-        let ids: Vec<String> = self.projection()?.index().archives.iter().rev().map(|(a, _, _)| a.clone()).collect();
+        let ids: Vec<String> = recover::archives_on_branch(&self.projection()?).iter().rev().map(|(a, _, _)| a.clone()).collect();
         let mut last_err = condense_recovery::RecoveryError::UnknownArchive("(none yet)".into());
         for a in ids {
             let arch = self.archive(Some(&a))?;
@@ -947,14 +960,33 @@ impl Session {
                 };
                 let refs: Vec<&str> = words.iter().map(String::as_str).collect();
                 match arch.search(&refs, 20) {
-                    Ok(hits) => ok(serde_json::json!({
-                        "archive": arch.id,
-                        "hits": hits.iter().map(|h| {
-                            let tool_ref = arch.records().iter().find(|r| r.id == h.id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"));
-                            serde_json::json!({"id": h.id, "matched": h.matched, "snippet": h.snippet, "ref": tool_ref})
-                        }).collect::<Vec<_>>(),
-                        "note": "snippets can be partial; ranking is not approval or a completeness guarantee",
-                    })),
+                    Ok(hits) => {
+                        let mut shown: Vec<serde_json::Value> = hits
+                            .iter()
+                            .map(|h| {
+                                let tool_ref = arch.records().iter().find(|r| r.id == h.id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"));
+                                serde_json::json!({"id": h.id, "matched": h.matched, "snippet": h.snippet, "ref": tool_ref})
+                            })
+                            .collect();
+                        // The lowest-ranked hits give way until the reply, as the model reads it, fits the
+                        // 4,096-byte tool-text ceiling.
+                        loop {
+                            let omitted = hits.len() - shown.len();
+                            let mut v = serde_json::json!({
+                                "archive": arch.id,
+                                "hits": shown,
+                                "note": "snippets can be partial; ranking is not approval or a completeness guarantee",
+                            });
+                            if omitted > 0 {
+                                v["omitted"] = serde_json::json!(format!("{omitted} lower-ranked hit(s) left out to keep the reply short; add keywords to narrow the search"));
+                            }
+                            let text = v.to_string();
+                            if text.len() <= condense_recovery::REPLY_CEILING || shown.is_empty() {
+                                return Ok(query::Answer { text, is_error: false, originals: Vec::new() });
+                            }
+                            shown = v["hits"].as_array().map(|a| a[..a.len() - 1].to_vec()).unwrap_or_default();
+                        }
+                    }
                     Err(e) => err(e.to_string()),
                 }
             }
@@ -964,11 +996,22 @@ impl Session {
                 };
                 let offset = v.get("offset").and_then(|o| o.as_u64()).unwrap_or(0) as usize;
                 match self.history_read(archive, id, offset) {
-                    Ok((a, p)) => {
+                    Ok((a, mut p)) => {
                         // An entry that stands for a captured output names its ref: the original is one
                         // context_tree_query away even where the archive only held a stub.
-                        let tool_ref = self.archive(Some(&a))?.records().iter().find(|r| r.id == id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"));
-                        ok(serde_json::json!({"archive": a, "id": id, "text": p.text, "nextOffset": p.next_offset, "length": p.len, "ref": tool_ref}))
+                        let arch = self.archive(Some(&a))?;
+                        let tool_ref = arch.records().iter().find(|r| r.id == id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"));
+                        // Text that escapes to more (quotes, control characters) gets a shorter page, so the
+                        // reply as the model reads it stays within the 4,096-byte tool-text ceiling.
+                        loop {
+                            let text = serde_json::json!({"archive": a, "id": id, "text": p.text, "nextOffset": p.next_offset, "length": p.len, "ref": tool_ref}).to_string();
+                            if text.len() <= condense_recovery::REPLY_CEILING || p.text.chars().count() <= 1 {
+                                return Ok(query::Answer { text, is_error: false, originals: Vec::new() });
+                            }
+                            let over = text.len() - condense_recovery::REPLY_CEILING;
+                            let smaller = p.text.len().saturating_sub(over.max(p.text.len() / 8)).max(1);
+                            p = arch.read_within(id, offset, smaller).map_err(EngineError::Recovery)?;
+                        }
                     }
                     Err(EngineError::Recovery(e)) => err(e.to_string()),
                     Err(e) => Err(e),
@@ -980,7 +1023,7 @@ impl Session {
 
     /// Archive ids of this session, newest first, `size` per page.
     pub fn history_archives(&self, page: usize, size: usize) -> Result<(Vec<String>, Option<usize>)> {
-        let ids: Vec<String> = self.projection()?.index().archives.iter().map(|(a, _, _)| a.clone()).collect();
+        let ids: Vec<String> = recover::archives_on_branch(&self.projection()?).iter().map(|(a, _, _)| a.clone()).collect();
         Ok(condense_recovery::archives_page(&ids, page, size))
     }
 

@@ -118,7 +118,7 @@ pub fn definitions() -> Vec<ToolDef> {
 /// context condense has not changed.
 pub fn needed(p: &Projection) -> Vec<ToolDef> {
     let idx = p.index();
-    let archives = !idx.archives.is_empty();
+    let archives = !crate::recover::archives_on_branch(p).is_empty();
     let changed = !idx.summaries.is_empty() || !idx.spills.is_empty() || !idx.chains.is_empty() || !idx.checkpoints.is_empty() || archives;
     definitions()
         .into_iter()

@@ -59,6 +59,9 @@ pub enum RecoveryError {
     /// An unknown archive id.
     #[error("no archive `{0}`; history_archives lists the archives of this branch")]
     UnknownArchive(String),
+    /// An archive of a branch the session has left.
+    #[error("archive `{0}` belongs to a branch this session has left; history_archives lists the archives of this branch")]
+    LeftBranch(String),
     /// The source is larger than an archive may capture.
     #[error("the source is {0} bytes, more than the {MAX_SOURCE_BYTES} an archive may capture")]
     SourceTooLarge(usize),
@@ -204,6 +207,12 @@ impl Archive {
 
     /// Page of entry `id` from byte `offset` (2,048 bytes, cut at a character boundary).
     pub fn read(&self, id: &str, offset: usize) -> Result<Page, RecoveryError> {
+        self.read_within(id, offset, PAGE_BYTES)
+    }
+
+    /// As [`Archive::read`] with a page of at most `max` bytes (at least one character), for a reply that
+    /// must fit the tool-text ceiling once escaped.
+    pub fn read_within(&self, id: &str, offset: usize, max: usize) -> Result<Page, RecoveryError> {
         let &i = self.by_id.get(id).ok_or_else(|| RecoveryError::UnknownEntry(id.to_string(), self.id.clone()))?;
         let text = &self.records[i].text;
         if offset > text.len() || (offset == text.len() && offset > 0) {
@@ -213,9 +222,12 @@ impl Archive {
         while !text.is_char_boundary(start) {
             start += 1;
         }
-        let mut end = (start + PAGE_BYTES).min(text.len());
+        let mut end = (start + max.min(PAGE_BYTES)).min(text.len());
         while !text.is_char_boundary(end) {
             end -= 1;
+        }
+        if end == start && start < text.len() {
+            end = start + text[start..].chars().next().map_or(0, char::len_utf8);
         }
         Ok(Page { text: text[start..end].to_string(), next_offset: (end < text.len()).then_some(end), len: text.len() })
     }

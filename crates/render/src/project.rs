@@ -396,15 +396,18 @@ impl Projection {
                     for (entry, text) in bounded {
                         let Some(&i) = self.index.get(entry) else { continue };
                         if let Node::Message(m, _) = &self.items[i].node {
-                            if let Message::ToolResult { call_id, tool_name, is_error, .. } = &**m {
-                                let copy = Message::ToolResult {
+                            let copy = match &**m {
+                                Message::ToolResult { call_id, tool_name, is_error, .. } => Message::ToolResult {
                                     call_id: call_id.clone(),
                                     tool_name: tool_name.clone(),
                                     content: vec![Block::Text { text: text.clone() }],
                                     is_error: *is_error,
-                                };
-                                self.bounded_msgs.insert((*n, i), Arc::new(copy));
-                            }
+                                },
+                                // An oversized recent user message during recovery (seed 004).
+                                Message::User { origin, .. } => Message::User { content: vec![Block::Text { text: text.clone() }], origin: *origin },
+                                Message::Assistant { .. } => continue,
+                            };
+                            self.bounded_msgs.insert((*n, i), Arc::new(copy));
                         }
                     }
                 }
@@ -601,6 +604,24 @@ impl Projection {
         self.index.contains_key(id)
     }
 
+    /// Whether entry `id` is on the path from the root to the leaf (the active branch).
+    pub fn on_path(&self, id: &str) -> bool {
+        let Some(&target) = self.index.get(id) else { return false };
+        let mut cur = self.leaf;
+        let mut steps = 0;
+        while let Some(i) = cur {
+            if i == target {
+                return true;
+            }
+            cur = self.items[i].parent;
+            steps += 1;
+            if steps > self.items.len() {
+                break;
+            }
+        }
+        false
+    }
+
     /// Entry ids on the path from the root to the leaf.
     pub fn path_ids(&self) -> Vec<String> {
         self.path().into_iter().map(|i| self.items[i].id.clone()).collect()
@@ -665,6 +686,16 @@ impl Projection {
         Rendered { messages: inc.out, report: inc.report }
     }
 
+    /// The canonical context as the model sees it, before tool-call pairing is repaired: host compactions
+    /// and checkpoints applied (their summaries as summaries), pruned outputs as their stubs, compressed
+    /// chains as their blocks. Each message comes with the entry it renders (`None` for a summary or a
+    /// chain block, which stand for several). What recovery reads and archives capture (seed 004).
+    pub fn context_entries(&self) -> Vec<(Option<&str>, Arc<Message>)> {
+        let path = self.path();
+        let raw = self.raw_messages(&path);
+        self.phases(&raw, 3).into_iter().map(|(i, m, _)| (i.map(|i| self.items[i].id.as_str()), m)).collect()
+    }
+
     /// The context after each render phase, for inspection and snapshots: the branch as the host would
     /// send it (no repair), after phase 1 (stub replace), 2 (errored-argument purge and condensed turns),
     /// 3 (chain compression), and 4 (the orphan sweep and pairing repair: what `render` returns).
@@ -673,7 +704,7 @@ impl Projection {
         let raw = self.raw_messages(&path);
         let mut out = vec![("branch", raw.iter().map(|(_, m, _)| (*m).clone()).collect())];
         for (name, upto) in [("phase 1: stub replace", 1), ("phase 2: errored-argument purge", 2), ("phase 3: chain compression", 3)] {
-            out.push((name, self.phases(&raw, upto).into_iter().map(|(m, _)| m).collect()));
+            out.push((name, self.phases(&raw, upto).into_iter().map(|(_, m, _)| m).collect()));
         }
         out.push(("phase 4: orphan sweep", self.render_full_now().messages.to_vec()));
         out
@@ -687,7 +718,7 @@ impl Projection {
             repair(&plain, self.call_ids.len())
         } else {
             let phased = self.phases(&raw, 3);
-            let refs: Vec<(&Arc<Message>, &Meta)> = phased.iter().map(|(m, meta)| (m, *meta)).collect();
+            let refs: Vec<(&Arc<Message>, &Meta)> = phased.iter().map(|(_, m, meta)| (m, *meta)).collect();
             repair(&refs, self.call_ids.len())
         };
         inc.leaf = self.leaf;
@@ -777,7 +808,7 @@ impl Projection {
     /// 3. chain compression: a compressed chain keeps its prompt, then its block, then its final reply
     ///    (thinking stripped);
     /// 4. the orphan sweep is `repair`, which runs after these phases.
-    fn phases<'a>(&'a self, raw: &[(Option<usize>, &'a Arc<Message>, &'a Meta)], upto: u8) -> Vec<(Arc<Message>, &'a Meta)> {
+    fn phases<'a>(&'a self, raw: &[(Option<usize>, &'a Arc<Message>, &'a Meta)], upto: u8) -> Vec<(Option<usize>, Arc<Message>, &'a Meta)> {
         let idx = &self.decisions;
         let grace = self.config.recovery_grace_turns;
         // Positional user-turn-groups: prompts at or before each position, and in all.
@@ -800,13 +831,13 @@ impl Projection {
             }
         }
         let mut cache = self.phase_cache.lock().expect("phase cache lock");
-        let mut out: Vec<(Arc<Message>, &Meta)> = Vec::with_capacity(raw.len());
+        let mut out: Vec<(Option<usize>, Arc<Message>, &Meta)> = Vec::with_capacity(raw.len());
         let mut k = 0;
         while k < raw.len() {
             let (item, m, meta) = raw[k];
             let marks = item.and_then(|i| self.marks.get(&i));
             let Some(mk) = marks else {
-                out.push((m.clone(), meta));
+                out.push((item, m.clone(), meta));
                 k += 1;
                 continue;
             };
@@ -814,11 +845,11 @@ impl Projection {
             if let Some(block) = mk.chain_first.filter(|_| upto >= 3) {
                 if let (Some(chain), Some(&last)) = (idx.chains.get(&block), last_pos.get(&block)) {
                     if last > k {
-                        out.push((m.clone(), meta));
-                        out.push((Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)), &Meta::User));
-                        let (_, fm, fmeta) = raw[last];
+                        out.push((item, m.clone(), meta));
+                        out.push((None, Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)), &Meta::User));
+                        let (fi, fm, fmeta) = raw[last];
                         let stripped = if self.config.thinking_strip { strip_thinking(fm) } else { fm.clone() };
-                        out.push((stripped, fmeta));
+                        out.push((fi, stripped, fmeta));
                         k = last + 1;
                         continue;
                     }
@@ -860,7 +891,7 @@ impl Projection {
                 }
                 _ => m.clone(),
             };
-            out.push((rendered, meta));
+            out.push((item, rendered, meta));
             k += 1;
         }
         out

@@ -50,6 +50,9 @@ output, write one block that starts with its ref followed by a colon (for exampl
 three short lines: what the tool returned, errors verbatim, file paths and counts that matter. Write nothing \
 else.";
 
+/// The largest handoff piece sent: the seed's input budget ceiling (`min(262144, 0.7 × window)`).
+pub const HANDOFF_MAX_INPUT: usize = 262_144;
+
 fn clip_middle(text: &str, max: usize) -> String {
     let n = text.chars().count();
     if n <= max {
@@ -156,7 +159,15 @@ impl Summarizer for HttpSummarizer {
     }
 
     fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
-        let text = self.chat(HANDOFF, &clip_middle(transcript, 200_000))?;
+        // The caller sends pieces within the preparation's input budget (seed 004); a larger one is refused
+        // whole, never cut in the middle without saying so.
+        if transcript.len() > HANDOFF_MAX_INPUT {
+            return Err(SummarizeError::Failed {
+                name: format!("http {}", self.cfg.base_url),
+                reason: format!("a handoff piece of {} bytes, over the {HANDOFF_MAX_INPUT}-byte input budget", transcript.len()),
+            });
+        }
+        let text = self.chat(HANDOFF, transcript)?;
         if text.trim().is_empty() || text.chars().count() > max_chars {
             return Err(SummarizeError::Failed {
                 name: format!("http {}", self.cfg.base_url),
