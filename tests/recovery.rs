@@ -422,3 +422,66 @@ fn archives_of_a_branch_the_session_left_are_not_listed_searched_or_read() {
     s.append(vec![SourceEvent::LeafMoved { leaf: Some("u9".into()) }]).unwrap();
     assert!(listed(&s).contains("a1") && !s.history_tool("history_read", r#"{"id":"u0"}"#).unwrap().is_error);
 }
+
+/// The `recovery` notes of a session, in order.
+fn recovery_notes(store: &Store, s: &condense_engine::Session) -> Vec<String> {
+    store
+        .log()
+        .read(s.id(), 1, s.head().unwrap())
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.body {
+            condense_events::Event::Decision(condense_events::DecisionEvent::Note { stage, text }) if stage == "recovery" => Some(text),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn recovery_diagnostics_name_what_happened_without_source_text() {
+    use condense_events::{Block, Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // Prepared: piece and call counts and the archive, no source text.
+    let s = archived(&store, "prepared", &["a secret-ish request text".to_string(), "go on".to_string()]);
+    s.append(vec![model(32_000)]).unwrap();
+    assert!(matches!(s.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
+    s.prepare().unwrap();
+    let notes = recovery_notes(&store, &s);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].starts_with("source_recovery_prepared: 1 piece(s), 1 summarizer call(s), archive a2"), "{notes:?}");
+    assert!(!notes[0].contains("secret-ish"));
+    assert_eq!(s.stats().unwrap().recovery, notes, "condense stats lists them");
+    // Blocked: the reason.
+    let img = store.create_session("img").unwrap();
+    img.append(vec![
+        model(200_000),
+        msg("i1", None, Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "AA".into() }], origin: UserOrigin::Prompt }),
+        msg("i2", Some("i1"), reply("seen")),
+        msg("i3", Some("i2"), Message::user_text("and now?", UserOrigin::Prompt)),
+        model(32_000),
+    ])
+    .unwrap();
+    assert!(matches!(img.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
+    assert!(matches!(img.prepare(), Err(EngineError::CompactionFailed { .. })));
+    assert_eq!(recovery_notes(&store, &img), vec!["source_recovery_blocked: entry `i1` holds an image; recovery reads text only".to_string()]);
+    // Route unsupported: a switch to an unknown window or one below 8,192 tokens, once per switch; none
+    // for a supported window, with recovery off, or without a known window to come from.
+    let switch = |name: &str, recover: bool, from: Option<u64>, to: Option<u64>| {
+        let s = store.create_session(name).unwrap();
+        s.configure(PruneConfig { recover_large_context: recover, ..PruneConfig::default() }).unwrap();
+        let m = |w: Option<u64>, id: &str| SourceEvent::ModelChanged { provider: None, model: id.into(), context_window: w, max_output: None };
+        s.append(vec![m(from, "big"), msg("u1", None, Message::user_text("hi", UserOrigin::Prompt)), msg("a1", Some("u1"), reply("hello"))]).unwrap();
+        s.append(vec![m(to, "small")]).unwrap();
+        s.append(vec![msg("u2", Some("a1"), Message::user_text("more", UserOrigin::Prompt))]).unwrap();
+        recovery_notes(&store, &s)
+    };
+    let unknown = switch("unknown", true, Some(200_000), None);
+    assert_eq!(unknown.len(), 1);
+    assert!(unknown[0].starts_with("source_recovery_route_unsupported: model `small` has no known window"), "{unknown:?}");
+    let tiny = switch("tiny", true, Some(200_000), Some(4_096));
+    assert!(tiny.len() == 1 && tiny[0].contains("4096-token window, below 8192"), "{tiny:?}");
+    assert!(switch("at-bound", true, Some(200_000), Some(8_192)).is_empty());
+    assert!(switch("off", false, Some(200_000), None).is_empty());
+    assert!(switch("from-unknown", true, None, None).is_empty());
+}

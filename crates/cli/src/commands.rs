@@ -803,7 +803,7 @@ fn stats_json(s: &Stats) -> Value {
         "entries": s.entries, "messages": s.messages, "turns": s.turns, "user_turn_groups": s.user_turn_groups,
         "tool_calls": s.tool_calls, "tool_results": s.tool_results, "tool_errors": s.tool_errors,
         "branch_tokens": s.branch_tokens, "context_messages": s.context_messages, "context_tokens": s.context_tokens,
-        "tokens_by_role": s.tokens_by_role, "tokens_by_tool": s.tokens_by_tool,
+        "tokens_by_role": s.tokens_by_role, "tokens_by_tool": s.tokens_by_tool, "recovery": s.recovery,
     })
 }
 
@@ -832,6 +832,9 @@ fn print_stats(session: &Session, json_out: bool) -> Result<()> {
         outln!("  {tool:<16} {t}");
     }
     outln!("rendered context   {} messages, {} tokens", s.context_messages, s.context_tokens);
+    for d in &s.recovery {
+        outln!("recovery           {d}");
+    }
     Ok(())
 }
 

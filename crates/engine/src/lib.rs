@@ -547,7 +547,13 @@ impl Session {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
-        self.append_locked(&mut proj, events.into_iter().map(Event::Source).collect())
+        let before = proj.model().and_then(|m| m.context_window);
+        let switched = events.iter().any(|e| matches!(e, SourceEvent::ModelChanged { .. }));
+        let head = self.append_locked(&mut proj, events.into_iter().map(Event::Source).collect())?;
+        match recover::route_unsupported(&proj, before).filter(|_| switched) {
+            Some(text) => self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::Note { stage: "recovery".into(), text })]),
+            None => Ok(head),
+        }
     }
 
     fn append_locked(&self, proj: &mut Projection, events: Vec<Event>) -> Result<Seq> {
@@ -768,7 +774,8 @@ impl Session {
                 }
                 Err(why) => {
                     let failed = DecisionEvent::CheckpointFailed { code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() };
-                    self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(failed)])?;
+                    let note = DecisionEvent::Note { stage: "recovery".into(), text: format!("{}: {why}", recover::DIAG_BLOCKED) };
+                    self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(note), Event::Decision(failed)])?;
                     Err(EngineError::CompactionFailed { name: self.name.clone(), code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() })
                 }
             };

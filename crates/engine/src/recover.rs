@@ -70,6 +70,30 @@ pub fn guard_active(p: &Projection) -> bool {
         && p.model().and_then(|m| m.context_window).is_some_and(|w| w >= MIN_WINDOW)
 }
 
+/// Diagnostic (a `Note` of stage `recovery`): a recovery prepared, with its piece count and archive.
+pub const DIAG_PREPARED: &str = "source_recovery_prepared";
+/// Diagnostic: why a recovery stopped.
+pub const DIAG_BLOCKED: &str = "source_recovery_blocked";
+/// Diagnostic: a switch to a model the payload guard cannot cover (unknown window or below 8,192 tokens).
+pub const DIAG_ROUTE_UNSUPPORTED: &str = "source_recovery_route_unsupported";
+
+/// The `source_recovery_route_unsupported` diagnostic for a model change from a model with a known
+/// window (`before`) to one whose window is unknown or below 8,192 tokens, with recovery on: such a
+/// destination is not silently certified; the guard and recovery do not run for it.
+pub fn route_unsupported(p: &Projection, before: Option<u64>) -> Option<String> {
+    let before = before?;
+    let m = p.model()?;
+    if !p.config().recover_large_context || !p.in_model_transition() {
+        return None;
+    }
+    match m.context_window {
+        Some(w) if w >= MIN_WINDOW => None,
+        Some(w) if w >= before => None,
+        Some(w) => Some(format!("{DIAG_ROUTE_UNSUPPORTED}: model `{}` has a {w}-token window, below {MIN_WINDOW}; no payload guard or recovery for it", m.model)),
+        None => Some(format!("{DIAG_ROUTE_UNSUPPORTED}: model `{}` has no known window (add it to the config's model table); no payload guard or recovery for it", m.model)),
+    }
+}
+
 /// The archives of the active branch, oldest first: one whose captured leaf the session has left (a
 /// rewind or a switch to another branch) is not listed, searched or read (seed 004: branch departure fails
 /// closed).
@@ -182,10 +206,12 @@ pub fn prepare_within(
         return Err(Blocked::Oversized(header.len() + 64 * pieces.len(), max_summary));
     }
     let mut parts = Vec::new();
+    let mut summarizer_calls = 0;
     for piece in &pieces {
         if started.elapsed() > deadline {
             return Err(Blocked::Deadline(deadline.as_secs()));
         }
+        summarizer_calls += 1;
         match summarizer.handoff(piece, per_piece).map_err(|e| Blocked::SummaryFailed(e.to_string()))? {
             Some(s) if s.len() > per_piece => return Err(Blocked::Oversized(s.len(), per_piece as u64)),
             Some(s) => parts.push(s),
@@ -211,7 +237,7 @@ pub fn prepare_within(
     }
     let boundary = covered.iter().rev().find_map(|(id, _)| id.clone()).ok_or(Blocked::Blank)?;
     let covers: Vec<u32> = covered.iter().filter_map(|(id, _)| id.as_ref().and_then(|id| idx.by_entry.get(id)).copied()).collect();
-    let archive = DecisionEvent::ArchiveCommitted { id: archive_id, seq: p.seq(), leaf: p.path_ids().last().cloned() };
+    let archive = DecisionEvent::ArchiveCommitted { id: archive_id.clone(), seq: p.seq(), leaf: p.path_ids().last().cloned() };
     let before = context_tokens(p);
     let mut cp = DecisionEvent::CheckpointCommitted {
         n,
@@ -256,5 +282,9 @@ pub fn prepare_within(
     if let DecisionEvent::CheckpointCommitted { tokens_after, .. } = &mut cp {
         *tokens_after = after;
     }
-    Ok(vec![archive, cp])
+    let note = DecisionEvent::Note {
+        stage: "recovery".into(),
+        text: format!("{DIAG_PREPARED}: {} piece(s), {} summarizer call(s), archive {archive_id}", pieces.len(), summarizer_calls),
+    };
+    Ok(vec![note, archive, cp])
 }

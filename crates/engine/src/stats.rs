@@ -32,6 +32,8 @@ pub struct Stats {
     pub context_messages: u64,
     /// Estimated tokens of the rendered context.
     pub context_tokens: u64,
+    /// Smaller-model recovery diagnostics (`source_recovery_*`), in order.
+    pub recovery: Vec<String>,
 }
 
 impl Stats {
@@ -61,6 +63,7 @@ impl Stats {
         let r = p.render();
         s.context_messages = r.messages.len() as u64;
         s.context_tokens = r.messages.iter().map(|m| estimate(m)).sum();
+        s.recovery = p.index().recovery_notes.clone();
         s
     }
 }

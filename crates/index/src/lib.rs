@@ -92,6 +92,8 @@ pub struct Index {
     pub checkpoint_failures: Vec<(String, String)>,
     /// How many captured outputs are `context_tree_query` recoveries.
     pub recoveries: usize,
+    /// The diagnostics of smaller-model recovery (`Note`s of stage `recovery`), in order.
+    pub recovery_notes: Vec<String>,
 }
 
 /// What a ref names.
@@ -109,7 +111,11 @@ impl Index {
     /// Folds one decision.
     pub fn apply(&mut self, d: &DecisionEvent) {
         match d {
-            DecisionEvent::Note { .. } => {}
+            DecisionEvent::Note { stage, text } => {
+                if stage == "recovery" {
+                    self.recovery_notes.push(text.clone());
+                }
+            }
             DecisionEvent::OutputCaptured(r) => {
                 Arc::make_mut(&mut self.by_entry).insert(r.entry.clone(), r.ref_n);
                 Arc::make_mut(&mut self.by_call_entry).entry(r.call_entry.clone()).or_default().push(r.ref_n);
