@@ -485,3 +485,48 @@ fn recovery_diagnostics_name_what_happened_without_source_text() {
     assert!(switch("off", false, Some(200_000), None).is_empty());
     assert!(switch("from-unknown", true, None, None).is_empty());
 }
+
+#[test]
+fn the_request_overhead_is_kept_free_by_the_controller_and_the_handoff() {
+    use condense_events::{Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // About 10,000 tokens of conversation on a 32k window (hard budget 16,000).
+    let s = store.create_session("overhead").unwrap();
+    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let mut events = vec![model(32_000)];
+    let mut parent: Option<String> = None;
+    for i in 0..10 {
+        events.push(msg(&format!("u{i}"), parent.as_deref(), Message::user_text(format!("request {i}: {}", "x".repeat(2000)), UserOrigin::Prompt)));
+        events.push(msg(&format!("a{i}"), Some(&format!("u{i}")), reply(&format!("answer {i}: {}", "y".repeat(2000)))));
+        parent = Some(format!("a{i}"));
+    }
+    events.push(msg("u10", parent.as_deref(), Message::user_text("go on", UserOrigin::Prompt)));
+    s.append(events).unwrap();
+    s.prepare().unwrap();
+    assert!(s.projection().unwrap().index().checkpoints.is_empty(), "fits without overhead");
+    // A 7,000-token system prompt and tool declarations: the same conversation no longer fits.
+    s.set_request_overhead(7_000).unwrap();
+    let head = s.head().unwrap();
+    assert_eq!(s.set_request_overhead(7_000).unwrap(), head, "an unchanged overhead writes nothing");
+    s.prepare().unwrap();
+    let p = s.projection().unwrap();
+    let cp = p.index().checkpoints.values().next().expect("the overhead made a checkpoint due").clone();
+    assert!(cp.summary.chars().count() <= 9_000, "the summary leaves room for the overhead: {}", cp.summary.chars().count());
+    assert!(condense_engine::controller::context_tokens(&p) <= 16_000);
+
+    // Recovery: the handoff bound shrinks by the overhead's bytes (seed 004).
+    let noisy: Vec<String> = (0..60).map(|i| format!("You must keep file_{i}.rs as it is and never touch test_{i}.")).collect();
+    let handoff = |name: &str, overhead: u64| {
+        let r = archived(&store, name, &noisy);
+        r.set_request_overhead(overhead).unwrap();
+        r.append(vec![msg("u99", Some("a59"), Message::user_text("next", UserOrigin::Prompt)), model(32_000)]).unwrap();
+        assert!(matches!(r.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
+        r.prepare().unwrap().messages[0].text()
+    };
+    let (with, without) = (handoff("with", 200), handoff("without", 0));
+    let bound = condense_recovery::summary_budget(condense_recovery::input_budget(32_000), 800);
+    assert_eq!(bound, 2_000);
+    assert!(with.len() as u64 <= bound, "a handoff of {} bytes for a bound of {bound}", with.len());
+    assert!(with.len() < without.len(), "the overhead's room comes out of the handoff: {} vs {}", with.len(), without.len());
+}

@@ -18,6 +18,14 @@ pub const TAIL_CAP: u64 = 20_000;
 /// The stable error code of a checkpoint that could not bring the context under budget.
 pub const CONTEXT_COMPACTION_FAILED: &str = "CONTEXT_COMPACTION_FAILED";
 
+/// The reserve for a model's window. ADR 0061 derives it from the window instead of a setting, and
+/// there is no reserve setting: 16,384 tokens ([`DEFAULT_RESERVE`], pi's default), never more than half
+/// the window (the seed's cap), so small windows stay compactable. The headroom rule of [`Budget::new`]
+/// applies on top.
+pub fn reserve_for(window: u64) -> u64 {
+    DEFAULT_RESERVE.min(window / 2)
+}
+
 /// The token budget of one model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -38,6 +46,11 @@ impl Budget {
         let five = window.div_ceil(20);
         let headroom = reserve.max(output).max(five);
         Budget { window, headroom, hard: window.saturating_sub(headroom) }
+    }
+
+    /// The budget of a model, with the reserve derived from its window ([`reserve_for`], ADR 0061).
+    pub fn of_model(window: u64, max_output: Option<u64>) -> Budget {
+        Budget::new(window, max_output, reserve_for(window))
     }
 
     /// The retained-tail target once a summary of `summary_tokens` is in place.

@@ -6,7 +6,7 @@
 //! recovery without a summary is tried (ADR 0049); if that fails too, the run stops with
 //! `CONTEXT_COMPACTION_FAILED`.
 
-use condense_checkpoint::{handoff, retained_tail, Budget, CONTEXT_COMPACTION_FAILED, DEFAULT_RESERVE};
+use condense_checkpoint::{handoff, retained_tail, Budget, CONTEXT_COMPACTION_FAILED};
 use condense_events::{DecisionEvent, Event, Message, QUERY_TOOL_NAME};
 use condense_render::Projection;
 use condense_tokens::estimate;
@@ -29,14 +29,16 @@ pub enum Outcome {
 /// came after, whichever is larger.
 pub fn context_tokens(p: &Projection) -> u64 {
     let rendered = p.render().messages;
-    let estimate_all: u64 = rendered.iter().map(|m| p.estimate(m)).sum();
+    // The system prompt and tool declarations travel with every request (the provider's usage counts
+    // them already; the estimate of the messages does not).
+    let estimate_all: u64 = rendered.iter().map(|m| p.estimate(m)).sum::<u64>() + p.request_overhead();
     p.anchored_tokens(&rendered).map_or(estimate_all, |a| a.max(estimate_all))
 }
 
 /// The budget of the projection's current model, if its window is known.
 pub fn budget_of(p: &Projection) -> Option<Budget> {
     let model = p.model()?;
-    Some(Budget::new(model.context_window?, model.max_output, DEFAULT_RESERVE))
+    Some(Budget::of_model(model.context_window?, model.max_output))
 }
 
 /// The model-facing tool that asks for a checkpoint. Its call and result stay a normal tool pair; the
@@ -161,7 +163,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
     let covers: Vec<u32> = covered.iter().filter_map(|(id, _)| idx.by_entry.get(id).copied()).collect();
     let n = idx.checkpoints.keys().next_back().map_or(1, |n| n + 1);
     // The summary takes at most a quarter of the hard budget (in chars, 4 per token), and 16k chars.
-    let max_chars = ((budget.hard / 4) * 4).min(16_384) as usize;
+    let max_chars = ((budget.hard.saturating_sub(p.request_overhead()) / 4) * 4).min(16_384) as usize;
     // The final batch, when it alone reaches half the hard budget, gets a bounded copy (ADR 0030).
     let final_batch: Vec<&(String, Arc<Message>)> =
         branch[keep_from..].iter().filter(|(_, m)| matches!(**m, Message::ToolResult { .. })).collect();

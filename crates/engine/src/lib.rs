@@ -683,6 +683,19 @@ impl Session {
         Ok(f(&proj, &rendered))
     }
 
+    /// Reports what each request carries besides the messages (system prompt, tool declarations), in
+    /// estimated tokens: budgets, the checkpoint controller and recovery keep room for it. Recorded only
+    /// when it changes.
+    pub fn set_request_overhead(&self, tokens: u64) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        if proj.request_overhead() == tokens {
+            return Ok(proj.seq());
+        }
+        self.append_locked(&mut proj, vec![Event::Source(SourceEvent::RequestOverhead { tokens })])
+    }
+
     /// Writes a note into the log for audit (a `Note` decision; never rendered).
     pub fn note(&self, stage: &str, text: &str) -> Result<Seq> {
         let warm = self.store.warm(self.id);

@@ -8,7 +8,7 @@
 //! untouched.
 
 use crate::controller::context_tokens;
-use condense_checkpoint::{Budget, DEFAULT_RESERVE};
+use condense_checkpoint::Budget;
 use condense_events::{Block, DecisionEvent, Event, Message};
 use condense_recovery::{input_budget, summary_budget, MAX_INVOCATIONS, MAX_SOURCE_BYTES, MIN_WINDOW};
 use condense_render::Projection;
@@ -104,7 +104,7 @@ pub fn archives_on_branch(p: &Projection) -> Vec<&(String, u64, Option<String>)>
 /// The largest payload, in bytes, the guard lets through: the hard budget at four bytes per token.
 pub fn payload_limit(p: &Projection) -> Option<u64> {
     let m = p.model()?;
-    Some(Budget::new(m.context_window?, m.max_output, DEFAULT_RESERVE).hard * 4)
+    Some(Budget::of_model(m.context_window?, m.max_output).hard * 4)
 }
 
 fn text_of(m: &Message) -> Result<String, ()> {
@@ -139,9 +139,10 @@ pub fn prepare_within(
     }
     let window = p.model().and_then(|m| m.context_window);
     let window = window.filter(|w| *w >= MIN_WINDOW).ok_or(Blocked::Window(window))?;
-    let budget = Budget::new(window, p.model().and_then(|m| m.max_output), DEFAULT_RESERVE);
+    let budget = Budget::of_model(window, p.model().and_then(|m| m.max_output));
     let input = input_budget(window) as usize;
-    let max_summary = summary_budget(input as u64, 0);
+    // Room for the system prompt and tool declarations every request carries (seed 004).
+    let max_summary = summary_budget(input as u64, p.request_overhead() * 4);
     // The canonical context as the model sees it now (seed 004): host compactions and checkpoints as
     // their summaries, pruned outputs as their stubs; a failed attempt is left out.
     let context: Vec<(Option<String>, Arc<Message>)> =

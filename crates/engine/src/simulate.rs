@@ -197,7 +197,7 @@ pub fn replay_with_window(
             events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. })).collect()
         }
     };
-    let budget = window.map(|w| condense_checkpoint::Budget::new(w, None, condense_checkpoint::DEFAULT_RESERVE));
+    let budget = window.map(|w| condense_checkpoint::Budget::of_model(w, None));
     let mut raw = Projection::new();
     let mut raw_meter = Meter::default();
     let mut meter = Meter::default();

@@ -143,6 +143,13 @@ pub enum SourceEvent {
         /// blake3 of the bytes read (hex).
         hash: String,
     },
+    /// What each request carries besides the messages (system prompt, tool declarations), in estimated
+    /// tokens, as the host reports it or `condense serve` counts it from the request. Budgets keep room
+    /// for it. Written when it changes.
+    RequestOverhead {
+        /// Estimated tokens (bytes / 4, rounded up).
+        tokens: u64,
+    },
 }
 
 impl SourceEvent {
@@ -161,6 +168,7 @@ impl SourceEvent {
             SourceEvent::PruneConfigured(_) => "prune_configured",
             SourceEvent::ImportStarted { .. } => "import_started",
             SourceEvent::ImportCompleted { .. } => "import_completed",
+            SourceEvent::RequestOverhead { .. } => "request_overhead",
         }
     }
 }

@@ -102,6 +102,8 @@ pub struct Projection {
     usage_anchor: Option<(condense_events::Usage, Option<usize>)>,
     // The leaf when the model last changed: a model transition lasts until an assistant message follows.
     model_change_leaf: Option<Option<usize>>,
+    // Estimated tokens each request carries besides the messages (system prompt, tool declarations).
+    overhead: u64,
     // Token estimates of rendered messages by the message's address (lookups only); each entry holds its
     // message, so an address cannot be reused while it is a key. Shared with copies of the projection
     // (an estimate depends on the message alone) and cleared when it outgrows the tree.
@@ -154,6 +156,7 @@ impl Clone for Projection {
             overflow_checkpointed: self.overflow_checkpointed,
             usage_anchor: self.usage_anchor,
             model_change_leaf: self.model_change_leaf,
+            overhead: self.overhead,
             tokens: self.tokens.clone(),
         }
     }
@@ -254,6 +257,12 @@ impl Projection {
             return *t;
         }
         condense_tokens::estimate(m)
+    }
+
+    /// Estimated tokens each request carries besides the messages (system prompt, tool declarations), as
+    /// last reported (`RequestOverhead`); 0 when never reported.
+    pub fn request_overhead(&self) -> u64 {
+        self.overhead
     }
 
     /// Provider overflows since the last entry that was not a failed assistant message: 1 asks for a
@@ -466,6 +475,7 @@ impl Projection {
                     max_output: *max_output,
                 });
             }
+            SourceEvent::RequestOverhead { tokens } => self.overhead = *tokens,
             _ => {}
         }
     }

@@ -17,6 +17,9 @@ use std::sync::Arc;
 pub struct Internal {
     /// Tool names the client itself declared: condense never intercepts those.
     pub client_tools: Vec<String>,
+    /// Estimated tokens the request carries besides its conversation (system prompt, instructions, tool
+    /// declarations): bytes / 4, rounded up.
+    pub overhead: u64,
 }
 
 impl Internal {
@@ -143,15 +146,18 @@ impl Conv {
         tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
         let matched_parent = cur.map(|n| self.track.tail(n).to_string());
         let session = self.session.clone();
-        let (leaf, model_changed, ids) = session.with_projection(|p| {
+        let (leaf, model_changed, ids, overhead_changed) = session.with_projection(|p| {
             let changed = match p.model() {
                 Some(m) => m.model != model || m.context_window != limits.map(|l| l.context_window),
                 None => true,
             };
             let ids: Vec<String> = new.iter().map(|_| self.next_id(p)).collect();
-            (p.leaf_id().map(str::to_string), changed, ids)
+            (p.leaf_id().map(str::to_string), changed, ids, p.request_overhead() != internal.overhead)
         })?;
         let mut events = Vec::new();
+        if overhead_changed {
+            events.push(SourceEvent::RequestOverhead { tokens: internal.overhead });
+        }
         if model_changed {
             events.push(SourceEvent::ModelChanged {
                 provider: None,

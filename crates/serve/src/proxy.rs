@@ -466,7 +466,12 @@ async fn read_request(st: &State, api: Api, req: Request) -> Result<(Req, bytes:
         raw.buf = bytes::Bytes::from(joined);
     }
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, stream, model, metadata };
+    // What every request carries besides the conversation: the system prompt (a field, or the leading
+    // system/developer messages), instructions and tool declarations.
+    let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
+        + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
+    let internal = Internal { client_tools: tool_names, overhead: overhead_bytes.div_ceil(4) as u64 };
+    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal, stream, model, metadata };
     Ok((req, bytes, arrived))
 }
 

@@ -604,3 +604,32 @@ async fn a_compressed_body_goes_through_unchanged() {
     assert!(s.serve.state.store().sessions().unwrap().is_empty(), "nothing recorded");
     assert_eq!(s.status().await["passthrough"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_system_prompt_and_tool_declarations_are_counted_as_request_overhead() {
+    for api in [Api::Anthropic, Api::Chat, Api::Responses] {
+        let s = setup(vec![Step::Text("one".into()), Step::Text("two".into())], vec![]).await;
+        let mut agent = Agent::new(api, false, &s.url());
+        agent.turn("first").await.unwrap();
+        agent.turn("second").await.unwrap();
+        let (store, session) = store_of(&s);
+        // What the agent sends besides its conversation: the system prompt and the tool declarations.
+        let body = agent.body();
+        let mut bytes = serde_json::to_string(&body["tools"]).unwrap().len();
+        bytes += match api {
+            Api::Anthropic => serde_json::to_string(&body["system"]).unwrap().len(),
+            _ => serde_json::to_string(&agent.history[0]).unwrap().len(),
+        };
+        let p = session.projection().unwrap();
+        assert_eq!(p.request_overhead(), bytes.div_ceil(4) as u64, "{api:?}");
+        // Recorded once: the same overhead on the second request writes nothing.
+        let recorded = store
+            .log()
+            .read(session.id(), 1, session.head().unwrap())
+            .unwrap()
+            .iter()
+            .filter(|e| matches!(e.body, condense_events::Event::Source(condense_events::SourceEvent::RequestOverhead { .. })))
+            .count();
+        assert_eq!(recorded, 1, "{api:?}");
+    }
+}
