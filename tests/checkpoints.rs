@@ -395,3 +395,34 @@ fn a_fork_copies_a_checkpoint_only_with_its_boundary() {
         assert_eq!(with.query(&[format!("t{r}")]).unwrap().originals, l.s.query(&[format!("t{r}")]).unwrap().originals);
     }
 }
+
+#[test]
+fn each_compaction_is_a_divider_in_the_transcript() {
+    use condense_render::TranscriptRow;
+    let mut l = Live::new(200_000);
+    l.prompt("Summarize the repository layout.");
+    l.turn("c1", lines("tree", 50)).unwrap();
+    l.add(Message::Assistant { content: vec![Block::Text { text: "It has src/ and tests/.".into() }], model: None, stop: None, usage: None });
+    // The host compacts its own context, then the conversation goes on and condense checkpoints it.
+    l.n += 1;
+    l.s.append(vec![SourceEvent::EntryAppended {
+        id: format!("e{}", l.n),
+        parent: Some(format!("e{}", l.n - 1)),
+        entry: condense_events::Entry::HostCompaction { summary: Some("the layout was summarized".into()), first_kept: None, replacement: Vec::new(), tokens_before: None },
+    }])
+    .unwrap();
+    let host_at = format!("e{}", l.n);
+    l.prompt("Now list the tests.");
+    l.turn("c2", lines("tests", 20)).unwrap();
+    l.add(Message::Assistant { content: vec![Block::Text { text: "Two test files.".into() }], model: None, stop: None, usage: None });
+    l.s.compact_now().unwrap();
+    let p = l.s.projection().unwrap();
+    let rows = p.transcript();
+    let boundary = p.index().checkpoints[&1].boundary.clone();
+    let messages: Vec<&str> = rows.iter().filter_map(|r| if let TranscriptRow::Message(id, _) = r { Some(*id) } else { None }).collect();
+    assert_eq!(messages.len(), p.branch_entries().len(), "no message is hidden");
+    let host = rows.iter().position(|r| *r == TranscriptRow::HostCompaction(&host_at)).expect("the host compaction is a divider");
+    let cp = rows.iter().position(|r| *r == TranscriptRow::Checkpoint(1, &boundary)).expect("the checkpoint is a divider");
+    assert!(matches!(rows[cp - 1], TranscriptRow::Message(id, _) if id == boundary), "right after its boundary");
+    assert!(host < cp);
+}

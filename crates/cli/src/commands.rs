@@ -280,24 +280,43 @@ fn now_rfc3339() -> String {
 
 /// The active branch's entries: id, role, and the start of the text.
 fn print_entries(session: &Session, json_out: bool) -> Result<()> {
+    use condense_render::TranscriptRow;
     let p = session.projection()?;
-    let rows: Vec<(String, String, String)> = p
-        .branch_entries()
-        .into_iter()
-        .map(|(id, m)| {
-            let calls: Vec<String> = m.tool_calls().map(|(_, name, _)| format!("[{name}]")).collect();
-            let text = format!("{} {}", m.text(), calls.join(" "));
-            let preview: String = text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(70).collect();
-            (id.to_string(), m.role().to_string(), preview)
-        })
-        .collect();
+    let preview = |m: &Message| {
+        let calls: Vec<String> = m.tool_calls().map(|(_, name, _)| format!("[{name}]")).collect();
+        let text = format!("{} {}", m.text(), calls.join(" "));
+        text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(70).collect::<String>()
+    };
+    let checkpoints = &p.index().checkpoints;
+    // Each compaction is a divider in the transcript (ADR 0064).
+    let divider = |row: &TranscriptRow<'_>| match row {
+        TranscriptRow::HostCompaction(_) => Some("the host compacted its context here".to_string()),
+        TranscriptRow::Checkpoint(n, _) => Some(format!(
+            "checkpoint c{n}: the context up to here was compacted ({} tokens before; originals: context_tree_query c{n})",
+            checkpoints.get(n).map_or(0, |c| c.tokens_before)
+        )),
+        TranscriptRow::Message(..) => None,
+    };
+    let rows = p.transcript();
+    let messages = rows.iter().filter(|r| matches!(r, TranscriptRow::Message(..))).count();
     if json_out {
-        let v: Vec<Value> = rows.iter().map(|(id, role, text)| json!({"entry": id, "role": role, "text": text})).collect();
-        outln!("{}", serde_json::to_string_pretty(&json!({"session": session.name(), "entries": v}))?);
+        let mut entries = Vec::new();
+        let mut dividers = Vec::new();
+        for row in &rows {
+            match row {
+                TranscriptRow::Message(id, m) => entries.push(json!({"entry": id, "role": m.role(), "text": preview(m)})),
+                TranscriptRow::HostCompaction(id) => dividers.push(json!({"at": id, "kind": "host_compaction", "text": divider(row)})),
+                TranscriptRow::Checkpoint(n, id) => dividers.push(json!({"after": id, "kind": "checkpoint", "checkpoint": format!("c{n}"), "text": divider(row)})),
+            }
+        }
+        outln!("{}", serde_json::to_string_pretty(&json!({"session": session.name(), "entries": entries, "dividers": dividers}))?);
     } else {
-        outln!("entries on the active branch ({}):", rows.len());
-        for (id, role, text) in rows {
-            outln!("  {id}  {role:<9}  {text}");
+        outln!("entries on the active branch ({messages}):");
+        for row in &rows {
+            match row {
+                TranscriptRow::Message(id, m) => outln!("  {id}  {:<9}  {}", m.role(), preview(m)),
+                _ => outln!("  ──── {} ────", divider(row).unwrap_or_default()),
+            }
         }
     }
     Ok(())

@@ -175,6 +175,13 @@ fn compact_and_checkpoint_line() {
     let (code, out, err) = condense(&store, &["compact", "demo"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("checkpoint c1 committed"), "{out}");
+    // The transcript shows where the context was compacted (ADR 0064).
+    let (code, out, _) = condense(&store, &["render", "demo", "--entry-ids"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.matches("──── checkpoint c1: the context up to here was compacted").count(), 1, "{out}");
+    let (_, out, _) = condense(&store, &["stats", "demo", "--entry-ids", "--json"]);
+    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&out).into_iter().map(|d| d.unwrap()).collect();
+    assert_eq!(docs[1]["dividers"][0]["checkpoint"], "c1");
     let (code, out, _) = condense(&store, &["checkpoint-line", "demo", "c1", "--timestamp", "2026-11-30T00:00:00.000Z"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -557,7 +564,7 @@ fn store_from_the_environment_rm_and_simulate_keep_force() {
     // Entry ids, as `fork --at` takes them.
     let (code, out, _) = run(&["render", &name, "--entry-ids"]);
     assert_eq!(code, 0);
-    let entry = out.lines().nth(5).unwrap().split_whitespace().next().unwrap().to_string();
+    let entry = out.lines().filter(|l| !l.trim_start().starts_with('─')).nth(5).unwrap().split_whitespace().next().unwrap().to_string();
     let (code, out, err) = run(&["fork", &name, "forked", "--at", &entry]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("forked"), "{out}");

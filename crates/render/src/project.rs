@@ -2,7 +2,7 @@
 
 use condense_events::{Block, Context, DecisionEvent, Entry, Event, Message, PruneConfig, Seq, SourceEvent, UserOrigin, QUERY_TOOL_NAME};
 use condense_index::Index;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// Text of the result condense supplies for a call whose result the source never recorded (an aborted
@@ -160,6 +160,17 @@ impl Clone for Projection {
             tokens: self.tokens.clone(),
         }
     }
+}
+
+/// One row of the visible transcript ([`Projection::transcript`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TranscriptRow<'a> {
+    /// An entry's message.
+    Message(&'a str, &'a Arc<Message>),
+    /// A divider: the host compacted its context at this entry.
+    HostCompaction(&'a str),
+    /// A divider: checkpoint `n` replaced everything up to and including entry `.1`.
+    Checkpoint(u32, &'a str),
 }
 
 /// What rendering had to do to make the branch provider-valid.
@@ -643,6 +654,32 @@ impl Projection {
             Node::Message(m, _) => Some(m),
             _ => None,
         }
+    }
+
+    /// The visible transcript of the active branch, root first: every message, and a divider where each
+    /// compaction happened (ADR 0064): a host compaction where its entry stands, a checkpoint right after
+    /// its boundary entry. Nothing is hidden or rewritten: the dividers only mark where the model's context
+    /// was compacted.
+    pub fn transcript(&self) -> Vec<TranscriptRow<'_>> {
+        let mut after: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for (n, cp) in self.decisions.checkpoints.iter() {
+            if let Some(&b) = self.index.get(&cp.boundary) {
+                after.entry(b).or_default().push(*n);
+            }
+        }
+        let mut out = Vec::new();
+        for i in self.path() {
+            let id = self.items[i].id.as_str();
+            match &self.items[i].node {
+                Node::Message(m, _) => out.push(TranscriptRow::Message(id, m)),
+                Node::Compaction { .. } => out.push(TranscriptRow::HostCompaction(id)),
+                Node::Marker => {}
+            }
+            for n in after.get(&i).into_iter().flatten() {
+                out.push(TranscriptRow::Checkpoint(*n, id));
+            }
+        }
+        out
     }
 
     /// Entry ids and messages on the active branch, root first: the transcript the pipeline works on.
