@@ -315,24 +315,11 @@ fn a_checkpoint_exports_as_a_pi_compaction_line_that_pi_rebuilds_from() {
     assert_eq!(rebuilt.messages.last().unwrap().text(), p.branch_messages().last().unwrap().text());
 }
 
-struct FailingSummarizer;
-impl condense_summarize::Summarizer for FailingSummarizer {
-    fn name(&self) -> &str {
-        "failing"
-    }
-    fn summarize(&self, batch: &[condense_summarize::Item<'_>]) -> Result<Vec<String>, condense_summarize::SummarizeError> {
-        condense_summarize::Extractive::default().summarize(batch)
-    }
-    fn handoff(&self, _: &str, _: usize) -> Result<Option<String>, condense_summarize::SummarizeError> {
-        Err(condense_summarize::SummarizeError::Failed { name: "failing".into(), reason: "model unavailable".into() })
-    }
-}
-
 #[test]
 fn summary_failure_then_retained_tail_recovery() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    store.set_summarizer(std::sync::Arc::new(FailingSummarizer));
+    store.set_summarizer(std::sync::Arc::new(condense_tests::HandoffWith(|_: &str, _: usize| Err(condense_tests::handoff_failed("model unavailable")))));
     let s = store.create_session("cp").unwrap();
     s.configure(no_pruning()).unwrap();
     s.append(vec![SourceEvent::ModelChanged { provider: None, model: "m".into(), context_window: Some(8_000), max_output: None }]).unwrap();
@@ -425,4 +412,75 @@ fn each_compaction_is_a_divider_in_the_transcript() {
     let cp = rows.iter().position(|r| *r == TranscriptRow::Checkpoint(1, &boundary)).expect("the checkpoint is a divider");
     assert!(matches!(rows[cp - 1], TranscriptRow::Message(id, _) if id == boundary), "right after its boundary");
     assert!(host < cp);
+}
+
+/// A session on an 8,000-token window (hard budget 4,000) whose history a long summary cannot replace
+/// within budget but the retained-tail marker can: prompts of about 500 tokens, a final batch of about
+/// 1,600.
+fn ineffective(store: &Store, name: &str) -> Session {
+    let s = store.create_session(name).unwrap();
+    s.configure(no_pruning()).unwrap();
+    s.append(vec![SourceEvent::ModelChanged { provider: None, model: "m".into(), context_window: Some(8_000), max_output: None }]).unwrap();
+    let mut n = 0;
+    for i in 0..5 {
+        condense_tests::append_entry(&s, &mut n, Message::user_text(format!("prompt {i}: {}", "p".repeat(2_000)), UserOrigin::Prompt));
+        condense_tests::append_entry(&s, &mut n, Message::Assistant { content: vec![Block::Text { text: format!("reply {i}") }], model: None, stop: None, usage: None });
+    }
+    condense_tests::append_entry(&s, &mut n, Message::user_text("the last prompt", UserOrigin::Prompt));
+    condense_tests::append_entry(&s, &mut n, Message::Assistant {
+        content: vec![Block::ToolCall { id: "c1".into(), name: "read".into(), arguments: "{\"path\":\"big.txt\"}".into() }],
+        model: None,
+        stop: None,
+        usage: None,
+    });
+    condense_tests::append_entry(&s, &mut n, Message::ToolResult { call_id: "c1".into(), tool_name: "read".into(), content: vec![Block::Text { text: "r".repeat(6_400) }], is_error: false });
+    s
+}
+
+#[test]
+fn an_ineffective_summary_takes_the_retained_tail_path_and_manual_compaction_fails_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // Every handoff is a 3,800-character summary: long enough to be ineffective.
+    store.set_summarizer(std::sync::Arc::new(condense_tests::HandoffWith(|_: &str, max: usize| Ok(Some("s".repeat(3_800.min(max)))))));
+    // Automatic: the summary leaves the context over budget, so the retained-tail recovery (ADR 0049)
+    // commits instead.
+    let auto = ineffective(&store, "auto");
+    let r = auto.prepare().expect("the retained-tail recovery fits");
+    let p = auto.projection().unwrap();
+    let cp = &p.index().checkpoints[&1];
+    assert!(cp.recovery, "the retained-tail recovery, not the summary");
+    assert!(r.messages[0].text().contains("no summary could be made small enough"), "{}", r.messages[0].text());
+    assert!(condense_engine::controller::context_tokens(&p) <= 4_000);
+    // Manual compaction covers everything, so only what every request carries can leave it over budget:
+    // with a 3,990-token system prompt and tools no summary fits. It fails fast with
+    // CONTEXT_COMPACTION_FAILED, without the retained-tail attempt, and commits nothing; the automatic
+    // path on the same session tries the retained tail too before it fails.
+    let manual = ineffective(&store, "manual");
+    manual.set_request_overhead(3_990).unwrap();
+    let reason = compaction_failed(manual.compact_now());
+    assert!(reason.starts_with("manual compaction: the summary does not bring"), "{reason}");
+    assert!(manual.projection().unwrap().index().checkpoints.is_empty());
+    let reason = compaction_failed(manual.prepare().map(drop));
+    assert!(reason.contains("even without history"), "{reason}");
+    assert!(manual.projection().unwrap().index().checkpoints.is_empty());
+}
+
+/// The reason of a `CONTEXT_COMPACTION_FAILED` failure (anything else fails the test).
+fn compaction_failed(r: Result<(), EngineError>) -> String {
+    match r {
+        Err(EngineError::CompactionFailed { code, reason, .. }) if code == "CONTEXT_COMPACTION_FAILED" => reason,
+        other => panic!("expected CONTEXT_COMPACTION_FAILED: {other:?}"),
+    }
+}
+
+#[test]
+fn a_checkpoint_that_cannot_be_stored_is_context_compaction_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = ineffective(&store, "closed");
+    s.projection().unwrap();
+    store.log().close();
+    let reason = compaction_failed(s.prepare().map(drop));
+    assert!(reason.contains("could not be stored"), "{reason}");
 }

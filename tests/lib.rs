@@ -96,3 +96,26 @@ pub fn append_entry(session: &condense_engine::Session, n: &mut usize, m: Messag
         .append(vec![condense_events::SourceEvent::EntryAppended { id, parent, entry: condense_events::Entry::Message(m) }])
         .expect("append to a test session");
 }
+
+/// The result of a handoff in the test summarizers.
+pub type HandoffResult = Result<Option<String>, condense_summarize::SummarizeError>;
+
+/// A test summarizer whose checkpoint handoff is `f(piece, max)`; batches get the extractive default.
+pub struct HandoffWith<F>(pub F);
+
+impl<F: Fn(&str, usize) -> HandoffResult + Send + Sync> condense_summarize::Summarizer for HandoffWith<F> {
+    fn name(&self) -> &str {
+        "test"
+    }
+    fn summarize(&self, batch: &[condense_summarize::Item<'_>]) -> Result<Vec<String>, condense_summarize::SummarizeError> {
+        condense_summarize::Extractive::default().summarize(batch)
+    }
+    fn handoff(&self, piece: &str, max: usize) -> HandoffResult {
+        (self.0)(piece, max)
+    }
+}
+
+/// A summarizer failure, as a test summarizer returns it.
+pub fn handoff_failed(reason: &str) -> condense_summarize::SummarizeError {
+    condense_summarize::SummarizeError::Failed { name: "test".into(), reason: reason.into() }
+}

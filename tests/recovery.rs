@@ -130,22 +130,14 @@ fn the_tools_reply_on_a_recovered_corpus_session() {
     insta::assert_snapshot!(out);
 }
 
-struct Fake(&'static str);
-impl condense_summarize::Summarizer for Fake {
-    fn name(&self) -> &str {
-        "fake"
-    }
-    fn summarize(&self, b: &[condense_summarize::Item<'_>]) -> Result<Vec<String>, condense_summarize::SummarizeError> {
-        condense_summarize::Extractive::default().summarize(b)
-    }
-    fn handoff(&self, _: &str, max: usize) -> Result<Option<String>, condense_summarize::SummarizeError> {
-        match self.0 {
-            "blank" => Ok(Some("   ".into())),
-            "oversized" => Ok(Some("x".repeat(max + 1))),
-            "fails" => Err(condense_summarize::SummarizeError::Failed { name: "fake".into(), reason: "unavailable".into() }),
-            _ => Ok(None),
-        }
-    }
+/// The handoff a test summarizer of kind `kind` gives.
+fn fake(kind: &'static str) -> condense_tests::HandoffWith<impl Fn(&str, usize) -> condense_tests::HandoffResult + Send + Sync> {
+    condense_tests::HandoffWith(move |_: &str, max: usize| match kind {
+        "blank" => Ok(Some("   ".into())),
+        "oversized" => Ok(Some("x".repeat(max + 1))),
+        "fails" => Err(condense_tests::handoff_failed("unavailable")),
+        _ => Ok(None),
+    })
 }
 
 #[test]
@@ -171,15 +163,15 @@ fn each_fail_closed_reason() {
         s.projection().unwrap()
     };
     let p = session("ok", 32_000, true, "a request");
-    assert!(prepare(&p, &Fake("default")).is_ok());
-    assert_eq!(prepare(&p, &Fake("blank")), Err(Blocked::Blank));
-    assert!(matches!(prepare(&p, &Fake("oversized")), Err(Blocked::Oversized(..))));
-    assert!(matches!(prepare(&p, &Fake("fails")), Err(Blocked::SummaryFailed(e)) if e.contains("unavailable")));
-    assert_eq!(prepare_within(&p, &Fake("default"), std::time::Duration::ZERO), Err(Blocked::Deadline(0)));
-    assert_eq!(prepare(&session("off", 32_000, false, "x"), &Fake("default")), Err(Blocked::Disabled));
-    assert_eq!(prepare(&session("tiny", 4_096, true, "x"), &Fake("default")), Err(Blocked::Window(Some(4_096))));
+    assert!(prepare(&p, &fake("default")).is_ok());
+    assert_eq!(prepare(&p, &fake("blank")), Err(Blocked::Blank));
+    assert!(matches!(prepare(&p, &fake("oversized")), Err(Blocked::Oversized(..))));
+    assert!(matches!(prepare(&p, &fake("fails")), Err(Blocked::SummaryFailed(e)) if e.contains("unavailable")));
+    assert_eq!(prepare_within(&p, &fake("default"), std::time::Duration::ZERO), Err(Blocked::Deadline(0)));
+    assert_eq!(prepare(&session("off", 32_000, false, "x"), &fake("default")), Err(Blocked::Disabled));
+    assert_eq!(prepare(&session("tiny", 4_096, true, "x"), &fake("default")), Err(Blocked::Window(Some(4_096))));
     let huge = "y".repeat(6 << 20);
-    assert!(matches!(prepare(&session("huge", 32_000, true, &huge), &Fake("default")), Err(Blocked::SourceTooLarge(_))));
+    assert!(matches!(prepare(&session("huge", 32_000, true, &huge), &fake("default")), Err(Blocked::SourceTooLarge(_))));
     let img = store.create_session("img").unwrap();
     img.append(vec![model(32_000), SourceEvent::EntryAppended {
         id: "i1".into(),
@@ -190,7 +182,7 @@ fn each_fail_closed_reason() {
         parent: Some("i1".into()),
         entry: Entry::Message(Message::Assistant { content: vec![Block::Text { text: "seen".into() }], model: None, stop: None, usage: None }),
     }]).unwrap();
-    assert_eq!(prepare(&img.projection().unwrap(), &Fake("default")), Err(Blocked::Image("i1".into())));
+    assert_eq!(prepare(&img.projection().unwrap(), &fake("default")), Err(Blocked::Image("i1".into())));
 }
 
 #[test]
@@ -223,21 +215,18 @@ fn only_a_successful_reply_on_the_new_model_ends_the_guard() {
     assert!(!active());
 }
 
-/// Records the pieces it is given and answers each with a short summary.
-#[derive(Default)]
-struct Recording(std::sync::Mutex<Vec<String>>);
-impl condense_summarize::Summarizer for Recording {
-    fn name(&self) -> &str {
-        "recording"
-    }
-    fn summarize(&self, b: &[condense_summarize::Item<'_>]) -> Result<Vec<String>, condense_summarize::SummarizeError> {
-        condense_summarize::Extractive::default().summarize(b)
-    }
-    fn handoff(&self, piece: &str, _: usize) -> Result<Option<String>, condense_summarize::SummarizeError> {
-        let mut seen = self.0.lock().unwrap();
+/// Pieces a test summarizer was given.
+type Pieces = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// A test summarizer that records the pieces it is given and answers each with a short summary.
+fn recording() -> (Pieces, condense_tests::HandoffWith<impl Fn(&str, usize) -> condense_tests::HandoffResult + Send + Sync>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    (seen, condense_tests::HandoffWith(move |piece: &str, _: usize| {
+        let mut seen = log.lock().unwrap();
         seen.push(piece.to_string());
         Ok(Some(format!("piece {}\n", seen.len())))
-    }
+    }))
 }
 
 fn msg(id: &str, parent: Option<&str>, m: condense_events::Message) -> SourceEvent {
@@ -280,10 +269,10 @@ fn a_message_larger_than_a_piece_is_split_and_every_piece_stays_in_the_input_bud
         msg("u2", Some("a2"), Message::user_text("now summarize it", UserOrigin::Prompt)),
     ])
     .unwrap();
-    let rec = Recording::default();
+    let (seen, rec) = recording();
     let p = s.projection().unwrap();
     condense_engine::recover::prepare(&p, &rec).expect("recovers");
-    let pieces = rec.0.lock().unwrap();
+    let pieces = seen.lock().unwrap();
     let budget = condense_recovery::input_budget(32_000) as usize;
     assert!(pieces.len() >= 300_000 / budget, "{} pieces", pieces.len());
     for piece in pieces.iter() {
@@ -316,9 +305,9 @@ fn recovery_reads_the_canonical_context_and_the_archive_holds_it() {
         model(32_000),
     ])
     .unwrap();
-    let rec = Recording::default();
+    let (seen, rec) = recording();
     condense_engine::recover::prepare(&s.projection().unwrap(), &rec).expect("recovers");
-    let read: String = rec.0.lock().unwrap().concat();
+    let read: String = seen.lock().unwrap().concat();
     assert!(read.contains("HOST SUMMARY: the user wants a parser"), "the host's summary is read as a summary: {read}");
     assert!(!read.contains("zebra-stripes") && !read.contains("removed reply"), "text the host compaction removed is not read again: {read}");
     // The recovery the session runs itself (default handoff) commits an archive of the same view.

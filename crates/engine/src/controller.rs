@@ -183,7 +183,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
     let attempt = |summary: String, recovery: bool| {
         let summary_tokens = estimate(&Message::user_text(summary.clone(), condense_events::UserOrigin::Summary));
         let kept: Vec<String> =
-            retained_tail(covered, budget.tail_target(summary_tokens)).into_iter().map(|i| covered[i].0.clone()).collect();
+            retained_tail(covered, budget.tail_target(summary_tokens + p.request_overhead())).into_iter().map(|i| covered[i].0.clone()).collect();
         let mut d = DecisionEvent::CheckpointCommitted {
             n,
             boundary: boundary.clone(),

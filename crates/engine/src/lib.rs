@@ -782,7 +782,7 @@ impl Session {
                 Ok(decisions) => {
                     let mut events = vec![Event::Decision(started)];
                     events.extend(decisions.into_iter().map(Event::Decision));
-                    self.append_locked(&mut proj, events)?;
+                    self.append_locked(&mut proj, events).map_err(|e| self.not_stored(e))?;
                     Ok(None)
                 }
                 Err(why) => {
@@ -796,7 +796,7 @@ impl Session {
         match controller::decide_for(&proj, reason, summarizer.as_ref()) {
             controller::Outcome::Fits(tokens) => Ok(tokens),
             controller::Outcome::Commit(started, d) => {
-                self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)])?;
+                self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)]).map_err(|e| self.not_stored(e))?;
                 Ok(None)
             }
             controller::Outcome::Failed(started, d) => {
@@ -804,6 +804,17 @@ impl Session {
                 self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)])?;
                 Err(EngineError::CompactionFailed { name: self.name.clone(), code, reason })
             }
+        }
+    }
+
+    /// A checkpoint the log could not store: the loop stops with `CONTEXT_COMPACTION_FAILED` (seed 001:
+    /// a checkpoint that cannot be durably appended), the log's error in the reason; nothing partial is
+    /// visible (a group is appended whole or not at all).
+    fn not_stored(&self, e: EngineError) -> EngineError {
+        EngineError::CompactionFailed {
+            name: self.name.clone(),
+            code: condense_checkpoint::CONTEXT_COMPACTION_FAILED.into(),
+            reason: format!("the checkpoint could not be stored: {e}"),
         }
     }
 
