@@ -519,3 +519,69 @@ fn the_request_overhead_is_kept_free_by_the_controller_and_the_handoff() {
     assert!(with.len() as u64 <= bound, "a handoff of {} bytes for a bound of {bound}", with.len());
     assert!(with.len() < without.len(), "the overhead's room comes out of the handoff: {} vs {}", with.len(), without.len());
 }
+
+#[test]
+fn simulate_switch_replays_a_session_onto_a_smaller_model() {
+    use condense_engine::simulate::{replay_with, Prices, Switch};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let file = condense_tests::corpus_dir().join("pi/badlogic__pi-mono/large-session.jsonl");
+    let events = condense_formats::import_file(&file).unwrap().events;
+    let f = replay_with(&store, "switched", events.clone(), PruneConfig::default(), Prices::default(), None, Some(Switch { window: 32_000, at: 200 })).unwrap();
+    assert!(f.recoveries >= 1 && f.archives == f.recoveries, "{f:?}");
+    assert_eq!((f.recoveries_blocked, f.over_budget_requests, f.validity_errors), (0, 0, 0), "{:?}", f.blocked_reasons);
+    assert_eq!(f.refs_recovered_exact, f.refs_checked);
+    // Without the switch nothing is recovered; a switch past the last request changes nothing.
+    let plain = replay_with(&store, "plain", events.clone(), PruneConfig::default(), Prices::default(), None, None).unwrap();
+    let late = replay_with(&store, "late", events, PruneConfig::default(), Prices::default(), None, Some(Switch { window: 32_000, at: 100_000 })).unwrap();
+    assert_eq!((plain.recoveries, late.recoveries, late.archives), (0, 0, 0));
+    assert_eq!(plain.rendered_input_tokens_total, late.rendered_input_tokens_total);
+    // A history recovery cannot read (an image) fails closed at every retry, and says why.
+    use condense_events::{Block, Message, UserOrigin};
+    let mut events = vec![msg("i1", None, Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "AA".repeat(40_000) }, Block::Text { text: "x".repeat(80_000) }], origin: UserOrigin::Prompt })];
+    let mut parent = "i1".to_string();
+    for i in 0..4 {
+        events.push(msg(&format!("a{i}"), Some(&parent), reply(&format!("reply {i}"))));
+        events.push(msg(&format!("u{i}"), Some(&format!("a{i}")), Message::user_text(format!("prompt {i}"), UserOrigin::Prompt)));
+        parent = format!("u{i}");
+    }
+    let f = replay_with(&store, "image", events, PruneConfig::default(), Prices::default(), None, Some(Switch { window: 32_000, at: 2 })).unwrap();
+    assert_eq!(f.recoveries, 0);
+    assert!(f.recoveries_blocked >= 1, "{f:?}");
+    assert_eq!(f.blocked_reasons, vec!["entry `i1` holds an image; recovery reads text only".to_string()]);
+}
+
+/// A session whose history before the last request is one prompt of `bytes` bytes of text, on a
+/// 1,000,000-token window (input budget 262,144 bytes, pieces of 258,048).
+fn prepared(store: &Store, name: &str, text_bytes: usize) -> Result<Vec<condense_events::DecisionEvent>, condense_engine::recover::Blocked> {
+    use condense_events::{Message, UserOrigin};
+    let s = store.create_session(name).unwrap();
+    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    s.append(vec![
+        model(1_000_000),
+        msg("u0", None, Message::user_text("p".repeat(text_bytes), UserOrigin::Prompt)),
+        msg("a0", Some("u0"), reply("ok")),
+        msg("u1", Some("a0"), Message::user_text("next", UserOrigin::Prompt)),
+    ])
+    .unwrap();
+    condense_engine::recover::prepare(&s.projection().unwrap(), &fake("default"))
+}
+
+#[test]
+fn the_invocation_and_source_bounds_hold_at_below_and_above_their_limits() {
+    use condense_engine::recover::Blocked;
+    use condense_recovery::{input_budget, MAX_INVOCATIONS, MAX_SOURCE_BYTES};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let piece = input_budget(1_000_000) as usize - 4096;
+    // The prompt's line is "[u0] user: " (11 bytes) + text + "\n"; "[a0] assistant: ok\n" joins the last piece.
+    let line = |pieces: usize, extra: usize| pieces * piece + extra - 12;
+    let max = MAX_INVOCATIONS as usize;
+    assert!(prepared(&store, "below", line(max - 2, 100)).is_ok(), "63 pieces");
+    assert!(prepared(&store, "at", line(max - 1, 100)).is_ok(), "64 pieces");
+    assert_eq!(prepared(&store, "above", line(max, 1)).unwrap_err(), Blocked::TooManyInvocations(max + 1));
+    // 32 MiB of source: at the bound it is read (and then needs more than 64 pieces); one byte over is refused.
+    let text_at = MAX_SOURCE_BYTES - "ok".len();
+    assert!(matches!(prepared(&store, "source-at", text_at).unwrap_err(), Blocked::TooManyInvocations(_)));
+    assert_eq!(prepared(&store, "source-above", text_at + 1).unwrap_err(), Blocked::SourceTooLarge(MAX_SOURCE_BYTES + 1));
+}

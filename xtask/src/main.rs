@@ -20,7 +20,7 @@ fn main() -> Result<()> {
         Some("crash") => crash(&args[1..]),
         Some("man") => man(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only serve]");
+            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only serve|switch]");
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
             eprintln!("       cargo xtask man [--out DIR]");
             Ok(())
@@ -176,18 +176,19 @@ fn bare_parse(bytes: &[u8]) -> usize {
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     if let Some(i) = args.iter().position(|a| a == "--only") {
-        let section = args.get(i + 1).context("--only needs a section: serve")?;
-        if section != "serve" {
-            bail!("--only takes `serve`");
-        }
+        let section = args.get(i + 1).context("--only needs a section: serve or switch")?;
         let scratch = root().join("target/bench-scratch");
         std::fs::create_dir_all(&scratch)?;
         let mut md = String::new();
-        serve::bench(&mut md, &scratch)?;
+        match section.as_str() {
+            "serve" => serve::bench(&mut md, &scratch)?,
+            "switch" => switch_bench(&mut md, &scratch)?,
+            _ => bail!("--only takes `serve` or `switch`"),
+        }
         let path = root().join("docs/benchmarks.md");
         let old = std::fs::read_to_string(&path).unwrap_or_default();
-        std::fs::write(&path, serve::splice(&old, &md))?;
-        println!("updated the serve section of {}", path.display());
+        std::fs::write(&path, splice(&old, &md))?;
+        println!("updated the {section} section of {}", path.display());
         return Ok(());
     }
     let mut sizes: Vec<u64> = if quick { vec![1_000, 10_000, 100_000] } else { vec![1_000, 10_000, 100_000, 1_000_000] };
@@ -221,6 +222,7 @@ fn bench(args: &[String]) -> Result<()> {
     if sizes.contains(&100_000) {
         archive_bench(&mut md, &scratch)?;
     }
+    switch_bench(&mut md, &scratch)?;
     serve::bench(&mut md, &scratch)?;
     writeln!(md, "\n## Reference figures (pi and pi-condense)\n")?;
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
@@ -449,6 +451,55 @@ fn archive_bench(md: &mut String, scratch: &Path) -> Result<()> {
     writeln!(md, "An archive of {:.1} MiB ({} records) from the generated 100k-entry session: built and indexed in {:.0} ms. `history_search` over it, 6 queries of 1 to 16 keywords × 20 runs: p50 {:.2} ms, p99 {:.2} ms (target < 20 ms). `history_read` of a first page, {} entries: p50 {:.4} ms, p99 {:.4} ms (target < 1 ms).",
         archive.bytes() as f64 / (1 << 20) as f64, archive.records().len(), ms(build), ms(median(times.clone())), ms(percentile(times, 0.99)),
         reads.len(), ms(median(reads.clone())), ms(percentile(reads, 0.99)))?;
+    Ok(())
+}
+
+/// The file with the section that `section` starts (its `## ` heading) replaced by it, or inserted before
+/// the serve section, else before the reference figures, else at the end.
+fn splice(old: &str, section: &str) -> String {
+    let section = section.trim_start_matches('\n');
+    let heading = section.lines().next().unwrap_or_default();
+    match old.find(&format!("\n{heading}\n")).map(|i| i + 1) {
+        Some(s) => {
+            let end = old[s + 3..].find("\n## ").map_or(old.len(), |e| s + 3 + e + 1);
+            format!("{}{}\n\n{}", &old[..s], section.trim_end(), old[end..].trim_start_matches('\n'))
+        }
+        None => match ["\n## condense serve\n", "\n## Reference figures"].iter().find_map(|h| old.find(h)) {
+            Some(i) => format!("{}\n{}\n{}", &old[..i], section.trim_end(), &old[i..]),
+            None => format!("{old}\n{section}"),
+        },
+    }
+}
+
+/// `condense simulate --switch`: every pi, Claude Code and Codex session of the corpus replayed with the
+/// model moving to a smaller window part-way (seed 004).
+fn switch_bench(md: &mut String, scratch: &Path) -> Result<()> {
+    use condense_engine::simulate::{replay_with, Figures, Switch};
+    writeln!(md, "\n## Smaller-model recovery: `simulate --switch` over the corpus\n")?;
+    writeln!(md, "Every pi, Claude Code and Codex session of the corpus replayed with the defaults (`condense simulate ../shared/corpus/pi ../shared/corpus/claude-code ../shared/corpus/codex --switch WINDOW@REQUEST`): before request REQUEST the model moves to one with a WINDOW-token context; the payload guard and recovery run as they would live (sessions with fewer requests never switch). Over budget: requests whose rendered context was over the new hard budget; compaction failures include blocked recoveries.\n")?;
+    writeln!(md, "| switch | sessions | requests | recoveries | blocked | archives | over budget | compaction failures | validity errors | refs exact | tokens | cost | why blocked |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
+    let mut files = Vec::new();
+    for fmt in ["pi", "claude-code", "codex"] {
+        walk(&corpus().join(fmt), &mut files);
+    }
+    for sw in [Switch { window: 32_000, at: 50 }, Switch { window: 32_000, at: 200 }, Switch { window: 16_000, at: 50 }, Switch { window: 8_192, at: 20 }] {
+        let dir = scratch.join("switch");
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir)?;
+        let (mut total, mut sessions) = (Figures::default(), 0);
+        for f in &files {
+            let Ok(imported) = condense_formats::import_file(f) else { continue };
+            let name = f.strip_prefix(corpus()).unwrap_or(f).display().to_string();
+            total.add(&replay_with(&store, &name, imported.events, Default::default(), Default::default(), None, Some(sw))?);
+            sessions += 1;
+        }
+        writeln!(md, "| {}@{} | {sessions} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {:.1}% | {:.1}% | {} |", sw.window, sw.at, total.turns, total.recoveries,
+            total.recoveries_blocked, total.archives, total.over_budget_requests, total.compaction_failures, total.validity_errors,
+            total.refs_recovered_exact, total.refs_checked, total.token_ratio() * 100.0, total.cost_ratio() * 100.0, total.blocked_reasons.join("; "))?;
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(())
 }
 

@@ -169,19 +169,3 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     drop(rt);
     Ok(())
 }
-
-/// The file with its serve section replaced by `section` (or inserted before the reference figures).
-pub fn splice(old: &str, section: &str) -> String {
-    let section = section.trim_start_matches('\n');
-    let start = old.find("\n## condense serve\n").map(|i| i + 1);
-    match start {
-        Some(s) => {
-            let end = old[s + 3..].find("\n## ").map_or(old.len(), |e| s + 3 + e + 1);
-            format!("{}{}\n\n{}", &old[..s], section.trim_end(), old[end..].trim_start_matches('\n'))
-        }
-        None => match old.find("\n## Reference figures") {
-            Some(i) => format!("{}\n{}\n{}", &old[..i], section.trim_end(), &old[i..]),
-            None => format!("{old}\n{section}"),
-        },
-    }
-}

@@ -122,7 +122,7 @@ pub enum Command {
     },
     /// Replay sessions request by request with pruning on and report tokens, cost, cache breaks,
     /// stubs, chains and recovery
-    #[command(after_help = "Examples:\n  condense simulate ~/.pi/agent/sessions --plot pi.svg\n  condense simulate session.jsonl --window 32000     checkpoints as a 32k model would need\n  condense simulate session.jsonl --keep --force     store the replay as simulated/<name>")]
+    #[command(after_help = "Examples:\n  condense simulate ~/.pi/agent/sessions --plot pi.svg\n  condense simulate session.jsonl --window 32000     checkpoints as a 32k model would need\n  condense simulate session.jsonl --switch 32000@200 the model moves to a 32k window at request 200\n  condense simulate session.jsonl --keep --force     store the replay as simulated/<name>")]
     Simulate {
         /// Session files or folders
         #[arg(required = true, value_name = "PATH")]
@@ -130,6 +130,10 @@ pub enum Command {
         /// Replay as if the model had a window of N tokens (at least 1024): checkpoints fire
         #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1024..))]
         window: Option<u64>,
+        /// Switch the model to one with a WINDOW-token context before request REQUEST (1-based), e.g.
+        /// 32000@200: the payload guard and smaller-model recovery run; recoveries are reported
+        #[arg(long, value_name = "WINDOW@REQUEST", value_parser = parse_switch)]
+        switch: Option<condense_engine::simulate::Switch>,
         /// Configuration file (default: the store's config.json, else the defaults)
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -325,4 +329,15 @@ impl Command {
 /// The clap command, for completions and the man page.
 pub fn command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
+}
+
+/// `WINDOW@REQUEST` of `simulate --switch`.
+fn parse_switch(s: &str) -> Result<condense_engine::simulate::Switch, String> {
+    let (w, at) = s.split_once('@').ok_or_else(|| format!("`{s}` is not WINDOW@REQUEST (e.g. 32000@200)"))?;
+    let window: u64 = w.trim().parse().map_err(|_| format!("`{w}` is not a window in tokens"))?;
+    let at: u64 = at.trim().parse().map_err(|_| format!("`{at}` is not a request number"))?;
+    if window < 1024 || at == 0 {
+        return Err(format!("`{s}`: the window is at least 1024 tokens and requests count from 1"));
+    }
+    Ok(condense_engine::simulate::Switch { window, at })
 }

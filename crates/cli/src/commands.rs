@@ -201,9 +201,9 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
         }
         Command::Verify { json } => verify(&open()?, json),
         Command::Demo { json } => run_demo(&open()?, &store_dir, json),
-        Command::Simulate { paths, window, config, plot, keep, force, json } => {
+        Command::Simulate { paths, window, switch, config, plot, keep, force, json } => {
             let store = if keep { Some(open()?) } else { None };
-            simulate(store.as_ref(), &store_dir, &SimulateOptions { paths, window, config, plot, force, json })
+            simulate(store.as_ref(), &store_dir, &SimulateOptions { paths, window, switch, config, plot, force, json })
         }
         Command::Query { session, refs, json } => query(&open()?, &session, &refs, json),
         Command::CheckpointLine { session, checkpoint, timestamp } => {
@@ -420,6 +420,8 @@ fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
         "validity_errors": f.validity_errors,
         "checkpoints": f.checkpoints, "over_budget_requests": f.over_budget_requests,
         "compaction_failures": f.compaction_failures,
+        "recoveries": f.recoveries, "recoveries_blocked": f.recoveries_blocked, "blocked_reasons": f.blocked_reasons,
+        "archives": f.archives,
         "token_ratio": (f.token_ratio() * 10000.0).round() / 10000.0,
         "cost_ratio": (f.cost_ratio() * 10000.0).round() / 10000.0,
     })
@@ -465,6 +467,7 @@ pub(crate) fn summarizer_of(file_config: &condense_engine::config::FileConfig, w
 pub(crate) struct SimulateOptions {
     paths: Vec<PathBuf>,
     window: Option<u64>,
+    switch: Option<condense_engine::simulate::Switch>,
     config: Option<PathBuf>,
     plot: Option<PathBuf>,
     force: bool,
@@ -519,10 +522,20 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
             }
             target.remove_session(&name)?;
         }
-        let f = condense_engine::simulate::replay_with_window(target, &name, imported.events, config.clone(), prices, window)?;
+        let f = condense_engine::simulate::replay_with(target, &name, imported.events, config.clone(), prices, window, o.switch)?;
         if !o.json {
+            let recovery = match o.switch {
+                Some(_) => format!(
+                    ", {} recoveries, {} blocked{}, {} archives",
+                    f.recoveries,
+                    f.recoveries_blocked,
+                    if f.blocked_reasons.is_empty() { String::new() } else { format!(" ({})", f.blocked_reasons.join("; ")) },
+                    f.archives
+                ),
+                None => String::new(),
+            };
             outln!(
-                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures, refs {}/{} exact, {} validity errors",
+                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures{recovery}, refs {}/{} exact, {} validity errors",
                 f.turns, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
                 f.checkpoints, f.over_budget_requests, f.compaction_failures, f.refs_recovered_exact, f.refs_checked, f.validity_errors
             );
@@ -566,6 +579,15 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
             total.cost_ratio() * 100.0, t["median_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0, total.cache_breaks,
             total.refs_recovered_exact, total.refs_checked, total.validity_errors
         );
+        if let Some(sw) = o.switch {
+            outln!(
+                "switch to a {}-token window at request {}: {} recoveries, {} blocked, {} archives, {} over budget",
+                sw.window, sw.at, total.recoveries, total.recoveries_blocked, total.archives, total.over_budget_requests
+            );
+            for r in &total.blocked_reasons {
+                outln!("  blocked: {r}");
+            }
+        }
     }
     let ok = total.validity_errors == 0 && total.refs_recovered_exact == total.refs_checked;
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -1010,7 +1032,7 @@ fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<ExitCode> {
         store.remove_session(pruned)?;
     }
     let events = condense_formats::import_file(&file)?.events;
-    let f = condense_engine::simulate::replay_with_window(store, pruned, events, file_config.raw.normalize(), file_config.prices, None)?;
+    let f = condense_engine::simulate::replay_with(store, pruned, events, file_config.raw.normalize(), file_config.prices, None, None)?;
     let plot = folder.join("demo.svg");
     std::fs::write(&plot, plot_svg(&[(pruned.to_string(), f.series.clone())])).with_context(|| format!("writing {}", plot.display()))?;
     let ok = f.validity_errors == 0 && f.refs_recovered_exact == f.refs_checked;

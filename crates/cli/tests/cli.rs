@@ -756,3 +756,21 @@ fn watch_imports_new_files_and_appends_what_they_grow_by() {
     assert_eq!(condense(&store, &["render", &name]).1, condense(&fresh, &["render", &name]).1);
     assert_eq!(condense(&store, &["verify"]).0, 0);
 }
+
+#[test]
+fn simulate_switch_reports_recoveries_and_refuses_a_malformed_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/corpus/pi/badlogic__pi-mono/large-session.jsonl");
+    let (code, out, err) = condense(&store, &["simulate", file, "--switch", "32000@200", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["total"]["recoveries"].as_u64().unwrap() >= 1, "{}", v["total"]);
+    assert_eq!(v["total"]["recoveries_blocked"], 0);
+    assert_eq!(v["total"]["archives"], v["total"]["recoveries"]);
+    for bad in ["32000", "32000@0", "512@10", "x@1"] {
+        let (code, _, err) = condense(&store, &["simulate", file, "--switch", bad]);
+        assert_eq!(code, 2, "{bad}");
+        assert!(err.contains("--switch"), "{bad}: {err}");
+    }
+}

@@ -203,9 +203,6 @@ pub fn prepare_within(
     );
     // Each piece gets an equal share of what the bound leaves after the header, in bytes.
     let per_piece = (max_summary as usize).saturating_sub(header.len()) / pieces.len().max(1);
-    if per_piece < 64 {
-        return Err(Blocked::Oversized(header.len() + 64 * pieces.len(), max_summary));
-    }
     let mut parts = Vec::new();
     let mut summarizer_calls = 0;
     for piece in &pieces {
@@ -214,6 +211,8 @@ pub fn prepare_within(
         }
         summarizer_calls += 1;
         match summarizer.handoff(piece, per_piece).map_err(|e| Blocked::SummaryFailed(e.to_string()))? {
+            // A generated summary of a piece needs some room; an extracted handoff (below) does not.
+            Some(_) if per_piece < 64 => return Err(Blocked::Oversized(header.len() + 64 * pieces.len(), max_summary)),
             Some(s) if s.len() > per_piece => return Err(Blocked::Oversized(s.len(), per_piece as u64)),
             Some(s) => parts.push(s),
             None => {

@@ -76,6 +76,14 @@ pub struct Figures {
     pub over_budget_requests: u64,
     /// Requests before which no checkpoint could bring the context under budget.
     pub compaction_failures: u64,
+    /// With a model switch: recoveries committed (seed 004).
+    pub recoveries: u64,
+    /// With a model switch: recovery attempts that failed closed.
+    pub recoveries_blocked: u64,
+    /// Why they failed closed, each reason once, in order.
+    pub blocked_reasons: Vec<String>,
+    /// Archive views committed.
+    pub archives: u64,
     /// Raw and rendered tokens of each request (for plots).
     pub series: Vec<(u64, u64)>,
 }
@@ -115,6 +123,14 @@ impl Figures {
         self.checkpoints += o.checkpoints;
         self.over_budget_requests += o.over_budget_requests;
         self.compaction_failures += o.compaction_failures;
+        self.recoveries += o.recoveries;
+        self.recoveries_blocked += o.recoveries_blocked;
+        for r in &o.blocked_reasons {
+            if !self.blocked_reasons.contains(r) {
+                self.blocked_reasons.push(r.clone());
+            }
+        }
+        self.archives += o.archives;
     }
 }
 
@@ -172,18 +188,35 @@ impl Meter {
 /// preparing a request before each assistant message, and measures both the raw and the rendered
 /// requests.
 pub fn replay(store: &Store, name: &str, events: Vec<SourceEvent>, config: PruneConfig, prices: Prices) -> Result<Figures> {
-    replay_with_window(store, name, events, config, prices, None)
+    replay_with(store, name, events, config, prices, None, None)
 }
 
-/// [`replay`] as if the model had a context window of `window` tokens: the session's own model changes
-/// are replaced by one with that window, and the checkpoint controller runs before each request.
-pub fn replay_with_window(
+/// A model switch in a replay: from request `at` (1-based) on, the model has a window of `window` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switch {
+    /// The new model's window, in tokens.
+    pub window: u64,
+    /// The request the switch happens before (1-based).
+    pub at: u64,
+}
+
+/// The model a switch moves to (what the replayed replies after it are taken to be written by).
+pub const SWITCHED_MODEL: &str = "switched";
+
+/// [`replay`] as if the model had a context window of `window` tokens (the session's own model changes
+/// are replaced by one with that window, and the checkpoint controller runs before each request), and
+/// with an optional model switch (`condense simulate --switch WINDOW@REQUEST`): before request `at` the model changes to one with `window` tokens; from then on the session's own
+/// model changes are left out and its replies count as the new model's, so the payload guard and
+/// smaller-model recovery (seed 004) run as they would live. Recoveries, blocked recoveries (with their
+/// reasons) and archives are counted.
+pub fn replay_with(
     store: &Store,
     name: &str,
     events: Vec<SourceEvent>,
     config: PruneConfig,
     prices: Prices,
     window: Option<u64>,
+    switch: Option<Switch>,
 ) -> Result<Figures> {
     let session = store.create_session(name)?;
     session.configure(config)?;
@@ -197,13 +230,28 @@ pub fn replay_with_window(
             events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. })).collect()
         }
     };
-    let budget = window.map(|w| condense_checkpoint::Budget::of_model(w, None));
+    let mut budget = window.map(|w| condense_checkpoint::Budget::of_model(w, None));
     let mut raw = Projection::new();
     let mut raw_meter = Meter::default();
     let mut meter = Meter::default();
     let mut f = Figures::default();
+    let mut switched = false;
     for (i, ev) in events.into_iter().enumerate() {
         let is_request = matches!(&ev, SourceEvent::EntryAppended { entry: Entry::Message(Message::Assistant { .. }), .. });
+        if switch.is_some_and(|sw| is_request && !switched && f.turns + 1 >= sw.at) {
+            let sw = switch.expect("checked");
+            session.append(vec![SourceEvent::ModelChanged { provider: None, model: SWITCHED_MODEL.into(), context_window: Some(sw.window), max_output: None }])?;
+            budget = Some(condense_checkpoint::Budget::of_model(sw.window, None));
+            switched = true;
+        }
+        // After the switch the session's own model changes are left out and its replies are the new model's.
+        let ev = match ev {
+            SourceEvent::ModelChanged { .. } if switched => continue,
+            SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, stop, usage, .. }) } if switched => {
+                SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, model: Some(SWITCHED_MODEL.into()), stop, usage }) }
+            }
+            ev => ev,
+        };
         if is_request {
             let r = raw.render();
             let (raw_total, raw_cached, raw_broke) = raw_meter.request(&r.messages);
@@ -246,6 +294,17 @@ pub fn replay_with_window(
     f.dedups = idx.aliases.len() as u64;
     f.chains = idx.chains.len() as u64;
     f.checkpoints = idx.checkpoints.len() as u64;
+    f.archives = idx.archives.len() as u64;
+    for note in &idx.recovery_notes {
+        if note.starts_with(crate::recover::DIAG_PREPARED) {
+            f.recoveries += 1;
+        } else if let Some(why) = note.strip_prefix(crate::recover::DIAG_BLOCKED).map(|w| w.trim_start_matches(": ").to_string()) {
+            f.recoveries_blocked += 1;
+            if !f.blocked_reasons.contains(&why) {
+                f.blocked_reasons.push(why);
+            }
+        }
+    }
     for (r, rec) in idx.records.iter() {
         f.refs_checked += 1;
         let original = proj.entry_message(&rec.entry).map(|m| output_text(m)).unwrap_or_default();
