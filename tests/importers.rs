@@ -561,3 +561,33 @@ fn a_codex_prompt_recorded_only_as_an_event_is_imported_once() {
     // A prompt at the end of the file with no reply yet is kept too.
     assert!(b.trim_end().ends_with("user(Prompt): text \"and the tests\""), "{b}");
 }
+
+#[test]
+fn a_call_id_a_trajectory_uses_again_is_renamed_with_its_result() {
+    let swe = r#"{"environment":"swe_main","trajectory":[],"history":[
+ {"role":"user","content":"ISSUE: fix it"},
+ {"role":"assistant","content":"look","tool_calls":[{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{}"}}]},
+ {"role":"tool","content":"first","tool_call_ids":["call_1"]},
+ {"role":"assistant","content":"again","tool_calls":[{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{}"}}]},
+ {"role":"tool","content":"second","tool_call_ids":["call_1"]},
+ {"role":"assistant","content":"and again","tool_calls":[{"id":"call_1","type":"function","function":{"name":"bash","arguments":"{}"}}]},
+ {"role":"tool","tool_call_id":"call_1","content":"third"}
+]}"#;
+    let sessions = condense_formats::import_sessions("t.traj", swe.as_bytes()).unwrap();
+    let p = fold(&sessions[0].1.events);
+    let rendered = p.render();
+    assert!(condense_render::check(&rendered.messages[..]).is_empty(), "{:?}", condense_render::check(&rendered.messages[..]));
+    let ids: Vec<String> = rendered.messages.iter().flat_map(|m| m.tool_calls().map(|(id, _, _)| id.to_string()).collect::<Vec<_>>()).collect();
+    assert_eq!(ids, ["call_1", "call_1_2", "call_1_3"]);
+    let answered: Vec<(String, String)> = rendered
+        .messages
+        .iter()
+        .filter_map(|m| match &**m {
+            condense_events::Message::ToolResult { call_id, .. } => Some((call_id.clone(), m.text())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answered, [("call_1".into(), "first".into()), ("call_1_2".into(), "second".into()), ("call_1_3".into(), "third".into())]);
+    let diags = sessions[0].1.events.iter().filter(|e| matches!(e, SourceEvent::ImportDiagnostic { message, .. } if message.contains("used again"))).count();
+    assert_eq!(diags, 2);
+}

@@ -316,7 +316,7 @@ fn render_of_an_invalid_context_says_so_and_fails() {
     let (code, out, err) = condense(&store, &["render", "bad"]);
     assert_eq!(code, 1);
     assert!(out.contains("\"hi\""), "the context is still printed: {out}");
-    assert!(err.contains("breaks a provider rule") && err.contains("starts with an assistant message"), "{err}");
+    assert!(err.contains("breaks a provider rule") && err.contains("does not start with a user message"), "{err}");
 }
 
 #[test]

@@ -412,6 +412,9 @@ impl Doc {
         let start = started(source, id, None, None);
         let messages = v.get(field).and_then(Value::as_array).cloned().unwrap_or_default();
         let mut tools: BTreeMap<String, String> = BTreeMap::new();
+        // A call id the trajectory uses again (replayed demonstrations do) is renamed, with the results
+        // that answer it: providers reject a tool-call id that appears twice in one context.
+        let mut current: BTreeMap<String, String> = BTreeMap::new();
         let mut seen_user = false;
         for (i, m) in messages.iter().enumerate() {
             let id = format!("m{i}");
@@ -432,7 +435,17 @@ impl Doc {
                         blocks.push(Block::Text { text: content });
                     }
                     for (k, c) in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten().enumerate() {
-                        let call = str_of(c, "id").map_or_else(|| format!("{id}-call{k}"), str::to_string);
+                        let original = str_of(c, "id").map_or_else(|| format!("{id}-call{k}"), str::to_string);
+                        let mut call = original.clone();
+                        let mut n = 1;
+                        while tools.contains_key(&call) {
+                            n += 1;
+                            call = format!("{original}_{n}");
+                        }
+                        if call != original {
+                            self.diag(format!("{field}[{i}]"), format!("tool call id `{original}` used again; renamed `{call}` with its result"));
+                        }
+                        current.insert(original, call.clone());
                         let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or("tool").to_string();
                         let arguments = c.pointer("/function/arguments").map(text_of).unwrap_or_else(|| "{}".into());
                         tools.insert(call.clone(), name.clone());
@@ -453,6 +466,7 @@ impl Doc {
                         self.push(id, user(content, UserOrigin::Injected));
                         continue;
                     };
+                    let call = current.get(&call).cloned().unwrap_or(call);
                     let name = tools.get(&call).cloned().unwrap_or_else(|| "tool".into());
                     self.push(id, result(&call, &name, content, false));
                 }

@@ -1,20 +1,60 @@
 //! The provider-validity check (DESIGN invariant 2), reusable by every render phase and by tests.
+//!
+//! One rule table ([`RULES`]): each rule the OpenAI Chat Completions and Anthropic Messages APIs document
+//! for a message list, as the neutral context must satisfy it before the exporters shape it (they merge
+//! adjacent same-role messages, drop whitespace-only text blocks, leave thinking-only assistant messages
+//! out of Chat Completions, map tool names outside the providers' pattern, and send arguments that are not
+//! a JSON object to Anthropic as `{"input": TEXT}` (OpenAI takes the string); those are not violations).
 
-use condense_events::{Message, UserOrigin};
+use condense_events::{Block, Message};
 use std::collections::BTreeSet;
+
+/// One rule of the table: a stable code, the providers that enforce it, and what it requires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// Stable code, as [`Violation::rule`] names it.
+    pub code: &'static str,
+    /// `both`, `anthropic` or `openai`.
+    pub providers: &'static str,
+    /// What the rule requires.
+    pub requires: &'static str,
+}
+
+/// Every rule the check enforces.
+pub const RULES: [Rule; 7] = [
+    Rule { code: "first-user", providers: "both", requires: "the first message is a user message (Anthropic; OpenAI rejects a tool message without its call)" },
+    Rule { code: "assistant-content", providers: "both", requires: "an assistant message has text that is not blank, a tool call, or thinking" },
+    Rule { code: "user-content", providers: "both", requires: "a user message has text that is not blank, or an image" },
+    Rule { code: "call-id-unique", providers: "both", requires: "a tool-call id appears once in an assistant message" },
+    Rule { code: "call-id-format", providers: "both", requires: "a tool-call id is 1 to 64 characters of `A-Z a-z 0-9 _ -`" },
+    Rule { code: "result-follows-call", providers: "both", requires: "every tool call is answered by a result before the next message that is not a result" },
+    Rule { code: "result-has-call", providers: "both", requires: "every tool result answers an unanswered call of the assistant message just before it" },
+];
 
 /// One way a context would be rejected by OpenAI or Anthropic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
     /// The context does not start with a user message.
     StartsWithAssistant,
-    /// An assistant message has no content blocks.
+    /// An assistant message has no content a provider accepts.
     EmptyAssistant {
+        /// Index of the message.
+        at: usize,
+    },
+    /// A user message has no content a provider accepts.
+    EmptyUser {
         /// Index of the message.
         at: usize,
     },
     /// A tool call id appears twice in one assistant message.
     DuplicateCallId {
+        /// Index of the message.
+        at: usize,
+        /// The id.
+        id: String,
+    },
+    /// A tool call id the providers' id pattern rejects.
+    BadCallId {
         /// Index of the message.
         at: usize,
         /// The id.
@@ -36,21 +76,46 @@ pub enum Violation {
     },
 }
 
+impl Violation {
+    /// The code of the rule it breaks (see [`RULES`]).
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Violation::StartsWithAssistant => "first-user",
+            Violation::EmptyAssistant { .. } => "assistant-content",
+            Violation::EmptyUser { .. } => "user-content",
+            Violation::DuplicateCallId { .. } => "call-id-unique",
+            Violation::BadCallId { .. } => "call-id-format",
+            Violation::MissingResult { .. } => "result-follows-call",
+            Violation::OrphanResult { .. } => "result-has-call",
+        }
+    }
+}
+
 impl std::fmt::Display for Violation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Violation::StartsWithAssistant => write!(f, "message 0: the context starts with an assistant message"),
+            Violation::StartsWithAssistant => write!(f, "message 0: the context does not start with a user message"),
             Violation::EmptyAssistant { at } => write!(f, "message {at}: assistant message without content"),
+            Violation::EmptyUser { at } => write!(f, "message {at}: user message without content"),
             Violation::DuplicateCallId { at, id } => write!(f, "message {at}: tool call `{id}` appears twice"),
+            Violation::BadCallId { at, id } => write!(f, "message {at}: tool call id `{id}` is not 1-64 characters of A-Z a-z 0-9 _ -"),
             Violation::MissingResult { at, id } => write!(f, "message {at}: tool call `{id}` has no result after it"),
             Violation::OrphanResult { at, id } => write!(f, "message {at}: tool result `{id}` has no matching call"),
         }
     }
 }
 
+fn blank(text: &str) -> bool {
+    text.trim().is_empty()
+}
+
+/// Whether a tool-call id has the form both providers accept.
+pub fn valid_call_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Every violation in `messages`, in order. An empty list means OpenAI Chat Completions and Anthropic
-/// Messages both accept the context (after the exporters merge adjacent same-role messages, which both
-/// providers allow).
+/// Messages both accept the context once the exporters shaped it.
 pub fn check<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Vec<Violation> {
     let mut out = Vec::new();
     if let Some(first) = messages.first() {
@@ -68,15 +133,23 @@ pub fn check<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Vec<Violat
         match &**m {
             Message::Assistant { content, .. } => {
                 close(&mut pending, &mut out);
-                if content.is_empty() {
+                let has = content.iter().any(|b| match b {
+                    Block::Text { text } => !blank(text),
+                    Block::ToolCall { .. } | Block::Thinking { .. } => true,
+                    Block::Image { .. } => false,
+                });
+                if !has {
                     out.push(Violation::EmptyAssistant { at });
                 }
-                let mut seen = BTreeSet::new();
+                let mut here = BTreeSet::new();
                 for (id, _, _) in m.tool_calls() {
-                    if !seen.insert(id) {
-                        out.push(Violation::DuplicateCallId { at, id: id.to_string() });
-                    } else {
+                    if !valid_call_id(id) {
+                        out.push(Violation::BadCallId { at, id: id.to_string() });
+                    }
+                    if here.insert(id) {
                         pending.push((at, id.to_string()));
+                    } else {
+                        out.push(Violation::DuplicateCallId { at, id: id.to_string() });
                     }
                 }
             }
@@ -86,11 +159,82 @@ pub fn check<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Vec<Violat
                 }
                 None => out.push(Violation::OrphanResult { at, id: call_id.clone() }),
             },
-            Message::User { origin: UserOrigin::Prompt | UserOrigin::Injected | UserOrigin::Shell | UserOrigin::Summary, .. } => {
+            Message::User { content, .. } => {
                 close(&mut pending, &mut out);
+                let has = content.iter().any(|b| match b {
+                    Block::Text { text } => !blank(text),
+                    Block::Image { .. } => true,
+                    Block::ToolCall { .. } | Block::Thinking { .. } => false,
+                });
+                if !has {
+                    out.push(Violation::EmptyUser { at });
+                }
             }
         }
     }
     close(&mut pending, &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use condense_events::UserOrigin;
+
+    fn user(t: &str) -> Message {
+        Message::user_text(t, UserOrigin::Prompt)
+    }
+    fn asst(content: Vec<Block>) -> Message {
+        Message::Assistant { content, model: None, stop: None, usage: None }
+    }
+    fn call(id: &str, args: &str) -> Block {
+        Block::ToolCall { id: id.into(), name: "bash".into(), arguments: args.into() }
+    }
+    fn result(id: &str) -> Message {
+        Message::ToolResult { call_id: id.into(), tool_name: "bash".into(), content: vec![Block::Text { text: "ok".into() }], is_error: false }
+    }
+    fn text(t: &str) -> Block {
+        Block::Text { text: t.into() }
+    }
+    fn rules(ms: Vec<Message>) -> Vec<&'static str> {
+        check(&ms.into_iter().map(std::sync::Arc::new).collect::<Vec<_>>()).iter().map(Violation::rule).collect()
+    }
+
+    #[test]
+    fn a_valid_context_breaks_no_rule() {
+        let ok = vec![
+            user("go"),
+            asst(vec![Block::Thinking { thinking: "hm".into(), signature: None }, call("call_1", "{}"), call("toolu_2-x", r#"{"a":1}"#)]),
+            result("call_1"),
+            result("toolu_2-x"),
+            asst(vec![text("done")]),
+            Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "AA".into() }], origin: UserOrigin::Prompt },
+            asst(vec![text("  "), text("seen")]),
+        ];
+        assert_eq!(rules(ok), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn each_rule_is_broken_by_exactly_its_case() {
+        let cases: Vec<(&str, Vec<Message>)> = vec![
+            ("first-user", vec![asst(vec![text("hi")]), user("go")]),
+            ("assistant-content", vec![user("go"), asst(vec![])]),
+            ("assistant-content", vec![user("go"), asst(vec![text(" \n\n ")])]),
+            ("user-content", vec![user("go"), asst(vec![text("a")]), user("\n\n")]),
+            ("call-id-unique", vec![user("go"), asst(vec![call("c1", "{}"), call("c1", "{}")]), result("c1")]),
+            ("call-id-format", vec![user("go"), asst(vec![call("call|1", "{}")]), result("call|1")]),
+            ("call-id-format", vec![user("go"), asst(vec![call(&"x".repeat(65), "{}")]), result(&"x".repeat(65))]),
+            ("result-follows-call", vec![user("go"), asst(vec![call("c1", "{}")]), user("next")]),
+            ("result-follows-call", vec![user("go"), asst(vec![call("c1", "{}")])]),
+            ("result-has-call", vec![user("go"), asst(vec![text("a")]), result("c9")]),
+        ];
+        for (rule, ms) in &cases {
+            assert_eq!(rules(ms.clone()), vec![*rule], "{rule}: {ms:?}");
+        }
+        for r in RULES {
+            assert!(cases.iter().any(|(c, _)| *c == r.code), "rule {} has a case", r.code);
+        }
+        // At the id bound: 64 characters are accepted.
+        assert!(valid_call_id(&"x".repeat(64)) && !valid_call_id("") && !valid_call_id(&"x".repeat(65)));
+    }
 }
