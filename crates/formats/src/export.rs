@@ -199,7 +199,28 @@ fn anthropic_image(mime: &str, data: &str) -> Value {
 /// tool definitions are the host's to add).
 pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
     let mut out: Vec<(String, Vec<Value>)> = Vec::new();
+    // Anthropic rejects a tool_use id that appears twice in a request; some providers' ids repeat across
+    // messages (`call_0` every turn). A repeat becomes `ID_2`, `ID_3`, … and the results after it follow.
+    let mut used: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let mut current: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
     for m in messages {
+        if let Message::Assistant { .. } = &**m {
+            current.clear();
+            for (id, _, _) in m.tool_calls() {
+                if current.contains_key(id) {
+                    continue; // a repeat within one message is answered once (the render's repair)
+                }
+                let mut unique = id.to_string();
+                let mut n = 1;
+                while used.contains(&unique) {
+                    n += 1;
+                    unique = format!("{id}_{n}");
+                }
+                used.insert(unique.clone());
+                current.insert(id.to_string(), unique);
+            }
+        }
+        let id_of = |id: &str| current.get(id).cloned().unwrap_or_else(|| id.to_string());
         let (role, blocks) = match &**m {
             Message::User { content, .. } => (
                 "user",
@@ -226,7 +247,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                                 Ok(v @ Value::Object(_)) => v,
                                 _ => json!({"input": arguments}),
                             };
-                            Some(json!({"type": "tool_use", "id": id, "name": provider_tool_name(name), "input": input}))
+                            Some(json!({"type": "tool_use", "id": id_of(id), "name": provider_tool_name(name), "input": input}))
                         }
                         _ => None,
                     })
@@ -241,7 +262,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                         _ => None,
                     })
                     .collect();
-                let mut r = json!({"type": "tool_result", "tool_use_id": call_id, "content": inner});
+                let mut r = json!({"type": "tool_result", "tool_use_id": id_of(call_id), "content": inner});
                 if *is_error {
                     r["is_error"] = json!(true);
                 }
@@ -306,6 +327,27 @@ pub fn pi_compaction(
 mod tests {
     use super::*;
     use condense_events::UserOrigin;
+
+    #[test]
+    fn a_tool_use_id_repeated_across_messages_is_made_unique_for_anthropic() {
+        let call = |id: &str| Message::Assistant { content: vec![Block::ToolCall { id: id.into(), name: "bash".into(), arguments: "{}".into() }], model: None, stop: None, usage: None };
+        let result = |id: &str, t: &str| Message::ToolResult { call_id: id.into(), tool_name: "bash".into(), content: vec![Block::Text { text: t.into() }], is_error: false };
+        let ms = vec![Message::user_text("go", UserOrigin::Prompt), call("call_0"), result("call_0", "a"), call("call_0"), result("call_0", "b"), call("call_0_2"), result("call_0_2", "c")];
+        let v = anthropic(&ms.into_iter().map(std::sync::Arc::new).collect::<Vec<_>>());
+        let pairs: Vec<(String, String)> = v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m["content"].as_array().unwrap().clone())
+            .filter_map(|b| match b["type"].as_str() {
+                Some("tool_use") => Some(("use".to_string(), b["id"].as_str().unwrap().to_string())),
+                Some("tool_result") => Some((b["content"][0]["text"].as_str().unwrap().to_string(), b["tool_use_id"].as_str().unwrap().to_string())),
+                _ => None,
+            })
+            .collect();
+        let expect = [("use", "call_0"), ("a", "call_0"), ("use", "call_0_2"), ("b", "call_0_2"), ("use", "call_0_2_2"), ("c", "call_0_2_2")];
+        assert_eq!(pairs, expect.map(|(a, b)| (a.to_string(), b.to_string())));
+    }
 
     #[test]
     fn tool_names_a_provider_rejects_are_mapped_the_same_way_every_time() {

@@ -3,8 +3,9 @@
 //! One rule table ([`RULES`]): each rule the OpenAI Chat Completions and Anthropic Messages APIs document
 //! for a message list, as the neutral context must satisfy it before the exporters shape it (they merge
 //! adjacent same-role messages, drop whitespace-only text blocks, leave thinking-only assistant messages
-//! out of Chat Completions, map tool names outside the providers' pattern, and send arguments that are not
-//! a JSON object to Anthropic as `{"input": TEXT}` (OpenAI takes the string); those are not violations).
+//! out of Chat Completions, map tool names outside the providers' pattern, send arguments that are not a
+//! JSON object to Anthropic as `{"input": TEXT}` (OpenAI takes the string), and rename for Anthropic a
+//! tool-call id repeated in a later message; those are not violations).
 
 use condense_events::{Block, Message};
 use std::collections::BTreeSet;
@@ -118,10 +119,8 @@ pub fn valid_call_id(id: &str) -> bool {
 /// Messages both accept the context once the exporters shaped it.
 pub fn check<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Vec<Violation> {
     let mut out = Vec::new();
-    if let Some(first) = messages.first() {
-        if !matches!(**first, Message::User { .. }) {
-            out.push(Violation::StartsWithAssistant);
-        }
+    if messages.first().is_some_and(|first| !matches!(**first, Message::User { .. })) {
+        out.push(Violation::StartsWithAssistant);
     }
     let mut pending: Vec<(usize, String)> = Vec::new();
     let close = |pending: &mut Vec<(usize, String)>, out: &mut Vec<Violation>| {
