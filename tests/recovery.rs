@@ -585,3 +585,34 @@ fn the_invocation_and_source_bounds_hold_at_below_and_above_their_limits() {
     assert!(matches!(prepared(&store, "source-at", text_at).unwrap_err(), Blocked::TooManyInvocations(_)));
     assert_eq!(prepared(&store, "source-above", text_at + 1).unwrap_err(), Blocked::SourceTooLarge(MAX_SOURCE_BYTES + 1));
 }
+
+#[test]
+fn an_oversized_final_batch_gets_a_bounded_copy_instead_of_failing_closed() {
+    use condense_events::{Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.create_session("batch").unwrap();
+    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    // The request being retried ends with a 120,000-character output: alone it is over the 16,000-token
+    // hard budget of a 32k window.
+    let big: String = (0..12_000).map(|i| format!("row {i:>5}\n")).collect();
+    s.append(vec![
+        model(200_000),
+        msg("u0", None, Message::user_text("dump the table", UserOrigin::Prompt)),
+        msg("a0", Some("u0"), call("c1", "Dumping.")),
+        msg("r0", Some("a0"), result("c1", big.clone(), false)),
+        model(32_000),
+    ])
+    .unwrap();
+    assert!(matches!(s.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
+    let r = s.prepare().expect("recovers with a bounded copy");
+    let p = s.projection().unwrap();
+    let cp = p.index().checkpoints.values().next().unwrap().clone();
+    assert_eq!(cp.bounded.len(), 1, "the final output gets a bounded copy");
+    let shown = r.messages.iter().find(|m| matches!(***m, Message::ToolResult { .. })).unwrap().text();
+    assert!(shown.contains("checkpoint truncation") && shown.len() < big.len(), "{}", &shown[..200.min(shown.len())]);
+    assert!(condense_engine::controller::context_tokens(&p) <= 16_000);
+    assert!(condense_render::check(&r.messages[..]).is_empty());
+    // The original stays whole in the log and the transcript.
+    assert_eq!(p.entry_message("r0").unwrap().text(), big);
+}
