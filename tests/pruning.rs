@@ -448,3 +448,21 @@ fn batch_outcomes_trivial_deduped_oversized_summarized() {
     assert_eq!(p.index().outcomes.values().copied().collect::<Vec<_>>(), vec![SkippedOversized]);
     assert!(l.s.render().unwrap().messages.iter().any(|m| m.role() == "tool" && m.text() == "short"));
 }
+
+#[test]
+fn retention_is_whole_for_the_unpruned_context_and_reported_for_the_defaults() {
+    use condense_engine::simulate::{replay, Prices};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // A session the host never compacted: with pruning off every needed fact is still in the context.
+    let file = condense_tests::corpus_dir().join("pi/badlogic__pi-mono/large-session.jsonl");
+    let events = condense_formats::import_file(&file).unwrap().events;
+    let off = replay(&store, "off", events.clone(), PruneConfig { enabled: false, ..PruneConfig::default() }, Prices::default()).unwrap();
+    assert!(off.facts_needed > 100, "{off:?}");
+    assert_eq!(off.facts_retained, off.facts_needed);
+    assert_eq!(off.retention(), 1.0);
+    // Pruned with the defaults: some facts leave with their outputs, most stay.
+    let on = replay(&store, "on", events, PruneConfig::default(), Prices::default()).unwrap();
+    assert_eq!(on.facts_needed, off.facts_needed, "the same requests need the same facts");
+    assert!(on.facts_retained < on.facts_needed && on.retention() > 0.5, "{} of {}", on.facts_retained, on.facts_needed);
+}

@@ -422,6 +422,8 @@ fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
         "compaction_failures": f.compaction_failures,
         "recoveries": f.recoveries, "recoveries_blocked": f.recoveries_blocked, "blocked_reasons": f.blocked_reasons,
         "archives": f.archives,
+        "facts_needed": f.facts_needed, "facts_retained": f.facts_retained,
+        "retention": (f.retention() * 10000.0).round() / 10000.0,
         "token_ratio": (f.token_ratio() * 10000.0).round() / 10000.0,
         "cost_ratio": (f.cost_ratio() * 10000.0).round() / 10000.0,
     })
@@ -505,7 +507,7 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
     }
     let mut total = condense_engine::simulate::Figures::default();
     let mut rows = Vec::new();
-    let (mut token_ratios, mut cost_ratios) = (Vec::new(), Vec::new());
+    let (mut token_ratios, mut cost_ratios, mut retentions) = (Vec::new(), Vec::new(), Vec::new());
     let mut plot = Vec::new();
     for file in &files {
         let imported = match condense_formats::import_file(file) {
@@ -535,14 +537,18 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
                 None => String::new(),
             };
             outln!(
-                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures{recovery}, refs {}/{} exact, {} validity errors",
+                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures{recovery}, retention {:.3} ({}/{} facts), refs {}/{} exact, {} validity errors",
                 f.turns, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
-                f.checkpoints, f.over_budget_requests, f.compaction_failures, f.refs_recovered_exact, f.refs_checked, f.validity_errors
+                f.checkpoints, f.over_budget_requests, f.compaction_failures, f.retention(), f.facts_retained, f.facts_needed,
+                f.refs_recovered_exact, f.refs_checked, f.validity_errors
             );
         }
         if f.turns > 0 {
             token_ratios.push(f.token_ratio());
             cost_ratios.push(f.cost_ratio());
+        }
+        if f.facts_needed > 0 {
+            retentions.push(f.retention());
         }
         let mut row = figures_json(&f);
         row["session"] = json!(name);
@@ -570,13 +576,15 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
     }
     t["median_token_ratio"] = json!((median(token_ratios) * 10000.0).round() / 10000.0);
     t["median_cost_ratio"] = json!((median(cost_ratios) * 10000.0).round() / 10000.0);
+    t["median_retention"] = json!((median(retentions) * 10000.0).round() / 10000.0);
     if o.json {
         outln!("{}", serde_json::to_string_pretty(&json!({"config": condense_engine::config::to_json(&config, prices), "total": t, "sessions": rows}))?);
     } else {
         outln!(
-            "total: {} sessions, tokens {:.1}% of raw (median {:.1}%), cost {:.1}% of raw (median {:.1}%), {} cache breaks, refs {}/{} exact, {} validity errors",
+            "total: {} sessions, tokens {:.1}% of raw (median {:.1}%), cost {:.1}% of raw (median {:.1}%), {} cache breaks, retention {:.3} (median {:.3}), refs {}/{} exact, {} validity errors",
             rows.len(), total.token_ratio() * 100.0, t["median_token_ratio"].as_f64().unwrap_or(0.0) * 100.0,
             total.cost_ratio() * 100.0, t["median_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0, total.cache_breaks,
+            total.retention(), t["median_retention"].as_f64().unwrap_or(0.0),
             total.refs_recovered_exact, total.refs_checked, total.validity_errors
         );
         if let Some(sw) = o.switch {

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod pipeline;
 pub mod query;
 pub mod recover;
+pub mod retention;
 pub mod simulate;
 mod stats;
 pub mod tools;

@@ -84,6 +84,10 @@ pub struct Figures {
     pub blocked_reasons: Vec<String>,
     /// Archive views committed.
     pub archives: u64,
+    /// Needed facts over all requests (see [`crate::retention`]).
+    pub facts_needed: u64,
+    /// Needed facts that were in the rendered context of their request.
+    pub facts_retained: u64,
     /// Raw and rendered tokens of each request (for plots).
     pub series: Vec<(u64, u64)>,
 }
@@ -97,6 +101,11 @@ impl Figures {
     /// Rendered over raw cost.
     pub fn cost_ratio(&self) -> f64 {
         ratio(self.cost_units_rendered, self.cost_units_raw)
+    }
+
+    /// Retained over needed facts (1.0 when no request needed any).
+    pub fn retention(&self) -> f64 {
+        ratio(self.facts_retained as f64, self.facts_needed as f64)
     }
 
     /// Adds another session's figures (peaks take the maximum).
@@ -131,6 +140,8 @@ impl Figures {
             }
         }
         self.archives += o.archives;
+        self.facts_needed += o.facts_needed;
+        self.facts_retained += o.facts_retained;
     }
 }
 
@@ -236,6 +247,7 @@ pub fn replay_with(
     let mut meter = Meter::default();
     let mut f = Figures::default();
     let mut switched = false;
+    let mut seen = crate::retention::Seen::default();
     for (i, ev) in events.into_iter().enumerate() {
         let is_request = matches!(&ev, SourceEvent::EntryAppended { entry: Entry::Message(Message::Assistant { .. }), .. });
         if switch.is_some_and(|sw| is_request && !switched && f.turns + 1 >= sw.at) {
@@ -264,6 +276,11 @@ pub fn replay_with(
                 }
                 Err(e) => return Err(e),
             };
+            if let SourceEvent::EntryAppended { entry: Entry::Message(answer), .. } = &ev {
+                let needed = seen.needed(answer);
+                f.facts_needed += needed.len() as u64;
+                f.facts_retained += crate::retention::retained(&needed, &rendered.messages[..]);
+            }
             let (total, cached, broke) = meter.request(&rendered.messages);
             f.validity_errors += check(&rendered.messages[..]).len() as u64;
             if budget.is_some_and(|b| total_tokens(&rendered.messages) > b.hard) {
@@ -282,6 +299,9 @@ pub fn replay_with(
             f.cost_units_raw += prices.cached * raw_cached as f64 + prices.uncached * (raw_total - raw_cached) as f64;
             f.cost_units_rendered += prices.cached * cached as f64 + prices.uncached * (total - cached) as f64;
             f.series.push((raw_total, total));
+        }
+        if let SourceEvent::EntryAppended { entry: Entry::Message(m), .. } = &ev {
+            seen.add(m);
         }
         raw.apply(i as u64 + 1, &Event::Source(ev.clone()));
         session.append(vec![ev])?;
