@@ -205,6 +205,12 @@ pub enum Entry {
     },
 }
 
+/// Whether `s` has the form both providers accept for a tool name and a tool-call id:
+/// `^[a-zA-Z0-9_-]{1,64}$` (64 is OpenAI's limit, the tighter of the two).
+pub fn is_provider_identifier(s: &str) -> bool {
+    (1..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// The one name of the recovery tool, shared by the tool, the grace window and chain deferral.
 pub const QUERY_TOOL_NAME: &str = "context_tree_query";
 

@@ -415,6 +415,7 @@ impl Doc {
         // A call id the trajectory uses again (replayed demonstrations do) is renamed, with the results
         // that answer it: providers reject a tool-call id that appears twice in one context.
         let mut current: BTreeMap<String, String> = BTreeMap::new();
+        let mut used = std::collections::BTreeSet::new();
         let mut seen_user = false;
         for (i, m) in messages.iter().enumerate() {
             let id = format!("m{i}");
@@ -436,12 +437,7 @@ impl Doc {
                     }
                     for (k, c) in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten().enumerate() {
                         let original = str_of(c, "id").map_or_else(|| format!("{id}-call{k}"), str::to_string);
-                        let mut call = original.clone();
-                        let mut n = 1;
-                        while tools.contains_key(&call) {
-                            n += 1;
-                            call = format!("{original}_{n}");
-                        }
+                        let call = crate::export::unique_call_id(&original, &mut used);
                         if call != original {
                             self.diag(format!("{field}[{i}]"), format!("tool call id `{original}` used again; renamed `{call}` with its result"));
                         }

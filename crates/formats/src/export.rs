@@ -59,10 +59,10 @@ fn data_url(mime: &str, data: &str) -> String {
 /// cut to 55 characters, then `_` and 8 hex digits of a hash of the whole original name, so two names
 /// never meet.
 pub fn provider_tool_name(name: &str) -> std::borrow::Cow<'_, str> {
-    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
-    if !name.is_empty() && name.len() <= 64 && name.chars().all(ok) {
+    if condense_events::is_provider_identifier(name) {
         return std::borrow::Cow::Borrowed(name);
     }
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
     // FNV-1a, 64 bits: fixed, so the mapping never changes between runs or builds.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in name.bytes() {
@@ -195,6 +195,20 @@ fn anthropic_image(mime: &str, data: &str) -> Value {
     }
 }
 
+/// `id`, or, when `used` holds it already, the first of `ID_2`, `ID_3`, … it does not; the result is added
+/// to `used`. How a tool-call id that appears again is renamed (the Anthropic exporter, the SWE-agent
+/// importer).
+pub fn unique_call_id(id: &str, used: &mut std::collections::BTreeSet<String>) -> String {
+    let mut unique = id.to_string();
+    let mut n = 1;
+    while used.contains(&unique) {
+        n += 1;
+        unique = format!("{id}_{n}");
+    }
+    used.insert(unique.clone());
+    unique
+}
+
 /// The context as an Anthropic Messages request body (`{"messages": [...]}`; model, system prompt and
 /// tool definitions are the host's to add).
 pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
@@ -207,17 +221,10 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
         if let Message::Assistant { .. } = &**m {
             current.clear();
             for (id, _, _) in m.tool_calls() {
-                if current.contains_key(id) {
-                    continue; // a repeat within one message is answered once (the render's repair)
+                if !current.contains_key(id) {
+                    // A repeat within one message is answered once (the render's repair).
+                    current.insert(id.to_string(), unique_call_id(id, &mut used));
                 }
-                let mut unique = id.to_string();
-                let mut n = 1;
-                while used.contains(&unique) {
-                    n += 1;
-                    unique = format!("{id}_{n}");
-                }
-                used.insert(unique.clone());
-                current.insert(id.to_string(), unique);
             }
         }
         let id_of = |id: &str| current.get(id).cloned().unwrap_or_else(|| id.to_string());

@@ -10,4 +10,4 @@ mod project;
 mod validity;
 
 pub use project::{Messages, ModelInfo, Projection, RenderReport, Rendered, TranscriptRow, SYNTHETIC_RESULT_TEXT};
-pub use validity::{check, valid_call_id, Rule, Violation, RULES};
+pub use validity::{check, Rule, Violation, RULES};

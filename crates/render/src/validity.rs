@@ -7,7 +7,7 @@
 //! JSON object to Anthropic as `{"input": TEXT}` (OpenAI takes the string), and rename for Anthropic a
 //! tool-call id repeated in a later message; those are not violations).
 
-use condense_events::{Block, Message};
+use condense_events::{is_provider_identifier, Block, Message};
 use std::collections::BTreeSet;
 
 /// One rule of the table: a stable code, the providers that enforce it, and what it requires.
@@ -110,11 +110,6 @@ fn blank(text: &str) -> bool {
     text.trim().is_empty()
 }
 
-/// Whether a tool-call id has the form both providers accept.
-pub fn valid_call_id(id: &str) -> bool {
-    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
 /// Every violation in `messages`, in order. An empty list means OpenAI Chat Completions and Anthropic
 /// Messages both accept the context once the exporters shaped it.
 pub fn check<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Vec<Violation> {
@@ -142,7 +137,7 @@ pub fn check<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Vec<Violat
                 }
                 let mut here = BTreeSet::new();
                 for (id, _, _) in m.tool_calls() {
-                    if !valid_call_id(id) {
+                    if !is_provider_identifier(id) {
                         out.push(Violation::BadCallId { at, id: id.to_string() });
                     }
                     if here.insert(id) {
@@ -234,6 +229,6 @@ mod tests {
             assert!(cases.iter().any(|(c, _)| *c == r.code), "rule {} has a case", r.code);
         }
         // At the id bound: 64 characters are accepted.
-        assert!(valid_call_id(&"x".repeat(64)) && !valid_call_id("") && !valid_call_id(&"x".repeat(65)));
+        assert!(is_provider_identifier(&"x".repeat(64)) && !is_provider_identifier("") && !is_provider_identifier(&"x".repeat(65)));
     }
 }
