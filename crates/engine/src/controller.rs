@@ -169,14 +169,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         branch[keep_from..].iter().filter(|(_, m)| matches!(**m, Message::ToolResult { .. })).collect();
     let batch_tokens: u64 = final_batch.iter().map(|(_, m)| estimate(m)).sum();
     let bounded: Vec<(String, String)> = if batch_tokens * 2 >= budget.hard && !final_batch.is_empty() {
-        let share = ((budget.hard / 2) * 4 / final_batch.len() as u64) as usize;
-        final_batch
-            .iter()
-            .map(|(id, m)| {
-                let r = idx.by_entry.get(id).copied();
-                (id.clone(), bounded_copy(&m.text(), share, r))
-            })
-            .collect()
+        bounded_copies(p, final_batch.iter().map(|(id, m)| (id.as_str(), &**m)), budget.hard)
     } else {
         Vec::new()
     };
@@ -195,9 +188,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
             tokens_before: before,
             tokens_after: 0,
         };
-        let mut candidate = p.clone();
-        candidate.apply(p.seq(), &Event::Decision(d.clone()));
-        let after = context_tokens(&candidate);
+        let after = tokens_with(p, &d);
         if let DecisionEvent::CheckpointCommitted { tokens_after, .. } = &mut d {
             *tokens_after = after;
         }
@@ -233,6 +224,21 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         "{before} tokens exceed the hard budget of {}; even without history the final batch and what follows take {after_tail}",
         budget.hard
     ))
+}
+
+/// The context's tokens (as [`context_tokens`] counts them) once decision `d` is applied to a copy of
+/// `p`: how a checkpoint candidate is re-estimated before it is stored.
+pub fn tokens_with(p: &Projection, d: &DecisionEvent) -> u64 {
+    let mut candidate = p.clone();
+    candidate.apply(p.seq(), &Event::Decision(d.clone()));
+    context_tokens(&candidate)
+}
+
+/// ADR 0030's bounded copies of `messages` (entry id, message), sharing half of the hard budget `hard`
+/// equally: each is the entry id and its copy, naming its ref where the output has one.
+pub fn bounded_copies<'a>(p: &Projection, messages: impl ExactSizeIterator<Item = (&'a str, &'a Message)>, hard: u64) -> Vec<(String, String)> {
+    let share = ((hard / 2) * 4 / messages.len().max(1) as u64) as usize;
+    messages.map(|(id, m)| (id.to_string(), bounded_copy(&m.text(), share, p.index().by_entry.get(id).copied()))).collect()
 }
 
 /// A checkpoint-only copy of a tool output: repeated lines dropped, then a fair share of head and tail

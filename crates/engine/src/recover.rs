@@ -7,9 +7,9 @@
 //! view of the history as it was. Anything else fails closed with a typed reason and the context
 //! untouched.
 
-use crate::controller::context_tokens;
+use crate::controller::{bounded_copies, context_tokens, tokens_with};
 use condense_checkpoint::Budget;
-use condense_events::{Block, DecisionEvent, Event, Message};
+use condense_events::{DecisionEvent, Message};
 use condense_recovery::{input_budget, summary_budget, MAX_INVOCATIONS, MAX_SOURCE_BYTES, MIN_WINDOW};
 use condense_render::Projection;
 use std::sync::Arc;
@@ -107,19 +107,6 @@ pub fn payload_limit(p: &Projection) -> Option<u64> {
     Some(Budget::of_model(m.context_window?, m.max_output).hard * 4)
 }
 
-fn text_of(m: &Message) -> Result<String, ()> {
-    let mut out = String::new();
-    for b in m.content() {
-        match b {
-            Block::Text { text } => out.push_str(text),
-            Block::ToolCall { name, arguments, .. } => out.push_str(&format!("[call {name} {arguments}]")),
-            Block::Thinking { .. } => {}
-            Block::Image { .. } => return Err(()),
-        }
-    }
-    Ok(out)
-}
-
 /// Prepares the recovery checkpoint. Returns the decisions to commit (an archive view, then the
 /// checkpoint), or why it stopped.
 pub fn prepare(p: &Projection, summarizer: &dyn condense_summarize::Summarizer) -> Result<Vec<DecisionEvent>, Blocked> {
@@ -159,7 +146,7 @@ pub fn prepare_within(
     let mut pieces: Vec<String> = vec![String::new()];
     let mut total = 0;
     for (k, (_, m)) in covered.iter().enumerate() {
-        let t = text_of(m).map_err(|()| Blocked::Image(cite(k)))?;
+        let t = condense_recovery::public_text(m).ok_or_else(|| Blocked::Image(cite(k)))?;
         total += t.len();
         if total > MAX_SOURCE_BYTES {
             return Err(Blocked::SourceTooLarge(total));
@@ -251,29 +238,20 @@ pub fn prepare_within(
         tokens_before: before,
         tokens_after: 0,
     };
-    let mut candidate = p.clone();
-    candidate.apply(p.seq(), &Event::Decision(cp.clone()));
-    let mut after = context_tokens(&candidate);
+    let mut after = tokens_with(p, &cp);
     if after > budget.hard {
         // An oversized recent message or final tool batch gets ADR 0030's bounded copy (the original stays
         // whole in the log and, for an output, behind its ref) instead of failing closed.
-        let tail: Vec<&String> = context[keep_from..]
+        let tail: Vec<(&str, &Message)> = context[keep_from..]
             .iter()
             .filter(|(_, m)| matches!(**m, Message::ToolResult { .. } | Message::User { .. }))
-            .filter_map(|(id, _)| id.as_ref())
+            .filter_map(|(id, _)| id.as_deref().and_then(|id| p.entry_message(id).map(|m| (id, &**m))))
             .collect();
         if !tail.is_empty() {
-            let share = ((budget.hard / 2) * 4 / tail.len() as u64) as usize;
-            let copies: Vec<(String, String)> = tail
-                .iter()
-                .filter_map(|id| p.entry_message(id).map(|m| ((*id).clone(), crate::controller::bounded_copy(&m.text(), share, idx.by_entry.get(*id).copied()))))
-                .collect();
             if let DecisionEvent::CheckpointCommitted { bounded, .. } = &mut cp {
-                *bounded = copies;
+                *bounded = bounded_copies(p, tail.into_iter(), budget.hard);
             }
-            let mut candidate = p.clone();
-            candidate.apply(p.seq(), &Event::Decision(cp.clone()));
-            after = context_tokens(&candidate);
+            after = tokens_with(p, &cp);
         }
         if after > budget.hard {
             return Err(Blocked::NoRoom(after, budget.hard));

@@ -33,6 +33,22 @@ pub fn summary_budget(input_budget: u64, protected_bytes: u64) -> u64 {
     (input_budget / 8).min(16_384).saturating_sub(protected_bytes)
 }
 
+/// The public text of a message as recovery reads and archives it: its text, tool calls as `[call NAME
+/// ARGUMENTS]`; thinking and signatures are left out. `None` when it holds an image (recovery is
+/// text-only).
+pub fn public_text(m: &Message) -> Option<String> {
+    let mut out = String::new();
+    for b in m.content() {
+        match b {
+            Block::Text { text } => out.push_str(text),
+            Block::ToolCall { name, arguments, .. } => out.push_str(&format!("[call {name} {arguments}]")),
+            Block::Thinking { .. } => {}
+            Block::Image { .. } => return None,
+        }
+    }
+    Some(out)
+}
+
 /// Why a tool call or an archive build was refused. Each message says what to pass instead.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
@@ -127,15 +143,7 @@ impl Archive {
         let mut records = Vec::new();
         let mut bytes = 0;
         for (eid, m, tool_ref) in messages {
-            let mut text = String::new();
-            for b in m.content() {
-                match b {
-                    Block::Text { text: t } => text.push_str(t),
-                    Block::ToolCall { name, arguments, .. } => text.push_str(&format!("[call {name} {arguments}]")),
-                    Block::Thinking { .. } => {}
-                    Block::Image { .. } => return Err(RecoveryError::Image(eid.to_string())),
-                }
-            }
+            let text = public_text(m).ok_or_else(|| RecoveryError::Image(eid.to_string()))?;
             let role = match m {
                 Message::User { origin: UserOrigin::Summary, .. } => "summary",
                 Message::User { .. } => "user",
