@@ -517,6 +517,52 @@ fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEve
     if saved >= min && saved * horizon * 10 >= resent * 115 { decisions } else { captures }
 }
 
+/// The tool ref of archive record `id`, when it stands for a captured output: the original is one
+/// `context_tree_query` away even where the archive only held a stub.
+fn record_ref(arch: &condense_recovery::Archive, id: &str) -> Option<String> {
+    arch.records().iter().find(|r| r.id == id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"))
+}
+
+/// `history_search`'s reply: the lowest-ranked hits give way until the reply, as the model reads it, fits
+/// the 4,096-byte tool-text ceiling, and it says how many were left out.
+fn search_reply(arch: &condense_recovery::Archive, hits: &[condense_recovery::Hit]) -> String {
+    let all: Vec<serde_json::Value> = hits
+        .iter()
+        .map(|h| serde_json::json!({"id": h.id, "matched": h.matched, "snippet": h.snippet, "ref": record_ref(arch, &h.id)}))
+        .collect();
+    let mut shown = all.len();
+    loop {
+        let mut v = serde_json::json!({
+            "archive": arch.id,
+            "hits": all[..shown],
+            "note": "snippets can be partial; ranking is not approval or a completeness guarantee",
+        });
+        if shown < all.len() {
+            v["omitted"] = serde_json::json!(format!("{} lower-ranked hit(s) left out to keep the reply short; add keywords to narrow the search", all.len() - shown));
+        }
+        let text = v.to_string();
+        if text.len() <= condense_recovery::REPLY_CEILING || shown == 0 {
+            return text;
+        }
+        shown -= 1;
+    }
+}
+
+/// `history_read`'s reply for `page` of record `id` read from `offset`: text that escapes to more
+/// (quotes, control characters) gets a shorter page, so the reply as the model reads it stays within the
+/// 4,096-byte tool-text ceiling.
+fn read_reply(arch: &condense_recovery::Archive, id: &str, offset: usize, mut page: condense_recovery::Page) -> std::result::Result<String, condense_recovery::RecoveryError> {
+    let tool_ref = record_ref(arch, id);
+    loop {
+        let text = serde_json::json!({"archive": arch.id, "id": id, "text": page.text, "nextOffset": page.next_offset, "length": page.len, "ref": tool_ref}).to_string();
+        if text.len() <= condense_recovery::REPLY_CEILING || page.text.chars().count() <= 1 {
+            return Ok(text);
+        }
+        let over = text.len() - condense_recovery::REPLY_CEILING;
+        page = arch.read_within(id, offset, page.text.len().saturating_sub(over.max(page.text.len() / 8)).max(1))?;
+    }
+}
+
 impl Session {
     /// The session's name.
     pub fn name(&self) -> &str {
@@ -949,17 +995,17 @@ impl Session {
 
     /// `history_read` of entry `id`: in archive `archive`, or, without one, in the newest archive that
     /// holds the entry (citations from earlier recovery checkpoints resolve this way).
-    pub fn history_read(&self, archive: Option<&str>, id: &str, offset: usize) -> Result<(String, condense_recovery::Page)> {
+    pub fn history_read(&self, archive: Option<&str>, id: &str, offset: usize) -> Result<(Arc<condense_recovery::Archive>, condense_recovery::Page)> {
         if let Some(a) = archive {
             let arch = self.archive(Some(a))?;
-            return arch.read(id, offset).map(|p| (arch.id.clone(), p)).map_err(EngineError::Recovery);
+            return arch.read(id, offset).map(|p| (arch, p)).map_err(EngineError::Recovery);
         }
         let ids: Vec<String> = recover::archives_on_branch(&self.projection()?).iter().rev().map(|(a, _, _)| a.clone()).collect();
         let mut last_err = condense_recovery::RecoveryError::UnknownArchive("(none yet)".into());
         for a in ids {
             let arch = self.archive(Some(&a))?;
             match arch.read(id, offset) {
-                Ok(p) => return Ok((a, p)),
+                Ok(p) => return Ok((arch, p)),
                 Err(e) => last_err = e,
             }
         }
@@ -992,33 +1038,7 @@ impl Session {
                 };
                 let refs: Vec<&str> = words.iter().map(String::as_str).collect();
                 match arch.search(&refs, 20) {
-                    Ok(hits) => {
-                        let mut shown: Vec<serde_json::Value> = hits
-                            .iter()
-                            .map(|h| {
-                                let tool_ref = arch.records().iter().find(|r| r.id == h.id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"));
-                                serde_json::json!({"id": h.id, "matched": h.matched, "snippet": h.snippet, "ref": tool_ref})
-                            })
-                            .collect();
-                        // The lowest-ranked hits give way until the reply, as the model reads it, fits the
-                        // 4,096-byte tool-text ceiling.
-                        loop {
-                            let omitted = hits.len() - shown.len();
-                            let mut v = serde_json::json!({
-                                "archive": arch.id,
-                                "hits": shown,
-                                "note": "snippets can be partial; ranking is not approval or a completeness guarantee",
-                            });
-                            if omitted > 0 {
-                                v["omitted"] = serde_json::json!(format!("{omitted} lower-ranked hit(s) left out to keep the reply short; add keywords to narrow the search"));
-                            }
-                            let text = v.to_string();
-                            if text.len() <= condense_recovery::REPLY_CEILING || shown.is_empty() {
-                                return Ok(query::Answer { text, is_error: false, originals: Vec::new() });
-                            }
-                            shown = v["hits"].as_array().map(|a| a[..a.len() - 1].to_vec()).unwrap_or_default();
-                        }
-                    }
+                    Ok(hits) => Ok(query::Answer { text: search_reply(&arch, &hits), is_error: false, originals: Vec::new() }),
                     Err(e) => err(e.to_string()),
                 }
             }
@@ -1028,22 +1048,9 @@ impl Session {
                 };
                 let offset = v.get("offset").and_then(|o| o.as_u64()).unwrap_or(0) as usize;
                 match self.history_read(archive, id, offset) {
-                    Ok((a, mut p)) => {
-                        // An entry that stands for a captured output names its ref: the original is one
-                        // context_tree_query away even where the archive only held a stub.
-                        let arch = self.archive(Some(&a))?;
-                        let tool_ref = arch.records().iter().find(|r| r.id == id).and_then(|r| r.tool_ref).map(|r| format!("t{r}"));
-                        // Text that escapes to more (quotes, control characters) gets a shorter page, so the
-                        // reply as the model reads it stays within the 4,096-byte tool-text ceiling.
-                        loop {
-                            let text = serde_json::json!({"archive": a, "id": id, "text": p.text, "nextOffset": p.next_offset, "length": p.len, "ref": tool_ref}).to_string();
-                            if text.len() <= condense_recovery::REPLY_CEILING || p.text.chars().count() <= 1 {
-                                return Ok(query::Answer { text, is_error: false, originals: Vec::new() });
-                            }
-                            let over = text.len() - condense_recovery::REPLY_CEILING;
-                            let smaller = p.text.len().saturating_sub(over.max(p.text.len() / 8)).max(1);
-                            p = arch.read_within(id, offset, smaller).map_err(EngineError::Recovery)?;
-                        }
+                    Ok((arch, page)) => {
+                        let text = read_reply(&arch, id, offset, page).map_err(EngineError::Recovery)?;
+                        Ok(query::Answer { text, is_error: false, originals: Vec::new() })
                     }
                     Err(EngineError::Recovery(e)) => err(e.to_string()),
                     Err(e) => Err(e),
