@@ -242,9 +242,8 @@ impl Projection {
     /// pi's token estimate of a rendered message, remembered per message (a context counted every request
     /// costs what changed).
     pub fn estimate(&self, m: &Arc<Message>) -> u64 {
-        let key = Arc::as_ptr(m) as usize;
         let mut cache = self.tokens.lock().expect("token cache lock");
-        if let Some((_, t)) = cache.get(&key) {
+        if let Some((_, t)) = cache.get(&(Arc::as_ptr(m) as usize)) {
             return *t;
         }
         let t = condense_tokens::estimate(m);
@@ -256,18 +255,15 @@ impl Projection {
                 cache.clear();
             }
         }
-        cache.insert(key, (m.clone(), t));
+        cache.insert(Arc::as_ptr(m) as usize, (m.clone(), t));
         t
     }
 
     /// As [`Projection::estimate`] for a message that will not be seen again (a candidate render's): a
     /// remembered count is used, but a new one is not remembered.
     pub fn estimate_once(&self, m: &Arc<Message>) -> u64 {
-        let key = Arc::as_ptr(m) as usize;
-        if let Some((_, t)) = self.tokens.lock().expect("token cache lock").get(&key) {
-            return *t;
-        }
-        condense_tokens::estimate(m)
+        let remembered = self.tokens.lock().expect("token cache lock").get(&(Arc::as_ptr(m) as usize)).map(|(_, t)| *t);
+        remembered.unwrap_or_else(|| condense_tokens::estimate(m))
     }
 
     /// Estimated tokens each request carries besides the messages (system prompt, tool declarations), as
@@ -589,17 +585,15 @@ impl Projection {
 
     /// Entry indices on the path from the root to the leaf.
     fn path(&self) -> Vec<usize> {
-        let mut path = Vec::new();
-        let mut cur = self.leaf;
-        while let Some(i) = cur {
-            path.push(i);
-            cur = self.items[i].parent;
-            if path.len() > self.items.len() {
-                break; // A cycle cannot be built through `apply`, but never loop forever.
-            }
-        }
+        let mut path: Vec<usize> = self.ancestors().collect();
         path.reverse();
         path
+    }
+
+    /// The leaf and its ancestors, leaf first.
+    fn ancestors(&self) -> impl Iterator<Item = usize> + '_ {
+        // A cycle cannot be built through `apply`, but never loop forever.
+        std::iter::successors(self.leaf, |&i| self.items[i].parent).take(self.items.len() + 1)
     }
 
     /// The id of the current leaf entry (`None` before any entry, or when the leaf is before the root).
@@ -627,20 +621,7 @@ impl Projection {
 
     /// Whether entry `id` is on the path from the root to the leaf (the active branch).
     pub fn on_path(&self, id: &str) -> bool {
-        let Some(&target) = self.index.get(id) else { return false };
-        let mut cur = self.leaf;
-        let mut steps = 0;
-        while let Some(i) = cur {
-            if i == target {
-                return true;
-            }
-            cur = self.items[i].parent;
-            steps += 1;
-            if steps > self.items.len() {
-                break;
-            }
-        }
-        false
+        self.index.get(id).is_some_and(|&target| self.ancestors().any(|i| i == target))
     }
 
     /// Entry ids on the path from the root to the leaf.
