@@ -289,14 +289,13 @@ fn print_entries(session: &Session, json_out: bool) -> Result<()> {
     };
     let checkpoints = &p.index().checkpoints;
     // Each compaction is a divider in the transcript (ADR 0064).
-    let divider = |row: &TranscriptRow<'_>| match row {
-        TranscriptRow::HostCompaction(_) => Some("the host compacted its context here".to_string()),
-        TranscriptRow::Checkpoint(n, _) => Some(format!(
+    let checkpoint_divider = |n: &u32| {
+        format!(
             "checkpoint c{n}: the context up to here was compacted ({} tokens before; originals: context_tree_query c{n})",
             checkpoints.get(n).map_or(0, |c| c.tokens_before)
-        )),
-        TranscriptRow::Message(..) => None,
+        )
     };
+    const HOST_DIVIDER: &str = "the host compacted its context here";
     let rows = p.transcript();
     let messages = rows.iter().filter(|r| matches!(r, TranscriptRow::Message(..))).count();
     if json_out {
@@ -305,8 +304,8 @@ fn print_entries(session: &Session, json_out: bool) -> Result<()> {
         for row in &rows {
             match row {
                 TranscriptRow::Message(id, m) => entries.push(json!({"entry": id, "role": m.role(), "text": preview(m)})),
-                TranscriptRow::HostCompaction(id) => dividers.push(json!({"at": id, "kind": "host_compaction", "text": divider(row)})),
-                TranscriptRow::Checkpoint(n, id) => dividers.push(json!({"after": id, "kind": "checkpoint", "checkpoint": format!("c{n}"), "text": divider(row)})),
+                TranscriptRow::HostCompaction(id) => dividers.push(json!({"at": id, "kind": "host_compaction", "text": HOST_DIVIDER})),
+                TranscriptRow::Checkpoint(n, id) => dividers.push(json!({"after": id, "kind": "checkpoint", "checkpoint": format!("c{n}"), "text": checkpoint_divider(n)})),
             }
         }
         outln!("{}", serde_json::to_string_pretty(&json!({"session": session.name(), "entries": entries, "dividers": dividers}))?);
@@ -315,7 +314,8 @@ fn print_entries(session: &Session, json_out: bool) -> Result<()> {
         for row in &rows {
             match row {
                 TranscriptRow::Message(id, m) => outln!("  {id}  {:<9}  {}", m.role(), preview(m)),
-                _ => outln!("  ──── {} ────", divider(row).unwrap_or_default()),
+                TranscriptRow::HostCompaction(_) => outln!("  ──── {HOST_DIVIDER} ────"),
+                TranscriptRow::Checkpoint(n, _) => outln!("  ──── {} ────", checkpoint_divider(n)),
             }
         }
     }

@@ -103,6 +103,13 @@ impl Figures {
         ratio(self.cost_units_rendered, self.cost_units_raw)
     }
 
+    /// Takes a reason a recovery was blocked for, once.
+    fn blocked(&mut self, why: &str) {
+        if !self.blocked_reasons.iter().any(|r| r == why) {
+            self.blocked_reasons.push(why.to_string());
+        }
+    }
+
     /// Retained over needed facts (1.0 when no request needed any).
     pub fn retention(&self) -> f64 {
         ratio(self.facts_retained as f64, self.facts_needed as f64)
@@ -135,9 +142,7 @@ impl Figures {
         self.recoveries += o.recoveries;
         self.recoveries_blocked += o.recoveries_blocked;
         for r in &o.blocked_reasons {
-            if !self.blocked_reasons.contains(r) {
-                self.blocked_reasons.push(r.clone());
-            }
+            self.blocked(r);
         }
         self.archives += o.archives;
         self.facts_needed += o.facts_needed;
@@ -216,10 +221,11 @@ pub const SWITCHED_MODEL: &str = "switched";
 
 /// [`replay`] as if the model had a context window of `window` tokens (the session's own model changes
 /// are replaced by one with that window, and the checkpoint controller runs before each request), and
-/// with an optional model switch (`condense simulate --switch WINDOW@REQUEST`): before request `at` the model changes to one with `window` tokens; from then on the session's own
-/// model changes are left out and its replies count as the new model's, so the payload guard and
-/// smaller-model recovery (seed 004) run as they would live. Recoveries, blocked recoveries (with their
-/// reasons) and archives are counted.
+/// with an optional model switch (`condense simulate --switch WINDOW@REQUEST`): before request `at` the
+/// model changes to one with the switch's window; from then on the session's own model changes are left
+/// out and its replies count as the new model's, so the payload guard and smaller-model recovery (seed
+/// 004) run as they would live. Recoveries, blocked recoveries (with their reasons) and archives are
+/// counted.
 pub fn replay_with(
     store: &Store,
     name: &str,
@@ -250,8 +256,7 @@ pub fn replay_with(
     let mut seen = crate::retention::Seen::default();
     for (i, ev) in events.into_iter().enumerate() {
         let is_request = matches!(&ev, SourceEvent::EntryAppended { entry: Entry::Message(Message::Assistant { .. }), .. });
-        if switch.is_some_and(|sw| is_request && !switched && f.turns + 1 >= sw.at) {
-            let sw = switch.expect("checked");
+        if let Some(sw) = switch.filter(|sw| is_request && !switched && f.turns + 1 >= sw.at) {
             session.append(vec![SourceEvent::ModelChanged { provider: None, model: SWITCHED_MODEL.into(), context_window: Some(sw.window), max_output: None }])?;
             budget = Some(condense_checkpoint::Budget::of_model(sw.window, None));
             switched = true;
@@ -315,15 +320,10 @@ pub fn replay_with(
     f.chains = idx.chains.len() as u64;
     f.checkpoints = idx.checkpoints.len() as u64;
     f.archives = idx.archives.len() as u64;
-    for note in &idx.recovery_notes {
-        if note.starts_with(crate::recover::DIAG_PREPARED) {
-            f.recoveries += 1;
-        } else if let Some(why) = note.strip_prefix(crate::recover::DIAG_BLOCKED).map(|w| w.trim_start_matches(": ").to_string()) {
-            f.recoveries_blocked += 1;
-            if !f.blocked_reasons.contains(&why) {
-                f.blocked_reasons.push(why);
-            }
-        }
+    f.recoveries = idx.recovery_notes.iter().filter(|n| n.starts_with(crate::recover::DIAG_PREPARED)).count() as u64;
+    for (_, why) in idx.checkpoint_failures.iter().filter(|(code, _)| code == crate::recover::RECOVERY_BLOCKED) {
+        f.recoveries_blocked += 1;
+        f.blocked(why);
     }
     for (r, rec) in idx.records.iter() {
         f.refs_checked += 1;
