@@ -597,7 +597,8 @@ impl Session {
         let before = proj.model().and_then(|m| m.context_window);
         let switched = events.iter().any(|e| matches!(e, SourceEvent::ModelChanged { .. }));
         let head = self.append_locked(&mut proj, events.into_iter().map(Event::Source).collect())?;
-        match recover::route_unsupported(&proj, before).filter(|_| switched) {
+        // Only a model change can make a route unsupported: other appends (every request) skip the check.
+        match recover::route_unsupported(&proj, before.filter(|_| switched)) {
             Some(text) => self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::Note { stage: "recovery".into(), text })]),
             None => Ok(head),
         }
