@@ -14,6 +14,11 @@ pub fn corpus_dir() -> PathBuf {
     dir
 }
 
+/// The source events of corpus session `relative` (a path under the corpus folder).
+pub fn corpus_events(relative: &str) -> Vec<condense_events::SourceEvent> {
+    condense_formats::import_file(&corpus_dir().join(relative)).expect("a corpus session imports").events
+}
+
 /// Every `.jsonl` file under the corpus folders of the formats condense imports, sorted.
 pub fn corpus_sessions() -> Vec<PathBuf> {
     let root = corpus_dir();

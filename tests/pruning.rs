@@ -455,8 +455,7 @@ fn retention_is_whole_for_the_unpruned_context_and_reported_for_the_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     // A session the host never compacted: with pruning off every needed fact is still in the context.
-    let file = condense_tests::corpus_dir().join("pi/badlogic__pi-mono/large-session.jsonl");
-    let events = condense_formats::import_file(&file).unwrap().events;
+    let events = condense_tests::corpus_events("pi/badlogic__pi-mono/large-session.jsonl");
     let off = replay(&store, "off", events.clone(), PruneConfig { enabled: false, ..PruneConfig::default() }, Prices::default()).unwrap();
     assert!(off.facts_needed > 100, "{off:?}");
     assert_eq!(off.facts_retained, off.facts_needed);

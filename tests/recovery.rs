@@ -6,6 +6,13 @@ use condense_engine::{EngineError, Store};
 use condense_events::{PruneConfig, SourceEvent};
 use condense_tests::{corpus_name, corpus_sessions, readable};
 
+/// A new session with pruning off (recovery reads the context as it stands).
+fn unpruned(store: &Store, name: &str) -> condense_engine::Session {
+    let s = store.create_session(name).unwrap();
+    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    s
+}
+
 fn model(window: u64) -> SourceEvent {
     SourceEvent::ModelChanged { provider: None, model: format!("m{window}"), context_window: Some(window), max_output: None }
 }
@@ -20,8 +27,7 @@ fn every_corpus_session_switched_to_32k_recovers_or_fails_closed() {
     for file in corpus_sessions() {
         let name = corpus_name(&file);
         let imported = condense_formats::import_file(&file).unwrap();
-        let s = store.create_session(&name).unwrap();
-        s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+        let s = unpruned(&store, &name);
         s.append(vec![model(200_000)]).unwrap();
         s.append(imported.events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. } | SourceEvent::ProviderUsage(_))).collect()).unwrap();
         s.append(vec![model(32_000)]).unwrap();
@@ -83,12 +89,10 @@ fn recovery_off_or_small_windows_do_not_guard() {
 fn the_tools_reply_on_a_recovered_corpus_session() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let file = condense_tests::corpus_dir().join("pi/badlogic__pi-mono/large-session.jsonl");
-    let imported = condense_formats::import_file(&file).unwrap();
-    let s = store.create_session("large").unwrap();
-    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let events = condense_tests::corpus_events("pi/badlogic__pi-mono/large-session.jsonl");
+    let s = unpruned(&store, "large");
     s.append(vec![model(200_000)]).unwrap();
-    s.append(imported.events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. } | SourceEvent::ProviderUsage(_))).collect()).unwrap();
+    s.append(events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. } | SourceEvent::ProviderUsage(_))).collect()).unwrap();
     s.append(vec![model(32_000)]).unwrap();
     let bytes = serde_json::to_vec(&condense_formats::export::openai(&s.render().unwrap().messages[..])).unwrap().len() as u64;
     assert!(matches!(s.guard_payload(bytes), Err(EngineError::ContextOverflow { .. })));
@@ -256,8 +260,7 @@ fn a_message_larger_than_a_piece_is_split_and_every_piece_stays_in_the_input_bud
     use condense_events::{Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let s = store.create_session("big").unwrap();
-    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let s = unpruned(&store, "big");
     let big: String = (0..30_000).map(|i| format!("{i:>9}\n")).collect();
     assert_eq!(big.len(), 300_000);
     s.append(vec![
@@ -288,8 +291,7 @@ fn recovery_reads_the_canonical_context_and_the_archive_holds_it() {
     use condense_events::{Entry, Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let s = store.create_session("compacted").unwrap();
-    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let s = unpruned(&store, "compacted");
     s.append(vec![
         model(200_000),
         msg("u1", None, Message::user_text("the removed request about zebra-stripes", UserOrigin::Prompt)),
@@ -325,8 +327,7 @@ fn recovery_reads_the_canonical_context_and_the_archive_holds_it() {
 /// A session holding `texts` as prompts answered by short replies, with an archive of it committed.
 fn archived(store: &Store, name: &str, texts: &[String]) -> condense_engine::Session {
     use condense_events::{Message, UserOrigin};
-    let s = store.create_session(name).unwrap();
-    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let s = unpruned(&store, name);
     let mut events = vec![model(200_000)];
     let mut parent: Option<String> = None;
     for (i, t) in texts.iter().enumerate() {
@@ -481,8 +482,7 @@ fn the_request_overhead_is_kept_free_by_the_controller_and_the_handoff() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     // About 10,000 tokens of conversation on a 32k window (hard budget 16,000).
-    let s = store.create_session("overhead").unwrap();
-    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let s = unpruned(&store, "overhead");
     let mut events = vec![model(32_000)];
     let mut parent: Option<String> = None;
     for i in 0..10 {
@@ -525,8 +525,7 @@ fn simulate_switch_replays_a_session_onto_a_smaller_model() {
     use condense_engine::simulate::{replay_with, Prices, Switch};
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let file = condense_tests::corpus_dir().join("pi/badlogic__pi-mono/large-session.jsonl");
-    let events = condense_formats::import_file(&file).unwrap().events;
+    let events = condense_tests::corpus_events("pi/badlogic__pi-mono/large-session.jsonl");
     let f = replay_with(&store, "switched", events.clone(), PruneConfig::default(), Prices::default(), None, Some(Switch { window: 32_000, at: 200 })).unwrap();
     assert!(f.recoveries >= 1 && f.archives == f.recoveries, "{f:?}");
     assert_eq!((f.recoveries_blocked, f.over_budget_requests, f.validity_errors), (0, 0, 0), "{:?}", f.blocked_reasons);
@@ -555,8 +554,7 @@ fn simulate_switch_replays_a_session_onto_a_smaller_model() {
 /// 1,000,000-token window (input budget 262,144 bytes, pieces of 258,048).
 fn prepared(store: &Store, name: &str, text_bytes: usize) -> Result<Vec<condense_events::DecisionEvent>, condense_engine::recover::Blocked> {
     use condense_events::{Message, UserOrigin};
-    let s = store.create_session(name).unwrap();
-    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let s = unpruned(&store, name);
     s.append(vec![
         model(1_000_000),
         msg("u0", None, Message::user_text("p".repeat(text_bytes), UserOrigin::Prompt)),
@@ -591,8 +589,7 @@ fn an_oversized_final_batch_gets_a_bounded_copy_instead_of_failing_closed() {
     use condense_events::{Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let s = store.create_session("batch").unwrap();
-    s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+    let s = unpruned(&store, "batch");
     // The request being retried ends with a 120,000-character output: alone it is over the 16,000-token
     // hard budget of a 32k window.
     let big: String = (0..12_000).map(|i| format!("row {i:>5}\n")).collect();
