@@ -18,14 +18,6 @@ pub const TAIL_CAP: u64 = 20_000;
 /// The stable error code of a checkpoint that could not bring the context under budget.
 pub const CONTEXT_COMPACTION_FAILED: &str = "CONTEXT_COMPACTION_FAILED";
 
-/// The reserve for a model's window. ADR 0061 derives it from the window instead of a setting, and
-/// there is no reserve setting: 16,384 tokens ([`DEFAULT_RESERVE`], pi's default), never more than half
-/// the window (the seed's cap), so small windows stay compactable. The headroom rule of [`Budget::new`]
-/// applies on top.
-pub fn reserve_for(window: u64) -> u64 {
-    DEFAULT_RESERVE.min(window / 2)
-}
-
 /// The token budget of one model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -48,9 +40,11 @@ impl Budget {
         Budget { window, headroom, hard: window.saturating_sub(headroom) }
     }
 
-    /// The budget of a model, with the reserve derived from its window ([`reserve_for`], ADR 0061).
+    /// The budget of a model. ADR 0061 derives the reserve from the window instead of a setting, and
+    /// there is no reserve setting: [`DEFAULT_RESERVE`] (pi's default), which [`Budget::new`] caps at half
+    /// the window so small windows stay compactable.
     pub fn of_model(window: u64, max_output: Option<u64>) -> Budget {
-        Budget::new(window, max_output, reserve_for(window))
+        Budget::new(window, max_output, DEFAULT_RESERVE)
     }
 
     /// The retained-tail target once a summary of `summary_tokens` is in place.
