@@ -17,9 +17,6 @@ use std::sync::Arc;
 pub struct Internal {
     /// Tool names the client itself declared: condense never intercepts those.
     pub client_tools: Vec<String>,
-    /// Estimated tokens the request carries besides its conversation (system prompt, instructions, tool
-    /// declarations): bytes / 4, rounded up.
-    pub overhead: u64,
 }
 
 impl Internal {
@@ -140,7 +137,17 @@ impl Conv {
     ///
     /// Units the conversation has seen before, byte for byte, are matched by their key without being read;
     /// the first unit that is new or different is read in full, and so is everything after it.
-    pub fn record_request(&mut self, api: Api, raw: &RawRequest, model: &str, limits: Option<ModelLimits>, internal: &Internal) -> std::result::Result<Recorded, ConvError> {
+    /// `overhead` is what the request carries besides its conversation (system prompt, instructions, tool
+    /// declarations), in estimated tokens; it is recorded when it changes.
+    pub fn record_request(
+        &mut self,
+        api: Api,
+        raw: &RawRequest,
+        model: &str,
+        limits: Option<ModelLimits>,
+        overhead: u64,
+        internal: &Internal,
+    ) -> std::result::Result<Recorded, ConvError> {
         let is = |n: &str| internal.is(n);
         let Planned { mut units, cur, new, mut tokens_in } = self.match_units(api, raw, internal)?;
         tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
@@ -152,11 +159,11 @@ impl Conv {
                 None => true,
             };
             let ids: Vec<String> = new.iter().map(|_| self.next_id(p)).collect();
-            (p.leaf_id().map(str::to_string), changed, ids, p.request_overhead() != internal.overhead)
+            (p.leaf_id().map(str::to_string), changed, ids, p.request_overhead() != overhead)
         })?;
         let mut events = Vec::new();
         if overhead_changed {
-            events.push(SourceEvent::RequestOverhead { tokens: internal.overhead });
+            events.push(SourceEvent::RequestOverhead { tokens: overhead });
         }
         if model_changed {
             events.push(SourceEvent::ModelChanged {

@@ -358,6 +358,9 @@ struct Req {
     model: String,
     /// The body's `metadata` (for the conversation's identity).
     metadata: Value,
+    /// What it carries besides the conversation (system prompt, instructions, tool declarations), in
+    /// estimated tokens (bytes / 4, rounded up).
+    overhead: u64,
 }
 
 impl Req {
@@ -470,8 +473,8 @@ async fn read_request(st: &State, api: Api, req: Request) -> Result<(Req, bytes:
     // system/developer messages), instructions and tool declarations.
     let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
         + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
-    let internal = Internal { client_tools: tool_names, overhead: overhead_bytes.div_ceil(4) as u64 };
-    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal, stream, model, metadata };
+    let overhead = overhead_bytes.div_ceil(4) as u64;
+    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, overhead, stream, model, metadata };
     Ok((req, bytes, arrived))
 }
 
@@ -499,13 +502,13 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
     };
     let model = req.model.clone();
     let limits = model_limits(&st.cfg.file.models, &model);
-    let (raw, internal) = (req.raw.clone(), req.internal.clone());
+    let (raw, internal, overhead) = (req.raw.clone(), req.internal.clone(), req.overhead);
     let fields = req.fields.clone();
     let queued = std::time::Instant::now();
     let prepared = with_conv(&conv, move |c| -> Result<(Recorded, Built, Vec<u8>, [std::time::Duration; 4]), ConvError> {
         let t0 = std::time::Instant::now();
         let wait = t0 - queued;
-        let rec = c.record_request(api, &raw, &model, limits, &internal)?;
+        let rec = c.record_request(api, &raw, &model, limits, overhead, &internal)?;
         let t1 = std::time::Instant::now();
         let mut built = c.build(api, &raw, &rec, &internal)?;
         let t2 = std::time::Instant::now();
