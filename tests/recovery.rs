@@ -327,7 +327,7 @@ fn recovery_reads_the_canonical_context_and_the_archive_holds_it() {
 /// A session holding `texts` as prompts answered by short replies, with an archive of it committed.
 fn archived(store: &Store, name: &str, texts: &[String]) -> condense_engine::Session {
     use condense_events::{Message, UserOrigin};
-    let s = unpruned(&store, name);
+    let s = unpruned(store, name);
     let mut events = vec![model(200_000)];
     let mut parent: Option<String> = None;
     for (i, t) in texts.iter().enumerate() {
@@ -554,7 +554,7 @@ fn simulate_switch_replays_a_session_onto_a_smaller_model() {
 /// 1,000,000-token window (input budget 262,144 bytes, pieces of 258,048).
 fn prepared(store: &Store, name: &str, text_bytes: usize) -> Result<Vec<condense_events::DecisionEvent>, condense_engine::recover::Blocked> {
     use condense_events::{Message, UserOrigin};
-    let s = unpruned(&store, name);
+    let s = unpruned(store, name);
     s.append(vec![
         model(1_000_000),
         msg("u0", None, Message::user_text("p".repeat(text_bytes), UserOrigin::Prompt)),

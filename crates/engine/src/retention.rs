@@ -28,9 +28,9 @@ pub fn facts(text: &str) -> BTreeSet<String> {
     for run in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
         let Some(first) = run.chars().next() else { continue };
         let code_like = run.chars().skip(1).any(|c| c == '_' || c.is_ascii_digit() || c.is_ascii_uppercase()) || first == '_';
-        if (first.is_ascii_alphabetic() || first == '_') && run.len() >= 6 && code_like {
-            out.insert(run.to_string());
-        } else if run.len() >= 4 && run.bytes().all(|b| b.is_ascii_digit()) {
+        let identifier = (first.is_ascii_alphabetic() || first == '_') && run.len() >= 6 && code_like;
+        let number = run.len() >= 4 && run.bytes().all(|b| b.is_ascii_digit());
+        if identifier || number {
             out.insert(run.to_string());
         }
     }
