@@ -246,14 +246,14 @@ pub(crate) fn import(log: &Log, path: &Path) -> Result<ExportSummary> {
         log.put_blob(blob)?;
         summary.blobs += 1;
     }
-    for ((_, name, events), (existing, mut head)) in parsed.sessions.into_iter().zip(plan) {
+    for ((exported_id, name, events), (existing, mut head)) in parsed.sessions.into_iter().zip(plan) {
         if existing.is_some() && head as usize == events.len() {
             summary.present += 1;
             continue;
         }
         let id = match existing {
             Some(id) => id,
-            None => log.create_session(&name)?,
+            None => log.create_session_as(&name, exported_id)?,
         };
         let mut rest: Vec<Event> = events.into_iter().skip(head as usize).collect();
         summary.events += rest.len() as u64;

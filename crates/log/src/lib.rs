@@ -1,4 +1,7 @@
-//! The event log: an append-only store of [`Envelope`]s in sled, keyed by big-endian `(session, seq)`.
+//! The event log: an append-only store of [`Envelope`]s keyed by `(session, seq)`, on one of two
+//! backends behind the [`Backend`] trait: sled, embedded (the default), or PostgreSQL, shared by several
+//! processes (see `pg`). Both store the same encoded bytes and give the same guarantees; below is the sled
+//! backend's design.
 //!
 //! One writer thread owns every session's sequence. Callers send it append requests that name the head
 //! they expect; it gathers whatever requests are waiting into one group, writes them as one sled batch,
@@ -10,13 +13,15 @@ mod blob;
 mod codec;
 mod export;
 mod manifest;
+mod pg;
+mod sled_store;
+pub mod testing;
 mod writer;
 
 use condense_events::{Envelope, Event, Seq, SessionId};
-use crossbeam_channel::{Receiver, Sender};
-use std::collections::BTreeMap;
+use crossbeam_channel::Receiver;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub use blob::BlobHash;
 pub use codec::{decode_envelope, encode_envelope, encode_event, FORMAT_VERSION, MAX_VALUE_BYTES};
@@ -123,6 +128,24 @@ pub enum LogError {
         /// What was found.
         detail: String,
     },
+    /// PostgreSQL reported an error, or could not be reached.
+    #[error("PostgreSQL store {store}: {detail}")]
+    Postgres {
+        /// The database (its URL without a password).
+        store: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The database was set up by a newer condense than this one.
+    #[error("PostgreSQL store {store} has schema version {found}; this condense knows versions up to {known} (upgrade condense)")]
+    SchemaTooNew {
+        /// The database (its URL without a password).
+        store: String,
+        /// The version the database holds.
+        found: i32,
+        /// The newest version this build knows.
+        known: i32,
+    },
     /// Another process has the store open (sled allows one process at a time).
     #[error("the store at {0} is in use by another condense process (while `condense serve` runs, commands go through it; otherwise wait for the other command or stop it)")]
     Locked(PathBuf),
@@ -156,36 +179,104 @@ pub struct Appended {
     pub last: Seq,
 }
 
-pub(crate) struct Shared {
-    pub(crate) path: PathBuf,
-    pub(crate) db: sled::Db,
-    pub(crate) events: sled::Tree,
-    pub(crate) sessions: sled::Tree,
-    pub(crate) subscribers: Mutex<Vec<Sender<Appended>>>,
-    pub(crate) heads: Mutex<BTreeMap<SessionId, Seq>>,
-    pub(crate) manifest: Mutex<manifest::Manifest>,
+/// What a log backend does; [`Log`] adds the checks and conveniences common to both. Implemented by the
+/// embedded sled store and by PostgreSQL ([`Location`] picks one). Every backend stores the same encoded
+/// bytes per `(session, seq)`, acknowledges an append only once it is durable (unless asked otherwise),
+/// and refuses an append whose expected head is stale with [`LogError::HeadMismatch`].
+pub trait Backend: Send + Sync {
+    /// Where the store is, for messages (never with a password).
+    fn describe(&self) -> String;
+    /// Creates a session named `name`; under the id `wanted` when that id is free and was never used.
+    fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId>;
+    /// Every session, in id order.
+    fn sessions(&self) -> Result<Vec<SessionInfo>>;
+    /// The session's newest sequence number as stored now (another process may have appended).
+    fn head(&self, session: SessionId) -> Result<Seq>;
+    /// Looks a session up by name.
+    fn session_id(&self, name: &str) -> Result<Option<SessionId>> {
+        Ok(self.sessions()?.into_iter().find(|s| s.name == name).map(|s| s.id))
+    }
+    /// Deletes a session and its events; its id is never given to another session.
+    fn remove_session(&self, session: SessionId) -> Result<()>;
+    /// Starts an append of encoded values for `expected + 1 ..` (see [`Log::append_encoded`]).
+    fn append_encoded(&self, session: SessionId, expected: Seq, values: Vec<Vec<u8>>, durable: bool) -> Result<Receiver<Result<Seq>>>;
+    /// Makes everything appended so far durable.
+    fn sync(&self) -> Result<()>;
+    /// Calls `f` with the stored bytes of each event of `session` in `from..=to`, in order.
+    fn for_each_value(&self, session: SessionId, from: Seq, to: Seq, f: &mut dyn FnMut(Seq, &[u8]) -> Result<()>) -> Result<()>;
+    /// A channel that hears every durable group of appends (of every process, where the backend is shared).
+    fn subscribe(&self) -> Receiver<Appended>;
+    /// Stores a content-addressed blob.
+    fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash>;
+    /// Reads a blob, checking its content against its hash.
+    fn get_blob(&self, hash: &BlobHash) -> Result<Vec<u8>>;
+    /// Every blob hash present, sorted.
+    fn blob_hashes(&self) -> Result<Vec<BlobHash>>;
+    /// Finishes pending work and stops; later calls return [`LogError::Closed`].
+    fn close(&self);
 }
 
-/// A handle to an open log. Cheap to clone; the writer stops when the last handle is dropped.
+/// Where a log lives: a folder for the embedded sled store, or a PostgreSQL database.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A folder: the sled database in `DIR/db`, blobs in `DIR/blobs`.
+    Dir(PathBuf),
+    /// A PostgreSQL connection string (`postgres://user[:password]@host[:port]/database[?options]`).
+    Postgres(String),
+}
+
+impl Location {
+    /// A `postgres://` or `postgresql://` URL names a PostgreSQL database; anything else is a folder.
+    pub fn parse(spec: &Path) -> Location {
+        match spec.to_str() {
+            Some(s) if s.starts_with("postgres://") || s.starts_with("postgresql://") => Location::Postgres(s.to_string()),
+            _ => Location::Dir(spec.to_path_buf()),
+        }
+    }
+
+    /// The folder, when the store is one.
+    pub fn dir(&self) -> Option<&Path> {
+        match self {
+            Location::Dir(d) => Some(d),
+            Location::Postgres(_) => None,
+        }
+    }
+}
+
+/// Shown without a password.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Dir(d) => write!(f, "{}", d.display()),
+            Location::Postgres(url) => f.write_str(&pg::redact(url)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Location({self})")
+    }
+}
+
+/// A handle to an open log. Cheap to clone; the backend stops when the last handle is dropped.
 #[derive(Clone)]
 pub struct Log {
-    shared: Arc<Shared>,
-    writer: Arc<writer::WriterHandle>,
-    blobs: blob::BlobStore,
+    backend: Arc<Closing>,
 }
 
-pub(crate) fn sled_err(path: &Path) -> impl FnOnce(sled::Error) -> LogError + '_ {
-    move |source| match source {
-        sled::Error::Corruption { .. } => LogError::Damaged {
-            path: path.to_path_buf(),
-            detail: format!("sled finds its files corrupted ({source})"),
-        },
-        source => LogError::Sled { path: path.to_path_buf(), source },
+/// Stops the backend when the last handle goes.
+struct Closing(Box<dyn Backend>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
 impl Log {
-    /// Opens (or creates) the log in `dir`: the sled database in `dir/db`, blobs in `dir/blobs`.
+    /// Opens (or creates) the log at `dir`: a folder (the sled database in `dir/db`, blobs in
+    /// `dir/blobs`), or a PostgreSQL database when `dir` is a `postgres://` URL.
     pub fn open(dir: impl AsRef<Path>) -> Result<Log> {
         Log::open_with(dir, DEFAULT_CACHE_BYTES)
     }
@@ -193,146 +284,64 @@ impl Log {
     /// [`Log::open`] with sled's page cache bounded to `cache_bytes` (a long-running server holding many
     /// sessions keeps its memory down with a smaller cache; evicted pages are read back from disk).
     pub fn open_with(dir: impl AsRef<Path>, cache_bytes: u64) -> Result<Log> {
-        let dir = dir.as_ref();
-        std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
-        let path = dir.join("db");
-        // Every group commit flushes explicitly, so sled's background flusher is off. The file lock can be
-        // held for a moment by a handle being dropped, or by a child process forked meanwhile (the lock
-        // travels with inherited descriptors until exec): retry for up to five seconds.
-        let config = sled::Config::new()
-            .path(&path)
-            .cache_capacity(cache_bytes)
-            .mode(sled::Mode::HighThroughput)
-            .flush_every_ms(None);
-        let mut tries = 0;
-        let mut cleared_partial = false;
-        let damaged = |detail: String| LogError::Damaged { path: dir.to_path_buf(), detail };
-        let db = loop {
-            // sled panics on some damaged files (a page table cut short): that is an error of the store.
-            let opened = quietly(|| config.open()).map_err(|p| damaged(format!("sled cannot read its files ({p})")))?;
-            match opened {
-                Ok(db) => break db,
-                Err(sled::Error::Io(e))
-                    if (e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock"))
-                        && tries < 250 =>
-                {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock") => {
-                    return Err(LogError::Locked(dir.to_path_buf()));
-                }
-                // sled writes a snapshot to `snap.N.generating` and renames it when complete; a crash or a
-                // full disk in between leaves that file behind, and sled then takes it for the newest
-                // snapshot and reports corruption. Such a file is never a finished snapshot: remove it and
-                // open again.
-                Err(sled::Error::Corruption { .. }) if !cleared_partial && remove_partial_snapshots(&path) => {
-                    cleared_partial = true;
-                }
-                Err(sled::Error::Corruption { .. }) => {
-                    return Err(damaged("sled finds its files corrupted (cut short or overwritten)".into()))
-                }
-                Err(e) => return Err(LogError::Sled { path, source: e }),
-            }
+        Log::open_location(&Location::parse(dir.as_ref()), cache_bytes)
+    }
+
+    /// Opens the log at `location`; `cache_bytes` bounds sled's page cache.
+    pub fn open_location(location: &Location, cache_bytes: u64) -> Result<Log> {
+        let backend: Box<dyn Backend> = match location {
+            Location::Dir(dir) => Box::new(sled_store::SledStore::open(dir, cache_bytes)?),
+            Location::Postgres(url) => Box::new(pg::PgStore::open(url)?),
         };
-        let events = db.open_tree("events").map_err(sled_err(&path))?;
-        let sessions = db.open_tree("sessions").map_err(sled_err(&path))?;
-        let heads = quietly(|| -> Result<BTreeMap<SessionId, Seq>> {
-            let mut heads = BTreeMap::new();
-            for item in sessions.iter() {
-                let (k, _) = item.map_err(sled_err(&path))?;
-                let id = codec::session_from_key(&k);
-                let head = match events.scan_prefix(id.to_be_bytes()).next_back() {
-                    Some(last) => codec::split_key(&last.map_err(sled_err(&path))?.0).1,
-                    None => 0,
-                };
-                heads.insert(id, head);
-            }
-            Ok(heads)
-        })
-        .map_err(|p| damaged(format!("sled cannot read its files ({p})")))??;
-        // A session holding fewer events than were acknowledged means the database lost data.
-        let (acknowledged, manifest_size) = manifest::read(dir)?;
-        if let Some((session, have, ack)) = manifest::check(&acknowledged, &heads) {
-            let name = sessions
-                .get(session.to_be_bytes())
-                .ok()
-                .flatten()
-                .map(|v| format!(" (`{}`)", String::from_utf8_lossy(&v)))
-                .unwrap_or_default();
-            return Err(damaged(format!(
-                "session {session}{name} holds {have} of its {ack} acknowledged events (to open what is left anyway, move {} aside)",
-                dir.join(manifest::FILE).display()
-            )));
-        }
-        let mut merged = acknowledged;
-        for (s, h) in &heads {
-            let e = merged.entry(*s).or_insert(0);
-            *e = (*h).max(*e);
-        }
-        let manifest = manifest::Manifest::open(dir, &merged, manifest_size)?;
-        let shared = Arc::new(Shared {
-            path,
-            db,
-            events,
-            sessions,
-            subscribers: Mutex::new(Vec::new()),
-            heads: Mutex::new(heads),
-            manifest: Mutex::new(manifest),
-        });
-        let writer = Arc::new(writer::WriterHandle::spawn(shared.clone()));
-        let blobs = blob::BlobStore::new(dir.join("blobs"));
-        Ok(Log { shared, writer, blobs })
+        Ok(Log::from_backend(backend))
+    }
+
+    /// A log over any backend.
+    pub fn from_backend(backend: Box<dyn Backend>) -> Log {
+        Log { backend: Arc::new(Closing(backend)) }
+    }
+
+    /// Where the store is (never with a password).
+    pub fn describe(&self) -> String {
+        self.backend.0.describe()
     }
 
     /// Creates a session named `name` and returns its id.
     pub fn create_session(&self, name: &str) -> Result<SessionId> {
-        self.writer.create_session(name)
+        self.backend.0.create_session(name, None)
+    }
+
+    /// Creates a session named `name` under the id `wanted` when that id is free and was never used, else
+    /// under the next one (an import keeps the ids of an export this way).
+    pub fn create_session_as(&self, name: &str, wanted: SessionId) -> Result<SessionId> {
+        self.backend.0.create_session(name, Some(wanted))
     }
 
     /// Looks a session up by name.
     pub fn session_id(&self, name: &str) -> Result<Option<SessionId>> {
-        for info in self.sessions()? {
-            if info.name == name {
-                return Ok(Some(info.id));
-            }
-        }
-        Ok(None)
+        self.backend.0.session_id(name)
     }
 
     /// Every session, in id order.
     pub fn sessions(&self) -> Result<Vec<SessionInfo>> {
-        let heads = self.shared.heads.lock().expect("heads lock").clone();
-        let mut out = Vec::new();
-        for item in self.shared.sessions.iter() {
-            let (k, v) = item.map_err(sled_err(&self.shared.path))?;
-            let id = codec::session_from_key(&k);
-            let name = String::from_utf8_lossy(&v).into_owned();
-            out.push(SessionInfo { id, name, head: heads.get(&id).copied().unwrap_or(0) });
-        }
-        Ok(out)
+        self.backend.0.sessions()
     }
 
     /// The newest sequence number of `session` (0 when it has no events).
     pub fn head(&self, session: SessionId) -> Result<Seq> {
-        self.shared
-            .heads
-            .lock()
-            .expect("heads lock")
-            .get(&session)
-            .copied()
-            .ok_or_else(|| LogError::UnknownSession(session.to_string()))
+        self.backend.0.head(session)
     }
 
     /// Deletes `session`: its name and every event. Its id is never given to another session.
     pub fn remove_session(&self, session: SessionId) -> Result<()> {
-        self.writer.remove(session)
+        self.backend.0.remove_session(session)
     }
 
     /// Appends `events` to `session` if its head is still `expected_head`; returns the new head once the
     /// events are durable.
     pub fn append(&self, session: SessionId, expected_head: Seq, events: Vec<Event>) -> Result<Seq> {
-        self.writer.append(session, expected_head, events)
+        let values = events.iter().enumerate().map(|(i, e)| encode_event(session, expected_head + 1 + i as u64, e)).collect();
+        self.append_encoded(session, expected_head, values, true)?.recv().map_err(|_| LogError::Closed)?
     }
 
     /// Starts an append of envelopes the caller encoded itself (with [`encode_envelope`], for the seqs
@@ -354,12 +363,12 @@ impl Log {
         if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| v.len() > codec::MAX_VALUE_BYTES + 1) {
             return Err(LogError::Oversized { session, seq: expected_head + 1 + i as u64, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 });
         }
-        self.writer.append_prepared(session, expected_head, values, durable)
+        self.backend.0.append_encoded(session, expected_head, values, durable)
     }
 
     /// Makes everything appended so far durable.
     pub fn sync(&self) -> Result<()> {
-        self.writer.sync()
+        self.backend.0.sync()
     }
 
     /// Reads the events of `session` with `from <= seq <= to`, in order.
@@ -383,41 +392,35 @@ impl Log {
         if from > to {
             return Ok(());
         }
-        let lo = codec::key(session, from);
-        let hi = codec::key(session, to);
-        let mut range = self.shared.events.range(lo..=hi);
-        loop {
-            let next = quietly(|| range.next()).map_err(|p| LogError::Damaged {
-                path: self.shared.path.clone(),
-                detail: format!("sled failed reading session {session} ({p})"),
-            })?;
-            let Some(item) = next else { return Ok(()) };
-            let (k, v) = item.map_err(sled_err(&self.shared.path))?;
-            let (s, seq) = codec::split_key(&k);
-            f(decode_envelope(s, seq, &v)?)?;
+        self.backend.0.for_each_value(session, from, to, &mut |seq, v| f(decode_envelope(session, seq, v)?))
+    }
+
+    /// Calls `f` with the stored bytes of each event of `session` in `from..=to` (what an export writes).
+    pub fn for_each_value(&self, session: SessionId, from: Seq, to: Seq, mut f: impl FnMut(Seq, &[u8]) -> Result<()>) -> Result<()> {
+        if from > to {
+            return Ok(());
         }
+        self.backend.0.for_each_value(session, from, to, &mut f)
     }
 
     /// A channel that receives a notice after every durable group of appends.
     pub fn subscribe(&self) -> Receiver<Appended> {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        self.shared.subscribers.lock().expect("subscribers lock").push(tx);
-        rx
+        self.backend.0.subscribe()
     }
 
     /// Stores `bytes` as a content-addressed blob and returns its hash.
     pub fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash> {
-        self.blobs.put(bytes)
+        self.backend.0.put_blob(bytes)
     }
 
     /// Reads the blob `hash`, checking that its content still matches.
     pub fn get_blob(&self, hash: &BlobHash) -> Result<Vec<u8>> {
-        self.blobs.get(hash)
+        self.backend.0.get_blob(hash)
     }
 
     /// Every blob hash present, sorted.
     pub fn blob_hashes(&self) -> Result<Vec<BlobHash>> {
-        self.blobs.list()
+        self.backend.0.blob_hashes()
     }
 
     /// Checks every stored value: it decodes, carries the key it is stored under, and each session's
@@ -452,12 +455,12 @@ impl Log {
             // Every blob an event names is there and holds what its name says.
             for (seq, b) in referenced {
                 let hash = BlobHash::parse(&b).ok_or_else(|| LogError::Corrupt { session: info.id, seq, reason: format!("blob name `{b}` is not a hash") })?;
-                self.blobs.get(&hash).map_err(|e| LogError::Corrupt { session: info.id, seq, reason: format!("the output it spilled: {e}") })?;
+                self.get_blob(&hash).map_err(|e| LogError::Corrupt { session: info.id, seq, reason: format!("the output it spilled: {e}") })?;
             }
             report.sessions += 1;
         }
-        for hash in self.blobs.list()? {
-            self.blobs.get(&hash)?;
+        for hash in self.blob_hashes()? {
+            self.get_blob(&hash)?;
             report.blobs += 1;
         }
         Ok(report)
@@ -471,39 +474,32 @@ impl Log {
     /// Reads a file written by [`Log::export`] into this log, resumably: a session the log holds in full
     /// already is skipped, one holding a prefix of the export's events is completed, and one of the same
     /// name with other events is [`LogError::RestoreConflict`]. The file is checked in full, and every
-    /// conflict found, before anything is written.
+    /// conflict found, before anything is written. A new session keeps its exported id where this log
+    /// never used it, so an export of a restored store is the same file.
     pub fn import(&self, path: impl AsRef<Path>) -> Result<ExportSummary> {
         export::import(self, path.as_ref())
     }
 
-    /// Flushes and stops the writer. Later calls on any clone return [`LogError::Closed`].
+    /// Finishes pending work and stops the backend. Later calls on any clone return [`LogError::Closed`].
     pub fn close(&self) {
-        self.writer.stop();
+        self.backend.0.close();
     }
 }
 
-/// Key (in sled's default tree) of the lowest id a new session may take: one above every removed one.
-pub(crate) const ID_FLOOR_KEY: &[u8] = b"condense/session-id-floor";
+/// Requests waiting in a writer's channel are committed together, up to this many at once.
+const MAX_GROUP: usize = 512;
 
-pub(crate) fn id_floor(shared: &Shared) -> SessionId {
-    match shared.db.get(ID_FLOOR_KEY) {
-        Ok(Some(v)) if v.len() == 8 => u64::from_be_bytes(v.as_ref().try_into().expect("8 bytes")),
-        _ => 1,
-    }
-}
-
-/// Removes sled's unfinished snapshot files (`snap.*.generating`) from `db`; whether there were any.
-fn remove_partial_snapshots(db: &Path) -> bool {
-    let Ok(entries) = std::fs::read_dir(db) else { return false };
-    let mut removed = false;
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("snap.") && name.ends_with(".generating") && std::fs::remove_file(e.path()).is_ok() {
-            removed = true;
+/// The next group commit of a writer thread: the first request to arrive and whatever waits behind it;
+/// `None` once every sender is gone.
+pub(crate) fn next_group<T>(rx: &Receiver<T>) -> Option<Vec<T>> {
+    let mut group = vec![rx.recv().ok()?];
+    while group.len() < MAX_GROUP {
+        match rx.try_recv() {
+            Ok(r) => group.push(r),
+            Err(_) => break,
         }
     }
-    removed
+    Some(group)
 }
 
 thread_local! {

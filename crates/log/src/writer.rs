@@ -1,19 +1,18 @@
 //! The single writer thread: owns every sequence, group-commits appends, acknowledges after flush.
 
-use crate::codec::{encode_envelope, key};
-use crate::{Appended, LogError, Result, Shared};
-use condense_events::{Envelope, Event, Seq, SessionId, SCHEMA_VERSION};
+use crate::codec::key;
+use crate::sled_store::{id_floor, Shared, ID_FLOOR_KEY};
+use crate::{Appended, LogError, Result};
+use condense_events::{Seq, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// Requests waiting in the channel are committed together, up to this many at once.
-const MAX_GROUP: usize = 512;
 
 enum Request {
-    Create { name: String, reply: Sender<Result<SessionId>> },
-    Append { session: SessionId, expected: Seq, events: Vec<Event>, reply: Sender<Result<Seq>> },
+    /// Create a session, under `wanted` when that id is free and was never used.
+    Create { name: String, wanted: Option<SessionId>, reply: Sender<Result<SessionId>> },
     /// Delete a session: its name, then its events.
     Remove { session: SessionId, reply: Sender<Result<()>> },
     /// Values already encoded by the caller for seq `expected + 1 ..`.
@@ -43,21 +42,15 @@ impl WriterHandle {
         guard.as_ref().ok_or(LogError::Closed)?.send(req).map_err(|_| LogError::Closed)
     }
 
-    pub(crate) fn create_session(&self, name: &str) -> Result<SessionId> {
+    pub(crate) fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId> {
         let (reply, rx) = bounded(1);
-        self.send(Request::Create { name: name.to_string(), reply })?;
+        self.send(Request::Create { name: name.to_string(), wanted, reply })?;
         rx.recv().map_err(|_| LogError::Closed)?
     }
 
     pub(crate) fn remove(&self, session: SessionId) -> Result<()> {
         let (reply, rx) = bounded(1);
         self.send(Request::Remove { session, reply })?;
-        rx.recv().map_err(|_| LogError::Closed)?
-    }
-
-    pub(crate) fn append(&self, session: SessionId, expected: Seq, events: Vec<Event>) -> Result<Seq> {
-        let (reply, rx) = bounded(1);
-        self.send(Request::Append { session, expected, events, reply })?;
         rx.recv().map_err(|_| LogError::Closed)?
     }
 
@@ -100,14 +93,7 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
     for (k, v) in shared.sessions.iter().flatten() {
         names.insert(String::from_utf8_lossy(&v).into_owned(), crate::codec::session_from_key(&k));
     }
-    while let Ok(first) = rx.recv() {
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(r) => group.push(r),
-                Err(_) => break,
-            }
-        }
+    while let Some(group) = crate::next_group(rx) {
         // A removal is committed on its own, after the appends that came before it.
         let mut pending = Vec::new();
         for r in group {
@@ -183,13 +169,17 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
     let mut syncs = Vec::new();
     for req in group {
         match req {
-            Request::Create { name, reply } => {
+            Request::Create { name, wanted, reply } => {
                 if names.contains_key(&name) || new_names.iter().any(|(n, _)| n == &name) {
                     replies.push(Reply::Created(reply, Err(LogError::SessionExists(name))));
                     continue;
                 }
                 // Ids are never reused: a removed session's id stays below the floor.
-                let id = heads.keys().next_back().map_or(1, |m| m + 1).max(crate::id_floor(shared));
+                let floor = id_floor(shared);
+                let id = match wanted {
+                    Some(w) if w >= floor && w > 0 && !heads.contains_key(&w) && !new_names.iter().any(|(_, i)| *i == w) => w,
+                    _ => heads.keys().chain(new_names.iter().map(|(_, i)| i)).max().map_or(1, |m| m + 1).max(floor),
+                };
                 if let Err(source) = shared.sessions.insert(id.to_be_bytes(), name.as_bytes()) {
                     replies.push(Reply::Created(reply, Err(LogError::Sled { path: shared.path.clone(), source })));
                     continue;
@@ -199,17 +189,6 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
                 heads.insert(id, 0);
                 new_names.push((name, id));
                 replies.push(Reply::Created(reply, Ok(id)));
-            }
-            Request::Append { session, expected, events, reply } => {
-                flush = true;
-                let values = events
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, body)| {
-                        encode_envelope(&Envelope { schema: SCHEMA_VERSION, session, seq: expected + 1 + i as u64, body })
-                    })
-                    .collect();
-                stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
             }
             Request::Remove { .. } => unreachable!("removals are committed on their own"),
             Request::Prepared { session, expected, values, durable, reply } => {
@@ -283,8 +262,8 @@ fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, session: Ses
         return Err(LogError::UnknownSession(session.to_string()));
     }
     shared.manifest.lock().expect("manifest lock").forget(session).map_err(|source| LogError::Io { path: shared.path.clone(), source })?;
-    let floor = crate::id_floor(shared).max(session + 1);
-    shared.db.insert(crate::ID_FLOOR_KEY, &floor.to_be_bytes()).map_err(sled)?;
+    let floor = id_floor(shared).max(session + 1);
+    shared.db.insert(ID_FLOOR_KEY, &floor.to_be_bytes()).map_err(sled)?;
     shared.sessions.remove(session.to_be_bytes()).map_err(sled)?;
     shared.db.flush().map_err(sled)?;
     names.retain(|_, id| *id != session);

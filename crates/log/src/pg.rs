@@ -1,0 +1,573 @@
+//! The PostgreSQL backend: several processes (several `condense serve` instances, a CLI beside them) share
+//! one database.
+//!
+//! Tables (created and migrated by [`migrate`], versioned in `condense_schema`): `condense_sessions` (id,
+//! unique name, head), `condense_events` (primary key `(session, seq)`, the same encoded bytes the sled
+//! backend stores), `condense_blobs` (blake3 hex → bytes) and `condense_meta` (the id floor above every
+//! removed session). One writer thread per process group-commits: the appends waiting in its channel go in
+//! one transaction that locks each touched session's row (`FOR UPDATE`), refuses an append whose expected
+//! head is stale with [`LogError::HeadMismatch`], inserts the values, moves the heads and notifies
+//! `condense_appended`; acknowledgements go out after `COMMIT` returns, so an acknowledged event is
+//! durable and a group is visible whole or not at all. Another process appending to the same session
+//! waits for the row lock and then sees the new head. Subscribers hear every process's appends through
+//! `LISTEN`. Reads go through a small connection pool (r2d2).
+
+use crate::{Appended, Backend, BlobHash, LogError, Result, SessionInfo};
+use condense_events::{Seq, SessionId};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use postgres::{Client, NoTls};
+use r2d2_postgres::PostgresConnectionManager;
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+type Pool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+
+/// The channel appends are announced on.
+const CHANNEL: &str = "condense_appended";
+/// Key of the advisory lock that serializes migrations between processes.
+const MIGRATION_LOCK: i64 = 0x636f_6e64_656e_7365;
+
+/// The schema, one step per version; a database records the versions it has applied.
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE condense_sessions (
+            id bigint PRIMARY KEY,
+            name text NOT NULL UNIQUE,
+            head bigint NOT NULL DEFAULT 0
+        );
+        CREATE TABLE condense_events (
+            session bigint NOT NULL,
+            seq bigint NOT NULL,
+            body bytea NOT NULL,
+            PRIMARY KEY (session, seq)
+        );
+        CREATE TABLE condense_blobs (
+            hash text PRIMARY KEY,
+            bytes bytea NOT NULL
+        );",
+    ),
+    (
+        2,
+        "CREATE TABLE condense_meta (
+            one boolean PRIMARY KEY DEFAULT true CHECK (one),
+            id_floor bigint NOT NULL
+        );
+        INSERT INTO condense_meta (id_floor) VALUES (1);",
+    ),
+];
+
+/// The newest schema version this build knows.
+pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// `url` with any password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((user, host)) => match user.split_once(':') {
+            Some((name, _)) => format!("{name}:***@{host}"),
+            None => format!("{user}@{host}"),
+        },
+        None => authority.to_string(),
+    };
+    let tail: String = match tail.split_once('?') {
+        Some((path, query)) => {
+            let q: Vec<String> = query
+                .split('&')
+                .map(|kv| if kv.to_ascii_lowercase().starts_with("password=") { "password=***".to_string() } else { kv.to_string() })
+                .collect();
+            format!("{path}?{}", q.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    if scheme.is_empty() { format!("{authority}{tail}") } else { format!("{scheme}://{authority}{tail}") }
+}
+
+enum Request {
+    Append { session: SessionId, expected: Seq, values: Vec<Vec<u8>>, durable: bool, reply: Sender<Result<Seq>> },
+    Sync { reply: Sender<Result<()>> },
+}
+
+struct Shared {
+    store: String,
+    config: postgres::Config,
+    pool: Pool,
+    subscribers: Mutex<Vec<Sender<Appended>>>,
+    listening: AtomicBool,
+    stopped: AtomicBool,
+}
+
+impl Shared {
+    fn err(&self, detail: impl std::fmt::Display) -> LogError {
+        LogError::Postgres { store: self.store.clone(), detail: detail.to_string() }
+    }
+
+    fn pg(&self) -> impl Fn(postgres::Error) -> LogError + '_ {
+        move |e| self.err(describe_error(&e))
+    }
+
+    /// Runs `f` on a pooled connection; once more on a fresh one when the first had been closed (the
+    /// server restarted since it was opened).
+    fn with<T>(&self, mut f: impl FnMut(&mut Client) -> std::result::Result<T, postgres::Error>) -> Result<T> {
+        for attempt in 0..2 {
+            let mut conn = self.pool.get().map_err(|e| self.err(format!("no connection: {e}")))?;
+            match f(&mut conn) {
+                Ok(v) => return Ok(v),
+                Err(e) if attempt == 0 && (e.is_closed() || conn.is_closed()) => continue,
+                Err(e) => return Err(self.err(describe_error(&e))),
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+}
+
+/// A PostgreSQL error with its server message, code and detail (the driver's own text says only "db error").
+fn describe_error(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} ({})", db.message(), db.code().code());
+            if let Some(d) = db.detail() {
+                s.push_str(&format!(": {d}"));
+            }
+            s
+        }
+        None => match std::error::Error::source(e) {
+            Some(src) => format!("{e}: {src}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// The PostgreSQL backend of [`crate::Log`].
+pub(crate) struct PgStore {
+    shared: Arc<Shared>,
+    tx: Mutex<Option<Sender<Request>>>,
+    join: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl PgStore {
+    pub(crate) fn open(url: &str) -> Result<PgStore> {
+        let store = redact(url);
+        let err = |detail: String| LogError::Postgres { store: store.clone(), detail };
+        let mut config = postgres::Config::from_str(url).map_err(|e| err(format!("not a connection string: {}", describe_error(&e))))?;
+        if config.get_application_name().is_none() {
+            config.application_name("condense");
+        }
+        config.connect_timeout(Duration::from_secs(10));
+        let manager = PostgresConnectionManager::new(config.clone(), NoTls);
+        let pool = r2d2::Pool::builder()
+            .max_size(8)
+            .min_idle(Some(1))
+            .test_on_check_out(false)
+            .connection_timeout(Duration::from_secs(15))
+            .error_handler(Box::new(r2d2::NopErrorHandler))
+            .build(manager)
+            .map_err(|e| err(format!("cannot connect: {e}")))?;
+        let shared = Arc::new(Shared {
+            store: store.clone(),
+            config,
+            pool,
+            subscribers: Mutex::new(Vec::new()),
+            listening: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+        });
+        {
+            let mut conn = shared.pool.get().map_err(|e| err(format!("cannot connect: {e}")))?;
+            migrate(&mut conn, &store)?;
+        }
+        let (tx, rx) = bounded::<Request>(1024);
+        let writer = shared.clone();
+        let join = std::thread::Builder::new()
+            .name("condense-pg-writer".into())
+            .spawn(move || run(&writer, &rx))
+            .map_err(|e| err(format!("cannot start the writer thread: {e}")))?;
+        Ok(PgStore { shared, tx: Mutex::new(Some(tx)), join: Mutex::new(Some(join)) })
+    }
+
+    fn send(&self, req: Request) -> Result<()> {
+        let guard = self.tx.lock().expect("writer sender lock");
+        guard.as_ref().ok_or(LogError::Closed)?.send(req).map_err(|_| LogError::Closed)
+    }
+
+    fn listen(&self) {
+        if self.shared.listening.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let shared = self.shared.clone();
+        let _ = std::thread::Builder::new().name("condense-pg-listen".into()).spawn(move || listener(&shared));
+    }
+}
+
+/// Applies the migrations the database lacks, under an advisory lock so two processes starting at once
+/// do not both apply them. A database newer than this build is refused.
+fn migrate(conn: &mut Client, store: &str) -> Result<()> {
+    let err = |e: postgres::Error| LogError::Postgres { store: store.to_string(), detail: format!("migrating the schema: {}", describe_error(&e)) };
+    let mut tx = conn.transaction().map_err(err)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).map_err(err)?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS condense_schema (version integer PRIMARY KEY, applied_by text NOT NULL)").map_err(err)?;
+    let found: i32 = tx.query_one("SELECT coalesce(max(version), 0) FROM condense_schema", &[]).map_err(err)?.get(0);
+    if found > SCHEMA_VERSION {
+        return Err(LogError::SchemaTooNew { store: store.to_string(), found, known: SCHEMA_VERSION });
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+        tx.batch_execute(sql).map_err(err)?;
+        let by = concat!("condense ", env!("CARGO_PKG_VERSION"));
+        tx.execute("INSERT INTO condense_schema (version, applied_by) VALUES ($1, $2)", &[version, &by]).map_err(err)?;
+    }
+    tx.commit().map_err(err)
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Backend for PgStore {
+    fn describe(&self) -> String {
+        format!("PostgreSQL store {}", self.shared.store)
+    }
+
+    fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId> {
+        if self.shared.stopped.load(Ordering::SeqCst) {
+            return Err(LogError::Closed);
+        }
+        let r = self.shared.with(|c| {
+            let mut tx = c.transaction()?;
+            // The meta row serializes creators: ids come from the largest one plus one, above the floor.
+            let floor: i64 = tx.query_one("SELECT id_floor FROM condense_meta FOR UPDATE", &[])?.get(0);
+            if tx.query_opt("SELECT 1 FROM condense_sessions WHERE name = $1", &[&name])?.is_some() {
+                return Ok(None);
+            }
+            let next: i64 = tx.query_one("SELECT coalesce(max(id), 0) + 1 FROM condense_sessions", &[])?.get(0);
+            let id = match wanted.map(to_i64) {
+                Some(w) if w >= floor && w > 0 && tx.query_opt("SELECT 1 FROM condense_sessions WHERE id = $1", &[&w])?.is_none() => w,
+                _ => next.max(floor),
+            };
+            tx.execute("INSERT INTO condense_sessions (id, name, head) VALUES ($1, $2, 0)", &[&id, &name])?;
+            tx.commit()?;
+            Ok(Some(id as u64))
+        })?;
+        r.ok_or_else(|| LogError::SessionExists(name.to_string()))
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionInfo>> {
+        let rows = self.shared.with(|c| c.query("SELECT id, name, head FROM condense_sessions ORDER BY id", &[]))?;
+        Ok(rows
+            .iter()
+            .map(|r| SessionInfo { id: r.get::<_, i64>(0) as u64, name: r.get(1), head: r.get::<_, i64>(2) as u64 })
+            .collect())
+    }
+
+    fn head(&self, session: SessionId) -> Result<Seq> {
+        let row = self.shared.with(|c| c.query_opt("SELECT head FROM condense_sessions WHERE id = $1", &[&to_i64(session)]))?;
+        row.map(|r| r.get::<_, i64>(0) as u64).ok_or_else(|| LogError::UnknownSession(session.to_string()))
+    }
+
+    fn session_id(&self, name: &str) -> Result<Option<SessionId>> {
+        let row = self.shared.with(|c| c.query_opt("SELECT id FROM condense_sessions WHERE name = $1", &[&name]))?;
+        Ok(row.map(|r| r.get::<_, i64>(0) as u64))
+    }
+
+    fn remove_session(&self, session: SessionId) -> Result<()> {
+        let id = to_i64(session);
+        let found = self.shared.with(|c| {
+            let mut tx = c.transaction()?;
+            tx.query_one("SELECT id_floor FROM condense_meta FOR UPDATE", &[])?;
+            let n = tx.execute("DELETE FROM condense_sessions WHERE id = $1", &[&id])?;
+            tx.execute("DELETE FROM condense_events WHERE session = $1", &[&id])?;
+            tx.execute("UPDATE condense_meta SET id_floor = greatest(id_floor, $1::bigint + 1)", &[&id])?;
+            tx.commit()?;
+            Ok(n > 0)
+        })?;
+        if found { Ok(()) } else { Err(LogError::UnknownSession(session.to_string())) }
+    }
+
+    fn append_encoded(&self, session: SessionId, expected: Seq, values: Vec<Vec<u8>>, durable: bool) -> Result<Receiver<Result<Seq>>> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Append { session, expected, values, durable, reply })?;
+        Ok(rx)
+    }
+
+    fn sync(&self) -> Result<()> {
+        let (reply, rx) = bounded(1);
+        self.send(Request::Sync { reply })?;
+        rx.recv().map_err(|_| LogError::Closed)?
+    }
+
+    fn for_each_value(&self, session: SessionId, from: Seq, to: Seq, f: &mut dyn FnMut(Seq, &[u8]) -> Result<()>) -> Result<()> {
+        let mut conn = self.shared.pool.get().map_err(|e| self.shared.err(format!("no connection: {e}")))?;
+        let pg = self.shared.pg();
+        let (s, lo, hi) = (to_i64(session), to_i64(from), to_i64(to));
+        let params: [&(dyn postgres::types::ToSql + Sync); 3] = [&s, &lo, &hi];
+        let mut rows = conn
+            .query_raw("SELECT seq, body FROM condense_events WHERE session = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq", params)
+            .map_err(&pg)?;
+        use postgres::fallible_iterator::FallibleIterator;
+        while let Some(row) = rows.next().map_err(&pg)? {
+            let seq = row.get::<_, i64>(0) as u64;
+            f(seq, row.get::<_, &[u8]>(1))?;
+        }
+        Ok(())
+    }
+
+    fn subscribe(&self) -> Receiver<Appended> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.shared.subscribers.lock().expect("subscribers lock").push(tx);
+        self.listen();
+        rx
+    }
+
+    fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash> {
+        let hash = BlobHash::of(bytes);
+        self.shared.with(|c| c.execute("INSERT INTO condense_blobs (hash, bytes) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING", &[&hash.0, &bytes]))?;
+        Ok(hash)
+    }
+
+    fn get_blob(&self, hash: &BlobHash) -> Result<Vec<u8>> {
+        let row = self.shared.with(|c| c.query_opt("SELECT bytes FROM condense_blobs WHERE hash = $1", &[&hash.0]))?;
+        let bytes: Vec<u8> = row.ok_or_else(|| LogError::BlobMissing(hash.0.clone()))?.get(0);
+        let actual = BlobHash::of(&bytes);
+        if &actual != hash {
+            return Err(LogError::BlobCorrupt { hash: hash.0.clone(), actual: actual.0 });
+        }
+        Ok(bytes)
+    }
+
+    fn blob_hashes(&self) -> Result<Vec<BlobHash>> {
+        let rows = self.shared.with(|c| c.query("SELECT hash FROM condense_blobs ORDER BY hash", &[]))?;
+        Ok(rows.iter().filter_map(|r| BlobHash::parse(r.get(0))).collect())
+    }
+
+    fn close(&self) {
+        self.shared.stopped.store(true, Ordering::SeqCst);
+        self.tx.lock().expect("writer sender lock").take();
+        if let Some(join) = self.join.lock().expect("writer join lock").take() {
+            let _ = join.join();
+        }
+    }
+}
+
+fn run(shared: &Shared, rx: &Receiver<Request>) {
+    // Whether appends were acknowledged before their commit was flushed (see `Log::append_encoded`).
+    let mut deferred = false;
+    while let Some(group) = crate::next_group(rx) {
+        commit(shared, group, &mut deferred);
+    }
+    if deferred {
+        let _ = shared.with(flush_wal);
+    }
+}
+
+/// Makes every earlier commit durable: a commit that is itself synchronous waits for the WAL up to its own
+/// record, which lies after theirs.
+fn flush_wal(c: &mut Client) -> std::result::Result<(), postgres::Error> {
+    c.batch_execute("BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id(); COMMIT;")
+}
+
+/// One group in one transaction; replies after the commit, or an error for every append of the group.
+fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
+    let mut appends = Vec::new();
+    let mut syncs = Vec::new();
+    let mut durable = false;
+    for r in group {
+        match r {
+            Request::Append { session, expected, values, durable: d, reply } => {
+                durable |= d;
+                appends.push((session, expected, values, reply));
+            }
+            Request::Sync { reply } => {
+                durable = true;
+                syncs.push(reply);
+            }
+        }
+    }
+    let mut outcomes: Vec<Result<Seq>> = Vec::new();
+    let mut notices: Vec<Appended> = Vec::new();
+    // A connection the server closed since it was last used fails before anything is sent: such an
+    // attempt is repeated once on a fresh connection. A failure once COMMIT was sent is not repeated (the
+    // group may have committed; a retry with the same heads would then be refused as stale).
+    let mut committing;
+    let mut attempt = |c: &mut Client, committing: &mut bool| -> std::result::Result<(), postgres::Error> {
+        outcomes.clear();
+        notices.clear();
+        let mut tx = c.transaction()?;
+        if !durable {
+            tx.batch_execute("SET LOCAL synchronous_commit = off")?;
+        }
+        let mut heads: BTreeMap<SessionId, Option<Seq>> = BTreeMap::new();
+        let mut wrote = false;
+        for (session, expected, values, _) in &appends {
+            let head = match heads.get(session) {
+                Some(h) => *h,
+                None => {
+                    let row = tx.query_opt("SELECT head FROM condense_sessions WHERE id = $1 FOR UPDATE", &[&to_i64(*session)])?;
+                    let h = row.map(|r| r.get::<_, i64>(0) as u64);
+                    heads.insert(*session, h);
+                    h
+                }
+            };
+            let Some(head) = head else {
+                outcomes.push(Err(LogError::UnknownSession(session.to_string())));
+                continue;
+            };
+            if head != *expected {
+                outcomes.push(Err(LogError::HeadMismatch { session: *session, expected: *expected, actual: head }));
+                continue;
+            }
+            if values.is_empty() {
+                outcomes.push(Ok(head));
+                continue;
+            }
+            let seqs: Vec<i64> = (1..=values.len() as u64).map(|i| to_i64(head + i)).collect();
+            let bodies: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+            tx.execute(
+                "INSERT INTO condense_events (session, seq, body) SELECT $1, s, b FROM unnest($2::bigint[], $3::bytea[]) AS t(s, b)",
+                &[&to_i64(*session), &seqs, &bodies],
+            )?;
+            let last = head + values.len() as u64;
+            heads.insert(*session, Some(last));
+            notices.push(Appended { session: *session, first: head + 1, last });
+            outcomes.push(Ok(last));
+            wrote = true;
+        }
+        let mut moved: BTreeMap<SessionId, (Seq, Seq)> = BTreeMap::new();
+        for n in &notices {
+            moved.entry(n.session).and_modify(|e| e.1 = n.last).or_insert((n.first, n.last));
+        }
+        for (session, (first, last)) in &moved {
+            tx.execute("UPDATE condense_sessions SET head = $2 WHERE id = $1", &[&to_i64(*session), &to_i64(*last)])?;
+            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &format!("{session} {first} {last}")])?;
+        }
+        if durable && !wrote && *deferred {
+            // A sync with nothing of its own to write: the commit must still reach the disk.
+            tx.query_one("SELECT pg_current_xact_id()::text", &[])?;
+        }
+        *committing = true;
+        tx.commit()
+    };
+    let mut result = Err(shared.err("no attempt"));
+    for n in 0..2 {
+        let mut conn = match shared.pool.get() {
+            Ok(c) => c,
+            Err(e) => {
+                result = Err(shared.err(format!("no connection: {e}")));
+                break;
+            }
+        };
+        committing = false;
+        match attempt(&mut conn, &mut committing) {
+            Ok(()) => {
+                result = Ok(());
+                break;
+            }
+            Err(e) if n == 0 && !committing && (e.is_closed() || conn.is_closed()) => continue,
+            Err(e) => {
+                result = Err(shared.err(describe_error(&e)));
+                break;
+            }
+        }
+    }
+    match result {
+        Ok(()) => {
+            if durable {
+                *deferred = false;
+            } else if !notices.is_empty() {
+                *deferred = true;
+            }
+            for tx in syncs {
+                drop(tx.send(Ok(())));
+            }
+            for ((_, _, _, reply), outcome) in appends.into_iter().zip(outcomes) {
+                drop(reply.send(outcome));
+            }
+            if !notices.is_empty() {
+                // This process's subscribers are also told through LISTEN; the local send covers a
+                // subscriber whose listener is not connected yet, and duplicates are harmless (a notice
+                // says "caught up to here").
+                let mut subs = shared.subscribers.lock().expect("subscribers lock");
+                subs.retain(|s| notices.iter().all(|n| s.send(*n).is_ok()));
+            }
+        }
+        Err(e) => {
+            // Nothing of the group is acknowledged (the transaction rolled back, or its outcome is unknown:
+            // a caller that retries with the same expected head then learns the head moved).
+            let msg = format!("group commit failed: {e}");
+            for tx in syncs {
+                drop(tx.send(Err(shared.err(&msg))));
+            }
+            for (_, _, _, reply) in appends {
+                drop(reply.send(Err(shared.err(&msg))));
+            }
+        }
+    }
+}
+
+/// Hears `condense_appended` on a connection of its own and passes the notices on; reconnects after the
+/// server goes away, until the log closes.
+fn listener(shared: &Arc<Shared>) {
+    let mut backoff = Duration::from_millis(50);
+    while !shared.stopped.load(Ordering::SeqCst) {
+        let Ok(mut client) = shared.config.connect(NoTls) else {
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+            continue;
+        };
+        if client.batch_execute(&format!("LISTEN {CHANNEL}")).is_err() {
+            continue;
+        }
+        backoff = Duration::from_millis(50);
+        loop {
+            if shared.stopped.load(Ordering::SeqCst) {
+                return;
+            }
+            use postgres::fallible_iterator::FallibleIterator;
+            let next = client.notifications().timeout_iter(Duration::from_millis(250)).next();
+            match next {
+                Ok(Some(n)) => {
+                    if let Some(a) = parse_notice(n.payload()) {
+                        let mut subs = shared.subscribers.lock().expect("subscribers lock");
+                        subs.retain(|s| s.send(a).is_ok());
+                    }
+                }
+                Ok(None) => {
+                    if client.is_closed() {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+fn parse_notice(payload: &str) -> Option<Appended> {
+    let mut it = payload.split(' ').map(|p| p.parse::<u64>());
+    let (Some(Ok(session)), Some(Ok(first)), Some(Ok(last))) = (it.next(), it.next(), it.next()) else { return None };
+    Some(Appended { session, first, last })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact("postgres://ann:s3cret@db.example:5432/condense"), "postgres://ann:***@db.example:5432/condense");
+        assert_eq!(redact("postgresql://ann@db/condense?sslmode=disable&password=s3cret"), "postgresql://ann@db/condense?sslmode=disable&password=***");
+        assert_eq!(redact("postgres://db/condense"), "postgres://db/condense");
+        assert_eq!(redact("postgres://ann:p%40ss@db"), "postgres://ann:***@db");
+    }
+
+    #[test]
+    fn notices_parse() {
+        assert_eq!(parse_notice("3 10 12"), Some(Appended { session: 3, first: 10, last: 12 }));
+        assert_eq!(parse_notice("3 x 12"), None);
+    }
+}

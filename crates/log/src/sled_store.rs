@@ -1,0 +1,239 @@
+//! The embedded backend: sled, keyed by big-endian `(session, seq)`, one writer thread that group-commits,
+//! a heads manifest that detects a database which lost acknowledged events, and blob files beside it.
+
+use crate::{blob, codec, manifest, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
+use condense_events::{Seq, SessionId};
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+pub(crate) struct Shared {
+    pub(crate) path: PathBuf,
+    pub(crate) db: sled::Db,
+    pub(crate) events: sled::Tree,
+    pub(crate) sessions: sled::Tree,
+    pub(crate) subscribers: Mutex<Vec<Sender<Appended>>>,
+    pub(crate) heads: Mutex<BTreeMap<SessionId, Seq>>,
+    pub(crate) manifest: Mutex<manifest::Manifest>,
+}
+
+/// The sled backend of [`crate::Log`].
+pub(crate) struct SledStore {
+    shared: Arc<Shared>,
+    writer: writer::WriterHandle,
+    blobs: blob::BlobStore,
+}
+
+pub(crate) fn sled_err(path: &Path) -> impl FnOnce(sled::Error) -> LogError + '_ {
+    move |source| match source {
+        sled::Error::Corruption { .. } => LogError::Damaged {
+            path: path.to_path_buf(),
+            detail: format!("sled finds its files corrupted ({source})"),
+        },
+        source => LogError::Sled { path: path.to_path_buf(), source },
+    }
+}
+
+impl SledStore {
+    pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<SledStore> {
+        std::fs::create_dir_all(dir).map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
+        let path = dir.join("db");
+        // Every group commit flushes explicitly, so sled's background flusher is off. The file lock can be
+        // held for a moment by a handle being dropped, or by a child process forked meanwhile (the lock
+        // travels with inherited descriptors until exec): retry for up to five seconds.
+        let config = sled::Config::new()
+            .path(&path)
+            .cache_capacity(cache_bytes)
+            .mode(sled::Mode::HighThroughput)
+            .flush_every_ms(None);
+        let mut tries = 0;
+        let mut cleared_partial = false;
+        let damaged = |detail: String| LogError::Damaged { path: dir.to_path_buf(), detail };
+        let db = loop {
+            // sled panics on some damaged files (a page table cut short): that is an error of the store.
+            let opened = quietly(|| config.open()).map_err(|p| damaged(format!("sled cannot read its files ({p})")))?;
+            match opened {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e))
+                    if (e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock"))
+                        && tries < 250 =>
+                {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("acquire lock") => {
+                    return Err(LogError::Locked(dir.to_path_buf()));
+                }
+                // sled writes a snapshot to `snap.N.generating` and renames it when complete; a crash or a
+                // full disk in between leaves that file behind, and sled then takes it for the newest
+                // snapshot and reports corruption. Such a file is never a finished snapshot: remove it and
+                // open again.
+                Err(sled::Error::Corruption { .. }) if !cleared_partial && remove_partial_snapshots(&path) => {
+                    cleared_partial = true;
+                }
+                Err(sled::Error::Corruption { .. }) => {
+                    return Err(damaged("sled finds its files corrupted (cut short or overwritten)".into()))
+                }
+                Err(e) => return Err(LogError::Sled { path, source: e }),
+            }
+        };
+        let events = db.open_tree("events").map_err(sled_err(&path))?;
+        let sessions = db.open_tree("sessions").map_err(sled_err(&path))?;
+        let heads = quietly(|| -> Result<BTreeMap<SessionId, Seq>> {
+            let mut heads = BTreeMap::new();
+            for item in sessions.iter() {
+                let (k, _) = item.map_err(sled_err(&path))?;
+                let id = codec::session_from_key(&k);
+                let head = match events.scan_prefix(id.to_be_bytes()).next_back() {
+                    Some(last) => codec::split_key(&last.map_err(sled_err(&path))?.0).1,
+                    None => 0,
+                };
+                heads.insert(id, head);
+            }
+            Ok(heads)
+        })
+        .map_err(|p| damaged(format!("sled cannot read its files ({p})")))??;
+        // A session holding fewer events than were acknowledged means the database lost data.
+        let (acknowledged, manifest_size) = manifest::read(dir)?;
+        if let Some((session, have, ack)) = manifest::check(&acknowledged, &heads) {
+            let name = sessions
+                .get(session.to_be_bytes())
+                .ok()
+                .flatten()
+                .map(|v| format!(" (`{}`)", String::from_utf8_lossy(&v)))
+                .unwrap_or_default();
+            return Err(damaged(format!(
+                "session {session}{name} holds {have} of its {ack} acknowledged events (to open what is left anyway, move {} aside)",
+                dir.join(manifest::FILE).display()
+            )));
+        }
+        let mut merged = acknowledged;
+        for (s, h) in &heads {
+            let e = merged.entry(*s).or_insert(0);
+            *e = (*h).max(*e);
+        }
+        let manifest = manifest::Manifest::open(dir, &merged, manifest_size)?;
+        let shared = Arc::new(Shared {
+            path,
+            db,
+            events,
+            sessions,
+            subscribers: Mutex::new(Vec::new()),
+            heads: Mutex::new(heads),
+            manifest: Mutex::new(manifest),
+        });
+        let writer = writer::WriterHandle::spawn(shared.clone());
+        let blobs = blob::BlobStore::new(dir.join("blobs"));
+        Ok(SledStore { shared, writer, blobs })
+    }
+}
+
+impl Backend for SledStore {
+    fn describe(&self) -> String {
+        format!("sled store at {}", self.shared.path.parent().unwrap_or(&self.shared.path).display())
+    }
+
+    fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId> {
+        self.writer.create_session(name, wanted)
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionInfo>> {
+        let heads = self.shared.heads.lock().expect("heads lock").clone();
+        let mut out = Vec::new();
+        for item in self.shared.sessions.iter() {
+            let (k, v) = item.map_err(sled_err(&self.shared.path))?;
+            let id = codec::session_from_key(&k);
+            let name = String::from_utf8_lossy(&v).into_owned();
+            out.push(SessionInfo { id, name, head: heads.get(&id).copied().unwrap_or(0) });
+        }
+        Ok(out)
+    }
+
+    fn head(&self, session: SessionId) -> Result<Seq> {
+        self.shared
+            .heads
+            .lock()
+            .expect("heads lock")
+            .get(&session)
+            .copied()
+            .ok_or_else(|| LogError::UnknownSession(session.to_string()))
+    }
+
+    fn remove_session(&self, session: SessionId) -> Result<()> {
+        self.writer.remove(session)
+    }
+
+    fn append_encoded(&self, session: SessionId, expected: Seq, values: Vec<Vec<u8>>, durable: bool) -> Result<Receiver<Result<Seq>>> {
+        self.writer.append_prepared(session, expected, values, durable)
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.writer.sync()
+    }
+
+    fn for_each_value(&self, session: SessionId, from: Seq, to: Seq, f: &mut dyn FnMut(Seq, &[u8]) -> Result<()>) -> Result<()> {
+        let lo = codec::key(session, from);
+        let hi = codec::key(session, to);
+        let mut range = self.shared.events.range(lo..=hi);
+        loop {
+            let next = quietly(|| range.next()).map_err(|p| LogError::Damaged {
+                path: self.shared.path.clone(),
+                detail: format!("sled failed reading session {session} ({p})"),
+            })?;
+            let Some(item) = next else { return Ok(()) };
+            let (k, v) = item.map_err(sled_err(&self.shared.path))?;
+            let (s, seq) = codec::split_key(&k);
+            if s != session {
+                return Err(LogError::Corrupt { session, seq, reason: format!("stored under session {s}") });
+            }
+            f(seq, &v)?;
+        }
+    }
+
+    fn subscribe(&self) -> Receiver<Appended> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.shared.subscribers.lock().expect("subscribers lock").push(tx);
+        rx
+    }
+
+    fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash> {
+        self.blobs.put(bytes)
+    }
+
+    fn get_blob(&self, hash: &BlobHash) -> Result<Vec<u8>> {
+        self.blobs.get(hash)
+    }
+
+    fn blob_hashes(&self) -> Result<Vec<BlobHash>> {
+        self.blobs.list()
+    }
+
+    fn close(&self) {
+        self.writer.stop();
+    }
+}
+
+/// Key (in sled's default tree) of the lowest id a new session may take: one above every removed one.
+pub(crate) const ID_FLOOR_KEY: &[u8] = b"condense/session-id-floor";
+
+pub(crate) fn id_floor(shared: &Shared) -> SessionId {
+    match shared.db.get(ID_FLOOR_KEY) {
+        Ok(Some(v)) if v.len() == 8 => u64::from_be_bytes(v.as_ref().try_into().expect("8 bytes")),
+        _ => 1,
+    }
+}
+
+/// Removes sled's unfinished snapshot files (`snap.*.generating`) from `db`; whether there were any.
+fn remove_partial_snapshots(db: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(db) else { return false };
+    let mut removed = false;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") && std::fs::remove_file(e.path()).is_ok() {
+            removed = true;
+        }
+    }
+    removed
+}
