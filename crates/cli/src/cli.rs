@@ -24,8 +24,9 @@ Exit codes:
 
 {EXIT_CODES}"))]
 pub struct Cli {
-    /// The store folder
-    #[arg(long, global = true, env = "CONDENSE_STORE", value_name = "DIR", default_value = ".condense")]
+    /// The store: a folder (the embedded default), or a PostgreSQL database shared by many processes
+    /// (postgres://user@host/db)
+    #[arg(long, global = true, env = "CONDENSE_STORE", hide_env_values = true, value_name = "DIR|URL", default_value = ".condense")]
     pub store: PathBuf,
     #[command(subcommand)]
     pub command: Command,

@@ -154,13 +154,13 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
         if let Some(s) = served {
             return Ok(s.clone());
         }
-        if !creates && !store_dir.join("db").is_dir() {
+        if !creates && store_folder(&store_dir).is_some_and(|d| !d.join("db").is_dir()) {
             bail!(
                 "no store at {} (`condense import` or `condense demo` creates one; pick another with --store or CONDENSE_STORE)",
                 store_dir.display()
             );
         }
-        Store::open(&store_dir).with_context(|| format!("opening store {}", store_dir.display()))
+        Store::open(&store_dir).with_context(|| format!("opening store {}", shown(&store_dir)))
     };
     match cli.command {
         Command::Serve(_) | Command::Completions { .. } | Command::Watch { .. } => unreachable!("handled above"),
@@ -322,11 +322,27 @@ fn print_entries(session: &Session, json_out: bool) -> Result<()> {
     Ok(())
 }
 
-/// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults.
+/// The store argument as shown in messages: a folder, or a PostgreSQL URL without its password.
+pub(crate) fn shown(store: &Path) -> String {
+    condense_log::Location::parse(store).to_string()
+}
+
+/// The store's folder; `None` for a PostgreSQL store (which has no folder, and no lock: any number of
+/// processes open it at once).
+pub(crate) fn store_folder(store: &Path) -> Option<&Path> {
+    match condense_log::Location::parse(store) {
+        condense_log::Location::Dir(_) => Some(store),
+        condense_log::Location::Postgres(_) => None,
+    }
+}
+
+/// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults (a
+/// PostgreSQL store has no folder for a `config.json`: `--config` or the defaults).
 pub(crate) fn load_config(file: Option<&Path>, store_dir: &Path) -> Result<condense_engine::config::FileConfig> {
-    let path = match file {
-        Some(p) => p.to_path_buf(),
-        None => {
+    let path = match (file, store_folder(store_dir)) {
+        (Some(p), _) => p.to_path_buf(),
+        (None, None) => return Ok(Default::default()),
+        (None, Some(store_dir)) => {
             let p = store_dir.join("config.json");
             if !p.exists() {
                 return Ok(Default::default());
@@ -367,6 +383,9 @@ fn config(store_dir: &Path, action: Option<ConfigAction>, file: Option<&Path>, j
             Ok(ExitCode::SUCCESS)
         }
         Some(ConfigAction::Set { key, value }) => {
+            let Some(store_dir) = store_folder(store_dir) else {
+                bail!("a PostgreSQL store has no folder to keep a config.json in: keep the file yourself and pass --config FILE to the commands that read it");
+            };
             let path = store_dir.join("config.json");
             let mut current: serde_json::Map<String, Value> = if path.exists() {
                 let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;

@@ -2,7 +2,7 @@
 //! the server, which is the one process that may open the sled database.
 
 use crate::cli::ServeArgs;
-use crate::commands::{load_config, summarizer_of};
+use crate::commands::{load_config, shown, store_folder, summarizer_of};
 use std::ffi::OsString;
 use anyhow::{anyhow, bail, Context as _, Result};
 use condense_serve::{lock, ServeConfig};
@@ -35,13 +35,18 @@ pub fn serve(store_dir: &Path, a: &ServeArgs) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
         let running = condense_serve::start(cfg.clone()).await?;
-        let announced = lock::announce(&cfg.store, running.addr).with_context(|| format!("writing {}", lock::path(&cfg.store).display()))?;
+        // A folder store is announced in a lock file so other commands go through this server; a PostgreSQL
+        // store is shared: other commands and other servers open it themselves.
+        let addr = match store_folder(&cfg.store) {
+            Some(dir) => lock::announce(dir, running.addr).with_context(|| format!("writing {}", lock::path(dir).display()))?.addr,
+            None => running.addr,
+        };
         // A closed stdout (the starter stopped reading) must not stop the server: errors are ignored.
         use std::io::Write;
         let mut o = std::io::stdout();
-        let _ = writeln!(o, "condense serve: listening on http://{} (store {})", announced.addr, cfg.store.display());
-        let _ = writeln!(o, "  Claude Code: ANTHROPIC_BASE_URL=http://{}", announced.addr);
-        let _ = writeln!(o, "  OpenAI-compatible agents (pi, Codex, opencode): base URL http://{}/v1", announced.addr);
+        let _ = writeln!(o, "condense serve: listening on http://{addr} (store {})", shown(&cfg.store));
+        let _ = writeln!(o, "  Claude Code: ANTHROPIC_BASE_URL=http://{addr}");
+        let _ = writeln!(o, "  OpenAI-compatible agents (pi, Codex, opencode): base URL http://{addr}/v1");
         let _ = o.flush();
         let stop = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -51,7 +56,9 @@ pub fn serve(store_dir: &Path, a: &ServeArgs) -> Result<ExitCode> {
             }
         };
         stop.await;
-        lock::withdraw(&cfg.store);
+        if let Some(dir) = store_folder(&cfg.store) {
+            lock::withdraw(dir);
+        }
         running.stop().await?;
         Ok::<_, anyhow::Error>(())
     })?;
@@ -86,7 +93,7 @@ fn absolute_args(argv: &[String], takes_paths: bool) -> Vec<String> {
 /// Runs the command inside a `condense serve` that holds this store, if one answers; `None` when no
 /// server runs here (the caller opens the store itself).
 pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) -> Result<Option<ExitCode>> {
-    let Some(announced) = lock::read(store_dir) else { return Ok(None) };
+    let Some(announced) = store_folder(store_dir).and_then(lock::read) else { return Ok(None) };
     let mut utf8 = Vec::with_capacity(argv.len());
     for (i, a) in argv.iter().enumerate() {
         match a.to_str() {

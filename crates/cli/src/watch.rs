@@ -20,8 +20,18 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<Ex
         }
     }
     // The store may lie inside a watched folder: its own writes are not session changes.
-    std::fs::create_dir_all(store_dir).with_context(|| format!("creating {}", store_dir.display()))?;
-    let store = store_dir.canonicalize().with_context(|| format!("reading {}", store_dir.display()))?;
+    // (A PostgreSQL store has no folder to leave out.)
+    let store = match crate::commands::store_folder(store_dir) {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            Some(dir.canonicalize().with_context(|| format!("reading {}", dir.display()))?)
+        }
+        None => None,
+    };
+    let outside = |p: &Path| match &store {
+        Some(store) => !p.starts_with(store) && p.canonicalize().map_or(true, |c| !c.starts_with(store)),
+        None => true,
+    };
     // Events name absolute paths; sessions are named after the path as the user gave it (as `import`
     // names them), so each event path is mapped back under the watched path it lies in.
     let roots: Vec<(PathBuf, PathBuf)> = paths
@@ -50,7 +60,7 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<Ex
         let mut note = |event: notify::Result<notify::Event>| match event {
             Ok(e) if matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_)) => {
                 for p in e.paths {
-                    if is_session_file(&p) && !p.starts_with(&store) && p.canonicalize().map_or(true, |c| !c.starts_with(&store)) {
+                    if is_session_file(&p) && outside(&p) {
                         changed.insert(as_given(&p));
                     }
                 }

@@ -99,13 +99,28 @@ enum Request {
 struct Shared {
     store: String,
     config: postgres::Config,
-    pool: Pool,
+    /// Always `Some` until the drop (see `Drop for Shared`).
+    pool: Option<Pool>,
     subscribers: Mutex<Vec<Sender<Appended>>>,
     listening: AtomicBool,
     stopped: AtomicBool,
 }
 
+/// The driver's blocking client cannot be dropped on a thread that drives async tasks (a server dropping
+/// its store on its runtime): the pool and its connections are dropped on a thread of their own.
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            let _ = std::thread::Builder::new().name("condense-pg-close".into()).spawn(move || drop(pool));
+        }
+    }
+}
+
 impl Shared {
+    fn pool(&self) -> &Pool {
+        self.pool.as_ref().expect("the pool lives until the drop")
+    }
+
     fn err(&self, detail: impl std::fmt::Display) -> LogError {
         LogError::Postgres { store: self.store.clone(), detail: detail.to_string() }
     }
@@ -118,7 +133,7 @@ impl Shared {
     /// server restarted since it was opened).
     fn with<T>(&self, mut f: impl FnMut(&mut Client) -> std::result::Result<T, postgres::Error>) -> Result<T> {
         for attempt in 0..2 {
-            let mut conn = self.pool.get().map_err(|e| self.err(format!("no connection: {e}")))?;
+            let mut conn = self.pool().get().map_err(|e| self.err(format!("no connection: {e}")))?;
             match f(&mut conn) {
                 Ok(v) => return Ok(v),
                 Err(e) if attempt == 0 && (e.is_closed() || conn.is_closed()) => continue,
@@ -174,13 +189,13 @@ impl PgStore {
         let shared = Arc::new(Shared {
             store: store.clone(),
             config,
-            pool,
+            pool: Some(pool),
             subscribers: Mutex::new(Vec::new()),
             listening: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         });
         {
-            let mut conn = shared.pool.get().map_err(|e| err(format!("cannot connect: {e}")))?;
+            let mut conn = shared.pool().get().map_err(|e| err(format!("cannot connect: {e}")))?;
             migrate(&mut conn, &store)?;
         }
         let (tx, rx) = bounded::<Request>(1024);
@@ -302,7 +317,7 @@ impl Backend for PgStore {
     }
 
     fn for_each_value(&self, session: SessionId, from: Seq, to: Seq, f: &mut dyn FnMut(Seq, &[u8]) -> Result<()>) -> Result<()> {
-        let mut conn = self.shared.pool.get().map_err(|e| self.shared.err(format!("no connection: {e}")))?;
+        let mut conn = self.shared.pool().get().map_err(|e| self.shared.err(format!("no connection: {e}")))?;
         let pg = self.shared.pg();
         let (s, lo, hi) = (to_i64(session), to_i64(from), to_i64(to));
         let params: [&(dyn postgres::types::ToSql + Sync); 3] = [&s, &lo, &hi];
@@ -454,7 +469,7 @@ fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
     };
     let mut result = Err(shared.err("no attempt"));
     for n in 0..2 {
-        let mut conn = match shared.pool.get() {
+        let mut conn = match shared.pool().get() {
             Ok(c) => c,
             Err(e) => {
                 result = Err(shared.err(format!("no connection: {e}")));

@@ -36,6 +36,9 @@ pub struct Conv {
     pub figures: ConvFigures,
     /// Units seen before, by key: the exact keys of the messages each holds (see [`wire::Unit`]).
     units: BTreeMap<u64, Vec<u64>>,
+    /// The session's head when this process last finished working on it: a head past it means another
+    /// process (a second server on a shared PostgreSQL store) appended since.
+    synced: Option<condense_events::Seq>,
 }
 
 /// What `/condense/status` shows of one conversation.
@@ -109,7 +112,8 @@ impl Conv {
     /// Opens the conversation over `session`, folding the client's view from what it holds.
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = session.with_projection(|p| (Track::build(p, &|n| internal.is(n)), p.entries() as u64))?;
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), units: BTreeMap::new() })
+        let synced = Some(session.head()?);
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), units: BTreeMap::new(), synced })
     }
 
     /// Starts a new session for a conversation.
@@ -118,7 +122,25 @@ impl Conv {
             SourceEvent::SessionStarted { source: format!("serve:{client}"), source_id: Some(identity.to_string()), cwd: None, timestamp: None },
             SourceEvent::PruneConfigured(prune),
         ])?;
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), units: BTreeMap::new() })
+        let synced = Some(session.head()?);
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), units: BTreeMap::new(), synced })
+    }
+
+    /// Takes in what other processes appended since this one last worked on the session: the client's view
+    /// is folded again from the log (the projection catches up as it is read).
+    fn follow_log(&mut self, internal: &Internal) -> Result<()> {
+        let head = self.session.head()?;
+        if self.synced.is_some_and(|s| s != head) {
+            let (track, entries) = self.session.with_projection(|p| (Track::build(p, &|n| internal.is(n)), p.entries() as u64))?;
+            self.track = track;
+            self.next_entry = entries + 1;
+        }
+        Ok(())
+    }
+
+    /// Notes the session's head as this process leaves it (see [`Conv::record_request`]).
+    pub fn mark_synced(&mut self) {
+        self.synced = self.session.head().ok();
     }
 
     fn next_id(&mut self, p: &condense_render::Projection) -> String {
@@ -148,6 +170,7 @@ impl Conv {
         overhead: u64,
         internal: &Internal,
     ) -> std::result::Result<Recorded, ConvError> {
+        self.follow_log(internal)?;
         let is = |n: &str| internal.is(n);
         let Planned { mut units, cur, new, mut tokens_in } = self.match_units(api, raw, internal)?;
         tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();

@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use condense_engine::config::model_limits;
 use condense_engine::{EngineError, Store};
-use condense_events::{Message, SourceEvent, Usage};
+use condense_events::{Message, SessionId, SourceEvent, Usage};
 use condense_formats::wire::{self, Api, RawRequest};
 use serde_json::value::RawValue;
 use eventsource_stream::Eventsource;
@@ -62,8 +62,11 @@ pub struct State {
     http: reqwest::Client,
     /// Open conversations by identity.
     convs: AsyncMutex<BTreeMap<String, ConvRef>>,
-    /// Session name of every identity serve has recorded (read from the log at start).
+    /// Session name of every identity serve has recorded (read from the log at start, and again for a
+    /// conversation it does not know: another server on a shared store may have started it).
     names: std::sync::Mutex<BTreeMap<String, String>>,
+    /// The sessions read for `names`: every id up to this one.
+    scanned: std::sync::Mutex<SessionId>,
     counters: Counters,
 }
 
@@ -75,7 +78,7 @@ impl State {
             .build()
             .map_err(|e| ServeError::Client(e.to_string()))?;
         let s2 = store.clone();
-        let names = tokio::task::spawn_blocking(move || identities(&s2))
+        let (names, scanned) = tokio::task::spawn_blocking(move || identities(&s2, 0))
             .await
             .expect("identity scan task")
             .map_err(|source| ServeError::Store { path: cfg.store.clone(), source })?;
@@ -85,6 +88,7 @@ impl State {
             http,
             convs: AsyncMutex::new(BTreeMap::new()),
             names: std::sync::Mutex::new(names),
+            scanned: std::sync::Mutex::new(scanned),
             counters: Counters::default(),
         }))
     }
@@ -173,9 +177,13 @@ impl State {
 }
 
 /// The identity → session name of every session serve started, from each session's first event.
-fn identities(store: &Store) -> Result<BTreeMap<String, String>, EngineError> {
+fn identities(store: &Store, after: SessionId) -> Result<(BTreeMap<String, String>, SessionId), EngineError> {
     let mut out = BTreeMap::new();
-    for info in store.sessions()? {
+    let sessions: Vec<_> = store.sessions()?.into_iter().filter(|i| i.id > after).collect();
+    // Read again next time: from the first session created and not written yet (its first event names
+    // its conversation), else from the newest.
+    let upto = sessions.iter().find(|i| i.head == 0).map_or_else(|| sessions.last().map_or(after, |i| i.id), |i| i.id - 1);
+    for info in sessions {
         if info.head == 0 {
             continue;
         }
@@ -187,7 +195,7 @@ fn identities(store: &Store) -> Result<BTreeMap<String, String>, EngineError> {
             }
         }
     }
-    Ok(out)
+    Ok((out, upto))
 }
 
 /// The routes.
@@ -297,7 +305,13 @@ fn stream_back(resp: reqwest::Response) -> Response {
 /// Runs engine work for a conversation on a blocking thread, with the conversation locked.
 async fn with_conv<R: Send + 'static>(conv: &ConvRef, f: impl FnOnce(&mut Conv) -> R + Send + 'static) -> R {
     let mut guard = conv.clone().lock_owned().await;
-    tokio::task::spawn_blocking(move || f(&mut guard)).await.expect("engine task")
+    tokio::task::spawn_blocking(move || {
+        let r = f(&mut guard);
+        guard.mark_synced();
+        r
+    })
+    .await
+    .expect("engine task")
 }
 
 /// A JSON object's fields in the client's order, each borrowed as the client's JSON text.
@@ -606,7 +620,18 @@ async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Result<Option<
     if let Some(c) = convs.get(&identity) {
         return Ok(Some(c.clone()));
     }
-    let known = st.names.lock().expect("names lock").get(&identity).cloned();
+    let mut known = st.names.lock().expect("names lock").get(&identity).cloned();
+    if known.is_none() {
+        // Another server on a shared store may have started this conversation since the names were read.
+        let s2 = st.store.clone();
+        let after = *st.scanned.lock().expect("scanned lock");
+        let (found, upto) = tokio::task::spawn_blocking(move || identities(&s2, after)).await.expect("identity scan task")?;
+        let mut names = st.names.lock().expect("names lock");
+        names.extend(found);
+        let mut scanned = st.scanned.lock().expect("scanned lock");
+        *scanned = (*scanned).max(upto);
+        known = names.get(&identity).cloned();
+    }
     if known.is_none() && !create {
         return Ok(None);
     }

@@ -23,6 +23,10 @@ struct Agent {
     seen: Vec<Message>,
     /// The output of every command it ran, in order.
     outputs: Vec<String>,
+    /// Servers to send requests to in turn, when there are several (else `base`).
+    bases: Vec<String>,
+    /// Requests sent.
+    sent: usize,
 }
 
 fn bash_tool(api: Api) -> Value {
@@ -51,6 +55,8 @@ impl Agent {
             http: reqwest::Client::new(),
             seen: Vec::new(),
             outputs: Vec::new(),
+            bases: Vec::new(),
+            sent: 0,
         }
     }
 
@@ -85,7 +91,9 @@ impl Agent {
 
     /// One request; the reply as the agent saw it (or the error status and body).
     async fn request(&mut self) -> Result<Message, (u16, String)> {
-        let mut rb = self.http.post(format!("{}{}", self.base, self.path())).header("content-type", "application/json").body(self.body().to_string());
+        let base = if self.bases.is_empty() { &self.base } else { &self.bases[self.sent % self.bases.len()] };
+        self.sent += 1;
+        let mut rb = self.http.post(format!("{base}{}", self.path())).header("content-type", "application/json").body(self.body().to_string());
         for (k, v) in &self.headers {
             rb = rb.header(k, v);
         }
@@ -631,5 +639,94 @@ async fn the_system_prompt_and_tool_declarations_are_counted_as_request_overhead
             .filter(|e| matches!(e.body, condense_events::Event::Source(condense_events::SourceEvent::RequestOverhead { .. })))
             .count();
         assert_eq!(recorded, 1, "{api:?}");
+    }
+}
+
+async fn serve_on(store: &str, fake: &Fake) -> Running {
+    let mut cfg = ServeConfig::new(store);
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.anthropic_upstream = fake.url();
+    cfg.openai_upstream = format!("{}/v1", fake.url());
+    start(cfg).await.expect("serve starts")
+}
+
+fn two_server_script() -> Vec<Step> {
+    vec![
+        Step::Shell(BIG.into()),
+        Step::Shell("seq 2 30001".into()),
+        Step::Shell("seq 3 30002".into()),
+        Step::Text("turn one done".into()),
+        Step::QueryNewestStub,
+        Step::Text("found it".into()),
+        Step::Shell("seq 4 30003".into()),
+        Step::Shell("seq 5 30004".into()),
+        Step::Text("turn three done".into()),
+    ]
+}
+
+/// One conversation through `servers` (its requests sent to each in turn), all on the store `store`:
+/// what the provider received, and the session's events as stored.
+async fn run_conversation(api: Api, store: &str, servers: usize) -> (Vec<Value>, Vec<Vec<u8>>, Vec<Message>) {
+    let fake = Fake::start(two_server_script()).await;
+    let mut running = Vec::new();
+    for _ in 0..servers {
+        running.push(serve_on(store, &fake).await);
+    }
+    let mut agent = Agent::new(api, false, &format!("http://{}", running[0].addr));
+    agent.bases = running.iter().map(|r| format!("http://{}", r.addr)).collect();
+    assert_eq!(agent.turn("count the numbers").await.unwrap(), "turn one done");
+    assert_eq!(agent.turn("look at the last output again").await.unwrap(), "Let me look at t3 again.found it");
+    assert_eq!(agent.turn("two more counts").await.unwrap(), "turn three done");
+    assert!(agent.sent >= 6, "{} requests", agent.sent);
+    let sent: Vec<Value> = fake.log().into_iter().map(|l| l.body).collect();
+    for r in running {
+        r.stop().await.unwrap();
+    }
+    // The PostgreSQL client blocks: it runs off the async threads, as serve runs the engine.
+    let store = store.to_string();
+    let (events, rendered) = tokio::task::spawn_blocking(move || {
+        let store = condense_engine::Store::open(store).unwrap();
+        let sessions = store.sessions().unwrap();
+        assert_eq!(sessions.len(), 1, "one conversation, one session, whichever server took each request");
+        let mut events = Vec::new();
+        store.log().for_each_value(sessions[0].id, 1, sessions[0].head, |_, v| {
+            events.push(v.to_vec());
+            Ok(())
+        }).unwrap();
+        let rendered: Vec<Message> = store.session(&sessions[0].name).unwrap().render().unwrap().messages.iter().map(|m| (**m).clone()).collect();
+        (events, rendered)
+    })
+    .await
+    .unwrap();
+    (sent, events, rendered)
+}
+
+/// A new database of the shared test cluster (made off the async threads: the client blocks).
+async fn pg_database() -> String {
+    tokio::task::spawn_blocking(|| condense_log::testing::Cluster::shared().database()).await.unwrap()
+}
+
+/// Two `condense serve` instances on one PostgreSQL database, a client's consecutive requests alternating
+/// between them: what the provider receives, the session's log (byte for byte) and its render are those of
+/// one server on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_one_postgres_database_serve_a_conversation_as_one() {
+    for api in [Api::Anthropic, Api::Chat] {
+        let (one_sent, one_log, one_render) = run_conversation(api, &pg_database().await, 1).await;
+        let (two_sent, two_log, two_render) = run_conversation(api, &pg_database().await, 2).await;
+        assert_eq!(two_sent.len(), one_sent.len(), "{api:?}: requests upstream");
+        for (i, (a, b)) in one_sent.iter().zip(&two_sent).enumerate() {
+            assert_eq!(a, b, "{api:?}: upstream request {i} differs");
+        }
+        assert_eq!(two_log.len(), one_log.len(), "{api:?}: events");
+        for (i, (a, b)) in one_log.iter().zip(&two_log).enumerate() {
+            assert!(a == b, "{api:?}: event {} differs", i + 1);
+        }
+        assert_eq!(one_render, two_render, "{api:?}: render");
+        // And the same as on the embedded store.
+        let dir = tempfile::tempdir().unwrap();
+        let (sled_sent, sled_log, _) = run_conversation(api, dir.path().join("store").to_str().unwrap(), 1).await;
+        assert_eq!(sled_sent, one_sent, "{api:?}: sled and PostgreSQL sent different requests");
+        assert_eq!(sled_log, one_log, "{api:?}: sled and PostgreSQL stored different events");
     }
 }
