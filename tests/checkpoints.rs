@@ -20,7 +20,7 @@ fn no_pruning() -> PruneConfig {
 impl Live {
     fn new(window: u64) -> Live {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = condense_tests::open_store(dir.path()).unwrap();
         let s = store.create_session("cp").unwrap();
         s.configure(no_pruning()).unwrap();
         s.append(vec![SourceEvent::ModelChanged { provider: None, model: "m".into(), context_window: Some(window), max_output: None }]).unwrap();
@@ -74,7 +74,7 @@ fn threshold_checkpoint_request() {
     let req = l.request();
     let p = l.s.projection().unwrap();
     assert!(!p.index().checkpoints.is_empty());
-    insta::assert_snapshot!(req);
+    condense_tests::snapshot!("threshold_checkpoint_request", req);
 }
 
 #[test]
@@ -90,7 +90,7 @@ fn oversized_final_batch_gets_a_bounded_copy() {
     assert!(req.contains("checkpoint truncation") || cp.bounded[0].1.contains("checkpoint truncation"));
     // The original stays complete in the log.
     assert_eq!(p.branch_messages().last().unwrap().text(), lines("huge", 1500));
-    insta::assert_snapshot!(req);
+    condense_tests::snapshot!("oversized_final_batch_gets_a_bounded_copy", req);
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn nothing_fits_is_context_compaction_failed() {
     l.prompt(&"an enormous pasted prompt ".repeat(2_000));
     let err = l.s.prepare().unwrap_err();
     assert!(matches!(&err, EngineError::CompactionFailed { code, .. } if code == "CONTEXT_COMPACTION_FAILED"), "{err}");
-    insta::assert_snapshot!(err.to_string());
+    condense_tests::snapshot!("nothing_fits_is_context_compaction_failed", err.to_string());
     let p = l.s.projection().unwrap();
     assert_eq!(p.index().checkpoint_failures.len(), 1);
     assert!(p.index().checkpoints.is_empty(), "nothing partial is stored");
@@ -117,10 +117,10 @@ fn resume_after_reopening_the_store() {
     let before = readable(&l.s.prepare().unwrap().messages[..]);
     let Live { dir, s, .. } = l;
     drop(s);
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let again = readable(&store.session("cp").unwrap().render().unwrap().messages[..]);
     assert_eq!(before, again);
-    insta::assert_snapshot!(again);
+    condense_tests::snapshot!("resume_after_reopening_the_store", again);
 }
 
 #[test]
@@ -137,7 +137,7 @@ fn forks_with_and_without_the_boundary() {
     l.s.append(vec![SourceEvent::LeafMoved { leaf: Some("e3".into()) }]).unwrap();
     let early = l.s.render().unwrap();
     assert!(!early.messages.iter().any(|m| m.text().starts_with("[Checkpoint c")));
-    insta::assert_snapshot!("fork_without_the_boundary", readable(&early.messages[..]));
+    condense_tests::snapshot!("fork_without_the_boundary", readable(&early.messages[..]));
     // A branch that keeps the boundary does.
     l.s.append(vec![SourceEvent::LeafMoved { leaf: Some(cp.boundary.clone()) }]).unwrap();
     l.s.append(vec![SourceEvent::EntryAppended {
@@ -148,7 +148,7 @@ fn forks_with_and_without_the_boundary() {
     .unwrap();
     let late = l.s.render().unwrap();
     assert!(late.messages[0].text().starts_with(&format!("[Checkpoint c{}", cp.n)));
-    insta::assert_snapshot!("fork_with_the_boundary", readable(&late.messages[..]));
+    condense_tests::snapshot!("fork_with_the_boundary", readable(&late.messages[..]));
     assert_eq!(late.messages.last().unwrap().text(), "a different next step");
 }
 
@@ -205,7 +205,7 @@ fn new_context_checkpoints_after_its_tool_turn() {
     // The next request does not checkpoint again.
     l.request();
     assert_eq!(l.s.projection().unwrap().index().checkpoints.len(), 1);
-    insta::assert_snapshot!(req);
+    condense_tests::snapshot!("new_context_checkpoints_after_its_tool_turn", req);
 }
 
 #[test]
@@ -218,7 +218,7 @@ fn manual_compaction_of_an_idle_session() {
     l.s.compact_now().unwrap();
     let req = readable(&l.s.render().unwrap().messages[..]);
     assert!(req.starts_with("user(Summary): text \"[Checkpoint c1"), "{req}");
-    insta::assert_snapshot!(req);
+    condense_tests::snapshot!("manual_compaction_of_an_idle_session", req);
 }
 
 #[test]
@@ -238,7 +238,7 @@ fn provider_overflow_then_retry_then_second_overflow() {
     assert!(retry.starts_with("user(Summary): text \"[Checkpoint c1"), "{retry}");
     assert!(!retry.contains("(request failed)"), "the failed message leaves the model context");
     assert!(p.branch_messages().iter().any(|m| m.text() == "(request failed)"), "but stays in the transcript");
-    insta::assert_snapshot!(retry);
+    condense_tests::snapshot!("provider_overflow_then_retry_then_second_overflow", retry);
     // Preparing again does not checkpoint again.
     l.request();
     assert_eq!(l.s.projection().unwrap().index().checkpoints.len(), 1);
@@ -247,7 +247,7 @@ fn provider_overflow_then_retry_then_second_overflow() {
     l.s.append(vec![SourceEvent::ProviderOverflow { message: "prompt is too long".into() }]).unwrap();
     let err = l.s.prepare().unwrap_err();
     assert!(matches!(&err, EngineError::CompactionFailed { code, .. } if code == "PROVIDER_OVERFLOW_AFTER_RETRY"), "{err}");
-    insta::assert_snapshot!("second_overflow_is_terminal", err.to_string());
+    condense_tests::snapshot!("second_overflow_is_terminal", err.to_string());
 }
 
 #[test]
@@ -318,7 +318,7 @@ fn a_checkpoint_exports_as_a_pi_compaction_line_that_pi_rebuilds_from() {
 #[test]
 fn summary_failure_then_retained_tail_recovery() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     store.set_summarizer(std::sync::Arc::new(condense_tests::HandoffWith(|_: &str, _: usize| Err(condense_tests::handoff_failed("model unavailable")))));
     let s = store.create_session("cp").unwrap();
     s.configure(no_pruning()).unwrap();
@@ -332,7 +332,7 @@ fn summary_failure_then_retained_tail_recovery() {
     let p = l.s.projection().unwrap();
     let cp = p.index().checkpoints.values().next().unwrap();
     assert!(cp.recovery, "the retained-tail recovery was used");
-    insta::assert_snapshot!(req);
+    condense_tests::snapshot!("summary_failure_then_retained_tail_recovery", req);
 }
 
 #[test]
@@ -353,7 +353,7 @@ fn provider_usage_anchors_the_estimate() {
 #[test]
 fn a_fork_copies_a_checkpoint_only_with_its_boundary() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let s = store.create_session("src").unwrap();
     s.configure(PruneConfig { min_prune_tokens: 0, auto_budget_threshold: 0, ..PruneConfig::default() }).unwrap();
     s.append(vec![SourceEvent::ModelChanged { provider: None, model: "m".into(), context_window: Some(8_000), max_output: None }]).unwrap();
@@ -440,7 +440,7 @@ fn ineffective(store: &Store, name: &str) -> Session {
 #[test]
 fn an_ineffective_summary_takes_the_retained_tail_path_and_manual_compaction_fails_fast() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     // Every handoff is a 3,800-character summary: long enough to be ineffective.
     store.set_summarizer(std::sync::Arc::new(condense_tests::HandoffWith(|_: &str, max: usize| Ok(Some("s".repeat(3_800.min(max)))))));
     // Automatic: the summary leaves the context over budget, so the retained-tail recovery (ADR 0049)
@@ -477,7 +477,7 @@ fn compaction_failed(r: Result<(), EngineError>) -> String {
 #[test]
 fn a_checkpoint_that_cannot_be_stored_is_context_compaction_failed() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let s = ineffective(&store, "closed");
     s.projection().unwrap();
     store.log().close();

@@ -16,7 +16,7 @@ fn corpus_renders_valid_stable_and_as_snapshotted() {
     let files = corpus_sessions();
     assert!(files.len() >= 50, "expected the corpus's pi, Claude Code and Codex sessions, found {}", files.len());
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path().join("a")).unwrap();
+    let store = condense_tests::open_store(dir.path().join("a")).unwrap();
     let mut names = Vec::new();
     let mut failures = Vec::new();
     for file in &files {
@@ -28,7 +28,7 @@ fn corpus_renders_valid_stable_and_as_snapshotted() {
             failures.push(format!("{name}: {}", violations[0]));
         }
         let snap = name.replace(['/', '.'], "_");
-        insta::assert_snapshot!(snap, shape(&rendered.messages));
+        condense_tests::snapshot!(snap, shape(&rendered.messages));
         names.push(name);
     }
     assert!(failures.is_empty(), "invalid contexts:\n{}", failures.join("\n"));
@@ -37,8 +37,8 @@ fn corpus_renders_valid_stable_and_as_snapshotted() {
     let export = dir.path().join("store.export");
     store.log().export(&export).unwrap();
     drop(store);
-    let reopened = Store::open(dir.path().join("a")).unwrap();
-    let other = Store::open(dir.path().join("b")).unwrap();
+    let reopened = condense_tests::open_store(dir.path().join("a")).unwrap();
+    let other = condense_tests::open_store(dir.path().join("b")).unwrap();
     other.log().import(&export).unwrap();
     for (n, bytes) in names.iter().zip(&live) {
         assert_eq!(&neutral_bytes(&reopened, n), bytes, "{n}: reopened store renders differently");

@@ -124,3 +124,41 @@ impl<F: Fn(&str, usize) -> HandoffResult + Send + Sync> condense_summarize::Summ
 pub fn handoff_failed(reason: &str) -> condense_summarize::SummarizeError {
     condense_summarize::SummarizeError::Failed { name: "test".into(), reason: reason.into() }
 }
+
+/// Whether this test binary runs the suites on PostgreSQL: `on_postgres` includes the determinism and
+/// replay suites (corpus, checkpoints, recovery) a second time, with every store in a database of a
+/// throwaway cluster instead of a folder.
+pub fn on_postgres() -> bool {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().starts_with("on_postgres")))
+        .unwrap_or(false)
+}
+
+/// Opens the store a suite keeps in folder `dir`: that folder (sled), or, in the `on_postgres` binary, a
+/// PostgreSQL database of its own for that folder (the same one each time the folder is opened again).
+pub fn open_store(dir: impl AsRef<Path>) -> Result<condense_engine::Store, condense_engine::EngineError> {
+    if !on_postgres() {
+        return condense_engine::Store::open(dir);
+    }
+    static DATABASES: std::sync::Mutex<std::collections::BTreeMap<PathBuf, String>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let url = DATABASES
+        .lock()
+        .expect("databases lock")
+        .entry(dir.as_ref().to_path_buf())
+        .or_insert_with(|| condense_log::testing::Cluster::shared().database())
+        .clone();
+    condense_engine::Store::open(url)
+}
+
+/// `insta::assert_snapshot!` under the name `<suite>__<name>` whichever binary runs the suite, so the
+/// PostgreSQL run of a suite checks the very snapshots of the sled run.
+#[macro_export]
+macro_rules! snapshot {
+    ($name:expr, $value:expr) => {{
+        let suite = module_path!().rsplit("::").next().expect("a module path");
+        let mut settings = insta::Settings::clone_current();
+        settings.set_prepend_module_to_snapshot(false);
+        settings.bind(|| insta::assert_snapshot!(format!("{suite}__{}", $name), $value));
+    }};
+}

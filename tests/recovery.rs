@@ -20,7 +20,7 @@ fn model(window: u64) -> SourceEvent {
 #[test]
 fn every_corpus_session_switched_to_32k_recovers_or_fails_closed() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let budget = condense_checkpoint::Budget::new(32_000, None, condense_checkpoint::DEFAULT_RESERVE);
     let (mut recovered, mut guarded_off, mut blocked) = (0, 0, Vec::new());
     let mut snapshot = None;
@@ -66,13 +66,13 @@ fn every_corpus_session_switched_to_32k_recovers_or_fails_closed() {
     }
     assert!(recovered > 0, "some sessions are large enough to need recovery");
     eprintln!("recovered {recovered}, under the limit already {guarded_off}, blocked {}:\n{}", blocked.len(), blocked.join("\n"));
-    insta::assert_snapshot!(snapshot.expect("a pi session recovered"));
+    condense_tests::snapshot!("every_corpus_session_switched_to_32k_recovers_or_fails_closed", snapshot.expect("a pi session recovered"));
 }
 
 #[test]
 fn recovery_off_or_small_windows_do_not_guard() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let s = store.create_session("x").unwrap();
     s.configure(PruneConfig { recover_large_context: false, ..PruneConfig::default() }).unwrap();
     s.append(vec![model(32_000)]).unwrap();
@@ -88,7 +88,7 @@ fn recovery_off_or_small_windows_do_not_guard() {
 #[test]
 fn the_tools_reply_on_a_recovered_corpus_session() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let events = condense_tests::corpus_events("pi/badlogic__pi-mono/large-session.jsonl");
     let s = unpruned(&store, "large");
     s.append(vec![model(200_000)]).unwrap();
@@ -131,7 +131,7 @@ fn the_tools_reply_on_a_recovered_corpus_session() {
         }
     }
     out.push_str(&format!("== read {id}: {pages} page(s) to the end, then an error past it\n"));
-    insta::assert_snapshot!(out);
+    condense_tests::snapshot!("the_tools_reply_on_a_recovered_corpus_session", out);
 }
 
 /// The handoff a test summarizer of kind `kind` gives.
@@ -149,7 +149,7 @@ fn each_fail_closed_reason() {
     use condense_engine::recover::{prepare, prepare_within, Blocked};
     use condense_events::{Block, Entry, Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let session = |name: &str, window: u64, recover: bool, text: &str| {
         let s = store.create_session(name).unwrap();
         s.configure(PruneConfig { enabled: false, recover_large_context: recover, ..PruneConfig::default() }).unwrap();
@@ -193,7 +193,7 @@ fn each_fail_closed_reason() {
 fn only_a_successful_reply_on_the_new_model_ends_the_guard() {
     use condense_events::{Block, Entry, Message, StopReason, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let s = store.create_session("x").unwrap();
     let reply = |id: &str, parent: &str, model: Option<&str>, stop: Option<StopReason>| SourceEvent::EntryAppended {
         id: id.into(),
@@ -259,7 +259,7 @@ fn reply(text: &str) -> condense_events::Message {
 fn a_message_larger_than_a_piece_is_split_and_every_piece_stays_in_the_input_budget() {
     use condense_events::{Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let s = unpruned(&store, "big");
     let big: String = (0..30_000).map(|i| format!("{i:>9}\n")).collect();
     assert_eq!(big.len(), 300_000);
@@ -290,7 +290,7 @@ fn a_message_larger_than_a_piece_is_split_and_every_piece_stays_in_the_input_bud
 fn recovery_reads_the_canonical_context_and_the_archive_holds_it() {
     use condense_events::{Entry, Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let s = unpruned(&store, "compacted");
     s.append(vec![
         model(200_000),
@@ -344,7 +344,7 @@ fn archived(store: &Store, name: &str, texts: &[String]) -> condense_engine::Ses
 fn history_replies_stay_within_the_tool_text_ceiling_as_the_model_reads_them() {
     use condense_recovery::{PAGE_BYTES, REPLY_CEILING};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     // Below the ceiling: plain text pages are whole 2,048-byte pages. Above it once escaped: quotes (2 bytes
     // each) and control characters (6 bytes each) make the page shorter, never the reply longer.
     let plain = "abcdefgh ".repeat(1000);
@@ -388,7 +388,7 @@ fn history_replies_stay_within_the_tool_text_ceiling_as_the_model_reads_them() {
 fn archives_of_a_branch_the_session_left_are_not_listed_searched_or_read() {
     use condense_events::{Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let s = archived(&store, "left", &["the first task about walruses".to_string(), "the second task".to_string()]);
     let listed = |s: &condense_engine::Session| s.history_tool("history_archives", "{}").unwrap().text;
     let has_history_tools = |s: &condense_engine::Session| {
@@ -431,7 +431,7 @@ fn recovery_notes(store: &Store, s: &condense_engine::Session) -> Vec<String> {
 fn recovery_diagnostics_name_what_happened_without_source_text() {
     use condense_events::{Block, Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     // Prepared: piece and call counts and the archive, no source text.
     let s = archived(&store, "prepared", &["a secret-ish request text".to_string(), "go on".to_string()]);
     s.append(vec![model(32_000)]).unwrap();
@@ -480,7 +480,7 @@ fn recovery_diagnostics_name_what_happened_without_source_text() {
 fn the_request_overhead_is_kept_free_by_the_controller_and_the_handoff() {
     use condense_events::{Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     // About 10,000 tokens of conversation on a 32k window (hard budget 16,000).
     let s = unpruned(&store, "overhead");
     let mut events = vec![model(32_000)];
@@ -524,7 +524,7 @@ fn the_request_overhead_is_kept_free_by_the_controller_and_the_handoff() {
 fn simulate_switch_replays_a_session_onto_a_smaller_model() {
     use condense_engine::simulate::{replay_with, Prices, Switch};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let events = condense_tests::corpus_events("pi/badlogic__pi-mono/large-session.jsonl");
     let f = replay_with(&store, "switched", events.clone(), PruneConfig::default(), Prices::default(), None, Some(Switch { window: 32_000, at: 200 })).unwrap();
     assert!(f.recoveries >= 1 && f.archives == f.recoveries, "{f:?}");
@@ -570,7 +570,7 @@ fn the_invocation_and_source_bounds_hold_at_below_and_above_their_limits() {
     use condense_engine::recover::Blocked;
     use condense_recovery::{input_budget, MAX_INVOCATIONS, MAX_SOURCE_BYTES};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let piece = input_budget(1_000_000) as usize - 4096;
     // The prompt's line is "[u0] user: " (11 bytes) + text + "\n"; "[a0] assistant: ok\n" joins the last piece.
     let line = |pieces: usize, extra: usize| pieces * piece + extra - 12;
@@ -588,7 +588,7 @@ fn the_invocation_and_source_bounds_hold_at_below_and_above_their_limits() {
 fn an_oversized_final_batch_gets_a_bounded_copy_instead_of_failing_closed() {
     use condense_events::{Message, UserOrigin};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
     let s = unpruned(&store, "batch");
     // The request being retried ends with a 120,000-character output: alone it is over the 16,000-token
     // hard budget of a 32k window.
