@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+mod postgres;
 mod serve;
 
 #[path = "../../crates/cli/tests/support/crash_rounds.rs"]
@@ -20,7 +21,7 @@ fn main() -> Result<()> {
         Some("crash") => crash(&args[1..]),
         Some("man") => man(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only serve|switch]");
+            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only serve|switch|postgres]");
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
             eprintln!("       cargo xtask man [--out DIR]");
             Ok(())
@@ -146,7 +147,7 @@ fn best_of<T>(n: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
     (best, last.expect("n > 0"))
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
+pub(crate) fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
@@ -176,14 +177,15 @@ fn bare_parse(bytes: &[u8]) -> usize {
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     if let Some(i) = args.iter().position(|a| a == "--only") {
-        let section = args.get(i + 1).context("--only needs a section: serve or switch")?;
+        let section = args.get(i + 1).context("--only needs a section: serve, switch or postgres")?;
         let scratch = root().join("target/bench-scratch");
         std::fs::create_dir_all(&scratch)?;
         let mut md = String::new();
         match section.as_str() {
             "serve" => serve::bench(&mut md, &scratch)?,
             "switch" => switch_bench(&mut md, &scratch)?,
-            _ => bail!("--only takes `serve` or `switch`"),
+            "postgres" => postgres::bench(&mut md, &scratch)?,
+            _ => bail!("--only takes `serve`, `switch` or `postgres`"),
         }
         let path = root().join("docs/benchmarks.md");
         let old = std::fs::read_to_string(&path).unwrap_or_default();
@@ -223,6 +225,7 @@ fn bench(args: &[String]) -> Result<()> {
         archive_bench(&mut md, &scratch)?;
     }
     switch_bench(&mut md, &scratch)?;
+    postgres::bench(&mut md, &scratch)?;
     serve::bench(&mut md, &scratch)?;
     writeln!(md, "\n## Reference figures (pi and pi-condense)\n")?;
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
@@ -556,23 +559,29 @@ fn quality(md: &mut String, scratch: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The generated pi session of `n` entries (`gen_pi_session.py --seed 1`), made once in `scratch`.
+pub(crate) fn generated_file(scratch: &Path, n: u64) -> Result<PathBuf> {
+    let file = scratch.join(format!("pi-v3-{n}.jsonl"));
+    if !file.exists() {
+        println!("generating {n} entries…");
+        let generator = root().join("../shared/tools/gen_pi_session.py");
+        let st = std::process::Command::new("python3")
+            .arg(&generator).args(["--entries", &n.to_string(), "--seed", "1", "--out"]).arg(&file)
+            .status().context("running python3 gen_pi_session.py")?;
+        if !st.success() {
+            bail!("gen_pi_session.py failed for {n} entries");
+        }
+    }
+    Ok(file)
+}
+
 fn generated(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
     writeln!(md, "\n## Generated pi sessions of growing size\n")?;
     writeln!(md, "`../shared/tools/gen_pi_session.py --entries N --seed 1` (v3), generated into `target/bench-scratch`.\n")?;
     writeln!(md, "| entries | MB | bare parse ms | import into store ms | import MB/s | events | full rebuild ms | full render median ms | per-turn render median ms | per-turn p99 ms | rendered messages | peak RSS MiB |")?;
     writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
-    let generator = root().join("../shared/tools/gen_pi_session.py");
     for &n in sizes {
-        let file = scratch.join(format!("pi-v3-{n}.jsonl"));
-        if !file.exists() {
-            println!("generating {n} entries…");
-            let st = std::process::Command::new("python3")
-                .arg(&generator).args(["--entries", &n.to_string(), "--seed", "1", "--out"]).arg(&file)
-                .status().context("running python3 gen_pi_session.py")?;
-            if !st.success() {
-                bail!("gen_pi_session.py failed for {n} entries");
-            }
-        }
+        let file = generated_file(scratch, n)?;
         let size = std::fs::metadata(&file)?.len();
         let t_bare = {
             let bytes = std::fs::read(&file)?;

@@ -215,6 +215,11 @@ impl Store {
         })
     }
 
+    /// Tells stores apart (for the one thread-local of `prepare`): the address of the shared state.
+    fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// Replaces the summarizer the pruning pipeline uses (the embedded default is [`Extractive`]).
     pub fn set_summarizer(&self, summarizer: Arc<dyn Summarizer>) {
         *self.inner.summarizer.lock().expect("summarizer lock") = summarizer;
@@ -471,32 +476,36 @@ impl Store {
     }
 }
 
-/// Keeps a prune only if it shrinks the context by at least `minPruneTokens`; captures always stay.
-fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEvent> {
-    let is_prune = |d: &DecisionEvent| {
-        matches!(d, DecisionEvent::BatchClosed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. })
-    };
-    let min = proj.config().min_prune_tokens;
-    if min == 0 || !decisions.iter().any(is_prune) {
-        return decisions;
+thread_local! {
+    /// The store, session and seq this thread's `prepare` knows its warm projection to be current at.
+    static CURRENT: std::cell::Cell<Option<(usize, SessionId, Seq)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Ends a `prepare`'s trust in its projection (on every way out).
+struct ClearCurrent;
+
+impl Drop for ClearCurrent {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(None));
     }
-    let (captures, _): (Vec<DecisionEvent>, Vec<DecisionEvent>) = decisions.iter().cloned().partition(|d| !is_prune(d));
-    // Captures, aliases and frontier moves change nothing on screen: the context before the prune is then
-    // the current render, and only the candidate needs a copy of the projection.
-    let invisible = |d: &DecisionEvent| {
-        matches!(d, DecisionEvent::Note { .. } | DecisionEvent::FrontierAdvanced { .. } | DecisionEvent::OutputCaptured(_) | DecisionEvent::OutputAliased { .. })
-    };
-    let b = if captures.iter().all(invisible) {
-        proj.render().messages
-    } else {
-        let mut before = proj.clone();
-        for d in &captures {
-            before.apply(0, &Event::Decision(d.clone()));
-        }
-        before.render_full_now().messages
-    };
+}
+
+/// Whether a decision prunes (changes what the model reads of an output it has seen) rather than captures.
+fn is_prune(d: &DecisionEvent) -> bool {
+    matches!(d, DecisionEvent::BatchClosed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. })
+}
+
+/// Whether `prunes` shrink the context of `proj` (which holds this request's captures already) by at least
+/// `minPruneTokens`, and by more than re-sending the rewritten suffix costs. Captures always stay.
+fn worth_it(proj: &Projection, prunes: &[DecisionEvent]) -> bool {
+    let min = proj.config().min_prune_tokens;
+    if min == 0 {
+        return true;
+    }
+    let b = proj.render().messages;
+    // Only the prunes' maps are copied for the candidate: the captures are in `proj` already.
     let mut after = proj.clone();
-    for d in &decisions {
+    for d in prunes {
         after.apply(0, &Event::Decision(d.clone()));
     }
     let a = after.render_full_now().messages;
@@ -514,7 +523,7 @@ fn worth_it(proj: &Projection, decisions: Vec<DecisionEvent>) -> Vec<DecisionEve
     // to run on). The prune pays when the cached-price savings over them beat re-sending at full price.
     let requests = proj.branch_entries().iter().filter(|(_, m)| matches!(***m, condense_events::Message::Assistant { .. })).count() as u64;
     let horizon = (requests / 2).max(1);
-    if saved >= min && saved * horizon * 10 >= resent * 115 { decisions } else { captures }
+    saved >= min && saved * horizon * 10 >= resent * 115
 }
 
 /// The tool ref of archive record `id`, when it stands for a captured output: the original is one
@@ -636,10 +645,20 @@ impl Session {
                 None => break,
             }
         }
+        CURRENT.with(|c| {
+            if c.get().is_some_and(|(k, id, _)| k == self.store.key() && id == self.id) {
+                c.set(Some((self.store.key(), self.id, head)));
+            }
+        });
         Ok(head)
     }
 
     fn catch_up(&self, proj: &mut Projection) -> Result<()> {
+        // Inside one `prepare`, a projection this thread caught up (or appended to) itself is current:
+        // the log is asked for the head once per request, not at every step (a round trip on PostgreSQL).
+        if CURRENT.with(|c| c.get()) == Some((self.store.key(), self.id, proj.seq())) {
+            return Ok(());
+        }
         let head = self.store.inner.log.head(self.id)?;
         if proj.seq() < head {
             self.store.inner.log.for_each(self.id, proj.seq() + 1, head, |env| {
@@ -707,6 +726,13 @@ impl Session {
     /// [`Session::prepare`], then `f` on the projection and the prepared context under the same lock (so a
     /// host can map the rendered messages back to the entries they came from without another fold).
     pub fn prepare_then<R>(&self, f: impl FnOnce(&Projection, &Rendered) -> R) -> Result<R> {
+        {
+            let warm = self.store.warm(self.id);
+            let mut proj = warm.lock().expect("projection lock");
+            self.catch_up(&mut proj)?;
+            CURRENT.with(|c| c.set(Some((self.store.key(), self.id, proj.seq()))));
+        }
+        let _current = ClearCurrent;
         self.prune_before_request()?;
         self.guard_rendered()?;
         let measured = self.checkpoint(controller::Reason::Threshold)?;
@@ -887,11 +913,46 @@ impl Session {
             log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string())
         })
         .map_err(|reason| EngineError::Pipeline { name: self.name.clone(), reason })?;
-        let decisions = if trigger == pipeline::Trigger::Request { worth_it(&proj, decisions) } else { decisions };
         if decisions.is_empty() {
             return Ok(proj.seq());
         }
-        self.append_locked(&mut proj, decisions.into_iter().map(Event::Decision).collect())
+        // Before a request a prune must pay for itself (`worth_it`). The pipeline puts its captures first;
+        // they stay whatever the prunes turn out, so they go into the projection now, at the seqs they
+        // will have, and the candidate copies only what the prunes change.
+        let split = decisions.iter().position(is_prune).unwrap_or(decisions.len());
+        if trigger != pipeline::Trigger::Request || split == decisions.len() || decisions[split..].iter().any(|d| !is_prune(d)) {
+            return self.append_locked(&mut proj, decisions.into_iter().map(Event::Decision).collect());
+        }
+        let mut decisions = decisions;
+        let prunes = decisions.split_off(split);
+        let base = proj.seq();
+        for (i, d) in decisions.iter().enumerate() {
+            proj.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
+        }
+        let applied = decisions.len();
+        if worth_it(&proj, &prunes) {
+            decisions.extend(prunes);
+        }
+        let values: Vec<Vec<u8>> = decisions
+            .iter()
+            .enumerate()
+            .map(|(i, d)| condense_log::encode_event(self.id, base + 1 + i as u64, &Event::Decision(d.clone())))
+            .collect();
+        let written = log
+            .append_encoded(self.id, base, values, !self.store.inner.defer_durability)
+            .and_then(|rx| rx.recv().map_err(|_| LogError::Closed)?);
+        let head = match written {
+            Ok(h) => h,
+            Err(e) => {
+                // The projection is ahead of the log: it is folded again from the log when next read.
+                *proj = Projection::new();
+                return Err(e.into());
+            }
+        };
+        for (i, d) in decisions.into_iter().enumerate().skip(applied) {
+            proj.apply_owned(base + 1 + i as u64, Event::Decision(d));
+        }
+        Ok(head)
     }
 
     /// Answers `context_tree_query` for refs (`t12`, `b3`) or raw tool-call ids: the originals, byte for

@@ -20,6 +20,9 @@ pub enum Trigger {
     Now,
 }
 
+/// Branch positions by entry id (looked up, never iterated: the order of a hash map reaches nothing).
+type Positions<'a> = rustc_hash::FxHashMap<&'a str, usize>;
+
 /// Where a call sits.
 struct CallSite<'a> {
     pos: usize,
@@ -171,7 +174,7 @@ pub fn plan(
 
     // Which pending batches close now.
     // Lookups only, never iterated.
-    let position: std::collections::HashMap<&str, usize> = branch.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+    let position: Positions<'_> = branch.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
     let mut pending: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for b in idx.pending_batches() {
         pending.insert(b, idx.batches[&b].iter().map(|r| &idx.records[r]).collect());
@@ -254,23 +257,25 @@ pub fn plan(
 
     // Errored-argument purge, at the same prune so it shares its cache break.
     if cfg.purge_errors && !closing.is_empty() {
-        let results: std::collections::HashMap<&str, bool> = branch
+        // Whether each call's (last) result was an error (looked up, never iterated).
+        let results: rustc_hash::FxHashMap<&str, bool> = branch
             .iter()
             .filter_map(|(_, m)| match &***m {
                 Message::ToolResult { call_id, is_error, .. } => Some((call_id.as_str(), *is_error)),
                 _ => None,
             })
             .collect();
+        let any_error = results.values().any(|e| *e);
         for (pos, (id, m)) in branch.iter().enumerate() {
-            if turns.saturating_sub(turn_at[pos]) < cfg.purge_after_turns as u32 + 1 {
+            if !any_error || turns.saturating_sub(turn_at[pos]) < cfg.purge_after_turns as u32 + 1 {
                 continue;
             }
             for (cid, _, args) in m.tool_calls() {
+                if results.get(cid) != Some(&true) {
+                    continue;
+                }
                 let chars = js_len(args) as u64;
-                if results.get(cid) == Some(&true)
-                    && chars >= cfg.purge_min_chars
-                    && !idx.purged.contains_key(&(id.to_string(), cid.to_string()))
-                {
+                if chars >= cfg.purge_min_chars && !idx.purged.contains_key(&(id.to_string(), cid.to_string())) {
                     out.push(DecisionEvent::ErrorArgsPurged { entry: id.to_string(), call_id: cid.to_string(), chars });
                 }
             }
@@ -285,16 +290,15 @@ pub fn plan(
         |i| branch[i].1.tool_calls().next().is_some(),
     );
     let keep = cfg.rolling_window as usize;
-    let compressed: Vec<&str> = idx.chains.values().map(|c| c.first.as_str()).collect();
+    let compressed: std::collections::BTreeSet<&str> = idx.chains.values().map(|c| c.first.as_str()).collect();
     let mut block = idx.next_block();
-    let all_records: Vec<&Record> = idx.records.values().chain(new_records.iter()).collect();
-    let by_entry: BTreeMap<&str, &Record> = all_records.iter().map(|r| (r.entry.as_str(), *r)).collect();
+    let new_by_entry: BTreeMap<&str, &Record> = new_records.iter().map(|r| (r.entry.as_str(), r)).collect();
+    let record_of = |entry: &str| idx.by_entry.get(entry).and_then(|n| idx.records.get(n)).or_else(|| new_by_entry.get(entry).copied());
     for span in spans.iter().take(spans.len().saturating_sub(keep)) {
-        if compressed.contains(&branch[span.first].0) {
+        if compressed.contains(branch[span.first].0) {
             continue;
         }
-        let inside: Vec<&Record> =
-            (span.first..=span.last).filter_map(|i| by_entry.get(branch[i].0).copied()).collect();
+        let inside: Vec<&Record> = (span.first..=span.last).filter_map(|i| record_of(branch[i].0)).collect();
         let grace = cfg.recovery_grace_turns as u32;
         let in_grace = inside.iter().any(|r| r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace);
         if in_grace {
@@ -338,7 +342,7 @@ fn tool_name(m: &Message, call_name: &str) -> String {
 /// The output text of a record, from this run's captures or from the branch.
 fn text_of(
     branch: &[(&str, &Arc<Message>)],
-    position: &std::collections::HashMap<&str, usize>,
+    position: &Positions<'_>,
     r: &Record,
     texts: &BTreeMap<u32, String>,
 ) -> String {

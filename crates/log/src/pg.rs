@@ -15,6 +15,7 @@
 use crate::{Appended, Backend, BlobHash, LogError, Result, SessionInfo};
 use condense_events::{Seq, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
+use postgres::types::Type;
 use postgres::{Client, NoTls};
 use r2d2_postgres::PostgresConnectionManager;
 use std::collections::BTreeMap;
@@ -281,12 +282,14 @@ impl Backend for PgStore {
     }
 
     fn head(&self, session: SessionId) -> Result<Seq> {
-        let row = self.shared.with(|c| c.query_opt("SELECT head FROM condense_sessions WHERE id = $1", &[&to_i64(session)]))?;
+        // Typed statements go in one round trip (an untyped one is prepared first: two).
+        let id = to_i64(session);
+        let row = self.shared.with(|c| c.query_typed_opt("SELECT head FROM condense_sessions WHERE id = $1", &[(&id, Type::INT8)]))?;
         row.map(|r| r.get::<_, i64>(0) as u64).ok_or_else(|| LogError::UnknownSession(session.to_string()))
     }
 
     fn session_id(&self, name: &str) -> Result<Option<SessionId>> {
-        let row = self.shared.with(|c| c.query_opt("SELECT id FROM condense_sessions WHERE name = $1", &[&name]))?;
+        let row = self.shared.with(|c| c.query_typed_opt("SELECT id FROM condense_sessions WHERE name = $1", &[(&name, Type::TEXT)]))?;
         Ok(row.map(|r| r.get::<_, i64>(0) as u64))
     }
 
@@ -422,8 +425,9 @@ fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
             let head = match heads.get(session) {
                 Some(h) => *h,
                 None => {
-                    let row = tx.query_opt("SELECT head FROM condense_sessions WHERE id = $1 FOR UPDATE", &[&to_i64(*session)])?;
-                    let h = row.map(|r| r.get::<_, i64>(0) as u64);
+                    let id = to_i64(*session);
+                    let rows = tx.query_typed("SELECT head FROM condense_sessions WHERE id = $1 FOR UPDATE", &[(&id, Type::INT8)])?;
+                    let h = rows.first().map(|r| r.get::<_, i64>(0) as u64);
                     heads.insert(*session, h);
                     h
                 }
@@ -442,9 +446,9 @@ fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
             }
             let seqs: Vec<i64> = (1..=values.len() as u64).map(|i| to_i64(head + i)).collect();
             let bodies: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
-            tx.execute(
+            tx.query_typed(
                 "INSERT INTO condense_events (session, seq, body) SELECT $1, s, b FROM unnest($2::bigint[], $3::bytea[]) AS t(s, b)",
-                &[&to_i64(*session), &seqs, &bodies],
+                &[(&to_i64(*session), Type::INT8), (&seqs, Type::INT8_ARRAY), (&bodies, Type::BYTEA_ARRAY)],
             )?;
             let last = head + values.len() as u64;
             heads.insert(*session, Some(last));
@@ -457,8 +461,10 @@ fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
             moved.entry(n.session).and_modify(|e| e.1 = n.last).or_insert((n.first, n.last));
         }
         for (session, (first, last)) in &moved {
-            tx.execute("UPDATE condense_sessions SET head = $2 WHERE id = $1", &[&to_i64(*session), &to_i64(*last)])?;
-            tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &format!("{session} {first} {last}")])?;
+            tx.query_typed(
+                "WITH moved AS (UPDATE condense_sessions SET head = $2 WHERE id = $1) SELECT pg_notify($3, $4)",
+                &[(&to_i64(*session), Type::INT8), (&to_i64(*last), Type::INT8), (&CHANNEL, Type::TEXT), (&format!("{session} {first} {last}"), Type::TEXT)],
+            )?;
         }
         if durable && !wrote && *deferred {
             // A sync with nothing of its own to write: the commit must still reach the disk.
