@@ -178,6 +178,11 @@ impl PgStore {
             config.application_name("condense");
         }
         config.connect_timeout(Duration::from_secs(10));
+        // One connection first, directly: a refused or failed connection is reported at once with its
+        // cause (the pool would retry until its timeout), and it applies the migrations.
+        let mut first = config.connect(NoTls).map_err(|e| err(format!("cannot connect: {}", describe_error(&e))))?;
+        migrate(&mut first, &store)?;
+        drop(first);
         let manager = PostgresConnectionManager::new(config.clone(), NoTls);
         let pool = r2d2::Pool::builder()
             .max_size(8)
@@ -185,8 +190,7 @@ impl PgStore {
             .test_on_check_out(false)
             .connection_timeout(Duration::from_secs(15))
             .error_handler(Box::new(r2d2::NopErrorHandler))
-            .build(manager)
-            .map_err(|e| err(format!("cannot connect: {e}")))?;
+            .build_unchecked(manager);
         let shared = Arc::new(Shared {
             store: store.clone(),
             config,
@@ -195,10 +199,6 @@ impl PgStore {
             listening: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         });
-        {
-            let mut conn = shared.pool().get().map_err(|e| err(format!("cannot connect: {e}")))?;
-            migrate(&mut conn, &store)?;
-        }
         let (tx, rx) = bounded::<Request>(1024);
         let writer = shared.clone();
         let join = std::thread::Builder::new()
