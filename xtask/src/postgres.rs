@@ -82,15 +82,9 @@ fn measure(store_at: &str, events: &[SourceEvent], tail: &[SourceEvent], reopen:
     let mut prepares = Vec::new();
     for ev in tail {
         if matches!(ev, SourceEvent::EntryAppended { entry: Entry::Message(Message::Assistant { .. }), .. }) {
-            let h0 = s.head()?;
             let t = Instant::now();
             drop(s.prepare()?);
             prepares.push(t.elapsed());
-            if std::env::var("BENCH_DEBUG").is_ok() && t.elapsed() > Duration::from_millis(9) {
-                let h1 = s.head()?;
-                let kinds: Vec<String> = store.log().read(s.id(), h0 + 1, h1)?.iter().map(|e| format!("{:?}", e.body).chars().take(40).collect()).collect();
-                eprintln!("slow prepare {:.1} ms: {kinds:?}", ms(t.elapsed()));
-            }
         }
         s.append(vec![ev.clone()])?;
     }

@@ -21,7 +21,10 @@ pub fn output_text(m: &Message) -> String {
 
 /// Whether an assistant message is a final reply: text and no tool calls.
 pub fn is_final_reply(m: &Message) -> bool {
-    matches!(m, Message::Assistant { .. }) && m.tool_calls().next().is_none() && !m.text().trim().is_empty()
+    // Some text block holds more than white space (the joined text, without building it).
+    matches!(m, Message::Assistant { .. })
+        && m.tool_calls().next().is_none()
+        && m.content().iter().any(|b| matches!(b, condense_events::Block::Text { text } if !text.trim().is_empty()))
 }
 
 /// Whether a call is protected by the configuration: its tool is protected, or one of its path arguments

@@ -76,6 +76,8 @@ pub struct Index {
     pub outcomes: Arc<BTreeMap<u32, BatchOutcome>>,
     /// Refs of each batch.
     pub batches: Arc<BTreeMap<u32, Vec<u32>>>,
+    /// Batches captured and not closed yet (what `pending_batches` lists, kept as decisions fold).
+    pub open_batches: Arc<std::collections::BTreeSet<u32>>,
     /// Purged calls: (assistant entry id, call id) → chars purged.
     pub purged: Arc<BTreeMap<(String, String), u64>>,
     /// Compressed chains by block number.
@@ -121,6 +123,9 @@ impl Index {
                 Arc::make_mut(&mut self.by_call_entry).entry(r.call_entry.clone()).or_default().push(r.ref_n);
                 Arc::make_mut(&mut self.by_call).entry(r.call_id.clone()).or_default().push(r.ref_n);
                 Arc::make_mut(&mut self.batches).entry(r.batch).or_default().push(r.ref_n);
+                if !self.outcomes.contains_key(&r.batch) && !self.open_batches.contains(&r.batch) {
+                    Arc::make_mut(&mut self.open_batches).insert(r.batch);
+                }
                 Arc::make_mut(&mut self.first_by_hash).entry(r.hash.clone()).or_insert(r.ref_n);
                 if r.tool == condense_events::QUERY_TOOL_NAME {
                     self.recoveries += 1;
@@ -135,6 +140,9 @@ impl Index {
             }
             DecisionEvent::BatchClosed { batch, outcome, summaries, .. } => {
                 Arc::make_mut(&mut self.outcomes).insert(*batch, *outcome);
+                if self.open_batches.contains(batch) {
+                    Arc::make_mut(&mut self.open_batches).remove(batch);
+                }
                 for (r, s) in summaries {
                     Arc::make_mut(&mut self.summaries).insert(*r, s.clone());
                 }
@@ -187,7 +195,7 @@ impl Index {
 
     /// Batches captured but not closed yet, in order.
     pub fn pending_batches(&self) -> Vec<u32> {
-        self.batches.keys().copied().filter(|b| !self.outcomes.contains_key(b)).collect()
+        self.open_batches.iter().copied().collect()
     }
 
     /// Whether the output behind `ref_n` is rendered as a stub (summarized, spilled or aliased), before

@@ -85,7 +85,8 @@ pub struct Projection {
     config: PruneConfig,
     phase_cache: Mutex<PhaseCache>,
     // What the decisions say about each entry, by entry index (lookups only, never iterated).
-    marks: HashMap<usize, Marks>,
+    // Shared copy on write: a candidate copy whose decisions change no mark (a batch closing) copies none.
+    marks: Arc<HashMap<usize, Marks>>,
     // The summary message of each checkpoint, built once so every render shares the same bytes.
     checkpoint_msgs: std::collections::BTreeMap<u32, Arc<Message>>,
     // Bounded copies of results by (checkpoint, entry index).
@@ -353,23 +354,23 @@ impl Projection {
         match d {
             DecisionEvent::OutputCaptured(r) => {
                 if let Some(i) = a {
-                    self.marks.entry(i).or_default().result_ref = Some(r.ref_n);
+                    Arc::make_mut(&mut self.marks).entry(i).or_default().result_ref = Some(r.ref_n);
                 }
                 if let Some(i) = b {
-                    self.marks.entry(i).or_default().call_refs.push(r.ref_n);
+                    Arc::make_mut(&mut self.marks).entry(i).or_default().call_refs.push(r.ref_n);
                 }
             }
             DecisionEvent::ErrorArgsPurged { .. } => {
                 if let Some(i) = a {
-                    self.marks.entry(i).or_default().purged += 1;
+                    Arc::make_mut(&mut self.marks).entry(i).or_default().purged += 1;
                 }
             }
             DecisionEvent::ChainCompressed { block, .. } => {
                 if let Some(i) = a {
-                    self.marks.entry(i).or_default().chain_first = Some(*block);
+                    Arc::make_mut(&mut self.marks).entry(i).or_default().chain_first = Some(*block);
                 }
                 if let Some(i) = b {
-                    self.marks.entry(i).or_default().chain_last = Some(*block);
+                    Arc::make_mut(&mut self.marks).entry(i).or_default().chain_last = Some(*block);
                 }
             }
             _ => {}
