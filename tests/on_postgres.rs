@@ -137,3 +137,38 @@ fn two_processes_append_to_one_session_exactly_once() {
     let here = format!("render {} {}", blake3::hash(&bytes).to_hex(), fresh.messages.len());
     assert_eq!(renders, [here.clone(), here], "the processes render different contexts");
 }
+
+/// Render equality after every event, through the database: corpus sessions appended to a PostgreSQL
+/// store one event at a time render, after each, exactly what a fresh fold of the log up to that event
+/// renders, and a second handle (another process's view) agrees at the end.
+#[test]
+fn render_after_every_event_equals_a_fresh_fold_of_the_database() {
+    let url = condense_log::testing::Cluster::shared().database();
+    let store = Store::open(&url).unwrap();
+    let mut files = condense_tests::corpus_sessions();
+    files.sort();
+    // Two sessions of a few hundred events each (every event is a durable commit here).
+    let picked: Vec<_> = files
+        .iter()
+        .map(|f| (f, condense_formats::import_file(f).unwrap().events))
+        .filter(|(_, e)| (150..=600).contains(&e.len()))
+        .take(2)
+        .collect();
+    assert_eq!(picked.len(), 2, "two corpus sessions of 150 to 600 events");
+    let mut checked = 0;
+    for (file, events) in picked {
+        let name = condense_tests::corpus_name(file);
+        let session = store.create_session(&name).unwrap();
+        for e in events {
+            let head = session.append(vec![e]).unwrap();
+            let live = session.render().unwrap();
+            let fresh = session.projection_at(head).unwrap().render_full_now();
+            assert_eq!(*live.messages, *fresh.messages, "{name}: after event {head}");
+            checked += 1;
+        }
+        let other = Store::open(&url).unwrap();
+        let theirs = other.session(&name).unwrap().render().unwrap();
+        assert_eq!(*theirs.messages, *session.render().unwrap().messages, "{name}: another handle renders differently");
+    }
+    assert!(checked > 100, "only {checked} events checked");
+}
