@@ -162,6 +162,11 @@ fn ratio(a: f64, b: f64) -> f64 {
 #[derive(Default)]
 struct Meter {
     prev: Vec<Arc<Message>>,
+    /// `sums[i]`: tokens of `prev[..i]`.
+    sums: Vec<u64>,
+    /// Text of `prev` as `retention` searches it, and where each message's text starts.
+    hay: String,
+    hay_at: Vec<usize>,
     // Keyed by the message's address; the map keeps every message it saw alive, so an address is never
     // reused for another message while it is a key.
     tokens: HashMap<usize, (Arc<Message>, u64)>,
@@ -173,7 +178,8 @@ impl Meter {
         self.tokens.entry(key).or_insert_with(|| (m.clone(), estimate(m))).1
     }
 
-    /// Total tokens, cached-prefix tokens, and whether the cache broke.
+    /// Total tokens, cached-prefix tokens, and whether the cache broke. Only what follows the prefix this
+    /// request shares with the last one is counted (and kept) anew.
     fn request(&mut self, msgs: &[Arc<Message>]) -> (u64, u64, bool) {
         let mut same = 0;
         while same < msgs.len() && same < self.prev.len() && (Arc::ptr_eq(&msgs[same], &self.prev[same]) || msgs[same] == self.prev[same]) {
@@ -186,17 +192,29 @@ impl Meter {
             _ => self.prev.len(),
         };
         let broke = !self.prev.is_empty() && same < prev_len;
-        let mut total = 0;
-        let mut cached = 0;
-        for (i, m) in msgs.iter().enumerate() {
-            let t = self.tokens(m);
-            total += t;
-            if i < same {
-                cached += t;
-            }
+        let cached = self.sums.get(same).copied().unwrap_or(0);
+        self.prev.truncate(same);
+        self.sums.truncate(same + 1);
+        if self.sums.is_empty() {
+            self.sums.push(0);
         }
-        self.prev = msgs.to_vec();
-        (total, cached, broke)
+        let keep = self.hay_at.get(same).copied().unwrap_or(self.hay.len());
+        self.hay.truncate(keep);
+        self.hay_at.truncate(same);
+        for m in &msgs[same..] {
+            let t = self.tokens(m);
+            let last = *self.sums.last().expect("sums start at 0");
+            self.sums.push(last + t);
+            self.prev.push(m.clone());
+            self.hay_at.push(self.hay.len());
+            self.hay.push_str(&crate::retention::shown_text(m));
+        }
+        (*self.sums.last().expect("sums start at 0"), cached, broke)
+    }
+
+    /// How many of `needed` the last request's context holds (see [`crate::retention::retained`]).
+    fn retained(&self, needed: &[String]) -> u64 {
+        needed.iter().filter(|f| self.hay.contains(f.as_str())).count() as u64
     }
 }
 
@@ -281,12 +299,12 @@ pub fn replay_with(
                 }
                 Err(e) => return Err(e),
             };
+            let (total, cached, broke) = meter.request(&rendered.messages);
             if let SourceEvent::EntryAppended { entry: Entry::Message(answer), .. } = &ev {
                 let needed = seen.needed(answer);
                 f.facts_needed += needed.len() as u64;
-                f.facts_retained += crate::retention::retained(&needed, &rendered.messages[..]);
+                f.facts_retained += meter.retained(&needed);
             }
-            let (total, cached, broke) = meter.request(&rendered.messages);
             f.validity_errors += check(&rendered.messages[..]).len() as u64;
             if budget.is_some_and(|b| total_tokens(&rendered.messages) > b.hard) {
                 f.over_budget_requests += 1;
@@ -334,4 +352,37 @@ pub fn replay_with(
         }
     }
     Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use condense_events::UserOrigin;
+
+    /// The meter keeps only what changed between requests: its totals, cached prefixes and retained facts
+    /// are those of counting each request from scratch.
+    #[test]
+    fn the_meter_counts_each_request_as_a_count_from_scratch_would() {
+        let m = |t: &str| Arc::new(Message::user_text(t, UserOrigin::Prompt));
+        let (a, b, c, d) = (m("read src/alpha_one.rs"), m("then 12345"), m("and src/beta_two.rs"), m("finally"));
+        let requests: Vec<Vec<Arc<Message>>> = vec![
+            vec![a.clone(), b.clone()],
+            vec![a.clone(), b.clone(), c.clone()],
+            vec![a.clone(), c.clone(), d.clone()],
+            vec![a.clone()],
+            vec![a.clone(), b.clone(), c.clone(), d.clone()],
+        ];
+        let needed = vec!["src/alpha_one.rs".to_string(), "12345".to_string(), "src/beta_two.rs".to_string()];
+        let mut meter = Meter::default();
+        let mut prev: Vec<Arc<Message>> = Vec::new();
+        for r in &requests {
+            let (total, cached, broke) = meter.request(r);
+            assert_eq!(total, r.iter().map(|m| estimate(m)).sum::<u64>());
+            let same = r.iter().zip(&prev).take_while(|(x, y)| Arc::ptr_eq(x, y)).count();
+            assert_eq!(cached, r[..same].iter().map(|m| estimate(m)).sum::<u64>());
+            assert_eq!(broke, !prev.is_empty() && same < prev.len());
+            assert_eq!(meter.retained(&needed), crate::retention::retained(&needed, r));
+            prev = r.clone();
+        }
+    }
 }
