@@ -20,8 +20,30 @@ pub enum Trigger {
     Now,
 }
 
-/// Branch positions by entry id (looked up, never iterated: the order of a hash map reaches nothing).
-type Positions<'a> = rustc_hash::FxHashMap<&'a str, usize>;
+/// Branch positions by entry id. What the pipeline looks up is nearly always recent (pending batches, the
+/// outputs it closes), so the newest entries are searched first and the whole branch is indexed only when
+/// an entry lies further back (looked up, never iterated: the order of a hash map reaches nothing).
+struct Positions<'a> {
+    branch: &'a [(&'a str, &'a Arc<Message>)],
+    all: std::cell::OnceCell<rustc_hash::FxHashMap<&'a str, usize>>,
+}
+
+/// How many of the newest entries are searched before the whole branch is indexed.
+const RECENT: usize = 512;
+
+impl<'a> Positions<'a> {
+    fn new(branch: &'a [(&'a str, &'a Arc<Message>)]) -> Positions<'a> {
+        Positions { branch, all: std::cell::OnceCell::new() }
+    }
+
+    fn get(&self, id: &str) -> Option<usize> {
+        let n = self.branch.len();
+        if let Some(i) = (n.saturating_sub(RECENT)..n).rev().find(|&i| self.branch[i].0 == id) {
+            return Some(i);
+        }
+        self.all.get_or_init(|| self.branch.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect()).get(id).copied()
+    }
+}
 
 /// Where a call sits.
 struct CallSite<'a> {
@@ -174,7 +196,7 @@ pub fn plan(
 
     // Which pending batches close now.
     // Lookups only, never iterated.
-    let position: Positions<'_> = branch.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect();
+    let position = Positions::new(&branch);
     let mut pending: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for b in idx.pending_batches() {
         pending.insert(b, idx.batches[&b].iter().map(|r| &idx.records[r]).collect());
@@ -182,7 +204,7 @@ pub fn plan(
     for r in &new_records {
         pending.entry(r.batch).or_default().push(r);
     }
-    let pos_of = |r: &Record| position.get(r.entry.as_str()).copied();
+    let pos_of = |r: &Record| position.get(r.entry.as_str());
     let read_before = |limit: Option<usize>, recs: &[&Record]| {
         limit.is_some_and(|l| recs.iter().all(|r| pos_of(r).is_some_and(|p| p < l)))
     };
@@ -349,5 +371,5 @@ fn text_of(
     if let Some(t) = texts.get(&r.ref_n) {
         return t.clone();
     }
-    position.get(r.entry.as_str()).map(|&i| output_text(branch[i].1)).unwrap_or_default()
+    position.get(r.entry.as_str()).map(|i| output_text(branch[i].1)).unwrap_or_default()
 }

@@ -109,6 +109,9 @@ pub struct Projection {
     // message, so an address cannot be reused while it is a key. Shared with copies of the projection
     // (an estimate depends on the message alone) and cleared when it outgrows the tree.
     tokens: Arc<Mutex<HashMap<usize, (Arc<Message>, u64)>>>,
+    // The path (root first) of the last leaf asked for. Entries never change once appended, so it stays
+    // right for that leaf, and the path of a leaf below it is that path extended.
+    path_cache: Mutex<Option<(usize, Arc<Vec<usize>>)>>,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -159,6 +162,7 @@ impl Clone for Projection {
             model_change_leaf: self.model_change_leaf,
             overhead: self.overhead,
             tokens: self.tokens.clone(),
+            path_cache: Mutex::new(self.path_cache.lock().expect("path cache lock").clone()),
         }
     }
 }
@@ -585,9 +589,32 @@ impl Projection {
     }
 
     /// Entry indices on the path from the root to the leaf.
-    fn path(&self) -> Vec<usize> {
-        let mut path: Vec<usize> = self.ancestors().collect();
-        path.reverse();
+    fn path(&self) -> Arc<Vec<usize>> {
+        let Some(leaf) = self.leaf else { return Arc::default() };
+        let mut cache = self.path_cache.lock().expect("path cache lock");
+        let known = cache.clone();
+        if let Some((l, p)) = &known
+            && *l == leaf
+        {
+            return p.clone();
+        }
+        // Up from the leaf until the cached leaf (the branch grew below it) or the root.
+        let mut tail = Vec::new();
+        let mut base: &[usize] = &[];
+        for i in self.ancestors() {
+            if let Some((l, p)) = &known
+                && *l == i
+            {
+                base = p;
+                break;
+            }
+            tail.push(i);
+        }
+        let mut path = Vec::with_capacity(base.len() + tail.len());
+        path.extend_from_slice(base);
+        path.extend(tail.into_iter().rev());
+        let path = Arc::new(path);
+        *cache = Some((leaf, path.clone()));
         path
     }
 
@@ -627,7 +654,7 @@ impl Projection {
 
     /// Entry ids on the path from the root to the leaf.
     pub fn path_ids(&self) -> Vec<String> {
-        self.path().into_iter().map(|i| self.items[i].id.clone()).collect()
+        self.path().iter().map(|&i| self.items[i].id.clone()).collect()
     }
 
     /// The message of entry `id`, on any branch.
@@ -650,7 +677,7 @@ impl Projection {
             }
         }
         let mut out = Vec::new();
-        for i in self.path() {
+        for &i in self.path().iter() {
             let id = self.items[i].id.as_str();
             match &self.items[i].node {
                 Node::Message(m, _) => out.push(TranscriptRow::Message(id, m)),
@@ -677,7 +704,8 @@ impl Projection {
 
     fn entries_on_path(&self, skip_overflowed: bool) -> Vec<(&str, &Arc<Message>)> {
         self.path()
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|i| !(skip_overflowed && self.overflowed.contains(i)))
             .filter_map(|i| match &self.items[i].node {
                 Node::Message(m, _) => Some((self.items[i].id.as_str(), m)),
@@ -689,8 +717,8 @@ impl Projection {
     /// Messages on the active branch before compaction and repair: the whole visible transcript.
     pub fn branch_messages(&self) -> Context {
         self.path()
-            .into_iter()
-            .filter_map(|i| match &self.items[i].node {
+            .iter()
+            .filter_map(|&i| match &self.items[i].node {
                 Node::Message(m, _) => Some(m.clone()),
                 _ => None,
             })
