@@ -512,10 +512,13 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent]) -> bool {
     let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();
     // The candidate's own messages are counted without being remembered: it is usually dropped.
     let count_candidate = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate_once(m)).sum::<u64>();
-    let saved = count(&b).saturating_sub(count_candidate(&a));
+    // What the prunes save is what differs: the prefix and the suffix both contexts share count the same.
+    let same_as = |x: &Arc<condense_events::Message>, y: &Arc<condense_events::Message>| Arc::ptr_eq(x, y) || x == y;
+    let same = b.iter().zip(a.iter()).take_while(|(x, y)| same_as(x, y)).count();
+    let tail = b[same..].iter().rev().zip(a[same..].iter().rev()).take_while(|(x, y)| same_as(x, y)).count();
+    let saved = count(&b[same..b.len() - tail]).saturating_sub(count_candidate(&a[same..a.len() - tail]));
     // Everything after the first changed message is sent uncached once more: the prune must save more
     // than that, or it costs more than it brings back.
-    let same = b.iter().zip(a.iter()).take_while(|(x, y)| Arc::ptr_eq(x, y) || x == y).count();
     // What came after the last assistant message is new to the model and goes uncached either way.
     let fresh_from = a.iter().rposition(|m| matches!(**m, condense_events::Message::Assistant { .. })).map_or(0, |i| i + 1);
     let resent = count_candidate(&a[same.min(fresh_from)..fresh_from]);

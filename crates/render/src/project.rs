@@ -2,7 +2,10 @@
 
 use condense_events::{Block, Context, DecisionEvent, Entry, Event, Message, PruneConfig, Seq, SourceEvent, UserOrigin, QUERY_TOOL_NAME};
 use condense_index::Index;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+// Every hash map here is looked up, never iterated in an order that reaches a rendered byte; the Fx hash
+// is a fast one for such keys (numbers, entry and call ids).
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Text of the result condense supplies for a call whose result the source never recorded (an aborted
@@ -879,7 +882,7 @@ impl Projection {
         }
         let now_utg = utg;
         // Where each chain's final reply sits, found in one pass.
-        let mut last_pos: HashMap<u32, usize> = HashMap::new();
+        let mut last_pos: HashMap<u32, usize> = HashMap::default();
         if upto >= 3 && !idx.chains.is_empty() {
             for (k, (i, _, _)) in raw.iter().enumerate() {
                 if let Some(block) = i.and_then(|i| self.marks.get(&i)).and_then(|mk| mk.chain_last) {
@@ -1107,7 +1110,7 @@ fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental {
             Meta::User => out.push((*m).clone()),
         }
     }
-    let mut pending = HashMap::new();
+    let mut pending = HashMap::default();
     for (c, &slot) in open.iter().enumerate() {
         if slot != 0 && synthetic_at[slot as usize - 1] != usize::MAX {
             pending.insert(c as u32, synthetic_at[slot as usize - 1]);
