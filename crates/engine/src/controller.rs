@@ -64,6 +64,10 @@ pub const PROVIDER_OVERFLOW_AFTER_RETRY: &str = "PROVIDER_OVERFLOW_AFTER_RETRY";
 /// Whether the model called `new_context` in its last turn and that turn has finished (every call has
 /// its result) with no checkpoint made since.
 fn new_context_requested(p: &Projection) -> bool {
+    // Nearly always the last turn did not call it: that is found without building the branch.
+    if !p.last_assistant().is_some_and(|m| m.tool_calls().any(|(_, name, _)| name == NEW_CONTEXT_TOOL)) {
+        return false;
+    }
     let branch = p.branch_entries();
     let Some(last_asst) = branch.iter().rposition(|(_, m)| matches!(***m, Message::Assistant { .. })) else { return false };
     let (_, asst) = branch[last_asst];

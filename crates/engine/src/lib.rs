@@ -524,7 +524,7 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent]) -> bool {
     let resent = count_candidate(&a[same.min(fresh_from)..fresh_from]);
     // Expected requests still to come: as many as there were so far (a session that has run long tends
     // to run on). The prune pays when the cached-price savings over them beat re-sending at full price.
-    let requests = proj.branch_entries().iter().filter(|(_, m)| matches!(***m, condense_events::Message::Assistant { .. })).count() as u64;
+    let requests = proj.branch_assistants() as u64;
     let horizon = (requests / 2).max(1);
     saved >= min && saved * horizon * 10 >= resent * 115
 }

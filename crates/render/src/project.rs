@@ -699,6 +699,20 @@ impl Projection {
         self.entries_on_path(false)
     }
 
+    /// The newest assistant message on the active branch (found from the leaf up, without building the
+    /// branch).
+    pub fn last_assistant(&self) -> Option<&Arc<Message>> {
+        self.ancestors().find_map(|i| match &self.items[i].node {
+            Node::Message(m, _) if matches!(**m, Message::Assistant { .. }) => Some(m),
+            _ => None,
+        })
+    }
+
+    /// How many assistant messages the active branch holds (requests answered so far).
+    pub fn branch_assistants(&self) -> usize {
+        self.path().iter().filter(|&&i| matches!(&self.items[i].node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. }))).count()
+    }
+
     /// As [`Projection::branch_entries`], without assistant messages whose request overflowed (they stay
     /// in the transcript but not in the model context).
     pub fn branch_entries_in_context(&self) -> Vec<(&str, &Arc<Message>)> {
