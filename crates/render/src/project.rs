@@ -89,7 +89,8 @@ pub struct Projection {
     phase_cache: Mutex<PhaseCache>,
     // What the decisions say about each entry, by entry index (lookups only, never iterated).
     // Shared copy on write: a candidate copy whose decisions change no mark (a batch closing) copies none.
-    marks: Arc<HashMap<usize, Marks>>,
+    // By entry index (dense: every entry has a slot once one is marked).
+    marks: Arc<Vec<Option<Marks>>>,
     // The summary message of each checkpoint, built once so every render shares the same bytes.
     checkpoint_msgs: std::collections::BTreeMap<u32, Arc<Message>>,
     // Bounded copies of results by (checkpoint, entry index).
@@ -135,9 +136,20 @@ struct Marks {
 
 /// Messages the render phases built, kept so later renders share them instead of building them again:
 /// stubs by ref, condensed turns by (entry, closed, purges). What they hold never changes for a key.
+/// The marks of entry `i`, made when missing (copy on write: see `Projection::marks`).
+fn mark_of(marks: &mut Arc<Vec<Option<Marks>>>, i: usize) -> &mut Marks {
+    let v = Arc::make_mut(marks);
+    if v.len() <= i {
+        v.resize(i + 1, None);
+    }
+    v[i].get_or_insert_with(Marks::default)
+}
+
 #[derive(Debug, Clone, Default)]
 struct PhaseCache {
     stubs: std::collections::BTreeMap<u32, Arc<Message>>,
+    // The block message of each compressed chain (its body never changes once decided).
+    chains: std::collections::BTreeMap<u32, Arc<Message>>,
     turns: std::collections::BTreeMap<(usize, bool, usize), Arc<Message>>,
 }
 
@@ -361,23 +373,23 @@ impl Projection {
         match d {
             DecisionEvent::OutputCaptured(r) => {
                 if let Some(i) = a {
-                    Arc::make_mut(&mut self.marks).entry(i).or_default().result_ref = Some(r.ref_n);
+                    mark_of(&mut self.marks, i).result_ref = Some(r.ref_n);
                 }
                 if let Some(i) = b {
-                    Arc::make_mut(&mut self.marks).entry(i).or_default().call_refs.push(r.ref_n);
+                    mark_of(&mut self.marks, i).call_refs.push(r.ref_n);
                 }
             }
             DecisionEvent::ErrorArgsPurged { .. } => {
                 if let Some(i) = a {
-                    Arc::make_mut(&mut self.marks).entry(i).or_default().purged += 1;
+                    mark_of(&mut self.marks, i).purged += 1;
                 }
             }
             DecisionEvent::ChainCompressed { block, .. } => {
                 if let Some(i) = a {
-                    Arc::make_mut(&mut self.marks).entry(i).or_default().chain_first = Some(*block);
+                    mark_of(&mut self.marks, i).chain_first = Some(*block);
                 }
                 if let Some(i) = b {
-                    Arc::make_mut(&mut self.marks).entry(i).or_default().chain_last = Some(*block);
+                    mark_of(&mut self.marks, i).chain_last = Some(*block);
                 }
             }
             _ => {}
@@ -899,7 +911,7 @@ impl Projection {
         let mut last_pos: HashMap<u32, usize> = HashMap::default();
         if upto >= 3 && !idx.chains.is_empty() {
             for (k, (i, _, _)) in raw.iter().enumerate() {
-                if let Some(block) = i.and_then(|i| self.marks.get(&i)).and_then(|mk| mk.chain_last) {
+                if let Some(block) = i.and_then(|i| self.marks.get(i)).and_then(|mk| mk.as_ref()).and_then(|mk| mk.chain_last) {
                     last_pos.insert(block, k);
                 }
             }
@@ -909,7 +921,7 @@ impl Projection {
         let mut k = 0;
         while k < raw.len() {
             let (item, m, meta) = raw[k];
-            let marks = item.and_then(|i| self.marks.get(&i));
+            let marks = item.and_then(|i| self.marks.get(i)).and_then(Option::as_ref);
             let Some(mk) = marks else {
                 out.push((item, m.clone(), meta));
                 k += 1;
@@ -920,7 +932,8 @@ impl Projection {
                 if let (Some(chain), Some(&last)) = (idx.chains.get(&block), last_pos.get(&block)) {
                     if last > k {
                         out.push((item, m.clone(), meta));
-                        out.push((None, Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)), &Meta::User));
+                        let block_msg = cache.chains.entry(block).or_insert_with(|| Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary))).clone();
+                        out.push((None, block_msg, &Meta::User));
                         let (fi, fm, fmeta) = raw[last];
                         let stripped = if self.config.thinking_strip { strip_thinking(fm) } else { fm.clone() };
                         out.push((fi, stripped, fmeta));
