@@ -35,24 +35,36 @@ pub struct CallInfo<'a> {
 /// message with tool calls. A chain is a prompt, at least one tool-using turn, and the first final reply
 /// after them with no other prompt in between.
 pub fn closed_chains(n: usize, is_prompt: impl Fn(usize) -> bool, is_final: impl Fn(usize) -> bool, has_calls: impl Fn(usize) -> bool) -> Vec<Span> {
-    let mut out = Vec::new();
-    let mut start: Option<usize> = None;
-    let mut tools = false;
-    for i in 0..n {
-        if is_prompt(i) {
-            start = Some(i);
-            tools = false;
-        } else if has_calls(i) {
-            tools = true;
-        } else if is_final(i) {
-            if let (Some(s), true) = (start, tools) {
-                out.push(Span { first: s, last: i });
-            }
-            start = None;
-            tools = false;
+    let mut scan = ChainScan::default();
+    (0..n).filter_map(|i| scan.step(i, is_prompt(i), is_final(i), has_calls(i))).collect()
+}
+
+/// [`closed_chains`] one entry at a time, so a branch that grows is scanned only where it grew.
+#[derive(Debug, Clone, Default)]
+pub struct ChainScan {
+    start: Option<usize>,
+    tools: bool,
+}
+
+impl ChainScan {
+    /// Takes in entry `i` (in order); the chain it closes, if it closes one.
+    pub fn step(&mut self, i: usize, is_prompt: bool, is_final: bool, has_calls: bool) -> Option<Span> {
+        if is_prompt {
+            self.start = Some(i);
+            self.tools = false;
+        } else if has_calls {
+            self.tools = true;
+        } else if is_final {
+            let closed = match (self.start, self.tools) {
+                (Some(s), true) => Some(Span { first: s, last: i }),
+                _ => None,
+            };
+            self.start = None;
+            self.tools = false;
+            return closed;
         }
+        None
     }
-    out
 }
 
 fn clip(s: &str, max: usize) -> String {

@@ -121,6 +121,9 @@ struct Inner {
     archives: Mutex<Vec<((SessionId, String), Arc<condense_recovery::Archive>)>>,
     log: Log,
     warm: Mutex<Warm>,
+    /// The pipeline's positional facts of each warm session's branch (see [`pipeline::Shape`]); dropped with
+    /// the warm projection.
+    shapes: Mutex<BTreeMap<SessionId, pipeline::Shape>>,
     summarizer: Mutex<Arc<dyn Summarizer>>,
     defer_durability: bool,
 }
@@ -207,6 +210,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 archives: Mutex::new(Vec::new()),
+                shapes: Mutex::new(BTreeMap::new()),
                 log: Log::open_with(dir, options.cache_bytes)?,
                 warm: Mutex::new(Warm { map: BTreeMap::new(), tick: 0, limit: options.warm_limit.max(1) }),
                 summarizer: Mutex::new(Arc::new(Extractive::default())),
@@ -252,6 +256,7 @@ impl Store {
         let id = self.inner.log.session_id(name)?.ok_or_else(|| EngineError::UnknownSession(name.to_string()))?;
         self.inner.log.remove_session(id)?;
         self.inner.warm.lock().expect("warm lock").map.remove(&id);
+        self.inner.shapes.lock().expect("shapes lock").remove(&id);
         self.inner.archives.lock().expect("archive cache lock").retain(|((s, _), _)| *s != id);
         Ok(())
     }
@@ -463,8 +468,10 @@ impl Store {
                 w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (_, t))| (*t, *id)).collect();
             idle.sort_unstable();
             let excess = w.map.len() - w.limit;
+            let mut shapes = self.inner.shapes.lock().expect("shapes lock");
             for (_, id) in idle.into_iter().take(excess) {
                 w.map.remove(&id);
+                shapes.remove(&id);
             }
         }
         p
@@ -912,10 +919,12 @@ impl Session {
         self.catch_up(&mut proj)?;
         let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
         let log = &self.store.inner.log;
-        let decisions = pipeline::plan(&proj, summarizer.as_ref(), trigger, &mut |bytes| {
+        let mut shape = self.store.inner.shapes.lock().expect("shapes lock").remove(&self.id).unwrap_or_default();
+        let planned = pipeline::plan(&proj, &mut shape, summarizer.as_ref(), trigger, &mut |bytes| {
             log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string())
-        })
-        .map_err(|reason| EngineError::Pipeline { name: self.name.clone(), reason })?;
+        });
+        self.store.inner.shapes.lock().expect("shapes lock").insert(self.id, shape);
+        let decisions = planned.map_err(|reason| EngineError::Pipeline { name: self.name.clone(), reason })?;
         if decisions.is_empty() {
             return Ok(proj.seq());
         }

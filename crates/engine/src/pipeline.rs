@@ -53,9 +53,68 @@ struct CallSite<'a> {
     arguments: &'a str,
 }
 
+/// Positional facts of the branch the pipeline reads: for each message, the turns (assistant messages)
+/// before it, the user-turn-groups (prompts) at or before it and the chains closed before it; the newest
+/// assistant message and final reply; the closed chains. Entries never change once appended, so the facts
+/// of a branch stay true for every branch that extends it: a session keeps its shape and each request
+/// takes in only the messages that are new.
+#[derive(Debug, Clone, Default)]
+pub struct Shape {
+    /// The last message this shape covers (an id is unique in the tree, so a branch holding it at the same
+    /// position holds the same prefix).
+    last_id: String,
+    turn_at: Vec<u32>,
+    utg_at: Vec<u32>,
+    chain_at: Vec<u32>,
+    turns: u32,
+    utg: u32,
+    chains: u32,
+    last_assistant: Option<usize>,
+    last_final: Option<usize>,
+    spans: Vec<condense_chain::Span>,
+    scan: condense_chain::ChainScan,
+}
+
+impl Shape {
+    /// Brings the shape to `branch`: extended where `branch` grew from what it covers, rebuilt otherwise.
+    pub fn follow(&mut self, branch: &[(&str, &Arc<Message>)]) {
+        let covered = self.turn_at.len();
+        let extends = covered <= branch.len() && (covered == 0 || branch[covered - 1].0 == self.last_id);
+        if !extends {
+            *self = Shape::default();
+        }
+        for (i, (_, m)) in branch.iter().enumerate().skip(self.turn_at.len()) {
+            let prompt = matches!(***m, Message::User { origin: UserOrigin::Prompt, .. });
+            let assistant = matches!(***m, Message::Assistant { .. });
+            let last = is_final_reply(m);
+            if prompt {
+                self.utg += 1;
+            }
+            self.turn_at.push(self.turns);
+            self.utg_at.push(self.utg);
+            self.chain_at.push(self.chains);
+            if assistant {
+                self.turns += 1;
+                self.last_assistant = Some(i);
+            }
+            if last {
+                self.chains += 1;
+                self.last_final = Some(i);
+            }
+            if let Some(span) = self.scan.step(i, prompt, last, m.tool_calls().next().is_some()) {
+                self.spans.push(span);
+            }
+        }
+        if let Some((id, _)) = branch.last() {
+            self.last_id = id.to_string();
+        }
+    }
+}
+
 /// Decides what the pipeline does now. `put_blob` stores a spilled output and returns its hash.
 pub fn plan(
     p: &Projection,
+    shape: &mut Shape,
     summarizer: &dyn Summarizer,
     trigger: Trigger,
     put_blob: &mut dyn FnMut(&[u8]) -> Result<String, String>,
@@ -66,30 +125,11 @@ pub fn plan(
     }
     let idx = p.index();
     let branch = p.branch_entries();
-    let n = branch.len();
     let mut out = Vec::new();
 
-    // Positional counters: turns (assistant messages before) and user-turn-groups (prompts at or before).
-    let mut turn_at = Vec::with_capacity(n);
-    let mut utg_at = Vec::with_capacity(n);
-    let mut chain_at = Vec::with_capacity(n);
-    let (mut turns, mut utg, mut chains) = (0u32, 0u32, 0u32);
-    for (_, m) in &branch {
-        if matches!(***m, Message::User { origin: UserOrigin::Prompt, .. }) {
-            utg += 1;
-        }
-        turn_at.push(turns);
-        utg_at.push(utg);
-        chain_at.push(chains);
-        if matches!(***m, Message::Assistant { .. }) {
-            turns += 1;
-        }
-        if is_final_reply(m) {
-            chains += 1;
-        }
-    }
-    let last_assistant = branch.iter().rposition(|(_, m)| matches!(***m, Message::Assistant { .. }));
-    let last_final = branch.iter().rposition(|(_, m)| is_final_reply(m));
+    shape.follow(&branch);
+    let Shape { turn_at, utg_at, chain_at, turns, utg, last_assistant, last_final, spans, .. } = &*shape;
+    let (turns, utg, last_assistant, last_final) = (*turns, *utg, *last_assistant, *last_final);
 
     // Capture: every tool result on the branch not captured yet, with the call it answers.
     let mut calls: BTreeMap<&str, CallSite<'_>> = BTreeMap::new();
@@ -305,12 +345,6 @@ pub fn plan(
     }
 
     // Chain compression: closed chains older than the rolling window.
-    let spans = condense_chain::closed_chains(
-        n,
-        |i| matches!(**branch[i].1, Message::User { origin: UserOrigin::Prompt, .. }),
-        |i| is_final_reply(branch[i].1),
-        |i| branch[i].1.tool_calls().next().is_some(),
-    );
     let keep = cfg.rolling_window as usize;
     let compressed: std::collections::BTreeSet<&str> = idx.chains.values().map(|c| c.first.as_str()).collect();
     let mut block = idx.next_block();
@@ -372,4 +406,56 @@ fn text_of(
         return t.clone();
     }
     position.get(r.entry.as_str()).map(|i| output_text(branch[i].1)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod shape_tests {
+    use super::*;
+    use condense_events::Block;
+
+    fn branch_of(n: usize) -> Vec<(String, Arc<Message>)> {
+        (0..n)
+            .map(|i| {
+                let m = match i % 5 {
+                    0 => Message::user_text(&format!("task {i}"), UserOrigin::Prompt),
+                    1 | 3 => Message::Assistant {
+                        content: vec![Block::ToolCall { id: format!("c{i}"), name: "bash".into(), arguments: "{}".into() }],
+                        model: None,
+                        stop: None,
+                        usage: None,
+                    },
+                    2 => Message::ToolResult { call_id: format!("c{}", i - 1), tool_name: "bash".into(), content: vec![Block::Text { text: "out".into() }], is_error: false },
+                    _ => Message::Assistant { content: vec![Block::Text { text: format!("done {i}") }], model: None, stop: None, usage: None },
+                };
+                (format!("e{i}"), Arc::new(m))
+            })
+            .collect()
+    }
+
+    fn view(b: &[(String, Arc<Message>)]) -> Vec<(&str, &Arc<Message>)> {
+        b.iter().map(|(id, m)| (id.as_str(), m)).collect()
+    }
+
+    /// A shape brought up to a branch message by message is the shape of that branch built at once, and a
+    /// branch that does not extend the covered one (a rewind, another branch) is rebuilt.
+    #[test]
+    fn a_shape_followed_step_by_step_is_the_shape_built_at_once() {
+        let all = branch_of(43);
+        let mut step = Shape::default();
+        for k in 0..=all.len() {
+            step.follow(&view(&all[..k]));
+            let mut once = Shape::default();
+            once.follow(&view(&all[..k]));
+            assert_eq!(format!("{step:?}"), format!("{once:?}"), "after {k} messages");
+        }
+        assert_eq!(step.spans.len(), 8, "{:?}", step.spans);
+        // A rewind to 20 messages, then another message in place of the 21st.
+        step.follow(&view(&all[..20]));
+        let mut other = all[..20].to_vec();
+        other.push(("x".into(), Arc::new(Message::user_text("elsewhere", UserOrigin::Prompt))));
+        step.follow(&view(&other));
+        let mut once = Shape::default();
+        once.follow(&view(&other));
+        assert_eq!(format!("{step:?}"), format!("{once:?}"));
+    }
 }
