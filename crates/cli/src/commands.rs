@@ -515,7 +515,10 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
     // The replays go into a private folder made atomically under a fresh name and removed on every exit
     // path (declared before the store, so the store closes first).
     let scratch = tempfile::Builder::new().prefix("condense-simulate-").tempdir().context("creating a scratch folder for the replays")?;
-    let temp = if kept.is_some() { None } else { Some(Store::open(scratch.path())?) };
+    // A scratch store is removed when the command ends: nothing in it needs to survive a crash, so its
+    // appends do not wait for the disk.
+    let scratch_options = condense_engine::StoreOptions { defer_durability: true, ..Default::default() };
+    let temp = if kept.is_some() { None } else { Some(Store::open_with(scratch.path(), scratch_options)?) };
     let target = match (&temp, kept) {
         (Some(t), _) => t,
         (None, Some(k)) => k,
