@@ -121,9 +121,6 @@ struct Inner {
     archives: Mutex<Vec<((SessionId, String), Arc<condense_recovery::Archive>)>>,
     log: Log,
     warm: Mutex<Warm>,
-    /// The pipeline's positional facts of each warm session's branch (see [`pipeline::Shape`]); dropped with
-    /// the warm projection.
-    shapes: Mutex<BTreeMap<SessionId, pipeline::Shape>>,
     summarizer: Mutex<Arc<dyn Summarizer>>,
     defer_durability: bool,
 }
@@ -131,7 +128,9 @@ struct Inner {
 /// The warm projections, bounded: the least recently used one that nobody holds is dropped when there are
 /// more than `limit` (it is folded again from the log when next needed).
 struct Warm {
-    map: BTreeMap<SessionId, (Arc<Mutex<Projection>>, u64)>,
+    /// Each warm session: its projection, when it was last used, and the pipeline's positional facts of its
+    /// branch (see [`pipeline::Shape`]), which go with the projection.
+    map: BTreeMap<SessionId, (Arc<Mutex<Projection>>, u64, pipeline::Shape)>,
     tick: u64,
     limit: usize,
 }
@@ -210,7 +209,6 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 archives: Mutex::new(Vec::new()),
-                shapes: Mutex::new(BTreeMap::new()),
                 log: Log::open_with(dir, options.cache_bytes)?,
                 warm: Mutex::new(Warm { map: BTreeMap::new(), tick: 0, limit: options.warm_limit.max(1) }),
                 summarizer: Mutex::new(Arc::new(Extractive::default())),
@@ -256,7 +254,6 @@ impl Store {
         let id = self.inner.log.session_id(name)?.ok_or_else(|| EngineError::UnknownSession(name.to_string()))?;
         self.inner.log.remove_session(id)?;
         self.inner.warm.lock().expect("warm lock").map.remove(&id);
-        self.inner.shapes.lock().expect("shapes lock").remove(&id);
         self.inner.archives.lock().expect("archive cache lock").retain(|((s, _), _)| *s != id);
         Ok(())
     }
@@ -458,23 +455,33 @@ impl Store {
         w.tick += 1;
         let tick = w.tick;
         let p = {
-            let slot = w.map.entry(id).or_insert_with(|| (Arc::default(), 0));
+            let slot = w.map.entry(id).or_insert_with(|| (Arc::default(), 0, pipeline::Shape::default()));
             slot.1 = tick;
             slot.0.clone()
         };
         if w.map.len() > w.limit {
             // Drop the least recently used projections nobody else holds (the one handed out now is held).
             let mut idle: Vec<(u64, SessionId)> =
-                w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (_, t))| (*t, *id)).collect();
+                w.map.iter().filter(|(_, (p, _, _))| Arc::strong_count(p) == 1).map(|(id, (_, t, _))| (*t, *id)).collect();
             idle.sort_unstable();
             let excess = w.map.len() - w.limit;
-            let mut shapes = self.inner.shapes.lock().expect("shapes lock");
             for (_, id) in idle.into_iter().take(excess) {
                 w.map.remove(&id);
-                shapes.remove(&id);
             }
         }
         p
+    }
+
+    /// The pipeline's shape of a warm session's branch, taken out while the pipeline extends it.
+    fn take_shape(&self, id: SessionId) -> pipeline::Shape {
+        self.inner.warm.lock().expect("warm lock").map.get_mut(&id).map(|slot| std::mem::take(&mut slot.2)).unwrap_or_default()
+    }
+
+    /// Puts a shape back beside its projection (dropped when the session is no longer warm).
+    fn put_shape(&self, id: SessionId, shape: pipeline::Shape) {
+        if let Some(slot) = self.inner.warm.lock().expect("warm lock").map.get_mut(&id) {
+            slot.2 = shape;
+        }
     }
 
     /// How many projections are warm in memory now.
@@ -503,8 +510,9 @@ fn is_prune(d: &DecisionEvent) -> bool {
 }
 
 /// Whether `prunes` shrink the context of `proj` (which holds this request's captures already) by at least
-/// `minPruneTokens`, and by more than re-sending the rewritten suffix costs. Captures always stay.
-fn worth_it(proj: &Projection, prunes: &[DecisionEvent]) -> bool {
+/// `minPruneTokens`, and by more than re-sending the rewritten suffix costs over the requests expected
+/// (`requests`: those answered so far). Captures always stay.
+fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> bool {
     let min = proj.config().min_prune_tokens;
     if min == 0 {
         return true;
@@ -531,7 +539,6 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent]) -> bool {
     let resent = count_candidate(&a[same.min(fresh_from)..fresh_from]);
     // Expected requests still to come: as many as there were so far (a session that has run long tends
     // to run on). The prune pays when the cached-price savings over them beat re-sending at full price.
-    let requests = proj.branch_assistants() as u64;
     let horizon = (requests / 2).max(1);
     saved >= min && saved * horizon * 10 >= resent * 115
 }
@@ -624,8 +631,25 @@ impl Session {
     }
 
     fn append_locked(&self, proj: &mut Projection, events: Vec<Event>) -> Result<Seq> {
+        self.append_applied(proj, events, 0)
+    }
+
+    /// Appends `events`, of which the first `applied` are in `proj` already (at the seqs they are written
+    /// under); the rest go into it once acknowledged. Should the log refuse them, a projection ahead of the
+    /// log is cleared, to be folded again from the log when next read.
+    fn append_applied(&self, proj: &mut Projection, events: Vec<Event>, applied: usize) -> Result<Seq> {
+        let written_from = proj.seq() - applied as u64;
+        let result = self.write_chunks(proj, written_from, events, written_from + applied as u64);
+        if result.is_err() && applied > 0 {
+            *proj = Projection::new();
+        }
+        result
+    }
+
+    /// Writes `events` after `head`, pipelined in chunks, and applies to `proj` those acknowledged past
+    /// `known` (the projection's seq).
+    fn write_chunks(&self, proj: &mut Projection, mut head: Seq, events: Vec<Event>, known: Seq) -> Result<Seq> {
         let log = &self.store.inner.log;
-        let mut head = proj.seq();
         let mut in_flight: Option<(Vec<Event>, crossbeam_channel::Receiver<condense_log::Result<Seq>>)> = None;
         let mut events = events.into_iter().peekable();
         loop {
@@ -639,19 +663,21 @@ impl Session {
                     .map(|(i, body)| condense_log::encode_event(self.id, head + 1 + i as u64, body))
                     .collect();
                 let rx = log.append_encoded(self.id, head, values, !self.store.inner.defer_durability)?;
-                let first = head + 1;
                 head += chunk.len() as u64;
-                Some((first, chunk, rx))
+                Some((chunk, rx))
             };
             if let Some((done, rx)) = in_flight.take() {
                 let acked = rx.recv().map_err(|_| LogError::Closed)??;
                 let first = acked + 1 - done.len() as u64;
                 for (i, e) in done.into_iter().enumerate() {
-                    proj.apply_owned(first + i as u64, e);
+                    let seq = first + i as u64;
+                    if seq > known {
+                        proj.apply_owned(seq, e);
+                    }
                 }
             }
             match sent {
-                Some((_, chunk, rx)) => in_flight = Some((chunk, rx)),
+                Some(x) => in_flight = Some(x),
                 None => break,
             }
         }
@@ -919,11 +945,13 @@ impl Session {
         self.catch_up(&mut proj)?;
         let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
         let log = &self.store.inner.log;
-        let mut shape = self.store.inner.shapes.lock().expect("shapes lock").remove(&self.id).unwrap_or_default();
+        let mut shape = self.store.take_shape(self.id);
         let planned = pipeline::plan(&proj, &mut shape, summarizer.as_ref(), trigger, &mut |bytes| {
             log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string())
         });
-        self.store.inner.shapes.lock().expect("shapes lock").insert(self.id, shape);
+        // Requests answered so far: the assistant messages on the branch, as the shape counted them.
+        let requests = u64::from(shape.turns());
+        self.store.put_shape(self.id, shape);
         let decisions = planned.map_err(|reason| EngineError::Pipeline { name: self.name.clone(), reason })?;
         if decisions.is_empty() {
             return Ok(proj.seq());
@@ -942,29 +970,10 @@ impl Session {
             proj.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
         }
         let applied = decisions.len();
-        if worth_it(&proj, &prunes) {
+        if worth_it(&proj, &prunes, requests) {
             decisions.extend(prunes);
         }
-        let values: Vec<Vec<u8>> = decisions
-            .iter()
-            .enumerate()
-            .map(|(i, d)| condense_log::encode_event(self.id, base + 1 + i as u64, &Event::Decision(d.clone())))
-            .collect();
-        let written = log
-            .append_encoded(self.id, base, values, !self.store.inner.defer_durability)
-            .and_then(|rx| rx.recv().map_err(|_| LogError::Closed)?);
-        let head = match written {
-            Ok(h) => h,
-            Err(e) => {
-                // The projection is ahead of the log: it is folded again from the log when next read.
-                *proj = Projection::new();
-                return Err(e.into());
-            }
-        };
-        for (i, d) in decisions.into_iter().enumerate().skip(applied) {
-            proj.apply_owned(base + 1 + i as u64, Event::Decision(d));
-        }
-        Ok(head)
+        self.append_applied(&mut proj, decisions.into_iter().map(Event::Decision).collect(), applied)
     }
 
     /// Answers `context_tree_query` for refs (`t12`, `b3`) or raw tool-call ids: the originals, byte for

@@ -76,6 +76,11 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Assistant messages on the branch it covers.
+    pub fn turns(&self) -> u32 {
+        self.turns
+    }
+
     /// Brings the shape to `branch`: extended where `branch` grew from what it covers, rebuilt otherwise.
     pub fn follow(&mut self, branch: &[(&str, &Arc<Message>)]) {
         let covered = self.turn_at.len();

@@ -720,11 +720,6 @@ impl Projection {
         })
     }
 
-    /// How many assistant messages the active branch holds (requests answered so far).
-    pub fn branch_assistants(&self) -> usize {
-        self.path().iter().filter(|&&i| matches!(&self.items[i].node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. }))).count()
-    }
-
     /// As [`Projection::branch_entries`], without assistant messages whose request overflowed (they stay
     /// in the transcript but not in the model context).
     pub fn branch_entries_in_context(&self) -> Vec<(&str, &Arc<Message>)> {
