@@ -182,7 +182,8 @@ pub struct Appended {
 /// What a log backend does; [`Log`] adds the checks and conveniences common to both. Implemented by the
 /// embedded sled store and by PostgreSQL ([`Location`] picks one). Every backend stores the same encoded
 /// bytes per `(session, seq)`, acknowledges an append only once it is durable (unless asked otherwise),
-/// and refuses an append whose expected head is stale with [`LogError::HeadMismatch`].
+/// and refuses an append whose expected head is stale with [`LogError::HeadMismatch`]. Dropping a backend
+/// closes it.
 pub trait Backend: Send + Sync {
     /// Where the store is, for messages (never with a password).
     fn describe(&self) -> String;
@@ -259,19 +260,11 @@ impl std::fmt::Debug for Location {
     }
 }
 
-/// A handle to an open log. Cheap to clone; the backend stops when the last handle is dropped.
+/// A handle to an open log. Cheap to clone; the backend stops when the last handle is dropped (each
+/// backend finishes its pending work and stops when dropped).
 #[derive(Clone)]
 pub struct Log {
-    backend: Arc<Closing>,
-}
-
-/// Stops the backend when the last handle goes.
-struct Closing(Box<dyn Backend>);
-
-impl Drop for Closing {
-    fn drop(&mut self) {
-        self.0.close();
-    }
+    backend: Arc<dyn Backend>,
 }
 
 impl Log {
@@ -289,52 +282,47 @@ impl Log {
 
     /// Opens the log at `location`; `cache_bytes` bounds sled's page cache.
     pub fn open_location(location: &Location, cache_bytes: u64) -> Result<Log> {
-        let backend: Box<dyn Backend> = match location {
-            Location::Dir(dir) => Box::new(sled_store::SledStore::open(dir, cache_bytes)?),
-            Location::Postgres(url) => Box::new(pg::PgStore::open(url)?),
+        let backend: Arc<dyn Backend> = match location {
+            Location::Dir(dir) => Arc::new(sled_store::SledStore::open(dir, cache_bytes)?),
+            Location::Postgres(url) => Arc::new(pg::PgStore::open(url)?),
         };
-        Ok(Log::from_backend(backend))
-    }
-
-    /// A log over any backend.
-    pub fn from_backend(backend: Box<dyn Backend>) -> Log {
-        Log { backend: Arc::new(Closing(backend)) }
+        Ok(Log { backend })
     }
 
     /// Where the store is (never with a password).
     pub fn describe(&self) -> String {
-        self.backend.0.describe()
+        self.backend.describe()
     }
 
     /// Creates a session named `name` and returns its id.
     pub fn create_session(&self, name: &str) -> Result<SessionId> {
-        self.backend.0.create_session(name, None)
+        self.backend.create_session(name, None)
     }
 
     /// Creates a session named `name` under the id `wanted` when that id is free and was never used, else
     /// under the next one (an import keeps the ids of an export this way).
     pub fn create_session_as(&self, name: &str, wanted: SessionId) -> Result<SessionId> {
-        self.backend.0.create_session(name, Some(wanted))
+        self.backend.create_session(name, Some(wanted))
     }
 
     /// Looks a session up by name.
     pub fn session_id(&self, name: &str) -> Result<Option<SessionId>> {
-        self.backend.0.session_id(name)
+        self.backend.session_id(name)
     }
 
     /// Every session, in id order.
     pub fn sessions(&self) -> Result<Vec<SessionInfo>> {
-        self.backend.0.sessions()
+        self.backend.sessions()
     }
 
     /// The newest sequence number of `session` (0 when it has no events).
     pub fn head(&self, session: SessionId) -> Result<Seq> {
-        self.backend.0.head(session)
+        self.backend.head(session)
     }
 
     /// Deletes `session`: its name and every event. Its id is never given to another session.
     pub fn remove_session(&self, session: SessionId) -> Result<()> {
-        self.backend.0.remove_session(session)
+        self.backend.remove_session(session)
     }
 
     /// Appends `events` to `session` if its head is still `expected_head`; returns the new head once the
@@ -363,12 +351,12 @@ impl Log {
         if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| v.len() > codec::MAX_VALUE_BYTES + 1) {
             return Err(LogError::Oversized { session, seq: expected_head + 1 + i as u64, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 });
         }
-        self.backend.0.append_encoded(session, expected_head, values, durable)
+        self.backend.append_encoded(session, expected_head, values, durable)
     }
 
     /// Makes everything appended so far durable.
     pub fn sync(&self) -> Result<()> {
-        self.backend.0.sync()
+        self.backend.sync()
     }
 
     /// Reads the events of `session` with `from <= seq <= to`, in order.
@@ -392,7 +380,7 @@ impl Log {
         if from > to {
             return Ok(());
         }
-        self.backend.0.for_each_value(session, from, to, &mut |seq, v| f(decode_envelope(session, seq, v)?))
+        self.backend.for_each_value(session, from, to, &mut |seq, v| f(decode_envelope(session, seq, v)?))
     }
 
     /// Calls `f` with the stored bytes of each event of `session` in `from..=to` (what an export writes).
@@ -400,27 +388,27 @@ impl Log {
         if from > to {
             return Ok(());
         }
-        self.backend.0.for_each_value(session, from, to, &mut f)
+        self.backend.for_each_value(session, from, to, &mut f)
     }
 
     /// A channel that receives a notice after every durable group of appends.
     pub fn subscribe(&self) -> Receiver<Appended> {
-        self.backend.0.subscribe()
+        self.backend.subscribe()
     }
 
     /// Stores `bytes` as a content-addressed blob and returns its hash.
     pub fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash> {
-        self.backend.0.put_blob(bytes)
+        self.backend.put_blob(bytes)
     }
 
     /// Reads the blob `hash`, checking that its content still matches.
     pub fn get_blob(&self, hash: &BlobHash) -> Result<Vec<u8>> {
-        self.backend.0.get_blob(hash)
+        self.backend.get_blob(hash)
     }
 
     /// Every blob hash present, sorted.
     pub fn blob_hashes(&self) -> Result<Vec<BlobHash>> {
-        self.backend.0.blob_hashes()
+        self.backend.blob_hashes()
     }
 
     /// Checks every stored value: it decodes, carries the key it is stored under, and each session's
@@ -482,7 +470,7 @@ impl Log {
 
     /// Finishes pending work and stops the backend. Later calls on any clone return [`LogError::Closed`].
     pub fn close(&self) {
-        self.backend.0.close();
+        self.backend.close();
     }
 }
 

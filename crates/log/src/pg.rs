@@ -133,11 +133,18 @@ impl Shared {
     /// Runs `f` on a pooled connection; once more on a fresh one when the first had been closed (the
     /// server restarted since it was opened).
     fn with<T>(&self, mut f: impl FnMut(&mut Client) -> std::result::Result<T, postgres::Error>) -> Result<T> {
+        self.with_unsent(|c, _| f(c))
+    }
+
+    /// [`Shared::with`] for work that may not be repeated once part of it reached the server: `f` sets its
+    /// flag then (before sending COMMIT, say), and a failure after that is reported, not retried.
+    fn with_unsent<T>(&self, mut f: impl FnMut(&mut Client, &mut bool) -> std::result::Result<T, postgres::Error>) -> Result<T> {
         for attempt in 0..2 {
             let mut conn = self.pool().get().map_err(|e| self.err(format!("no connection: {e}")))?;
-            match f(&mut conn) {
+            let mut sent = false;
+            match f(&mut conn, &mut sent) {
                 Ok(v) => return Ok(v),
-                Err(e) if attempt == 0 && (e.is_closed() || conn.is_closed()) => continue,
+                Err(e) if attempt == 0 && !sent && (e.is_closed() || conn.is_closed()) => continue,
                 Err(e) => return Err(self.err(describe_error(&e))),
             }
         }
@@ -372,6 +379,12 @@ impl Backend for PgStore {
     }
 }
 
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 fn run(shared: &Shared, rx: &Receiver<Request>) {
     // Whether appends were acknowledged before their commit was flushed (see `Log::append_encoded`).
     let mut deferred = false;
@@ -411,8 +424,7 @@ fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
     // A connection the server closed since it was last used fails before anything is sent: such an
     // attempt is repeated once on a fresh connection. A failure once COMMIT was sent is not repeated (the
     // group may have committed; a retry with the same heads would then be refused as stale).
-    let mut committing;
-    let mut attempt = |c: &mut Client, committing: &mut bool| -> std::result::Result<(), postgres::Error> {
+    let result = shared.with_unsent(|c, committing| {
         outcomes.clear();
         notices.clear();
         let mut tx = c.transaction()?;
@@ -472,29 +484,7 @@ fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
         }
         *committing = true;
         tx.commit()
-    };
-    let mut result = Err(shared.err("no attempt"));
-    for n in 0..2 {
-        let mut conn = match shared.pool().get() {
-            Ok(c) => c,
-            Err(e) => {
-                result = Err(shared.err(format!("no connection: {e}")));
-                break;
-            }
-        };
-        committing = false;
-        match attempt(&mut conn, &mut committing) {
-            Ok(()) => {
-                result = Ok(());
-                break;
-            }
-            Err(e) if n == 0 && !committing && (e.is_closed() || conn.is_closed()) => continue,
-            Err(e) => {
-                result = Err(shared.err(describe_error(&e)));
-                break;
-            }
-        }
-    }
+    });
     match result {
         Ok(()) => {
             if durable {
