@@ -330,10 +330,7 @@ pub(crate) fn shown(store: &Path) -> String {
 /// The store's folder; `None` for a PostgreSQL store (which has no folder, and no lock: any number of
 /// processes open it at once).
 pub(crate) fn store_folder(store: &Path) -> Option<&Path> {
-    match condense_log::Location::parse(store) {
-        condense_log::Location::Dir(_) => Some(store),
-        condense_log::Location::Postgres(_) => None,
-    }
+    condense_log::Location::parse(store).dir().is_some().then_some(store)
 }
 
 /// The configuration in force: `--config FILE`, else the store's `config.json`, else the defaults (a

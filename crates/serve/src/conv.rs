@@ -108,10 +108,15 @@ pub enum ConvError {
 /// An error of the engine while serving a request.
 pub type Result<T> = std::result::Result<T, EngineError>;
 
+/// The client's view of `session` folded from the log, and how many entries it holds.
+fn client_view(session: &Session, internal: &Internal) -> Result<(Track, u64)> {
+    session.with_projection(|p| (Track::build(p, &|n| internal.is(n)), p.entries() as u64))
+}
+
 impl Conv {
     /// Opens the conversation over `session`, folding the client's view from what it holds.
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
-        let (track, entries) = session.with_projection(|p| (Track::build(p, &|n| internal.is(n)), p.entries() as u64))?;
+        let (track, entries) = client_view(&session, internal)?;
         let synced = Some(session.head()?);
         Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), units: BTreeMap::new(), synced })
     }
@@ -131,7 +136,7 @@ impl Conv {
     fn follow_log(&mut self, internal: &Internal) -> Result<()> {
         let head = self.session.head()?;
         if self.synced.is_some_and(|s| s != head) {
-            let (track, entries) = self.session.with_projection(|p| (Track::build(p, &|n| internal.is(n)), p.entries() as u64))?;
+            let (track, entries) = client_view(&self.session, internal)?;
             self.track = track;
             self.next_entry = entries + 1;
         }

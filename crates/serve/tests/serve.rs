@@ -165,13 +165,19 @@ struct Setup {
     dir: tempfile::TempDir,
 }
 
-async fn setup(steps: Vec<Step>, models: Vec<(String, ModelLimits)>) -> Setup {
-    let fake = Fake::start(steps).await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut cfg = ServeConfig::new(dir.path().join("store"));
+/// A server's configuration on `store`, listening on a free loopback port, forwarding to `fake`.
+fn config_for(store: impl Into<std::path::PathBuf>, fake: &Fake) -> ServeConfig {
+    let mut cfg = ServeConfig::new(store);
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     cfg.anthropic_upstream = fake.url();
     cfg.openai_upstream = format!("{}/v1", fake.url());
+    cfg
+}
+
+async fn setup(steps: Vec<Step>, models: Vec<(String, ModelLimits)>) -> Setup {
+    let fake = Fake::start(steps).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = config_for(dir.path().join("store"), &fake);
     cfg.file = FileConfig { models, ..FileConfig::default() };
     let serve = start(cfg).await.expect("serve starts");
     Setup { fake, serve, dir }
@@ -221,16 +227,21 @@ const BIG: &str = "seq 1 30000";
 /// The whole path for one API and mode: recording, pruned later contexts, a condense tool call answered
 /// by serve with the original byte for byte, the client never seeing it, and the log matching what the
 /// client holds.
-async fn full_path(api: Api, stream: bool) {
-    let steps = vec![
+/// Turn one: three large outputs and a text reply; turn two: the model queries the newest stub, then
+/// answers.
+fn outputs_then_a_query() -> Vec<Step> {
+    vec![
         Step::Shell(BIG.into()),
         Step::Shell("seq 2 30001".into()),
         Step::Shell("seq 3 30002".into()),
         Step::Text("turn one done".into()),
         Step::QueryNewestStub,
         Step::Text("found it".into()),
-    ];
-    let s = setup(steps, vec![]).await;
+    ]
+}
+
+async fn full_path(api: Api, stream: bool) {
+    let s = setup(outputs_then_a_query(), vec![]).await;
     let mut agent = Agent::new(api, stream, &s.url());
     assert_eq!(agent.turn("count the numbers").await.unwrap(), "turn one done");
     // One reply to the client: the text before the condense call and the continuation's.
@@ -642,26 +653,10 @@ async fn the_system_prompt_and_tool_declarations_are_counted_as_request_overhead
     }
 }
 
-async fn serve_on(store: &str, fake: &Fake) -> Running {
-    let mut cfg = ServeConfig::new(store);
-    cfg.listen = "127.0.0.1:0".parse().unwrap();
-    cfg.anthropic_upstream = fake.url();
-    cfg.openai_upstream = format!("{}/v1", fake.url());
-    start(cfg).await.expect("serve starts")
-}
-
 fn two_server_script() -> Vec<Step> {
-    vec![
-        Step::Shell(BIG.into()),
-        Step::Shell("seq 2 30001".into()),
-        Step::Shell("seq 3 30002".into()),
-        Step::Text("turn one done".into()),
-        Step::QueryNewestStub,
-        Step::Text("found it".into()),
-        Step::Shell("seq 4 30003".into()),
-        Step::Shell("seq 5 30004".into()),
-        Step::Text("turn three done".into()),
-    ]
+    let mut steps = outputs_then_a_query();
+    steps.extend([Step::Shell("seq 4 30003".into()), Step::Shell("seq 5 30004".into()), Step::Text("turn three done".into())]);
+    steps
 }
 
 /// One conversation through `servers` (its requests sent to each in turn), all on the store `store`:
@@ -670,7 +665,7 @@ async fn run_conversation(api: Api, store: &str, servers: usize) -> (Vec<Value>,
     let fake = Fake::start(two_server_script()).await;
     let mut running = Vec::new();
     for _ in 0..servers {
-        running.push(serve_on(store, &fake).await);
+        running.push(start(config_for(store, &fake)).await.expect("serve starts"));
     }
     let mut agent = Agent::new(api, false, &format!("http://{}", running[0].addr));
     agent.bases = running.iter().map(|r| format!("http://{}", r.addr)).collect();
