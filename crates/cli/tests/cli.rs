@@ -823,5 +823,8 @@ fn a_postgres_store_works_as_a_folder_does_and_exports_move_between_them() {
     let (code, _, err) = condense(std::path::Path::new("postgres://ann:s3cret-pw@127.0.0.1:1/nowhere"), &["sessions"]);
     assert_eq!(code, 2);
     assert!(err.contains("127.0.0.1:1/nowhere") && !err.contains("s3cret") && err.trim().lines().count() == 1, "{err}");
+    let (code, _, err) = condense(std::path::Path::new("postgres://ann:s3cret-pw@127.0.0.1:1/nowhere"), &["serve", "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("127.0.0.1:1/nowhere") && !err.contains("s3cret"), "serve: {err}");
     assert!(!seen.contains("s3cret"), "the password was printed");
 }

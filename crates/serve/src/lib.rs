@@ -91,9 +91,9 @@ impl ServeConfig {
 #[non_exhaustive]
 pub enum ServeError {
     /// The store could not be opened.
-    #[error("opening store {path}: {source}")]
+    #[error("opening store {}: {source}", condense_log::Location::parse(path))]
     Store {
-        /// The store folder.
+        /// The store folder or database URL (shown without its password).
         path: PathBuf,
         /// Why.
         source: condense_engine::EngineError,
