@@ -123,7 +123,7 @@ pub enum Command {
     },
     /// Replay sessions request by request with pruning on and report tokens, cost, cache breaks,
     /// stubs, chains and recovery
-    #[command(after_help = "Examples:\n  condense simulate ~/.pi/agent/sessions --plot pi.svg\n  condense simulate session.jsonl --window 32000     checkpoints as a 32k model would need\n  condense simulate session.jsonl --switch 32000@200 the model moves to a 32k window at request 200\n  condense simulate session.jsonl --keep --force     store the replay as simulated/<name>")]
+    #[command(after_help = "Examples:\n  condense simulate ~/.pi/agent/sessions --plot pi.svg\n  condense simulate session.jsonl --window 32000     checkpoints as a 32k model would need; compared with pi's own compaction\n  condense simulate sessions/ --price gpt-5 --plot s.png  priced at gpt-5's list prices, plotted\n  condense simulate session.jsonl --switch 32000@200 the model moves to a 32k window at request 200\n  condense simulate session.jsonl --keep --force     store the replay as simulated/<name>")]
     Simulate {
         /// Session files or folders
         #[arg(required = true, value_name = "PATH")]
@@ -138,9 +138,15 @@ pub enum Command {
         /// Configuration file (default: the store's config.json, else the defaults)
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Write an SVG plot of raw and rendered tokens per request
+        /// Write a plot, FILE.svg or FILE.png: per session, context tokens per request (raw, the host's own
+        /// compaction, condense) and cumulative estimated cost
         #[arg(long, value_name = "FILE")]
         plot: Option<PathBuf>,
+        /// Estimate prices with MODEL's list prices (claude-opus-4-5, claude-opus-4-1, claude-sonnet-4-5,
+        /// claude-haiku-4-5, gpt-5, gpt-5-mini, gpt-5-nano, gpt-4.1, or one the configuration's
+        /// `listPrices` adds)
+        #[arg(long, value_name = "MODEL", default_value = condense_engine::simulate::DEFAULT_PRICE_MODEL)]
+        price: String,
         /// Keep the replays in the store as `simulated/<name>` (for render and query)
         #[arg(long)]
         keep: bool,

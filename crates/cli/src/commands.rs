@@ -1,6 +1,7 @@
 //! The commands. Each returns its exit code; errors bubble up to one line on stderr.
 
 use crate::cli::{Cli, Command, ConfigAction, Format, History};
+use crate::plot;
 use clap::Parser as _;
 use std::ffi::OsString;
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -201,9 +202,9 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
         }
         Command::Verify { json } => verify(&open()?, json),
         Command::Demo { json } => run_demo(&open()?, &store_dir, json),
-        Command::Simulate { paths, window, switch, config, plot, keep, force, json } => {
+        Command::Simulate { paths, window, switch, config, plot, price, keep, force, json } => {
             let store = if keep { Some(open()?) } else { None };
-            simulate(store.as_ref(), &store_dir, &SimulateOptions { paths, window, switch, config, plot, force, json })
+            simulate(store.as_ref(), &store_dir, &SimulateOptions { paths, window, switch, config, plot, price, force, json })
         }
         Command::Query { session, refs, json } => query(&open()?, &session, &refs, json),
         Command::CheckpointLine { session, checkpoint, timestamp } => {
@@ -442,7 +443,37 @@ fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
         "retention": (f.retention() * 10000.0).round() / 10000.0,
         "token_ratio": (f.token_ratio() * 10000.0).round() / 10000.0,
         "cost_ratio": (f.cost_ratio() * 10000.0).round() / 10000.0,
+        "host_input_tokens_total": f.host_input_tokens_total, "host_cached_prefix_tokens_total": f.host_cached_prefix_tokens_total,
+        "host_summary_input_tokens_total": f.host_summary_input_tokens_total, "host_tokens_peak": f.host_tokens_peak,
+        "host_cache_breaks": f.host_cache_breaks, "host_compactions": f.host_compactions,
+        "cost_units_host": (f.cost_units_host * 100.0).round() / 100.0,
+        "host_token_ratio": (f.host_token_ratio() * 10000.0).round() / 10000.0,
+        "host_cost_ratio": (f.host_cost_ratio() * 10000.0).round() / 10000.0,
     })
+}
+
+/// Estimated dollars of the raw, host-baseline and condense requests at `price`.
+fn dollars_json(f: &condense_engine::simulate::Figures, price: &condense_engine::simulate::ListPrice) -> Value {
+    let (raw, host, condense) = price.of(f);
+    let cents = |d: f64| (d * 10000.0).round() / 10000.0;
+    json!({"raw": cents(raw), "host": cents(host), "condense": cents(condense)})
+}
+
+/// Absolute tokens and estimated dollars, condense beside raw (and, with a window, beside the host's own
+/// compaction at that window).
+fn money_line(f: &condense_engine::simulate::Figures, price: &condense_engine::simulate::ListPrice, window: Option<u64>) -> String {
+    let (raw, host, condense) = price.of(f);
+    let mut line = format!(
+        "{} input tokens, ${condense:.2} at {} list prices; raw {} tokens, ${raw:.2}",
+        f.rendered_input_tokens_total, price.model, f.raw_input_tokens_total
+    );
+    if let Some(w) = window {
+        line.push_str(&format!(
+            "; the host's own compaction at {w} tokens {} tokens, ${host:.2} ({} compactions, {} cache breaks): condense takes {:.1}% of its tokens, {:.1}% of its cost",
+            f.host_input_tokens_total, f.host_compactions, f.host_cache_breaks, f.host_token_ratio() * 100.0, f.host_cost_ratio() * 100.0
+        ));
+    }
+    line
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -488,6 +519,7 @@ pub(crate) struct SimulateOptions {
     switch: Option<condense_engine::simulate::Switch>,
     config: Option<PathBuf>,
     plot: Option<PathBuf>,
+    price: String,
     force: bool,
     json: bool,
 }
@@ -498,6 +530,14 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
     let file_config = load_config(o.config.as_deref(), store_dir)?;
     let prices = file_config.prices;
     let config = file_config.raw.normalize();
+    let Some(list_price) = condense_engine::config::list_price(&file_config.list_prices, &o.price) else {
+        let mut known: Vec<String> = condense_engine::simulate::price_table().into_iter().map(|p| p.model).collect();
+        known.extend(file_config.list_prices.iter().map(|p| p.model.clone()));
+        bail!("--price {}: no list prices for that model (known: {}; add one under `listPrices` in the configuration)", o.price, known.join(", "));
+    };
+    if let Some(plot) = &o.plot {
+        plot::check_path(plot)?;
+    }
     let summarizer = summarizer_of(&file_config, false);
     let mut files = Vec::new();
     for path in &o.paths {
@@ -527,6 +567,7 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
     let mut total = condense_engine::simulate::Figures::default();
     let mut rows = Vec::new();
     let (mut token_ratios, mut cost_ratios, mut retentions) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut host_token_ratios, mut host_cost_ratios) = (Vec::new(), Vec::new());
     let mut plot = Vec::new();
     for file in &files {
         let imported = match condense_formats::import_file(file) {
@@ -561,26 +602,32 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
                 f.checkpoints, f.over_budget_requests, f.compaction_failures, f.retention(), f.facts_retained, f.facts_needed,
                 f.refs_recovered_exact, f.refs_checked, f.validity_errors
             );
+            outln!("  {}", money_line(&f, &list_price, window));
         }
         if f.turns > 0 {
             token_ratios.push(f.token_ratio());
             cost_ratios.push(f.cost_ratio());
+            host_token_ratios.push(f.host_token_ratio());
+            host_cost_ratios.push(f.host_cost_ratio());
         }
         if f.facts_needed > 0 {
             retentions.push(f.retention());
         }
         let mut row = figures_json(&f);
         row["session"] = json!(name);
+        row["dollars"] = dollars_json(&f, &list_price);
         rows.push(row);
         plot.push((name, f.series.clone()));
         total.add(&f);
     }
     drop(temp);
     drop(scratch);
-    if let Some(svg) = &o.plot {
-        std::fs::write(svg, plot_svg(&plot)).with_context(|| format!("writing {}", svg.display()))?;
+    if let Some(path) = &o.plot {
+        let sessions: Vec<plot::Session> = plot.iter().map(|(name, series)| plot::Session { name, series }).collect();
+        plot::write(path, &sessions, window, &list_price)?;
     }
     let mut t = figures_json(&total);
+    t["dollars"] = dollars_json(&total, &list_price);
     t["sessions"] = json!(rows.len());
     // A configured summarizer that could not answer is said out loud: the figures above are then partly
     // the extractive stand-in's.
@@ -596,8 +643,11 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
     t["median_token_ratio"] = json!((median(token_ratios) * 10000.0).round() / 10000.0);
     t["median_cost_ratio"] = json!((median(cost_ratios) * 10000.0).round() / 10000.0);
     t["median_retention"] = json!((median(retentions) * 10000.0).round() / 10000.0);
+    t["median_host_token_ratio"] = json!((median(host_token_ratios) * 10000.0).round() / 10000.0);
+    t["median_host_cost_ratio"] = json!((median(host_cost_ratios) * 10000.0).round() / 10000.0);
     if o.json {
-        outln!("{}", serde_json::to_string_pretty(&json!({"config": condense_engine::config::to_json(&config, prices), "total": t, "sessions": rows}))?);
+        let price = json!({"model": list_price.model, "input": list_price.input, "cachedRead": list_price.cached_read, "cacheWrite": list_price.cache_write});
+        outln!("{}", serde_json::to_string_pretty(&json!({"config": condense_engine::config::to_json(&config, prices), "window": window, "price": price, "total": t, "sessions": rows}))?);
     } else {
         outln!(
             "total: {} sessions, tokens {:.1}% of raw (median {:.1}%), cost {:.1}% of raw (median {:.1}%), {} cache breaks, retention {:.3} (median {:.3}), refs {}/{} exact, {} validity errors",
@@ -606,6 +656,13 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
             total.retention(), t["median_retention"].as_f64().unwrap_or(0.0),
             total.refs_recovered_exact, total.refs_checked, total.validity_errors
         );
+        outln!("  {}", money_line(&total, &list_price, window));
+        if window.is_some() {
+            outln!(
+                "  against the host's own compaction: median tokens {:.1}%, median cost {:.1}%",
+                t["median_host_token_ratio"].as_f64().unwrap_or(0.0) * 100.0, t["median_host_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0
+            );
+        }
         if let Some(sw) = o.switch {
             outln!(
                 "switch to a {}-token window at request {}: {} recoveries, {} blocked, {} archives, {} over budget",
@@ -618,34 +675,6 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
     }
     let ok = total.validity_errors == 0 && total.refs_recovered_exact == total.refs_checked;
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
-}
-
-/// Raw and rendered tokens per request, one panel per session, as a plain SVG.
-fn plot_svg(sessions: &[(String, Vec<(u64, u64)>)]) -> String {
-    let (w, h, pad) = (760.0, 220.0, 40.0);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n",
-        h * sessions.len().max(1) as f64
-    );
-    for (k, (name, series)) in sessions.iter().enumerate() {
-        let y0 = h * k as f64;
-        let max = series.iter().map(|(r, _)| *r).max().unwrap_or(1).max(1) as f64;
-        let n = series.len().max(2) as f64 - 1.0;
-        let line = |pick: &dyn Fn(&(u64, u64)) -> u64| {
-            series
-                .iter()
-                .enumerate()
-                .map(|(i, p)| format!("{:.1},{:.1}", pad + (w - 2.0 * pad) * i as f64 / n, y0 + h - pad - (h - 2.0 * pad) * pick(p) as f64 / max))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
-        svg.push_str(&format!("<text x=\"{pad}\" y=\"{:.0}\">{} (peak raw {} tokens; red raw, blue rendered)</text>\n", y0 + 20.0, name, max as u64));
-        svg.push_str(&format!("<polyline fill=\"none\" stroke=\"#c33\" points=\"{}\"/>\n", line(&|p| p.0)));
-        svg.push_str(&format!("<polyline fill=\"none\" stroke=\"#36c\" points=\"{}\"/>\n", line(&|p| p.1)));
-        svg.push_str(&format!("<line x1=\"{pad}\" y1=\"{:.0}\" x2=\"{:.0}\" y2=\"{:.0}\" stroke=\"#999\"/>\n", y0 + h - pad, w - pad, y0 + h - pad));
-    }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 fn history(store: &Store, verb: History) -> Result<ExitCode> {
@@ -1061,7 +1090,8 @@ fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<ExitCode> {
     let events = condense_formats::import_file(&file)?.events;
     let f = condense_engine::simulate::replay_with(store, pruned, events, file_config.raw.normalize(), file_config.prices, None, None)?;
     let plot = folder.join("demo.svg");
-    std::fs::write(&plot, plot_svg(&[(pruned.to_string(), f.series.clone())])).with_context(|| format!("writing {}", plot.display()))?;
+    let price = condense_engine::config::list_price(&file_config.list_prices, condense_engine::simulate::DEFAULT_PRICE_MODEL).expect("the default price model is in the table");
+    plot::write(&plot, &[plot::Session { name: pruned, series: &f.series }], None, &price)?;
     let ok = f.validity_errors == 0 && f.refs_recovered_exact == f.refs_checked;
     if json_out {
         let s = store.session(name)?.stats()?;

@@ -5,5 +5,6 @@
 pub mod cli;
 #[macro_use]
 pub mod commands;
+mod plot;
 mod serve;
 mod watch;

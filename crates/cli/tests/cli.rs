@@ -120,6 +120,58 @@ fn a_closed_pipe_ends_quietly() {
     assert!(out.stderr.is_empty());
 }
 
+/// `simulate --window` compares condense with pi's own compaction at that window, prices the three with a
+/// chosen model's list prices (or the configuration's), and plots them as PNG or SVG.
+#[test]
+fn simulate_window_compares_with_the_host_prices_and_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/pi/badlogic__pi-mono/session.jsonl");
+    let file = corpus.to_str().unwrap();
+    let png = dir.path().join("plot.png");
+    let (code, out, err) = condense(&store, &["simulate", "--json", "--window", "64000", "--price", "gpt-5", "--plot", png.to_str().unwrap(), file]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let t = &v["total"];
+    let n = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("missing {k}"));
+    // The session peaks at 136k raw tokens: at a 64k window pi compacts, and its requests are smaller than raw.
+    assert!(n("host_compactions") >= 1.0 && n("host_cache_breaks") >= n("host_compactions"));
+    assert!(n("host_input_tokens_total") < n("raw_input_tokens_total"));
+    assert!(n("host_summary_input_tokens_total") > 0.0);
+    assert!((n("host_token_ratio") - n("rendered_input_tokens_total") / n("host_input_tokens_total")).abs() < 1e-3);
+    // Dollars at gpt-5's list prices: cached reads at $0.125, the rest at $1.25 per million.
+    assert_eq!(v["price"]["model"], "gpt-5");
+    let raw = (n("raw_cached_prefix_tokens_total") * 0.125 + (n("raw_input_tokens_total") - n("raw_cached_prefix_tokens_total")) * 1.25) / 1e6;
+    assert!((t["dollars"]["raw"].as_f64().unwrap() - raw).abs() < 1e-3, "{} vs {raw}", t["dollars"]);
+    let host = (n("host_cached_prefix_tokens_total") * 0.125
+        + (n("host_input_tokens_total") - n("host_cached_prefix_tokens_total") + n("host_summary_input_tokens_total")) * 1.25) / 1e6;
+    assert!((t["dollars"]["host"].as_f64().unwrap() - host).abs() < 1e-3);
+    assert!(t["dollars"]["condense"].as_f64().unwrap() < host);
+    assert!(t.get("median_host_cost_ratio").is_some());
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000, "{}", bytes.len());
+    // The plain report says the same in words; a configuration's list prices price a model of its own.
+    let config = dir.path().join("prices.json");
+    std::fs::write(&config, r#"{"listPrices":{"house":{"input":2,"cachedRead":1}}}"#).unwrap();
+    let svg = dir.path().join("plot.svg");
+    let (code, out, err) = condense(&store, &["simulate", "--window", "64000", "--price", "house", "--config", config.to_str().unwrap(), "--plot", svg.to_str().unwrap(), file]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("at house list prices") && out.contains("the host's own compaction at 64000 tokens"), "{out}");
+    assert!(out.contains("against the host's own compaction: median tokens"), "{out}");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"), "{}", &svg[..100]);
+    for label in ["context per request", "request", "tokens", "window 64k", "US$ (house)", "cumulative cost"] {
+        assert!(svg.contains(label), "the plot has no {label:?}");
+    }
+    // An unknown model or plot format is refused before anything is replayed, naming what is known.
+    let (code, _, err) = condense(&store, &["simulate", "--price", "gpt-9", file]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--price gpt-9") && err.contains("claude-sonnet-4-5") && err.contains("listPrices"), "{err}");
+    let (code, _, err) = condense(&store, &["simulate", "--plot", "x.pdf", file]);
+    assert_eq!(code, 2);
+    assert!(err.contains("FILE.svg or FILE.png"), "{err}");
+}
+
 #[test]
 fn simulate_query_and_config() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! Reading a configuration file: JSON with the seed's camelCase keys. Unknown keys and values of the wrong
 //! type are errors that name the key; numbers are normalized as the seed says (see `RawConfig`).
 
-use crate::simulate::Prices;
+use crate::simulate::{ListPrice, Prices};
 use condense_events::{BatchingMode, PruneConfig, PruneOn, RawConfig};
 use serde_json::Value;
 
@@ -47,6 +47,8 @@ pub struct FileConfig {
     pub summarizer: SummarizerChoice,
     /// Model windows and output limits the file sets (over [`DEFAULT_MODELS`]).
     pub models: Vec<(String, ModelLimits)>,
+    /// List prices the file sets (over [`crate::simulate::PRICE_TABLE`]).
+    pub list_prices: Vec<ListPrice>,
     /// Values the file set that were taken as something else (each names the key and what was done).
     pub warnings: Vec<String>,
 }
@@ -122,6 +124,36 @@ fn models_table(value: &Value) -> Result<Vec<(String, ModelLimits)>, ConfigError
     Ok(out)
 }
 
+fn list_prices(value: &Value) -> Result<Vec<ListPrice>, ConfigError> {
+    let shape = "{\"input\": N, \"cachedRead\": N, \"cacheWrite\": N} (dollars per million tokens)";
+    let Value::Object(o) = value else { return Err(err("listPrices", format!("expected an object of model name to {shape}"))) };
+    let mut out = Vec::new();
+    for (model, v) in o {
+        let key = format!("listPrices.{model}");
+        let Value::Object(f) = v else { return Err(err(&key, format!("expected {shape}"))) };
+        for k in f.keys() {
+            if !["input", "cachedRead", "cacheWrite"].contains(&k.as_str()) {
+                return Err(err(&format!("{key}.{k}"), "unknown key (input, cachedRead, cacheWrite)"));
+            }
+        }
+        let price = |name: &str| {
+            f.get(name).and_then(Value::as_f64).filter(|p| p.is_finite() && *p >= 0.0)
+                .ok_or_else(|| err(&format!("{key}.{name}"), "expected dollars per million tokens, a number of at least 0"))
+        };
+        let input = price("input")?;
+        let cached_read = price("cachedRead")?;
+        // A provider that does not charge for cache writes bills them as input.
+        let cache_write = if f.contains_key("cacheWrite") { price("cacheWrite")? } else { input };
+        out.push(ListPrice { model: model.clone(), input, cached_read, cache_write });
+    }
+    Ok(out)
+}
+
+/// The price of `model`: the configuration's `listPrices` over the embedded table.
+pub fn list_price(overrides: &[ListPrice], model: &str) -> Option<ListPrice> {
+    overrides.iter().find(|p| p.model == model).cloned().or_else(|| crate::simulate::price_table().into_iter().find(|p| p.model == model))
+}
+
 fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
     let key = "summarizer";
     match value {
@@ -157,7 +189,7 @@ fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
 pub const KEYS: &[&str] = &[
     "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
     "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
-    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext", "models",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext", "models", "listPrices",
 ];
 
 fn err(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -177,6 +209,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
     let mut prices = Prices::default();
     let mut summarizer = SummarizerChoice::Extractive;
     let mut models = Vec::new();
+    let mut list_prices = Vec::new();
     let mut warnings = Vec::new();
     for (key, value) in &map {
         let num = || match value {
@@ -223,6 +256,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
             "uncachedPrice" => prices.uncached = num()?,
             "summarizer" => summarizer = summarizer_choice(value)?,
             "models" => models = models_table(value)?,
+            "listPrices" => list_prices = self::list_prices(value)?,
             // Seed 004: an invalid explicit value turns recovery off, and says so.
             "recoverLargeContext" => match value.as_bool() {
                 Some(b) => raw.recover_large_context = Some(b),
@@ -234,7 +268,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
             other => return Err(err(other, format!("unknown key (known keys: {})", KEYS.join(", ")))),
         }
     }
-    Ok(FileConfig { raw, prices, summarizer, models, warnings })
+    Ok(FileConfig { raw, prices, summarizer, models, list_prices, warnings })
 }
 
 /// The configuration as a file would write it (every key, normalized values).
@@ -302,5 +336,18 @@ mod tests {
         assert_eq!(model_limits(&f.models, "mystery"), None);
         assert_eq!(parse_file(r#"{"models":{"m":{"contextWindow":10}}}"#).unwrap_err().key, "models.m.contextWindow");
         assert_eq!(parse_file(r#"{"models":{"m":{"window":10}}}"#).unwrap_err().key, "models.m.window");
+    }
+
+    #[test]
+    fn list_prices_override_the_table_and_name_a_bad_key() {
+        let f = parse_file(r#"{"listPrices":{"claude-sonnet-4-5":{"input":2,"cachedRead":0.2,"cacheWrite":2.5},"house":{"input":1,"cachedRead":0.1}}}"#).unwrap();
+        assert_eq!(list_price(&f.list_prices, "claude-sonnet-4-5").map(|p| (p.input, p.cached_read, p.cache_write)), Some((2.0, 0.2, 2.5)));
+        assert_eq!(list_price(&f.list_prices, "house").map(|p| p.cache_write), Some(1.0));
+        assert_eq!(list_price(&[], "gpt-5").map(|p| p.cached_read), Some(0.125));
+        assert_eq!(list_price(&[], "mystery"), None);
+        assert_eq!(parse_file(r#"{"listPrices":{"m":{"input":-1,"cachedRead":0}}}"#).unwrap_err().key, "listPrices.m.input");
+        assert_eq!(parse_file(r#"{"listPrices":{"m":{"input":1}}}"#).unwrap_err().key, "listPrices.m.cachedRead");
+        assert_eq!(parse_file(r#"{"listPrices":{"m":{"input":1,"cachedRead":0,"write":2}}}"#).unwrap_err().key, "listPrices.m.write");
+        assert_eq!(parse_file(r#"{"listPrices":3}"#).unwrap_err().key, "listPrices");
     }
 }

@@ -88,8 +88,100 @@ pub struct Figures {
     pub facts_needed: u64,
     /// Needed facts that were in the rendered context of their request.
     pub facts_retained: u64,
-    /// Raw and rendered tokens of each request (for plots).
-    pub series: Vec<(u64, u64)>,
+    /// The host's own compaction at the simulated window (the baseline): input tokens summed over requests.
+    /// Without a window the host never compacts beyond what the recorded session did: the raw figures.
+    pub host_input_tokens_total: u64,
+    /// The host baseline's cached-prefix tokens, summed.
+    pub host_cached_prefix_tokens_total: u64,
+    /// Input tokens of the host's own summarization calls (each compaction sends what it summarizes).
+    pub host_summary_input_tokens_total: u64,
+    /// Largest host-baseline request, tokens.
+    pub host_tokens_peak: u64,
+    /// Host-baseline requests that broke the cache.
+    pub host_cache_breaks: u64,
+    /// Compactions the host baseline ran.
+    pub host_compactions: u64,
+    /// Cost of the host baseline's requests and summarization calls.
+    pub cost_units_host: f64,
+    /// Each request, in order (for plots and price estimates).
+    pub series: Vec<Point>,
+}
+
+/// One request of a replay: tokens and cached-prefix tokens of the raw, host-baseline and rendered
+/// requests, and what happened before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Point {
+    /// Raw request, tokens.
+    pub raw: u64,
+    /// Of which a cached prefix.
+    pub raw_cached: u64,
+    /// Host-baseline request, tokens.
+    pub host: u64,
+    /// Of which a cached prefix.
+    pub host_cached: u64,
+    /// Input of a host summarization call made before this request (0 without a compaction).
+    pub host_summarizing: u64,
+    /// Rendered request, tokens.
+    pub rendered: u64,
+    /// Of which a cached prefix.
+    pub rendered_cached: u64,
+    /// The rendered request broke the cache.
+    pub broke: bool,
+    /// The host baseline compacted before this request.
+    pub host_compacted: bool,
+    /// condense committed a checkpoint before this request.
+    pub checkpoint: bool,
+}
+
+/// List prices of a model, US dollars per million tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListPrice {
+    /// The model's name, as `--price` takes it.
+    pub model: String,
+    /// An input token that is neither read from nor written to the cache.
+    pub input: f64,
+    /// An input token read from the cache.
+    pub cached_read: f64,
+    /// An input token written to the cache (the provider's input price where writes cost nothing extra).
+    pub cache_write: f64,
+}
+
+/// The embedded price table (providers' published list prices per million input tokens; Anthropic's
+/// cache writes at the 5-minute rate). A configuration's `listPrices` adds or replaces entries.
+pub const PRICE_TABLE: [(&str, f64, f64, f64); 8] = [
+    ("claude-opus-4-5", 5.0, 0.50, 6.25),
+    ("claude-opus-4-1", 15.0, 1.50, 18.75),
+    ("claude-sonnet-4-5", 3.0, 0.30, 3.75),
+    ("claude-haiku-4-5", 1.0, 0.10, 1.25),
+    ("gpt-5", 1.25, 0.125, 1.25),
+    ("gpt-5-mini", 0.25, 0.025, 0.25),
+    ("gpt-5-nano", 0.05, 0.005, 0.05),
+    ("gpt-4.1", 2.0, 0.50, 2.0),
+];
+
+/// The model `simulate` prices with when none is chosen.
+pub const DEFAULT_PRICE_MODEL: &str = "claude-sonnet-4-5";
+
+/// The embedded price table as [`ListPrice`]s.
+pub fn price_table() -> Vec<ListPrice> {
+    PRICE_TABLE.iter().map(|&(model, input, cached_read, cache_write)| ListPrice { model: model.into(), input, cached_read, cache_write }).collect()
+}
+
+impl ListPrice {
+    /// Dollars for `total` input tokens of which `cached` were a cached prefix (the rest written to the
+    /// cache), plus `plain` tokens sent without caching.
+    pub fn dollars(&self, total: u64, cached: u64, plain: u64) -> f64 {
+        (cached as f64 * self.cached_read + total.saturating_sub(cached) as f64 * self.cache_write + plain as f64 * self.input) / 1e6
+    }
+
+    /// Dollars for the raw, host-baseline and rendered requests of a replay.
+    pub fn of(&self, f: &Figures) -> (f64, f64, f64) {
+        (
+            self.dollars(f.raw_input_tokens_total, f.raw_cached_prefix_tokens_total, 0),
+            self.dollars(f.host_input_tokens_total, f.host_cached_prefix_tokens_total, f.host_summary_input_tokens_total),
+            self.dollars(f.rendered_input_tokens_total, f.cached_prefix_tokens_total, 0),
+        )
+    }
 }
 
 impl Figures {
@@ -101,6 +193,16 @@ impl Figures {
     /// Rendered over raw cost.
     pub fn cost_ratio(&self) -> f64 {
         ratio(self.cost_units_rendered, self.cost_units_raw)
+    }
+
+    /// Rendered over host-baseline input tokens.
+    pub fn host_token_ratio(&self) -> f64 {
+        ratio(self.rendered_input_tokens_total as f64, self.host_input_tokens_total as f64)
+    }
+
+    /// Rendered over host-baseline cost.
+    pub fn host_cost_ratio(&self) -> f64 {
+        ratio(self.cost_units_rendered, self.cost_units_host)
     }
 
     /// Takes a reason a recovery was blocked for, once.
@@ -147,6 +249,13 @@ impl Figures {
         self.archives += o.archives;
         self.facts_needed += o.facts_needed;
         self.facts_retained += o.facts_retained;
+        self.host_input_tokens_total += o.host_input_tokens_total;
+        self.host_cached_prefix_tokens_total += o.host_cached_prefix_tokens_total;
+        self.host_summary_input_tokens_total += o.host_summary_input_tokens_total;
+        self.host_tokens_peak = self.host_tokens_peak.max(o.host_tokens_peak);
+        self.host_cache_breaks += o.host_cache_breaks;
+        self.host_compactions += o.host_compactions;
+        self.cost_units_host += o.cost_units_host;
     }
 }
 
@@ -218,6 +327,87 @@ impl Meter {
     }
 }
 
+/// pi's native compaction, the host baseline of `simulate --window`: its reserve for the reply.
+pub const HOST_RESERVE_TOKENS: u64 = 16_384;
+/// The recent tokens pi's compaction keeps verbatim.
+pub const HOST_KEEP_RECENT_TOKENS: u64 = 20_000;
+/// The size taken for a host summary (pi's is a model's structured summary of what it cut; a summary is
+/// never longer than what it summarizes).
+pub const HOST_SUMMARY_TOKENS: u64 = 2_000;
+
+/// The host baseline: the raw requests as pi's own compaction would shape them at a window. When a
+/// request's context is over the window less [`HOST_RESERVE_TOKENS`], the messages before a cut point are
+/// replaced by one summary, keeping at least [`HOST_KEEP_RECENT_TOKENS`] of the newest; the cut is at a
+/// user or assistant message (never between a call and its result). Later requests are the summary plus
+/// the raw messages from the cut on, until the next compaction.
+#[derive(Default)]
+struct Host {
+    /// Compact above this many tokens (`None`: never, the host is the raw session).
+    threshold: Option<u64>,
+    /// Tokens of the current summary (0: none yet).
+    summary: u64,
+    /// The first raw message kept after the summary, and where it was last seen.
+    first_kept: Option<Arc<Message>>,
+    start: usize,
+    started: bool,
+}
+
+/// One host-baseline request.
+struct HostRequest {
+    total: u64,
+    cached: u64,
+    broke: bool,
+    /// Input of the summarization call made before it (0: no compaction).
+    summarizing: u64,
+}
+
+impl Host {
+    fn at_window(window: Option<u64>) -> Host {
+        Host { threshold: window.map(|w| w.saturating_sub(HOST_RESERVE_TOKENS)), ..Host::default() }
+    }
+
+    /// The host's request for the raw request `msgs` (whose token prefix sums are `sums`, cached prefix
+    /// `raw_cached`, cache break `raw_broke`, as the raw meter counted them).
+    fn request(&mut self, msgs: &[Arc<Message>], sums: &[u64], raw_cached: u64, raw_broke: bool) -> HostRequest {
+        if let Some(kept) = &self.first_kept
+            && !msgs.get(self.start).is_some_and(|m| Arc::ptr_eq(m, kept))
+        {
+            match msgs.iter().position(|m| Arc::ptr_eq(m, kept)) {
+                Some(i) => self.start = i,
+                // The recorded session left this branch or compacted on its own: start again from it.
+                None => (self.first_kept, self.start, self.summary) = (None, 0, 0),
+            }
+        }
+        let raw_total = sums.last().copied().unwrap_or(0);
+        let before = sums[self.start];
+        let mut r = HostRequest {
+            total: self.summary + raw_total - before,
+            cached: if raw_cached >= before { self.summary + raw_cached - before } else { 0 },
+            broke: raw_broke,
+            summarizing: 0,
+        };
+        if self.threshold.is_some_and(|t| r.total > t) {
+            // The newest cut keeping at least the recent tokens, moved back to a user or assistant message.
+            let limit = raw_total.saturating_sub(HOST_KEEP_RECENT_TOKENS);
+            let mut cut = sums.partition_point(|&s| s <= limit).saturating_sub(1).min(msgs.len().saturating_sub(1));
+            while cut > self.start && matches!(*msgs[cut], Message::ToolResult { .. }) {
+                cut -= 1;
+            }
+            if cut > self.start {
+                r.summarizing = self.summary + sums[cut] - before;
+                self.summary = HOST_SUMMARY_TOKENS.min(r.summarizing);
+                self.start = cut;
+                self.first_kept = Some(msgs[cut].clone());
+                r.total = self.summary + raw_total - sums[cut];
+                r.cached = 0;
+                r.broke = self.started;
+            }
+        }
+        self.started = true;
+        r
+    }
+}
+
 /// Replays `events` (a session's source events) into a new session `name` of `store` with `config`,
 /// preparing a request before each assistant message, and measures both the raw and the rendered
 /// requests.
@@ -268,6 +458,8 @@ pub fn replay_with(
     let mut budget = window.map(|w| condense_checkpoint::Budget::of_model(w, None));
     let mut raw = Projection::new();
     let mut raw_meter = Meter::default();
+    let mut host = Host::at_window(window);
+    let mut checkpoints = 0;
     let mut meter = Meter::default();
     let mut f = Figures::default();
     let mut switched = false;
@@ -290,12 +482,13 @@ pub fn replay_with(
         if is_request {
             let r = raw.render();
             let (raw_total, raw_cached, raw_broke) = raw_meter.request(&r.messages);
+            let h = host.request(&r.messages, &raw_meter.sums, raw_cached, raw_broke);
             drop(r);
-            let rendered = match session.prepare() {
+            let (rendered, committed) = match session.prepare_then(|p, r| (r.clone(), p.index().checkpoints.len())) {
                 Ok(r) => r,
                 Err(crate::EngineError::CompactionFailed { .. }) => {
                     f.compaction_failures += 1;
-                    session.render()?
+                    (session.render()?, checkpoints)
                 }
                 Err(e) => return Err(e),
             };
@@ -321,7 +514,26 @@ pub fn replay_with(
             f.raw_cache_breaks += u64::from(raw_broke);
             f.cost_units_raw += prices.cached * raw_cached as f64 + prices.uncached * (raw_total - raw_cached) as f64;
             f.cost_units_rendered += prices.cached * cached as f64 + prices.uncached * (total - cached) as f64;
-            f.series.push((raw_total, total));
+            f.host_input_tokens_total += h.total;
+            f.host_cached_prefix_tokens_total += h.cached;
+            f.host_summary_input_tokens_total += h.summarizing;
+            f.host_tokens_peak = f.host_tokens_peak.max(h.total);
+            f.host_cache_breaks += u64::from(h.broke);
+            f.host_compactions += u64::from(h.summarizing > 0);
+            f.cost_units_host += prices.cached * h.cached as f64 + prices.uncached * (h.total - h.cached + h.summarizing) as f64;
+            f.series.push(Point {
+                raw: raw_total,
+                raw_cached,
+                host: h.total,
+                host_cached: h.cached,
+                host_summarizing: h.summarizing,
+                rendered: total,
+                rendered_cached: cached,
+                broke,
+                host_compacted: h.summarizing > 0,
+                checkpoint: committed > checkpoints,
+            });
+            checkpoints = committed;
         }
         if let SourceEvent::EntryAppended { entry: Entry::Message(m), .. } = &ev {
             seen.add(m);
@@ -358,6 +570,55 @@ pub fn replay_with(
 mod tests {
     use super::*;
     use condense_events::UserOrigin;
+
+    /// The host baseline compacts as pi does: over the window less the reserve, it summarizes what lies
+    /// before a cut keeping at least the recent tokens, cuts at a user or assistant message, breaks the cache
+    /// once, and otherwise grows with the raw requests (their cached prefix included).
+    #[test]
+    fn the_host_baseline_compacts_as_pi_does() {
+        // Each message of 4,000 chars is 1,000 tokens; a call's result follows each assistant message.
+        let text = |c: char| c.to_string().repeat(4_000);
+        let user = Arc::new(Message::user_text(text('u'), UserOrigin::Prompt));
+        let mut msgs = vec![user];
+        let mut host = Host::at_window(Some(HOST_RESERVE_TOKENS + 30_000));
+        let mut meter = Meter::default();
+        let mut seen = Vec::new();
+        for i in 0..40 {
+            let m = if i % 2 == 0 {
+                Message::Assistant { content: vec![condense_events::Block::Text { text: text('a') }], model: None, stop: None, usage: None }
+            } else {
+                Message::ToolResult { call_id: format!("c{i}"), tool_name: "read".into(), content: vec![condense_events::Block::Text { text: text('r') }], is_error: false }
+            };
+            msgs.push(Arc::new(m));
+            let (raw, raw_cached, raw_broke) = meter.request(&msgs);
+            let r = host.request(&msgs, &meter.sums, raw_cached, raw_broke);
+            seen.push((raw, r.total, r.cached, r.broke, r.summarizing));
+        }
+        // Up to 30,000 tokens the host is the raw session.
+        assert_eq!(seen[0], (2_000, 2_000, 0, false, 0));
+        assert!(seen[1..].iter().take_while(|s| s.0 <= 30_000).all(|s| s.1 == s.0 && s.2 == s.0 - 1_000 && !s.3 && s.4 == 0));
+        let compactions: Vec<usize> = seen.iter().enumerate().filter(|(_, s)| s.4 > 0).map(|(i, _)| i).collect();
+        assert!(!compactions.is_empty());
+        let first = compactions[0];
+        // The first request over 30,000 tokens compacts: everything before the cut is summarized (2,000
+        // tokens at most), at least 20,000 recent tokens stay, the request is uncached and breaks the cache.
+        assert_eq!(seen[first].0, 31_000);
+        let (_, total, cached, broke, summarizing) = seen[first];
+        assert!(broke && cached == 0);
+        assert!(total >= HOST_SUMMARY_TOKENS + HOST_KEEP_RECENT_TOKENS && total <= 31_000 - summarizing + HOST_SUMMARY_TOKENS);
+        assert!(matches!(*msgs[host_cut(&host, &msgs)], Message::Assistant { .. }));
+        // The next request caches everything the compacted one sent.
+        let next = seen[first + 1];
+        assert_eq!((next.2, next.3, next.1), (total, false, total + 1_000));
+        // A window with no limit is the raw session.
+        let mut raw_host = Host::at_window(None);
+        let r = raw_host.request(&msgs, &meter.sums, 0, false);
+        assert_eq!((r.total, r.summarizing), (*meter.sums.last().unwrap(), 0));
+    }
+
+    fn host_cut(host: &Host, msgs: &[Arc<Message>]) -> usize {
+        msgs.iter().position(|m| host.first_kept.as_ref().is_some_and(|k| Arc::ptr_eq(m, k))).unwrap()
+    }
 
     /// The meter keeps only what changed between requests: its totals, cached prefixes and retained facts
     /// are those of counting each request from scratch.
