@@ -268,7 +268,20 @@ fn mutilate(bytes: &[u8], rng: &mut Rng) -> Vec<u8> {
 /// Imports `bytes` and, when that succeeds, renders the result and runs the provider-rule check: neither
 /// may panic, whatever the input.
 fn import_and_render(name: &str, bytes: &[u8]) -> bool {
-    let Ok(imported) = import_bytes(name, bytes) else { return false };
+    // Read as a stream, a file of a line format gives the events of the whole-file read, diagnostics
+    // included; anything else is left to the whole-file read, with nothing emitted.
+    let mut streamed = Vec::new();
+    let read = condense_formats::import_stream(name, bytes, &mut |e| streamed.push(e)).expect("a slice reads");
+    let whole = import_bytes(name, bytes);
+    match (&read, &whole) {
+        (Some(r), Ok(w)) => {
+            assert_eq!(streamed, w.events, "{name}: streamed events differ");
+            assert_eq!((r.format, &r.diagnostics), (w.format, &w.diagnostics));
+        }
+        (Some(_), Err(e)) => panic!("{name}: streamed, but the whole-file read refused it: {e}"),
+        (None, _) => assert!(streamed.is_empty()),
+    }
+    let Ok(imported) = whole else { return false };
     let p = fold(&imported.events);
     let r = p.render();
     let _ = check(&r.messages);
@@ -337,6 +350,46 @@ fn fuzz_each_importer_with_mutilated_corpus_files_and_random_bytes() {
         }
         import_and_render("t.jsonl", &b);
     }
+}
+
+/// A new session is imported as a stream (parsed on one thread while the log is written, never held
+/// whole, not folded): the log holds the same events as the whole-file import (which an existing empty
+/// session takes), for every corpus session and for damaged files.
+#[test]
+fn streamed_import_writes_what_the_whole_file_import_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_engine::Store::open(dir.path().join("s")).unwrap();
+    let mut files = condense_tests::corpus_sessions();
+    let damaged = [
+        ("two-on-a-line.jsonl", "{\"type\":\"session\",\"version\":3,\"id\":\"s\"}\n{\"type\":\"message\",\"id\":\"a\",\"parentId\":null,\"message\":{\"role\":\"user\",\"content\":\"hi\"}}{\"type\":\"message\",\"id\":\"b\",\"parentId\":\"a\",\"message\":{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"yo\"}]}}\r\n\n"),
+        ("bad-escape-dangling.jsonl", "{\"type\":\"session\",\"version\":3,\"id\":\"s\"}\n{\"type\":\"message\",\"id\":\"a\",\"parentId\":\"zz\",\"message\":{\"role\":\"user\",\"content\":\"c:\\q\"}}\nnot json\n{\"type\":\"message\",\"id\":\"a\",\"parentId\":\"a\",\"message\":{\"role\":\"user\",\"content\":\"no newline at the end\"}}"),
+    ];
+    for (name, text) in damaged {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        files.push(f);
+    }
+    let events = |name: &str| {
+        let s = store.session(name).unwrap();
+        store.log().read(s.id(), 1, s.head().unwrap()).unwrap().into_iter().map(|e| e.body).collect::<Vec<_>>()
+    };
+    let mut streams = 0;
+    for (i, f) in files.iter().enumerate() {
+        let reader = std::io::BufReader::new(std::fs::File::open(f).unwrap());
+        streams += usize::from(condense_formats::import_stream("f", reader, &mut |_| {}).unwrap().is_some());
+        let (a, b) = (format!("streamed{i}"), format!("whole{i}"));
+        let streamed = store.import_file(f, &a).unwrap();
+        store.create_session(&b).unwrap();
+        let whole = store.import_file(f, &b).unwrap();
+        assert_eq!(events(&a), events(&b), "{}", f.display());
+        assert_eq!((streamed.events, streamed.format, &streamed.diagnostics), (whole.events, whole.format, &whole.diagnostics), "{}", f.display());
+        assert_eq!(store.session(&a).unwrap().render().unwrap().messages, store.session(&b).unwrap().render().unwrap().messages);
+    }
+    // All but the odd file (pretty-printed objects, read whole) took the streaming path.
+    assert!(streams + 3 >= files.len(), "{streams} of {} streamed", files.len());
+    // The damaged files were read with their defects reported, not refused.
+    let last = store.import_file(&files[files.len() - 1], "again").unwrap();
+    assert!(last.diagnostics.len() >= 3, "{:?}", last.diagnostics);
 }
 
 #[test]

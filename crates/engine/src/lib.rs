@@ -29,6 +29,9 @@ pub use stats::Stats;
 
 /// Events are written in chunks of this many, one durable group each.
 const APPEND_CHUNK: usize = 4096;
+/// Events the streaming importer hands over at a time (small enough that a corpus-sized file is parsed
+/// and written at once, not one after the other).
+const IMPORT_CHUNK: usize = 256;
 
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
@@ -277,6 +280,11 @@ impl Store {
     /// As [`Store::import_file`], for every session the file holds: one for most formats; one per line of
     /// an OpenHands evaluation output, each named `NAME#INSTANCE_ID`.
     pub fn import_file_all(&self, path: &Path, name: &str) -> Result<Vec<ImportOutcome>> {
+        if self.inner.log.session_id(name)?.is_none()
+            && let Some(done) = self.import_streaming(path, name)?
+        {
+            return Ok(vec![done]);
+        }
         let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
         let bytes = std::fs::read(path).map_err(io)?;
         let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
@@ -292,6 +300,80 @@ impl Store {
             out.push(self.import_one(&canonical, &hash, &bytes, imported, &name)?);
         }
         Ok(out)
+    }
+
+    /// A new session from a JSON-lines file (pi, Claude Code, Codex), read as a stream: one thread parses
+    /// while this one encodes and the log writer writes, and the file is never held whole, nor is the
+    /// session folded into a projection (the first render folds it from the log). The events are those
+    /// the whole-file path writes. `None` when the file is not one of these formats (nothing is written).
+    fn import_streaming(&self, path: &Path, name: &str) -> Result<Option<ImportOutcome>> {
+        let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
+        let open = || std::fs::File::open(path).map_err(io);
+        // The import markers name the file's content before its first event: the hash is one pass ahead.
+        let mut hasher = blake3::Hasher::new();
+        hasher.update_reader(open()?).map_err(io)?;
+        let hash = hasher.finalize().to_hex().to_string();
+        let len = open()?.metadata().map_err(io)?.len();
+        let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
+        let shown = path.display().to_string();
+        let reader = std::io::BufReader::with_capacity(1 << 20, open()?);
+        let (tx, rx) = crossbeam_channel::bounded::<Vec<SourceEvent>>(4);
+        std::thread::scope(|scope| {
+            let parser = std::thread::Builder::new()
+                .name("condense-import".into())
+                .spawn_scoped(scope, move || {
+                    let mut chunk = Vec::with_capacity(IMPORT_CHUNK);
+                    let read = condense_formats::import_stream(&shown, reader, &mut |e| {
+                        chunk.push(e);
+                        if chunk.len() == IMPORT_CHUNK {
+                            // A writer that stopped has its error already; the parse just runs out.
+                            drop(tx.send(std::mem::replace(&mut chunk, Vec::with_capacity(IMPORT_CHUNK))));
+                        }
+                    });
+                    if !chunk.is_empty() {
+                        drop(tx.send(chunk));
+                    }
+                    read
+                })
+                .map_err(io)?;
+            let mut session: Option<(Session, Seq)> = None;
+            let mut written = 0u64;
+            let mut wrote = || -> Result<()> {
+                for mut chunk in rx.iter() {
+                    let (s, head) = match &mut session {
+                        Some(x) => x,
+                        None => {
+                            chunk.insert(1.min(chunk.len()), SourceEvent::ImportStarted { path: canonical.clone(), bytes: len, hash: hash.clone() });
+                            session.insert((self.create_session(name)?, 0))
+                        }
+                    };
+                    written += chunk.len() as u64;
+                    *head = s.write_unfolded(*head, chunk.into_iter().map(Event::Source).collect(), false)?;
+                }
+                Ok(())
+            };
+            let wrote = wrote();
+            // The parser ends when the file does; a writer that failed dropped the receiver, so it never
+            // waits on a full channel.
+            drop(rx);
+            let read = parser.join().map_err(|_| EngineError::Format(condense_formats::FormatError::Unrecognized { path: path.to_path_buf(), reason: "the importer panicked".into() }))?;
+            wrote?;
+            let Some(streamed) = read.map_err(io)? else { return Ok(None) };
+            let (s, head) = match session {
+                Some(x) => x,
+                None => (self.create_session(name)?, 0),
+            };
+            let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: len, hash: hash.clone() };
+            s.write_unfolded(head, vec![Event::Source(completed)], !self.inner.defer_durability)?;
+            Ok(Some(ImportOutcome {
+                action: ImportAction::Imported,
+                name: name.to_string(),
+                format: streamed.format,
+                events: written + 1,
+                bytes: len,
+                diagnostics: streamed.diagnostics,
+            }))
+        })
     }
 
     /// Imports one session read from a file (see [`Store::import_file`]).
@@ -639,7 +721,7 @@ impl Session {
     /// log is cleared, to be folded again from the log when next read.
     fn append_applied(&self, proj: &mut Projection, events: Vec<Event>, applied: usize) -> Result<Seq> {
         let written_from = proj.seq() - applied as u64;
-        let result = self.write_chunks(proj, written_from, events, written_from + applied as u64);
+        let result = self.write_chunks(proj, written_from, events, written_from + applied as u64, !self.store.inner.defer_durability);
         if result.is_err() && applied > 0 {
             *proj = Projection::new();
         }
@@ -648,7 +730,7 @@ impl Session {
 
     /// Writes `events` after `head`, pipelined in chunks, and applies to `proj` those acknowledged past
     /// `known` (the projection's seq).
-    fn write_chunks(&self, proj: &mut Projection, mut head: Seq, events: Vec<Event>, known: Seq) -> Result<Seq> {
+    fn write_chunks(&self, proj: &mut Projection, mut head: Seq, events: Vec<Event>, known: Seq, durable: bool) -> Result<Seq> {
         let log = &self.store.inner.log;
         let mut in_flight: Option<(Vec<Event>, crossbeam_channel::Receiver<condense_log::Result<Seq>>)> = None;
         let mut events = events.into_iter().peekable();
@@ -662,7 +744,9 @@ impl Session {
                     .enumerate()
                     .map(|(i, body)| condense_log::encode_event(self.id, head + 1 + i as u64, body))
                     .collect();
-                let rx = log.append_encoded(self.id, head, values, !self.store.inner.defer_durability)?;
+                // One flush at the end covers every chunk before it: only the last waits for the disk.
+                let last = events.peek().is_none();
+                let rx = log.append_encoded(self.id, head, values, last && durable)?;
                 head += chunk.len() as u64;
                 Some((chunk, rx))
             };
@@ -687,6 +771,12 @@ impl Session {
             }
         });
         Ok(head)
+    }
+
+    /// Writes `events` after `head` without folding them into the warm projection (which folds them from
+    /// the log when next read); `durable`: the last chunk waits for the disk.
+    fn write_unfolded(&self, head: Seq, events: Vec<Event>, durable: bool) -> Result<Seq> {
+        self.write_chunks(&mut Projection::new(), head, events, Seq::MAX, durable)
     }
 
     fn catch_up(&self, proj: &mut Projection) -> Result<()> {

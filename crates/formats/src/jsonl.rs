@@ -54,10 +54,6 @@ impl<'a> Lines<'a> {
         Lines { file, rest: bytes, n: 0, queue: std::collections::VecDeque::new(), diagnostics: Vec::new() }
     }
 
-    fn diag(&mut self, line: u64, message: String) {
-        self.diagnostics.push(Diagnostic { file: self.file.to_string(), line, message });
-    }
-
     /// Parses the next non-blank line into the queue; false at the end of the buffer.
     fn fill(&mut self) -> bool {
         while !self.rest.is_empty() {
@@ -67,42 +63,93 @@ impl<'a> Lines<'a> {
             };
             self.rest = rest;
             self.n += 1;
-            let n = self.n;
-            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-            if raw.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let text = match std::str::from_utf8(raw) {
-                Ok(t) => std::borrow::Cow::Borrowed(t),
-                Err(e) => {
-                    self.diag(n, format!("invalid UTF-8 at byte {}; replaced with U+FFFD", e.valid_up_to()));
-                    String::from_utf8_lossy(raw)
-                }
-            };
-            match parse_line(&text) {
-                Ok(values) => {
-                    if values.len() > 1 {
-                        self.diag(n, format!("{} JSON objects on one line; each kept as its own entry", values.len()));
-                    }
-                    self.queue.extend(values.into_iter().map(|value| Line { line: n, value }));
-                }
-                Err((values, err)) => {
-                    if let Some(Ok(values)) = repair_escapes(&text).map(|r| parse_line(&r)) {
-                        self.diag(n, format!("invalid escape repaired ({err})"));
-                        self.queue.extend(values.into_iter().map(|value| Line { line: n, value }));
-                    } else {
-                        let kept = values.len();
-                        self.queue.extend(values.into_iter().map(|value| Line { line: n, value }));
-                        let what = if kept > 0 { format!("kept {kept} object(s) before it, ") } else { String::new() };
-                        self.diag(n, format!("malformed JSON ({err}); {what}rest of line skipped"));
-                    }
-                }
-            }
-            if !self.queue.is_empty() {
+            if take_line(self.file, self.n, raw, &mut self.queue, &mut self.diagnostics) {
                 return true;
             }
         }
         false
+    }
+}
+
+/// Parses one raw line (numbered `n`) into `queue`, with its problems in `diagnostics`; false for a line
+/// that gave nothing (blank, or nothing parsed).
+fn take_line(file: &str, n: u64, raw: &[u8], queue: &mut std::collections::VecDeque<Line>, diagnostics: &mut Vec<Diagnostic>) -> bool {
+    let mut diag = |message: String| diagnostics.push(Diagnostic { file: file.to_string(), line: n, message });
+    let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+    if raw.iter().all(u8::is_ascii_whitespace) {
+        return false;
+    }
+    let text = match std::str::from_utf8(raw) {
+        Ok(t) => std::borrow::Cow::Borrowed(t),
+        Err(e) => {
+            diag(format!("invalid UTF-8 at byte {}; replaced with U+FFFD", e.valid_up_to()));
+            String::from_utf8_lossy(raw)
+        }
+    };
+    let before = queue.len();
+    match parse_line(&text) {
+        Ok(values) => {
+            if values.len() > 1 {
+                diag(format!("{} JSON objects on one line; each kept as its own entry", values.len()));
+            }
+            queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+        }
+        Err((values, err)) => {
+            if let Some(Ok(values)) = repair_escapes(&text).map(|r| parse_line(&r)) {
+                diag(format!("invalid escape repaired ({err})"));
+                queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+            } else {
+                let kept = values.len();
+                queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+                let what = if kept > 0 { format!("kept {kept} object(s) before it, ") } else { String::new() };
+                diag(format!("malformed JSON ({err}); {what}rest of line skipped"));
+            }
+        }
+    }
+    queue.len() > before
+}
+
+/// [`Lines`] read from a stream instead of a buffer: a file of any size is read a line at a time. A read
+/// error ends the lines and is kept in `error`.
+pub struct ReadLines<R> {
+    file: String,
+    reader: R,
+    buf: Vec<u8>,
+    n: u64,
+    queue: std::collections::VecDeque<Line>,
+    /// Problems met so far.
+    pub diagnostics: Vec<Diagnostic>,
+    /// The read error that ended the lines, if one did.
+    pub error: Option<std::io::Error>,
+}
+
+impl<R: std::io::BufRead> ReadLines<R> {
+    /// Lines of `reader`; `file` names them in diagnostics.
+    pub fn new(file: &str, reader: R) -> ReadLines<R> {
+        ReadLines { file: file.to_string(), reader, buf: Vec::new(), n: 0, queue: std::collections::VecDeque::new(), diagnostics: Vec::new(), error: None }
+    }
+}
+
+impl<R: std::io::BufRead> Iterator for ReadLines<R> {
+    type Item = Line;
+
+    fn next(&mut self) -> Option<Line> {
+        while self.queue.is_empty() {
+            self.buf.clear();
+            match self.reader.read_until(b'\n', &mut self.buf) {
+                Ok(0) => return None,
+                Ok(_) => {
+                    self.n += 1;
+                    let raw = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
+                    take_line(&self.file, self.n, raw, &mut self.queue, &mut self.diagnostics);
+                }
+                Err(e) => {
+                    self.error = Some(e);
+                    return None;
+                }
+            }
+        }
+        self.queue.pop_front()
     }
 }
 

@@ -132,6 +132,50 @@ pub fn import_sessions(file: &str, bytes: &[u8]) -> Result<Vec<(Option<String>, 
     import_bytes(file, bytes).map(|i| vec![(None, i)])
 }
 
+/// A line-format session (pi, Claude Code, Codex) read from a stream: its events go to `emit` as they
+/// are read (pi's as each line is; the others' once their file is read), so a file of any size is never
+/// held whole. The events are those [`import_bytes`] gives for the same bytes, diagnostics last.
+/// `Ok(None)`: the stream is not one of these (a JSON document, pretty-printed objects, an OpenHands
+/// evaluation output, or nothing known) and nothing was emitted: read it whole with [`import_sessions`].
+pub fn import_stream(file: &str, reader: impl std::io::BufRead, emit: &mut dyn FnMut(SourceEvent)) -> std::io::Result<Option<Streamed>> {
+    let mut lines = jsonl::ReadLines::new(file, reader);
+    let head: Vec<jsonl::Line> = lines.by_ref().take(DETECT_LINES).collect();
+    if let Some(e) = lines.error.take() {
+        return Err(e);
+    }
+    let Some(format) = detect(&head) else { return Ok(None) };
+    if head.first().is_some_and(|l| documents::detect(&l.value).is_some()) {
+        return Ok(None);
+    }
+    let mut diagnostics = match format {
+        Format::Pi => pi::import_to(file, head.into_iter().chain(lines.by_ref()), emit),
+        _ => {
+            let out = run(format, file, head.into_iter().chain(lines.by_ref()));
+            out.events.into_iter().for_each(&mut *emit);
+            out.diagnostics
+        }
+    };
+    if let Some(e) = lines.error.take() {
+        return Err(e);
+    }
+    let mut all = std::mem::take(&mut lines.diagnostics);
+    all.append(&mut diagnostics);
+    all.sort_by_key(|d| d.line);
+    for d in &all {
+        emit(SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() });
+    }
+    Ok(Some(Streamed { format, diagnostics: all }))
+}
+
+/// What [`import_stream`] read besides the events it emitted.
+#[derive(Debug, Clone)]
+pub struct Streamed {
+    /// The session's format.
+    pub format: Format,
+    /// What could not be taken as it stood (also emitted, last, as `ImportDiagnostic` events).
+    pub diagnostics: Vec<Diagnostic>,
+}
+
 /// Lines read before the format is decided.
 const DETECT_LINES: usize = 50;
 

@@ -10,6 +10,13 @@ use std::collections::BTreeSet;
 
 pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     let mut events = Vec::new();
+    let diagnostics = import_to(file, lines, &mut |e| events.push(e));
+    Output { events, diagnostics }
+}
+
+/// [`import`], handing each event to `emit` as soon as its line is read (a file is never held whole);
+/// the diagnostics are returned at the end.
+pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mut dyn FnMut(SourceEvent)) -> Vec<Diagnostic> {
     let mut diags = Vec::new();
     let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
     let mut iter = lines.peekable();
@@ -27,14 +34,14 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
         None => 1,
     };
     let h = header.as_ref().map(|h| &h.value);
-    events.push(SourceEvent::SessionStarted {
+    emit(SourceEvent::SessionStarted {
         source: "pi".into(),
         source_id: h.and_then(|h| str_of(h, "id")).map(str::to_string),
         cwd: h.and_then(|h| str_of(h, "cwd")).map(str::to_string),
         timestamp: h.and_then(|h| str_of(h, "timestamp")).map(str::to_string),
     });
     if let Some(model) = h.and_then(|h| str_of(h, "modelId")) {
-        events.push(SourceEvent::ModelChanged {
+        emit(SourceEvent::ModelChanged {
             provider: h.and_then(|h| str_of(h, "provider")).map(str::to_string),
             model: model.to_string(),
             context_window: None,
@@ -121,7 +128,7 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
             "model_change" => {
                 let model = str_of(&line.value, "modelId").or_else(|| str_of(&line.value, "model"));
                 if let Some(model) = model {
-                    events.push(SourceEvent::ModelChanged {
+                    emit(SourceEvent::ModelChanged {
                         provider: str_of(&line.value, "provider").map(str::to_string),
                         model: model.to_string(),
                         context_window: None,
@@ -145,9 +152,9 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
         };
         known.insert(id.clone());
         previous = Some(id.clone());
-        events.push(SourceEvent::EntryAppended { id, parent, entry });
+        emit(SourceEvent::EntryAppended { id, parent, entry });
     }
-    Output { events, diagnostics: diags }
+    diags
 }
 
 /// Converts a pi message (any role) into an entry.
