@@ -24,6 +24,15 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("crash") => crash(&args[1..]),
         Some("man") => man(&args[1..]),
+        // A fresh process importing one file into a fresh store, printing its peak memory (for the bench).
+        Some("import-peak") => {
+            let (file, dir) = (PathBuf::from(&args[1]), PathBuf::from(&args[2]));
+            let store = Store::open(&dir)?;
+            let t = Instant::now();
+            store.import_file(&file, "gen")?;
+            println!("{:.0} {:.0}", peak_mib(), ms(t.elapsed()));
+            Ok(())
+        }
         _ => {
             eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only import|serve|switch|postgres]");
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
@@ -236,7 +245,7 @@ fn bench(args: &[String]) -> Result<()> {
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
     writeln!(md, "\n## Method\n")?;
     writeln!(md, "- *Bare parse*: every line of the file parsed into a `serde_json::Value` (the floor an importer cannot beat).\n- *Parse to events*: `condense_formats::import_bytes`, the whole importer (tolerant line reading, conversion to source events) without storing.\n- *Import into store*: the same plus `Store` appends (bincode encoding, sled batch, flush, warm projection update).\n- *Full rebuild*: folding a fresh projection from every event in the log (what `render --at` and a cold start do).\n- *Full render*: `Projection::render_full_now` on a warm projection: walk the active branch, apply the newest host compaction, repair pairing, from scratch. Median of repeated runs.
-- *Per-turn render*: what a host pays before each request: one event applied to the warm projection and `render` called, measured over the session's last 200 events (the projection keeps its render up to date as entries extend the branch, so this does not grow with the session).\n- Import timings are the best of 7 runs (3 for the import into a store); the ratio is throughput divided by the bare parse's throughput on the same bytes.\n- Peak memory is the process's VmHWM after the step, so it only grows down the table.")?;
+- *Per-turn render*: what a host pays before each request: one event applied to the warm projection and `render` called, measured over the session's last 200 events (the projection keeps its render up to date as entries extend the branch, so this does not grow with the session).\n- Import timings are the best of 7 runs (3 for the import into a store); the ratio is throughput divided by the bare parse's throughput on the same bytes.\n- Import peak RSS is the VmHWM of a fresh process that opens a fresh store and imports the file (`cargo xtask import-peak FILE DIR`); peak memory is this process's VmHWM after the step, so it only grows down the table (it includes the full rebuild, which holds the whole session).\n- The import into a store is timed from the first `import_file` to the last one's return (each durable), with the store opened and closed outside the timing.")?;
     std::fs::write(&out_path, md)?;
     println!("wrote {}", out_path.display());
     Ok(())
@@ -609,8 +618,8 @@ pub(crate) fn generated_file(scratch: &Path, n: u64) -> Result<PathBuf> {
 fn generated(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
     writeln!(md, "\n## Generated pi sessions of growing size\n")?;
     writeln!(md, "`../shared/tools/gen_pi_session.py --entries N --seed 1` (v3), generated into `target/bench-scratch`.\n")?;
-    writeln!(md, "| entries | MB | bare parse ms | import into store ms | import MB/s | events | full rebuild ms | full render median ms | per-turn render median ms | per-turn p99 ms | rendered messages | peak RSS MiB |")?;
-    writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(md, "| entries | MB | bare parse ms | import into store ms | import MB/s | events | full rebuild ms | full render median ms | per-turn render median ms | per-turn p99 ms | rendered messages | import peak RSS MiB | peak RSS MiB |")?;
+    writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for &n in sizes {
         let file = generated_file(scratch, n)?;
         let size = std::fs::metadata(&file)?.len();
@@ -621,6 +630,13 @@ fn generated(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
             t.elapsed()
         };
         let dir = scratch.join(format!("store-{n}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        // The import's own peak memory, in a process of its own (this one holds the earlier sizes).
+        let out = std::process::Command::new(std::env::current_exe()?).arg("import-peak").arg(&file).arg(&dir).output()?;
+        if !out.status.success() {
+            bail!("import-peak failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let import_peak: f64 = String::from_utf8_lossy(&out.stdout).split_whitespace().next().and_then(|v| v.parse().ok()).context("import-peak output")?;
         let _ = std::fs::remove_dir_all(&dir);
         let store = Store::open(&dir)?;
         let t = Instant::now();
@@ -655,7 +671,7 @@ fn generated(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
         }).collect();
         drop(warm);
         let peak = peak_mib();
-        writeln!(md, "| {n} | {:.1} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.2} | {:.4} | {:.4} | {msgs} | {peak:.0} |", size as f64 / 1e6, ms(t_bare), ms(t_import),
+        writeln!(md, "| {n} | {:.1} | {:.0} | {:.0} | {:.0} | {} | {:.0} | {:.2} | {:.4} | {:.4} | {msgs} | {import_peak:.0} | {peak:.0} |", size as f64 / 1e6, ms(t_bare), ms(t_import),
             size as f64 / 1e6 / t_import.as_secs_f64(), o.events, ms(t_rebuild), ms(median(times)), ms(median(turns.clone())), ms(percentile(turns, 0.99)))?;
         println!("{n}: import {:.0} ms, rebuild {:.0} ms", ms(t_import), ms(t_rebuild));
         drop(s);
