@@ -549,13 +549,10 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
             bail!("{}: no such file or folder", path.display());
         }
     }
-    // The replays go into a private folder made atomically under a fresh name and removed on every exit
-    // path (declared before the store, so the store closes first).
-    let scratch = tempfile::Builder::new().prefix("condense-simulate-").tempdir().context("creating a scratch folder for the replays")?;
-    // A scratch store is removed when the command ends: nothing in it needs to survive a crash, so its
-    // appends do not wait for the disk.
+    // Replays not kept go into a store held in memory: nothing in it needs to survive the command, and no
+    // append waits for a writer thread or the disk.
     let scratch_options = condense_engine::StoreOptions { defer_durability: true, ..Default::default() };
-    let temp = if kept.is_some() { None } else { Some(Store::open_with(scratch.path(), scratch_options)?) };
+    let temp = if kept.is_some() { None } else { Some(Store::in_memory(scratch_options)) };
     let target = match (&temp, kept) {
         (Some(t), _) => t,
         (None, Some(k)) => k,
@@ -621,7 +618,6 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
         total.add(&f);
     }
     drop(temp);
-    drop(scratch);
     if let Some(path) = &o.plot {
         let sessions: Vec<plot::Session> = plot.iter().map(|(name, series)| plot::Session { name, series }).collect();
         plot::write(path, &sessions, window, &list_price)?;

@@ -372,7 +372,7 @@ fn render_of_an_invalid_context_says_so_and_fails() {
 }
 
 #[test]
-fn simulate_leaves_no_scratch_store_behind() {
+fn simulate_without_keep_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let tmp = dir.path().join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
@@ -386,7 +386,9 @@ fn simulate_leaves_no_scratch_store_behind() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "the scratch store is removed");
+    // The replays are held in memory: nothing is written, neither a scratch folder nor the store.
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "a scratch folder was left behind");
+    assert!(!dir.path().join("store").exists(), "simulate without --keep wrote to the store");
 }
 
 #[test]

@@ -209,15 +209,24 @@ impl Store {
 
     /// Opens (or creates) a store in `dir` with explicit memory bounds.
     pub fn open_with(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
-        Ok(Store {
+        Ok(Store::on_log(Log::open_with(dir, options.cache_bytes)?, options))
+    }
+
+    /// A store held in memory only (see [`Log::in_memory`]): a scratch store nothing needs to survive.
+    pub fn in_memory(options: StoreOptions) -> Store {
+        Store::on_log(Log::in_memory(), options)
+    }
+
+    fn on_log(log: Log, options: StoreOptions) -> Store {
+        Store {
             inner: Arc::new(Inner {
                 archives: Mutex::new(Vec::new()),
-                log: Log::open_with(dir, options.cache_bytes)?,
+                log,
                 warm: Mutex::new(Warm { map: BTreeMap::new(), tick: 0, limit: options.warm_limit.max(1) }),
                 summarizer: Mutex::new(Arc::new(Extractive::default())),
                 defer_durability: options.defer_durability,
             }),
-        })
+        }
     }
 
     /// Tells stores apart (for the one thread-local of `prepare`): the address of the shared state.

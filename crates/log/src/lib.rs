@@ -13,6 +13,7 @@ mod blob;
 mod codec;
 mod export;
 mod manifest;
+mod memory;
 mod pg;
 mod sled_store;
 pub mod testing;
@@ -287,6 +288,12 @@ impl Log {
             Location::Postgres(url) => Arc::new(pg::PgStore::open(url)?),
         };
         Ok(Log { backend })
+    }
+
+    /// A log held in memory only, gone when dropped (a scratch store: `condense simulate` without
+    /// `--keep`). Appends are acknowledged at once; nothing is written to disk.
+    pub fn in_memory() -> Log {
+        Log { backend: Arc::new(memory::MemoryStore::default()) }
     }
 
     /// Where the store is (never with a password).

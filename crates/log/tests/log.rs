@@ -35,20 +35,29 @@ fn pg_store() -> String {
 fn model_based_random_operations() {
     for seed in 1..=4u64 {
         let dir = tempfile::tempdir().unwrap();
-        model_based(dir.path(), seed);
+        model_based(&|| Log::open(dir.path()).unwrap(), true, seed);
+    }
+}
+
+/// The in-memory log (simulate's scratch store) keeps the same contract, but for surviving a reopen.
+#[test]
+fn model_based_random_operations_in_memory() {
+    for seed in 1..=4u64 {
+        model_based(&Log::in_memory, false, seed);
     }
 }
 
 #[test]
 fn model_based_random_operations_on_postgres() {
     for seed in 1..=2u64 {
-        model_based(std::path::Path::new(&pg_store()), seed);
+        let url = pg_store();
+        model_based(&|| Log::open(&url).unwrap(), true, seed);
     }
 }
 
-fn model_based(store: &std::path::Path, seed: u64) {
+fn model_based(open: &dyn Fn() -> Log, reopens: bool, seed: u64) {
     {
-        let mut log = Log::open(store).unwrap();
+        let mut log = open();
         let mut model: BTreeMap<SessionId, (String, Vec<Event>)> = BTreeMap::new();
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         for step in 0..400 {
@@ -102,9 +111,9 @@ fn model_based(store: &std::path::Path, seed: u64) {
                         assert_eq!(env.session, id);
                     }
                 }
-                8 => {
+                8 if reopens => {
                     drop(log);
-                    log = Log::open(store).unwrap();
+                    log = open();
                 }
                 _ => {
                     let listed: Vec<_> = log.sessions().unwrap().into_iter().map(|s| (s.id, s.name, s.head)).collect();
@@ -121,12 +130,12 @@ fn model_based(store: &std::path::Path, seed: u64) {
 #[test]
 fn subscribers_hear_durable_appends() {
     let dir = tempfile::tempdir().unwrap();
-    subscribers_hear(dir.path().to_str().unwrap());
-    subscribers_hear(&pg_store());
+    subscribers_hear(Log::open(dir.path()).unwrap());
+    subscribers_hear(Log::open(pg_store()).unwrap());
+    subscribers_hear(Log::in_memory());
 }
 
-fn subscribers_hear(store: &str) {
-    let log = Log::open(store).unwrap();
+fn subscribers_hear(log: Log) {
     let rx = log.subscribe();
     let s = log.create_session("a").unwrap();
     log.append(s, 0, vec![note("x".into()), note("y".into())]).unwrap();
