@@ -34,7 +34,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         _ => {
-            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only import|serve|switch|postgres]");
+            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only import|simulate|serve|switch|postgres]");
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
             eprintln!("       cargo xtask man [--out DIR]");
             Ok(())
@@ -190,7 +190,7 @@ fn bare_parse(bytes: &[u8]) -> usize {
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     if let Some(i) = args.iter().position(|a| a == "--only") {
-        let section = args.get(i + 1).context("--only needs a section: import, serve, switch or postgres")?;
+        let section = args.get(i + 1).context("--only needs a section: import, simulate, serve, switch or postgres")?;
         let scratch = root().join("target/bench-scratch");
         std::fs::create_dir_all(&scratch)?;
         let mut md = String::new();
@@ -199,7 +199,8 @@ fn bench(args: &[String]) -> Result<()> {
             "switch" => switch_bench(&mut md, &scratch)?,
             "postgres" => postgres::bench(&mut md, &scratch)?,
             "import" => import_bench(&mut md, &scratch)?,
-            _ => bail!("--only takes `import`, `serve`, `switch` or `postgres`"),
+            "simulate" => simulate_bench(&mut md, &scratch, &[1_000, 10_000, 100_000])?,
+            _ => bail!("--only takes `import`, `simulate`, `serve`, `switch` or `postgres`"),
         }
         let path = root().join("docs/benchmarks.md");
         let old = std::fs::read_to_string(&path).unwrap_or_default();
@@ -235,6 +236,9 @@ fn bench(args: &[String]) -> Result<()> {
     corpus_render(&mut md, &scratch)?;
     generated(&mut md, &scratch, &sizes)?;
     pruning(&mut md, &scratch, sizes.contains(&100_000))?;
+    // The 100k-entry replay takes minutes: the full run only.
+    let simulated: Vec<u64> = sizes.iter().copied().filter(|n| *n < 100_000 || (*n == 100_000 && !quick)).collect();
+    simulate_bench(&mut md, &scratch, &simulated)?;
     if sizes.contains(&100_000) {
         archive_bench(&mut md, &scratch)?;
     }
@@ -512,6 +516,36 @@ fn splice(old: &str, section: &str) -> String {
             None => format!("{old}\n{section}"),
         },
     }
+}
+
+/// `condense simulate` of the generated sessions, timed as the command runs it (read the file, replay it
+/// into a store held in memory), beside pi-condense's replay of the same sessions (PEERS.md).
+fn simulate_bench(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
+    writeln!(md, "\n## `condense simulate` of the generated sessions\n")?;
+    writeln!(md, "`condense simulate target/bench-scratch/pi-v3-N.jsonl` with the defaults, timed from reading the file to the last figure (the replay goes into a store held in memory, as the command's does). pi-condense: its own handlers replaying the same session (PEERS.md: 4.7 s and 148 s; not run at 100k).\n")?;
+    writeln!(md, "| entries | requests | seconds | growth | tokens % of raw | cost % of raw | cache breaks | retention | pi-condense seconds | pi-condense tokens / cost / breaks |")?;
+    writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
+    let peers = |n: u64| match n {
+        1_000 => ("4.7", "9.1% / 14.5% / 31"),
+        10_000 => ("148", "2.9% / 3.5% / 319"),
+        _ => ("—", "—"),
+    };
+    let mut previous: Option<f64> = None;
+    for &n in sizes.iter().filter(|n| **n <= 100_000) {
+        let file = generated_file(scratch, n)?;
+        let t = Instant::now();
+        let events = condense_formats::import_file(&file)?.events;
+        let store = Store::in_memory(condense_engine::StoreOptions { defer_durability: true, ..Default::default() });
+        let f = condense_engine::simulate::replay(&store, "gen", events, Default::default(), Default::default())?;
+        let secs = t.elapsed().as_secs_f64();
+        let growth = previous.map_or("—".to_string(), |p| format!("{:.1}×", secs / p));
+        previous = Some(secs);
+        let (ps, pf) = peers(n);
+        writeln!(md, "| {n} | {} | {secs:.2} | {growth} | {:.1} | {:.1} | {} | {:.3} | {ps} | {pf} |", f.turns, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.cache_breaks, f.retention())?;
+        println!("simulate {n}: {secs:.2} s");
+    }
+    writeln!(md, "\nTargets (issue 10): 10k entries < 10 s, 100k < 2 min, growth from 1k to 10k ≤ 12×.")?;
+    Ok(())
 }
 
 /// `condense simulate --switch`: every pi, Claude Code and Codex session of the corpus replayed with the
