@@ -1096,6 +1096,8 @@ fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<ExitCode> {
         v["simulation"] = figures_json(&f);
         v["simulation"]["session"] = json!(pruned);
         v["plot"] = json!(plot.display().to_string());
+        v["simulation"]["dollars"] = dollars_json(&f, &price);
+        v["simulation"]["price_model"] = json!(price.model);
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE });
     }
@@ -1110,6 +1112,8 @@ fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<ExitCode> {
         f.token_ratio() * 100.0, f.rendered_input_tokens_total, f.raw_input_tokens_total
     );
     outln!("  cost                {:.1}% of the agent alone's, prompt caching counted", f.cost_ratio() * 100.0);
+    let (raw_dollars, _, condense_dollars) = price.of(&f);
+    outln!("  estimated cost      ${condense_dollars:.2} instead of ${raw_dollars:.2} at {} list prices", price.model);
     outln!("  largest context     {} tokens instead of {}", f.rendered_tokens_peak, f.raw_tokens_peak);
     outln!("  cache breaks        {} (the agent alone: {})", f.cache_breaks, f.raw_cache_breaks);
     outln!("  pruned              {} stubs, {} spilled outputs, {} duplicates, {} chains", f.stubs, f.spills, f.dedups, f.chains);

@@ -28,9 +28,13 @@ fn demo_import_render_verify_export() {
     assert_eq!(sim["refs_recovered_exact"], sim["refs_checked"]);
     assert_eq!(sim["validity_errors"], 0);
     assert!(std::fs::read_to_string(v["plot"].as_str().unwrap()).unwrap().starts_with("<svg"));
+    // Dollars at the default model's list prices, condense well under the agent alone.
+    assert_eq!(sim["price_model"], "claude-sonnet-4-5");
+    assert!(sim["dollars"]["condense"].as_f64().unwrap() < sim["dollars"]["raw"].as_f64().unwrap() * 0.2, "{sim}");
     let (code, out, _) = condense(&store, &["demo"]);
     assert_eq!(code, 0);
     assert!(out.contains("input tokens sent") && out.contains("refs recovered      360/360") && out.contains("condense serve"), "{out}");
+    assert!(out.contains("estimated cost      $") && out.contains("at claude-sonnet-4-5 list prices"), "{out}");
 
     let (code, out, _) = condense(&store, &["render", "demo", "--as", "anthropic", "--after-event", "20"]);
     assert_eq!(code, 0);
