@@ -335,7 +335,7 @@ impl Store {
                     let read = condense_formats::import_stream(&shown, reader, &mut |e| {
                         chunk.push(e);
                         if chunk.len() == IMPORT_CHUNK {
-                            // A writer that stopped has its error already; the parse just runs out.
+                            // A writer that stopped has its error already; what is parsed after is dropped.
                             drop(tx.send(std::mem::replace(&mut chunk, Vec::with_capacity(IMPORT_CHUNK))));
                         }
                     });
@@ -362,8 +362,8 @@ impl Store {
                 Ok(())
             };
             let wrote = wrote();
-            // The parser ends when the file does; a writer that failed dropped the receiver, so it never
-            // waits on a full channel.
+            // A writer that failed left the loop above: dropping the receiver unblocks the parser, which
+            // reads on to the end of the file unheard.
             drop(rx);
             let read = parser.join().map_err(|_| EngineError::Format(condense_formats::FormatError::Unrecognized { path: path.to_path_buf(), reason: "the importer panicked".into() }))?;
             wrote?;
