@@ -71,6 +71,12 @@ where
     root.present().map_err(e)
 }
 
+/// The axis maximum for a raw series peaking at `raw` beside the series that matter peaking at `kept`:
+/// raw's peak when it is within 4× of them, else theirs (and raw runs off the top: `true`).
+fn scale_for(raw: u64, kept: u64) -> (u64, bool) {
+    if raw > kept.saturating_mul(4) && kept > 0 { (kept, true) } else { (raw.max(kept), false) }
+}
+
 /// Tokens as people read them: 950, 12.5k, 1.2M.
 fn tokens_label(v: u64) -> String {
     match v {
@@ -91,10 +97,17 @@ fn dollars_label(v: f64) -> String {
 
 fn tokens_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, window: Option<u64>) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let n = s.series.len().max(2) as u64;
-    let peak = s.series.iter().map(|p| p.raw.max(p.host).max(p.rendered)).max().unwrap_or(0);
-    let top = (peak.max(window.unwrap_or(0)) as f64 * 1.08).max(1000.0) as u64;
+    let raw_peak = s.series.iter().map(|p| p.raw).max().unwrap_or(0);
+    let kept_peak = s.series.iter().map(|p| p.host.max(p.rendered)).max().unwrap_or(0).max(window.unwrap_or(0));
+    // Raw far above what is sent would flatten the lines that matter: it runs off the top instead.
+    let (scale, off) = scale_for(raw_peak, kept_peak);
+    let top = (scale as f64 * 1.08).max(1000.0) as u64;
+    let caption = match off {
+        true => format!("{}: context per request (raw peaks at {}, off the scale)", s.name, tokens_label(raw_peak)),
+        false => format!("{}: context per request", s.name),
+    };
     let mut chart = ChartBuilder::on(area)
-        .caption(format!("{}: context per request", s.name), (FONT, 15))
+        .caption(caption, (FONT, 15))
         .margin(8)
         .x_label_area_size(32)
         .y_label_area_size(56)
@@ -113,7 +126,7 @@ fn tokens_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, 
     }
     if let Some(w) = window {
         chart.draw_series(LineSeries::new([(1, w), (n, w)], BLACK.stroke_width(1)))?;
-        chart.draw_series([Text::new(format!("window {}", tokens_label(w)), (1, w), (FONT, 12).into_font())])?;
+        chart.draw_series([Text::new(format!("window {}", tokens_label(w)), (n - n / 8, w), (FONT, 12).into_font())])?;
     }
     let line = |pick: fn(&Point) -> u64| s.series.iter().enumerate().map(move |(i, p)| (i as u64 + 1, pick(p)));
     chart.draw_series(LineSeries::new(line(|p| p.raw), RAW))?;
@@ -138,7 +151,9 @@ fn cost_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, pr
     let host = cumulative(&|p| price.dollars(p.host, p.host_cached, p.host_summarizing));
     let condense = cumulative(&|p| price.dollars(p.rendered, p.rendered_cached, 0));
     let last = |v: &[(u64, f64)]| v.last().map(|p| p.1).unwrap_or(0.0);
-    let top = last(&raw).max(last(&host)).max(last(&condense)).max(0.001) * 1.08;
+    let cents = |d: f64| (d * 100.0) as u64;
+    let (scale, _) = scale_for(cents(last(&raw)), cents(last(&host)).max(cents(last(&condense))));
+    let top = (scale as f64 / 100.0).max(0.001) * 1.08;
     let n = s.series.len().max(2) as u64;
     let mut chart = ChartBuilder::on(area)
         .caption(format!("cumulative cost: raw {}, host {}, condense {}", dollars_label(last(&raw)), dollars_label(last(&host)), dollars_label(last(&condense))), (FONT, 15))
@@ -165,6 +180,13 @@ fn cost_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, pr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raw_far_above_the_rest_runs_off_the_scale() {
+        assert_eq!(scale_for(5_900_000, 200_000), (200_000, true));
+        assert_eq!(scale_for(400_000, 200_000), (400_000, false));
+        assert_eq!(scale_for(900, 0), (900, false));
+    }
 
     #[test]
     fn labels_read_as_people_write_them() {
