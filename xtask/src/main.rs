@@ -272,19 +272,27 @@ fn import_bench(md: &mut String, scratch: &Path) -> Result<()> {
     let bytes = std::fs::read(&file)?;
     let (t_bare, _) = best_of(3, || bare_parse(&bytes));
     drop(bytes);
-    let dir = scratch.join("import-100000");
-    let mut t_import = Duration::MAX;
-    for _ in 0..3 {
-        let _ = std::fs::remove_dir_all(&dir);
-        let store = Store::open(&dir)?;
-        let t = Instant::now();
-        store.import_file(&file, "gen")?;
-        t_import = t_import.min(t.elapsed());
-        drop(store);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    let t_import = timed_imports(&scratch.join("import-100000"), std::slice::from_ref(&file))?;
     println!("100k: bare parse {:.0} ms, import into store {:.0} ms, ratio {:.2}", ms(t_bare), ms(t_import), t_bare.as_secs_f64() / t_import.as_secs_f64());
     Ok(())
+}
+
+/// The best of 3 imports of `files` into a fresh store at `dir`, from the first `import_file` to the last
+/// one's return (each durable), the store opened and closed outside the timing.
+fn timed_imports(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
+    let mut best = Duration::MAX;
+    for _ in 0..3 {
+        let _ = std::fs::remove_dir_all(dir);
+        let store = Store::open(dir)?;
+        let t = Instant::now();
+        for (i, f) in files.iter().enumerate() {
+            store.import_file(f, &format!("s{i}"))?;
+        }
+        best = best.min(t.elapsed());
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    Ok(best)
 }
 
 fn corpus_import(md: &mut String, scratch: &Path) -> Result<()> {
@@ -301,21 +309,7 @@ fn corpus_import(md: &mut String, scratch: &Path) -> Result<()> {
         let (t_events, events) = best_of(7, || {
             data.iter().map(|(f, d)| condense_formats::import_bytes(&f.display().to_string(), d).map_or(0, |i| i.events.len())).sum::<usize>()
         });
-        // The imports into a fresh store, each durable when it returns; opening and closing the store
-        // are not counted.
-        let mut t_store = Duration::MAX;
-        for run in 0..3 {
-            let dir = scratch.join(format!("import-{fmt}-{run}"));
-            let _ = std::fs::remove_dir_all(&dir);
-            let store = Store::open(&dir)?;
-            let t = Instant::now();
-            for (i, (f, _)) in data.iter().enumerate() {
-                let _ = store.import_file(f, &format!("s{i}"));
-            }
-            t_store = t_store.min(t.elapsed());
-            drop(store);
-            let _ = std::fs::remove_dir_all(&dir);
-        }
+        let t_store = timed_imports(&scratch.join(format!("import-{fmt}")), &files)?;
         let tp = |t: Duration| mb / t.as_secs_f64();
         writeln!(md, "| {fmt} | {} | {mb:.1} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} |", files.len(), tp(t_bare), tp(t_events),
             tp(t_events) / tp(t_bare), events as f64 / t_events.as_secs_f64(), tp(t_store), tp(t_store) / tp(t_bare))?;

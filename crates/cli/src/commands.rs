@@ -455,8 +455,8 @@ fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
 /// Estimated dollars of the raw, host-baseline and condense requests at `price`.
 fn dollars_json(f: &condense_engine::simulate::Figures, price: &condense_engine::simulate::ListPrice) -> Value {
     let (raw, host, condense) = price.of(f);
-    let cents = |d: f64| (d * 10000.0).round() / 10000.0;
-    json!({"raw": cents(raw), "host": cents(host), "condense": cents(condense)})
+    let round = |d: f64| (d * 10000.0).round() / 10000.0;
+    json!({"raw": round(raw), "host": round(host), "condense": round(condense)})
 }
 
 /// Absolute tokens and estimated dollars, condense beside raw (and, with a window, beside the host's own
@@ -581,7 +581,7 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
             }
             target.remove_session(&name)?;
         }
-        let f = condense_engine::simulate::replay_with(target, &name, imported.events, config.clone(), prices, window, o.switch)?;
+        let mut f = condense_engine::simulate::replay_with(target, &name, imported.events, config.clone(), prices, window, o.switch)?;
         if !o.json {
             let recovery = match o.switch {
                 Some(_) => format!(
@@ -614,8 +614,8 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
         row["session"] = json!(name);
         row["dollars"] = dollars_json(&f, &list_price);
         rows.push(row);
-        plot.push((name, f.series.clone()));
         total.add(&f);
+        plot.push((name, std::mem::take(&mut f.series)));
     }
     drop(temp);
     if let Some(path) = &o.plot {

@@ -132,7 +132,7 @@ fn tokens_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, 
     chart.draw_series(LineSeries::new(line(|p| p.raw), RAW))?;
     if s.series.iter().any(|p| p.host != p.raw) {
         chart.draw_series(LineSeries::new(line(|p| p.host), HOST))?;
-        chart.draw_series(s.series.iter().enumerate().filter(|(_, p)| p.host_compacted).map(|(i, p)| Circle::new((i as u64 + 1, p.host), 3, HOST.filled())))?;
+        chart.draw_series(s.series.iter().enumerate().filter(|(_, p)| p.host_compacted()).map(|(i, p)| Circle::new((i as u64 + 1, p.host), 3, HOST.filled())))?;
     }
     chart.draw_series(LineSeries::new(line(|p| p.rendered), CONDENSE.stroke_width(2)))?;
     chart.draw_series(s.series.iter().enumerate().filter(|(_, p)| p.broke).map(|(i, p)| Circle::new((i as u64 + 1, p.rendered), 2, CONDENSE.filled())))?;

@@ -322,7 +322,7 @@ impl Store {
         let mut hasher = blake3::Hasher::new();
         hasher.update_reader(open()?).map_err(io)?;
         let hash = hasher.finalize().to_hex().to_string();
-        let len = open()?.metadata().map_err(io)?.len();
+        let len = std::fs::metadata(path).map_err(io)?.len();
         let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
         let shown = path.display().to_string();
         let reader = std::io::BufReader::with_capacity(1 << 20, open()?);

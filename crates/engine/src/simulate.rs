@@ -23,6 +23,14 @@ pub struct Prices {
     pub uncached: f64,
 }
 
+impl Prices {
+    /// Cost units of `total` input tokens of which `cached` were a cached prefix, plus `plain` tokens sent
+    /// without caching (a host's summarization call).
+    pub fn units(&self, total: u64, cached: u64, plain: u64) -> f64 {
+        self.cached * cached as f64 + self.uncached * (total - cached + plain) as f64
+    }
+}
+
 impl Default for Prices {
     fn default() -> Self {
         Prices { cached: 0.1, uncached: 1.25 }
@@ -127,10 +135,15 @@ pub struct Point {
     pub rendered_cached: u64,
     /// The rendered request broke the cache.
     pub broke: bool,
-    /// The host baseline compacted before this request.
-    pub host_compacted: bool,
     /// condense committed a checkpoint before this request.
     pub checkpoint: bool,
+}
+
+impl Point {
+    /// The host baseline compacted before this request.
+    pub fn host_compacted(&self) -> bool {
+        self.host_summarizing > 0
+    }
 }
 
 /// List prices of a model, US dollars per million tokens.
@@ -257,10 +270,6 @@ impl Figures {
         self.host_compactions += o.host_compactions;
         self.cost_units_host += o.cost_units_host;
     }
-}
-
-fn total_tokens(msgs: &[Arc<Message>]) -> u64 {
-    msgs.iter().map(|m| estimate(m)).sum()
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
@@ -499,7 +508,7 @@ pub fn replay_with(
                 f.facts_retained += meter.retained(&needed);
             }
             f.validity_errors += check(&rendered.messages[..]).len() as u64;
-            if budget.is_some_and(|b| total_tokens(&rendered.messages) > b.hard) {
+            if budget.is_some_and(|b| total > b.hard) {
                 f.over_budget_requests += 1;
             }
             drop(rendered);
@@ -512,15 +521,15 @@ pub fn replay_with(
             f.raw_cached_prefix_tokens_total += raw_cached;
             f.cache_breaks += u64::from(broke);
             f.raw_cache_breaks += u64::from(raw_broke);
-            f.cost_units_raw += prices.cached * raw_cached as f64 + prices.uncached * (raw_total - raw_cached) as f64;
-            f.cost_units_rendered += prices.cached * cached as f64 + prices.uncached * (total - cached) as f64;
+            f.cost_units_raw += prices.units(raw_total, raw_cached, 0);
+            f.cost_units_rendered += prices.units(total, cached, 0);
             f.host_input_tokens_total += h.total;
             f.host_cached_prefix_tokens_total += h.cached;
             f.host_summary_input_tokens_total += h.summarizing;
             f.host_tokens_peak = f.host_tokens_peak.max(h.total);
             f.host_cache_breaks += u64::from(h.broke);
             f.host_compactions += u64::from(h.summarizing > 0);
-            f.cost_units_host += prices.cached * h.cached as f64 + prices.uncached * (h.total - h.cached + h.summarizing) as f64;
+            f.cost_units_host += prices.units(h.total, h.cached, h.summarizing);
             f.series.push(Point {
                 raw: raw_total,
                 raw_cached,
@@ -530,7 +539,6 @@ pub fn replay_with(
                 rendered: total,
                 rendered_cached: cached,
                 broke,
-                host_compacted: h.summarizing > 0,
                 checkpoint: committed > checkpoints,
             });
             checkpoints = committed;

@@ -83,7 +83,7 @@ pub(crate) fn evaluation_output(file: &str, bytes: &[u8]) -> Option<Result<Vec<(
             d.line = n;
         }
         let mut events = out.events;
-        events.extend(out.diagnostics.iter().map(|d| SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() }));
+        events.extend(out.diagnostics.iter().map(Diagnostic::event));
         sessions.push((key, crate::Imported { format: Format::OpenHands, events, diagnostics: out.diagnostics }));
     }
     if sessions.is_empty() {
@@ -91,7 +91,7 @@ pub(crate) fn evaluation_output(file: &str, bytes: &[u8]) -> Option<Result<Vec<(
         return Some(Err(format!("it looks like an OpenHands evaluation output, but none of its trajectories could be read ({why})")));
     }
     if let Some((_, first)) = sessions.first_mut() {
-        first.events.extend(skipped.iter().map(|d| SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() }));
+        first.events.extend(skipped.iter().map(Diagnostic::event));
         first.diagnostics.extend(skipped);
     }
     Some(Ok(sessions))

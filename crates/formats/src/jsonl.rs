@@ -14,6 +14,13 @@ pub struct Diagnostic {
     pub message: String,
 }
 
+impl Diagnostic {
+    /// The diagnostic as the event that keeps it in the log beside the session.
+    pub fn event(&self) -> condense_events::SourceEvent {
+        condense_events::SourceEvent::ImportDiagnostic { file: self.file.clone(), line: self.line, message: self.message.clone() }
+    }
+}
+
 impl std::fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}:{}: {}", self.file, self.line, self.message)

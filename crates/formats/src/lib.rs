@@ -148,6 +148,7 @@ pub fn import_stream(file: &str, reader: impl std::io::BufRead, emit: &mut dyn F
         return Ok(None);
     }
     let mut diagnostics = match format {
+        // pi's events leave as each line is read; the others' importers hand theirs over at the end.
         Format::Pi => pi::import_to(file, head.into_iter().chain(lines.by_ref()), emit),
         _ => {
             let out = run(format, file, head.into_iter().chain(lines.by_ref()));
@@ -160,11 +161,14 @@ pub fn import_stream(file: &str, reader: impl std::io::BufRead, emit: &mut dyn F
     }
     let mut all = std::mem::take(&mut lines.diagnostics);
     all.append(&mut diagnostics);
-    all.sort_by_key(|d| d.line);
-    for d in &all {
-        emit(SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() });
-    }
-    Ok(Some(Streamed { format, diagnostics: all }))
+    Ok(Some(Streamed { format, diagnostics: diagnostics_last(all, emit) }))
+}
+
+/// `diagnostics` in line order, each also handed to `emit` as its event (after the session's own).
+fn diagnostics_last(mut diagnostics: Vec<Diagnostic>, emit: &mut dyn FnMut(SourceEvent)) -> Vec<Diagnostic> {
+    diagnostics.sort_by_key(|d| d.line);
+    diagnostics.iter().for_each(|d| emit(d.event()));
+    diagnostics
 }
 
 /// What [`import_stream`] read besides the events it emitted.
@@ -189,16 +193,14 @@ pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
         if let Some(format) = documents::detect(&v) {
             let out = documents::import(format, file, v);
             let mut events = out.events;
-            for d in &out.diagnostics {
-                events.push(SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() });
-            }
+            events.extend(out.diagnostics.iter().map(Diagnostic::event));
             return Ok(Imported { format, events, diagnostics: out.diagnostics });
         }
         document = Some(v);
     }
     let mut lines = jsonl::Lines::new(file, bytes);
     let head: Vec<jsonl::Line> = lines.by_ref().take(DETECT_LINES).collect();
-    let (format, mut out, mut diagnostics) = match detect(&head) {
+    let (format, mut out, diagnostics) = match detect(&head) {
         Some(format) => {
             let mut out = run(format, file, head.into_iter().chain(lines.by_ref()));
             let mut diagnostics = std::mem::take(&mut lines.diagnostics);
@@ -237,10 +239,7 @@ pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
             }
         }
     };
-    diagnostics.sort_by_key(|d| d.line);
-    for d in &diagnostics {
-        out.events.push(SourceEvent::ImportDiagnostic { file: d.file.clone(), line: d.line, message: d.message.clone() });
-    }
+    let diagnostics = diagnostics_last(diagnostics, &mut |e| out.events.push(e));
     Ok(Imported { format, events: out.events, diagnostics })
 }
 
