@@ -83,9 +83,14 @@ impl Cluster {
         std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).and_then(|mut f| f.write_all(conf.as_bytes())).expect("writing postgresql.conf");
         c.up();
         // The watchdog holds the read end of a pipe whose write end only this process has: when the
-        // process ends, the read returns and the server is stopped.
-        let mut script = format!("read _; {} stop -m fast -D '{}' >/dev/null 2>&1", c.prefix("pg_ctl"), data.display());
-        script.push_str("; exit 0");
+        // process ends, the read returns, the server is stopped and its folder removed (the shared
+        // cluster lives in a static, which is never dropped, so its `TempDir` cannot remove it).
+        let script = format!(
+            "read _; {} stop -m fast -D '{}' >/dev/null 2>&1; rm -rf '{}'; exit 0",
+            c.prefix("pg_ctl"),
+            data.display(),
+            c.dir.path().display()
+        );
         let mut child = Command::new("sh").arg("-c").arg(script).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("starting the watchdog");
         let stdin = child.stdin.take().expect("piped");
         *c.watchdog.lock().expect("watchdog lock") = Some((child, stdin));
