@@ -603,21 +603,24 @@ fn is_prune(d: &DecisionEvent) -> bool {
 /// Whether `prunes` shrink the context of `proj` (which holds this request's captures already) by at least
 /// `minPruneTokens`, and by more than re-sending the rewritten suffix costs over the requests expected
 /// (`requests`: those answered so far). Captures always stay.
-fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> bool {
-    let min = proj.config().min_prune_tokens;
-    if min == 0 {
-        return true;
-    }
-    let b = proj.render().messages;
+/// The candidate projection (`proj` with the prunes applied, at the seqs they will have, its render
+/// kept) comes back when the prunes go ahead, so the session takes it instead of rendering again.
+fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Option<Projection> {
     // Only the prunes' maps are copied for the candidate: the captures are in `proj` already.
     let mut after = proj.clone();
-    for d in prunes {
-        after.apply(0, &Event::Decision(d.clone()));
+    let base = proj.seq();
+    for (i, d) in prunes.iter().enumerate() {
+        after.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
     }
-    let a = after.render_full_now().messages;
+    let min = proj.config().min_prune_tokens;
+    if min == 0 {
+        return Some(after);
+    }
+    let b = proj.render().messages;
+    let a = after.render().messages;
     let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();
-    // The candidate's own messages are counted without being remembered: it is usually dropped.
-    let count_candidate = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate_once(m)).sum::<u64>();
+    // The candidate's messages are remembered: it is usually taken.
+    let count_candidate = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| after.estimate(m)).sum::<u64>();
     // What the prunes save is what differs: the prefix and the suffix both contexts share count the same.
     let same_as = |x: &Arc<condense_events::Message>, y: &Arc<condense_events::Message>| Arc::ptr_eq(x, y) || x == y;
     let same = b.iter().zip(a.iter()).take_while(|(x, y)| same_as(x, y)).count();
@@ -631,7 +634,7 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> bool 
     // Expected requests still to come: as many as there were so far (a session that has run long tends
     // to run on). The prune pays when the cached-price savings over them beat re-sending at full price.
     let horizon = (requests / 2).max(1);
-    saved >= min && saved * horizon * 10 >= resent * 115
+    (saved >= min && saved * horizon * 10 >= resent * 115).then_some(after)
 }
 
 /// The tool ref of archive record `id`, when it stands for a captured output: the original is one
@@ -1068,9 +1071,11 @@ impl Session {
         for (i, d) in decisions.iter().enumerate() {
             proj.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
         }
-        let applied = decisions.len();
-        if worth_it(&proj, &prunes, requests) {
+        let mut applied = decisions.len();
+        if let Some(after) = worth_it(&proj, &prunes, requests) {
+            *proj = after;
             decisions.extend(prunes);
+            applied = decisions.len();
         }
         self.append_applied(&mut proj, decisions.into_iter().map(Event::Decision).collect(), applied)
     }

@@ -5,7 +5,7 @@
 
 use condense_capture::{is_final_reply, is_protected, output_text};
 use condense_events::{BatchOutcome, BatchingMode, DecisionEvent, Message, PruneOn, Record, UserOrigin, QUERY_TOOL_NAME};
-use condense_render::Projection;
+use condense_render::{BranchView, Projection};
 use condense_summarize::{Item, Summarizer};
 use condense_tokens::js_len;
 use std::collections::BTreeMap;
@@ -20,28 +20,29 @@ pub enum Trigger {
     Now,
 }
 
-/// Branch positions by entry id. What the pipeline looks up is nearly always recent (pending batches, the
-/// outputs it closes), so the newest entries are searched first and the whole branch is indexed only when
-/// an entry lies further back (looked up, never iterated: the order of a hash map reaches nothing).
-struct Positions<'a> {
-    branch: &'a [(&'a str, &'a Arc<Message>)],
-    all: std::cell::OnceCell<rustc_hash::FxHashMap<&'a str, usize>>,
+/// A branch as the pipeline reads it: the projection's view, or (in tests) a list.
+pub trait Entries<'a> {
+    /// Messages on the branch.
+    fn count(&self) -> usize;
+    /// The `i`th message and its entry id.
+    fn entry(&self, i: usize) -> (&'a str, &'a Arc<Message>);
 }
 
-/// How many of the newest entries are searched before the whole branch is indexed.
-const RECENT: usize = 512;
-
-impl<'a> Positions<'a> {
-    fn new(branch: &'a [(&'a str, &'a Arc<Message>)]) -> Positions<'a> {
-        Positions { branch, all: std::cell::OnceCell::new() }
+impl<'a> Entries<'a> for BranchView<'a> {
+    fn count(&self) -> usize {
+        self.len()
     }
+    fn entry(&self, i: usize) -> (&'a str, &'a Arc<Message>) {
+        self.at(i)
+    }
+}
 
-    fn get(&self, id: &str) -> Option<usize> {
-        let n = self.branch.len();
-        if let Some(i) = (n.saturating_sub(RECENT)..n).rev().find(|&i| self.branch[i].0 == id) {
-            return Some(i);
-        }
-        self.all.get_or_init(|| self.branch.iter().enumerate().map(|(i, (id, _))| (*id, i)).collect()).get(id).copied()
+impl<'a> Entries<'a> for [(&'a str, &'a Arc<Message>)] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn entry(&self, i: usize) -> (&'a str, &'a Arc<Message>) {
+        self[i]
     }
 }
 
@@ -72,6 +73,9 @@ pub struct Shape {
     last_assistant: Option<usize>,
     last_final: Option<usize>,
     spans: Vec<condense_chain::Span>,
+    /// How many of the first spans are compressed (a chain once compressed stays so), so each request
+    /// looks only at the spans after them.
+    spans_compressed: usize,
     scan: condense_chain::ChainScan,
 }
 
@@ -82,15 +86,16 @@ impl Shape {
     }
 
     /// Brings the shape to `branch`: extended where `branch` grew from what it covers, rebuilt otherwise.
-    pub fn follow(&mut self, branch: &[(&str, &Arc<Message>)]) {
+    pub fn follow<'a, B: Entries<'a> + ?Sized>(&mut self, branch: &B) {
         let covered = self.turn_at.len();
-        let extends = covered <= branch.len() && (covered == 0 || branch[covered - 1].0 == self.last_id);
+        let extends = covered <= branch.count() && (covered == 0 || branch.entry(covered - 1).0 == self.last_id);
         if !extends {
             *self = Shape::default();
         }
-        for (i, (_, m)) in branch.iter().enumerate().skip(self.turn_at.len()) {
-            let prompt = matches!(***m, Message::User { origin: UserOrigin::Prompt, .. });
-            let assistant = matches!(***m, Message::Assistant { .. });
+        for i in self.turn_at.len()..branch.count() {
+            let (_, m) = branch.entry(i);
+            let prompt = matches!(**m, Message::User { origin: UserOrigin::Prompt, .. });
+            let assistant = matches!(**m, Message::Assistant { .. });
             let last = is_final_reply(m);
             if prompt {
                 self.utg += 1;
@@ -110,8 +115,8 @@ impl Shape {
                 self.spans.push(span);
             }
         }
-        if let Some((id, _)) = branch.last() {
-            self.last_id = id.to_string();
+        if let Some(last) = branch.count().checked_sub(1) {
+            self.last_id = branch.entry(last).0.to_string();
         }
     }
 }
@@ -129,11 +134,16 @@ pub fn plan(
         return Ok(Vec::new());
     }
     let idx = p.index();
-    let branch = p.branch_entries();
+    let branch = p.branch_view();
     let mut out = Vec::new();
 
     shape.follow(&branch);
-    let Shape { turn_at, utg_at, chain_at, turns, utg, last_assistant, last_final, spans, .. } = &*shape;
+    let compressed = |first: usize| idx.chain_firsts.contains(branch.at(first).0);
+    while shape.spans.get(shape.spans_compressed).is_some_and(|s| compressed(s.first)) {
+        shape.spans_compressed += 1;
+    }
+    let position = |id: &str| branch.position(id);
+    let Shape { turn_at, utg_at, chain_at, turns, utg, last_assistant, last_final, spans, spans_compressed, .. } = &*shape;
     let (turns, utg, last_assistant, last_final) = (*turns, *utg, *last_assistant, *last_final);
 
     // Capture: every tool result on the branch not captured yet, with the call it answers.
@@ -152,17 +162,17 @@ pub fn plan(
     let scan_from = idx
         .frontier
         .as_deref()
-        .and_then(|f| branch.iter().rposition(|(id, _)| *id == f))
-        .map_or(0, |f| branch[..=f].iter().rposition(|(_, m)| matches!(***m, Message::Assistant { .. })).unwrap_or(0));
-    for (pos, (id, m)) in branch.iter().enumerate().skip(scan_from) {
-        match &***m {
+        .and_then(position)
+        .map_or(0, |f| (0..=f).rev().find(|&i| matches!(**branch.at(i).1, Message::Assistant { .. })).unwrap_or(0));
+    for (pos, (id, m)) in branch.iter_from(scan_from) {
+        match &**m {
             Message::Assistant { .. } => {
                 for (cid, name, arguments) in m.tool_calls() {
                     calls.insert(cid, CallSite { pos, entry: id, name, arguments });
                 }
             }
             Message::ToolResult { call_id, is_error, .. } => {
-                if idx.by_entry.contains_key(*id) {
+                if idx.by_entry.contains_key(id) {
                     continue;
                 }
                 let Some(call) = calls.get(call_id.as_str()) else { continue };
@@ -176,7 +186,7 @@ pub fn plan(
                         && open_batch.is_some_and(|b| {
                             idx.batches[&b].iter().any(|r| {
                                 let e = &idx.records[r].entry;
-                                branch.iter().position(|(i, _)| i == e).is_some_and(|p| chain_at[p] == key)
+                                position(e).is_some_and(|p| chain_at[p] == key)
                             })
                         });
                     if reuse {
@@ -232,16 +242,14 @@ pub fn plan(
     // The frontier moves when it passes a tool result: messages without outputs leave nothing to capture,
     // and a frontier behind them only makes the next scan start a few messages earlier.
     if let Some((last, _)) = branch.last() {
-        let passed_output = branch[scan_from..].iter().any(|(id, m)| matches!(***m, Message::ToolResult { .. }) && !idx.by_entry.contains_key(*id))
+        let passed_output = branch.iter_from(scan_from).any(|(_, (id, m))| matches!(**m, Message::ToolResult { .. }) && !idx.by_entry.contains_key(id))
             || !new_records.is_empty();
-        if idx.frontier.as_deref() != Some(*last) && passed_output {
+        if idx.frontier.as_deref() != Some(last) && passed_output {
             out.push(DecisionEvent::FrontierAdvanced { entry: last.to_string() });
         }
     }
 
     // Which pending batches close now.
-    // Lookups only, never iterated.
-    let position = Positions::new(&branch);
     let mut pending: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for b in idx.pending_batches() {
         pending.insert(b, idx.batches[&b].iter().map(|r| &idx.records[r]).collect());
@@ -249,7 +257,7 @@ pub fn plan(
     for r in &new_records {
         pending.entry(r.batch).or_default().push(r);
     }
-    let pos_of = |r: &Record| position.get(r.entry.as_str());
+    let pos_of = |r: &Record| position(r.entry.as_str());
     let read_before = |limit: Option<usize>, recs: &[&Record]| {
         limit.is_some_and(|l| recs.iter().all(|r| pos_of(r).is_some_and(|p| p < l)))
     };
@@ -301,7 +309,7 @@ pub fn plan(
         } else {
             let todo: Vec<&&Record> =
                 recs.iter().filter(|r| !is_aliased(r.ref_n) && !is_spilled(r.ref_n) && !r.protected).collect();
-            let bodies: Vec<String> = todo.iter().map(|r| text_of(&branch, &position, r, &texts)).collect();
+            let bodies: Vec<String> = todo.iter().map(|r| text_of(&branch, r, &texts)).collect();
             let items: Vec<Item<'_>> = todo
                 .iter()
                 .zip(&bodies)
@@ -322,44 +330,48 @@ pub fn plan(
         out.push(DecisionEvent::BatchClosed { batch: *b, refs, outcome, summaries });
     }
 
-    // Errored-argument purge, at the same prune so it shares its cache break.
+    // Errored-argument purge, at the same prune so it shares its cache break. The calls looked at are
+    // those with an errored output (kept by the index as captures fold, and this run's captures), never
+    // the whole branch; a call counts when its last output on the branch was an error.
     if cfg.purge_errors && !closing.is_empty() {
-        // Whether each call's (last) result was an error (looked up, never iterated).
-        let results: rustc_hash::FxHashMap<&str, bool> = branch
-            .iter()
-            .filter_map(|(_, m)| match &***m {
-                Message::ToolResult { call_id, is_error, .. } => Some((call_id.as_str(), *is_error)),
-                _ => None,
-            })
-            .collect();
-        let any_error = results.values().any(|e| *e);
-        for (pos, (id, m)) in branch.iter().enumerate() {
-            if !any_error || turns.saturating_sub(turn_at[pos]) < cfg.purge_after_turns as u32 + 1 {
+        let errored = idx.errored.iter().filter_map(|n| idx.records.get(n)).chain(new_records.iter().filter(|r| r.is_error));
+        let mut found: Vec<(usize, usize, &str, &str, u64)> = Vec::new();
+        for r in errored {
+            let Some(pos) = position(&r.call_entry) else { continue };
+            if turns.saturating_sub(turn_at[pos]) < cfg.purge_after_turns as u32 + 1 {
                 continue;
             }
-            for (cid, _, args) in m.tool_calls() {
-                if results.get(cid) != Some(&true) {
-                    continue;
-                }
-                let chars = js_len(args) as u64;
-                if chars >= cfg.purge_min_chars && !idx.purged.contains_key(&(id.to_string(), cid.to_string())) {
-                    out.push(DecisionEvent::ErrorArgsPurged { entry: id.to_string(), call_id: cid.to_string(), chars });
-                }
+            let (id, m) = branch.at(pos);
+            let Some((k, (cid, _, args))) = m.tool_calls().enumerate().find(|(_, (cid, _, _))| *cid == r.call_id) else { continue };
+            let chars = js_len(args) as u64;
+            if chars < cfg.purge_min_chars || idx.purged.contains_key(&(id.to_string(), cid.to_string())) {
+                continue;
             }
+            // The call's last output on the branch, captured earlier or now.
+            let outputs = idx.by_call.get(cid).into_iter().flatten().filter_map(|n| idx.records.get(n)).chain(new_records.iter().filter(|n| n.call_id == cid));
+            let last = outputs.filter_map(|o| position(&o.entry).map(|p| (p, o.is_error))).max_by_key(|(p, _)| *p);
+            if last.is_some_and(|(_, e)| e) {
+                found.push((pos, k, id, cid, chars));
+            }
+        }
+        // In branch order, then call order, once per call.
+        found.sort_unstable();
+        found.dedup();
+        for (_, _, id, cid, chars) in found {
+            out.push(DecisionEvent::ErrorArgsPurged { entry: id.to_string(), call_id: cid.to_string(), chars });
         }
     }
 
     // Chain compression: closed chains older than the rolling window.
     let keep = cfg.rolling_window as usize;
-    let compressed: std::collections::BTreeSet<&str> = idx.chains.values().map(|c| c.first.as_str()).collect();
     let mut block = idx.next_block();
     let new_by_entry: BTreeMap<&str, &Record> = new_records.iter().map(|r| (r.entry.as_str(), r)).collect();
     let record_of = |entry: &str| idx.by_entry.get(entry).and_then(|n| idx.records.get(n)).or_else(|| new_by_entry.get(entry).copied());
-    for span in spans.iter().take(spans.len().saturating_sub(keep)) {
-        if compressed.contains(branch[span.first].0) {
+    for span in spans.iter().take(spans.len().saturating_sub(keep)).skip(*spans_compressed) {
+        if compressed(span.first) {
             continue;
         }
-        let inside: Vec<&Record> = (span.first..=span.last).filter_map(|i| record_of(branch[i].0)).collect();
+        let inside: Vec<&Record> = (span.first..=span.last).filter_map(|i| record_of(branch.at(i).0)).collect();
         let grace = cfg.recovery_grace_turns as u32;
         let in_grace = inside.iter().any(|r| r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace);
         if in_grace {
@@ -367,15 +379,16 @@ pub fn plan(
         }
         let mut infos = Vec::new();
         let protected_texts: BTreeMap<u32, String> =
-            inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, text_of(&branch, &position, r, &texts))).collect();
+            inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, text_of(&branch, r, &texts))).collect();
         for i in span.first..=span.last {
-            for (cid, name, args) in branch[i].1.tool_calls() {
-                let rec = inside.iter().find(|r| r.call_id == cid && r.call_entry == branch[i].0);
+            let (entry, m) = branch.at(i);
+            for (cid, name, args) in m.tool_calls() {
+                let rec = inside.iter().find(|r| r.call_id == cid && r.call_entry == entry);
                 infos.push(condense_chain::CallInfo {
                     ref_n: rec.map(|r| r.ref_n),
                     tool: name,
                     arguments: args,
-                    summary: rec.and_then(|r| new_summaries.get(&r.ref_n).or(idx.summaries.get(&r.ref_n))).map(String::as_str),
+                    summary: rec.and_then(|r| new_summaries.get(&r.ref_n).map(String::as_str).or(idx.summaries.get(&r.ref_n).map(|s| &**s))),
                     protected_output: rec.and_then(|r| protected_texts.get(&r.ref_n)).map(String::as_str),
                 });
             }
@@ -383,8 +396,8 @@ pub fn plan(
         let body = condense_chain::block_body(block, &infos);
         out.push(DecisionEvent::ChainCompressed {
             block,
-            first: branch[span.first].0.to_string(),
-            last: branch[span.last].0.to_string(),
+            first: branch.at(span.first).0.to_string(),
+            last: branch.at(span.last).0.to_string(),
             refs: inside.iter().map(|r| r.ref_n).collect(),
             body,
         });
@@ -401,16 +414,11 @@ fn tool_name(m: &Message, call_name: &str) -> String {
 }
 
 /// The output text of a record, from this run's captures or from the branch.
-fn text_of(
-    branch: &[(&str, &Arc<Message>)],
-    position: &Positions<'_>,
-    r: &Record,
-    texts: &BTreeMap<u32, String>,
-) -> String {
+fn text_of(branch: &BranchView<'_>, r: &Record, texts: &BTreeMap<u32, String>) -> String {
     if let Some(t) = texts.get(&r.ref_n) {
         return t.clone();
     }
-    position.get(r.entry.as_str()).map(|i| output_text(branch[i].1)).unwrap_or_default()
+    branch.position(&r.entry).map(|i| output_text(branch.at(i).1)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -448,19 +456,19 @@ mod shape_tests {
         let all = branch_of(43);
         let mut step = Shape::default();
         for k in 0..=all.len() {
-            step.follow(&view(&all[..k]));
+            step.follow(&view(&all[..k])[..]);
             let mut once = Shape::default();
-            once.follow(&view(&all[..k]));
+            once.follow(&view(&all[..k])[..]);
             assert_eq!(format!("{step:?}"), format!("{once:?}"), "after {k} messages");
         }
         assert_eq!(step.spans.len(), 8, "{:?}", step.spans);
         // A rewind to 20 messages, then another message in place of the 21st.
-        step.follow(&view(&all[..20]));
+        step.follow(&view(&all[..20])[..]);
         let mut other = all[..20].to_vec();
         other.push(("x".into(), Arc::new(Message::user_text("elsewhere", UserOrigin::Prompt))));
-        step.follow(&view(&other));
+        step.follow(&view(&other)[..]);
         let mut once = Shape::default();
-        once.follow(&view(&other));
+        once.follow(&view(&other)[..]);
         assert_eq!(format!("{step:?}"), format!("{once:?}"));
     }
 }

@@ -288,6 +288,10 @@ struct Meter {
     // Keyed by the message's address; the map keeps every message it saw alive, so an address is never
     // reused for another message while it is a key.
     tokens: HashMap<usize, (Arc<Message>, u64)>,
+    /// Messages the last request shared with the one before it.
+    same: usize,
+    /// The violations of the last request's context (see [`Meter::violations`]).
+    violations: Vec<condense_render::Violation>,
 }
 
 impl Meter {
@@ -309,6 +313,7 @@ impl Meter {
             Some(m) if m.text().starts_with("[condense notice") => self.prev.len() - 1,
             _ => self.prev.len(),
         };
+        self.same = same;
         let broke = !self.prev.is_empty() && same < prev_len;
         let cached = self.sums.get(same).copied().unwrap_or(0);
         self.prev.truncate(same);
@@ -328,6 +333,14 @@ impl Meter {
             self.hay.push_str(&crate::retention::shown_text(m));
         }
         (*self.sums.last().expect("sums start at 0"), cached, broke)
+    }
+
+    /// The provider-validity violations of `msgs`, the context just passed to [`Meter::request`]: those of
+    /// the last context before the last user or assistant message the two share, then the rest checked
+    /// anew (see [`condense_render::check_from`]).
+    fn violations(&mut self, msgs: &[Arc<Message>]) -> usize {
+        condense_render::recheck(&mut self.violations, msgs, self.same);
+        self.violations.len()
     }
 
     /// How many of `needed` the last request's context holds (see [`crate::retention::retained`]).
@@ -507,7 +520,9 @@ pub fn replay_with(
                 f.facts_needed += needed.len() as u64;
                 f.facts_retained += meter.retained(&needed);
             }
-            f.validity_errors += check(&rendered.messages[..]).len() as u64;
+            let violations = meter.violations(&rendered.messages[..]);
+            debug_assert_eq!(violations, check(&rendered.messages[..]).len());
+            f.validity_errors += violations as u64;
             if budget.is_some_and(|b| total > b.hard) {
                 f.over_budget_requests += 1;
             }

@@ -71,17 +71,21 @@ pub struct Index {
     /// Duplicate ref → original ref.
     pub aliases: Arc<BTreeMap<u32, u32>>,
     /// Summaries of summarized refs.
-    pub summaries: Arc<BTreeMap<u32, String>>,
+    pub summaries: Arc<BTreeMap<u32, Arc<str>>>,
     /// Outcome of each closed batch.
     pub outcomes: Arc<BTreeMap<u32, BatchOutcome>>,
     /// Refs of each batch.
     pub batches: Arc<BTreeMap<u32, Vec<u32>>>,
     /// Batches captured and not closed yet (what `pending_batches` lists, kept as decisions fold).
     pub open_batches: Arc<std::collections::BTreeSet<u32>>,
+    /// Refs of the outputs that were errors (what the errored-argument purge looks at).
+    pub errored: Arc<std::collections::BTreeSet<u32>>,
     /// Purged calls: (assistant entry id, call id) → chars purged.
     pub purged: Arc<BTreeMap<(String, String), u64>>,
+    /// The first entry of every compressed chain.
+    pub chain_firsts: Arc<std::collections::BTreeSet<String>>,
     /// Compressed chains by block number.
-    pub chains: Arc<BTreeMap<u32, Chain>>,
+    pub chains: Arc<BTreeMap<u32, Arc<Chain>>>,
     /// The last entry captured.
     pub frontier: Option<String>,
     /// The first ref captured with each dedup hash.
@@ -130,6 +134,9 @@ impl Index {
                 if r.tool == condense_events::QUERY_TOOL_NAME {
                     self.recoveries += 1;
                 }
+                if r.is_error {
+                    Arc::make_mut(&mut self.errored).insert(r.ref_n);
+                }
                 Arc::make_mut(&mut self.records).insert(r.ref_n, r.clone());
             }
             DecisionEvent::OutputSpilled { ref_n, blob, bytes, preview } => {
@@ -144,7 +151,7 @@ impl Index {
                     Arc::make_mut(&mut self.open_batches).remove(batch);
                 }
                 for (r, s) in summaries {
-                    Arc::make_mut(&mut self.summaries).insert(*r, s.clone());
+                    Arc::make_mut(&mut self.summaries).insert(*r, Arc::from(s.as_str()));
                 }
             }
             DecisionEvent::FrontierAdvanced { entry } => self.frontier = Some(entry.clone()),
@@ -170,9 +177,10 @@ impl Index {
             DecisionEvent::CheckpointStarted { .. } => {}
             DecisionEvent::ArchiveCommitted { id, seq, leaf } => self.archives.push((id.clone(), *seq, leaf.clone())),
             DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
+                Arc::make_mut(&mut self.chain_firsts).insert(first.clone());
                 Arc::make_mut(&mut self.chains).insert(
                     *block,
-                    Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone() },
+                    Arc::new(Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone() }),
                 );
             }
         }

@@ -9,5 +9,5 @@ mod args;
 mod project;
 mod validity;
 
-pub use project::{Messages, ModelInfo, Projection, RenderReport, Rendered, TranscriptRow, SYNTHETIC_RESULT_TEXT};
-pub use validity::{check, Rule, Violation, RULES};
+pub use project::{BranchView, Messages, ModelInfo, Projection, RenderReport, Rendered, TranscriptRow, SYNTHETIC_RESULT_TEXT};
+pub use validity::{check, check_from, recheck, Rule, Violation, RULES};

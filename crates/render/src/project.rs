@@ -49,6 +49,9 @@ struct Item {
     id: String,
     parent: Option<usize>,
     node: Node,
+    /// Messages on the path from the root to this entry, this entry excluded: a message entry's index in
+    /// `branch_entries` of every branch through it.
+    messages_before: u32,
 }
 
 /// The render kept up to date as entries extend the branch it was made for, so a render per turn costs
@@ -90,7 +93,7 @@ pub struct Projection {
     // What the decisions say about each entry, by entry index (lookups only, never iterated).
     // Shared copy on write: a candidate copy whose decisions change no mark (a batch closing) copies none.
     // By entry index (dense: every entry has a slot once one is marked).
-    marks: Arc<Vec<Option<Marks>>>,
+    marks: Arc<Vec<Option<Arc<Marks>>>>,
     // The summary message of each checkpoint, built once so every render shares the same bytes.
     checkpoint_msgs: std::collections::BTreeMap<u32, Arc<Message>>,
     // Bounded copies of results by (checkpoint, entry index).
@@ -116,6 +119,8 @@ pub struct Projection {
     // The path (root first) of the last leaf asked for. Entries never change once appended, so it stays
     // right for that leaf, and the path of a leaf below it is that path extended.
     path_cache: Mutex<Option<(usize, Arc<Vec<usize>>)>>,
+    // The message entries of that path (what `branch_view` reads), kept the same way.
+    message_path_cache: Mutex<Option<(usize, Arc<Vec<usize>>)>>,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -137,12 +142,13 @@ struct Marks {
 /// Messages the render phases built, kept so later renders share them instead of building them again:
 /// stubs by ref, condensed turns by (entry, closed, purges). What they hold never changes for a key.
 /// The marks of entry `i`, made when missing (copy on write: see `Projection::marks`).
-fn mark_of(marks: &mut Arc<Vec<Option<Marks>>>, i: usize) -> &mut Marks {
+fn mark_of(marks: &mut Arc<Vec<Option<Arc<Marks>>>>, i: usize) -> &mut Marks {
     let v = Arc::make_mut(marks);
     if v.len() <= i {
         v.resize(i + 1, None);
     }
-    v[i].get_or_insert_with(Marks::default)
+    // Each entry's marks are shared too: a copy of the list copies pointers, not the marks.
+    Arc::make_mut(v[i].get_or_insert_with(Arc::default))
 }
 
 #[derive(Debug, Clone, Default)]
@@ -178,6 +184,7 @@ impl Clone for Projection {
             overhead: self.overhead,
             tokens: self.tokens.clone(),
             path_cache: Mutex::new(self.path_cache.lock().expect("path cache lock").clone()),
+            message_path_cache: Mutex::new(self.message_path_cache.lock().expect("path cache lock").clone()),
         }
     }
 }
@@ -357,7 +364,11 @@ impl Projection {
         let ix = self.items.len();
         // A repeated id points at its newest entry; the importers rename duplicates anyway.
         Arc::make_mut(&mut self.index).insert(id.clone(), ix);
-        Arc::make_mut(&mut self.items).push(Item { id, parent, node });
+        let messages_before = parent.map_or(0, |p| {
+            let it = &self.items[p];
+            it.messages_before + u32::from(matches!(it.node, Node::Message(..)))
+        });
+        Arc::make_mut(&mut self.items).push(Item { id, parent, node, messages_before });
         self.leaf = Some(ix);
         self.extend_render(parent, ix);
     }
@@ -631,6 +642,45 @@ impl Projection {
         let path = Arc::new(path);
         *cache = Some((leaf, path.clone()));
         path
+    }
+
+    /// Indices of the message entries on the path from the root to the leaf. Kept from the last call: only
+    /// the messages below the last common one are looked at (a message's depth says where it sits), and the
+    /// kept list is extended in place when no view holds it.
+    fn message_path(&self) -> Arc<Vec<usize>> {
+        let Some(leaf) = self.leaf else { return Arc::default() };
+        let mut cache = self.message_path_cache.lock().expect("path cache lock");
+        if let Some((l, p)) = &*cache
+            && *l == leaf
+        {
+            return p.clone();
+        }
+        let mut kept = cache.take().map(|(_, p)| p).unwrap_or_default();
+        let mut tail = Vec::new();
+        let mut common = 0;
+        for i in self.ancestors() {
+            let it = &self.items[i];
+            if !matches!(it.node, Node::Message(..)) {
+                continue;
+            }
+            let depth = it.messages_before as usize;
+            if kept.get(depth) == Some(&i) {
+                common = depth + 1;
+                break;
+            }
+            tail.push(i);
+        }
+        let path = Arc::make_mut(&mut kept);
+        path.truncate(common);
+        path.extend(tail.into_iter().rev());
+        *cache = Some((leaf, kept.clone()));
+        kept
+    }
+
+    /// The messages on the active branch, root first, as [`Projection::branch_entries`] lists them, without
+    /// building that list: what the pipeline reads before every request.
+    pub fn branch_view(&self) -> BranchView<'_> {
+        BranchView { items: &self.items, ids: &self.index, path: self.message_path() }
     }
 
     /// The leaf and its ancestors, leaf first.
@@ -1002,7 +1052,7 @@ fn stub(idx: &Index, rec: &condense_events::Record, original: &Message) -> Messa
         )
     } else if let Some(orig) = idx.aliases.get(&r) {
         format!("[t{r} · {} · identical to the output of t{orig}; recover it with {recover}]", rec.tool)
-    } else if let Some(summary) = idx.summaries.get(&r) {
+    } else if let Some(summary) = idx.summaries.get(&r).map(|s| &**s) {
         format!("{summary}\n[pruned; {QUERY_TOOL_NAME} t{r} for the original]")
     } else {
         format!("[t{r} · {} · pruned; recover it with {recover}]", rec.tool)
@@ -1141,6 +1191,51 @@ fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental {
     Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending }
 }
 
+/// Entry ids and messages of the active branch, root first (see [`Projection::branch_view`]).
+pub struct BranchView<'a> {
+    items: &'a [Item],
+    ids: &'a HashMap<String, usize>,
+    path: Arc<Vec<usize>>,
+}
+
+impl<'a> BranchView<'a> {
+    /// Messages on the branch.
+    pub fn len(&self) -> usize {
+        self.path.len()
+    }
+
+    /// Whether the branch holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.path.is_empty()
+    }
+
+    /// The `i`th message and its entry id (panics past the end, as indexing does).
+    pub fn at(&self, i: usize) -> (&'a str, &'a Arc<Message>) {
+        let it = &self.items[self.path[i]];
+        match &it.node {
+            Node::Message(m, _) => (it.id.as_str(), m),
+            _ => unreachable!("the message path holds message entries only"),
+        }
+    }
+
+    /// The last message.
+    pub fn last(&self) -> Option<(&'a str, &'a Arc<Message>)> {
+        self.len().checked_sub(1).map(|i| self.at(i))
+    }
+
+    /// Messages from `from` on, with their positions.
+    pub fn iter_from(&self, from: usize) -> impl DoubleEndedIterator<Item = (usize, (&'a str, &'a Arc<Message>))> + '_ {
+        (from.min(self.len())..self.len()).map(move |i| (i, self.at(i)))
+    }
+
+    /// Where the message of entry `id` sits on the branch, in constant time (`None` when it is not on it).
+    pub fn position(&self, id: &str) -> Option<usize> {
+        let ix = *self.ids.get(id)?;
+        let pos = self.items.get(ix)?.messages_before as usize;
+        (self.path.get(pos) == Some(&ix)).then_some(pos)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1177,5 +1272,53 @@ mod tests {
         for m in rendered.messages.iter() {
             assert!(cache.contains_key(&(Arc::as_ptr(m) as usize)), "a live message was forgotten");
         }
+    }
+
+    /// The branch view, kept and extended from one leaf to the next, lists what `branch_entries` builds
+    /// from scratch, through forks back to older entries, markers and host compactions on the path, and
+    /// copies of the projection holding an older view; every position it reports is where the entry sits.
+    #[test]
+    fn the_kept_branch_view_is_the_branch_built_from_scratch() {
+        let mut p = Projection::new();
+        let mut held = Vec::new();
+        let mut forks = 0;
+        let mut state = 7u64;
+        for i in 0..400usize {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let r = (state >> 33) as usize;
+            // Mostly the leaf, sometimes an older entry (a fork), sometimes no parent (a new root).
+            let parent = match (i, r % 10) {
+                (0, _) | (_, 0) if r.is_multiple_of(7) || i == 0 => None,
+                (_, 1 | 2) => Some(format!("e{}", r % i)),
+                _ => p.leaf_id().map(str::to_string),
+            };
+            let entry = match r % 13 {
+                0 => Entry::Marker { kind: "label".into() },
+                1 => Entry::HostCompaction { summary: None, first_kept: None, replacement: Vec::new(), tokens_before: None },
+                _ => Entry::Message(Message::user_text(format!("m{i}"), UserOrigin::Prompt)),
+            };
+            p.apply(i as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry }));
+            let view = p.branch_view();
+            let built = p.branch_entries();
+            assert_eq!(view.len(), built.len(), "after e{i}");
+            for (k, (id, m)) in built.iter().enumerate() {
+                assert_eq!(view.at(k), (*id, *m), "after e{i}, position {k}");
+                assert_eq!(view.position(id), Some(k));
+            }
+            let on: std::collections::BTreeSet<&str> = built.iter().map(|(id, _)| *id).collect();
+            let off = (0..=i).map(|j| format!("e{j}")).filter(|id| !on.contains(id.as_str())).collect::<Vec<_>>();
+            assert!(off.iter().all(|id| view.position(id).is_none()), "after e{i}");
+            forks += usize::from(off.len() > i / 13 + 3);
+            if i % 50 == 0 {
+                held.push(p.clone());
+            }
+        }
+        for copy in &held {
+            let view = copy.branch_view();
+            let built = copy.branch_entries();
+            assert_eq!((0..view.len()).map(|k| view.at(k)).collect::<Vec<_>>(), built);
+        }
+        assert_eq!(p.branch_view().position("nowhere"), None);
+        assert!(forks > 100, "the walk left the branch often: {forks}");
     }
 }

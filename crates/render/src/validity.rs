@@ -78,6 +78,19 @@ pub enum Violation {
 }
 
 impl Violation {
+    /// The message it is about (0 for the context's first message).
+    pub fn at(&self) -> usize {
+        match self {
+            Violation::StartsWithAssistant => 0,
+            Violation::EmptyAssistant { at }
+            | Violation::EmptyUser { at }
+            | Violation::DuplicateCallId { at, .. }
+            | Violation::BadCallId { at, .. }
+            | Violation::MissingResult { at, .. }
+            | Violation::OrphanResult { at, .. } => *at,
+        }
+    }
+
     /// The code of the rule it breaks (see [`RULES`]).
     pub fn rule(&self) -> &'static str {
         match self {
@@ -113,8 +126,25 @@ fn blank(text: &str) -> bool {
 /// Every violation in `messages`, in order. An empty list means OpenAI Chat Completions and Anthropic
 /// Messages both accept the context once the exporters shaped it.
 pub fn check<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Vec<Violation> {
+    check_from(messages, 0)
+}
+
+/// Turns `violations`, those of a context, into those of `messages`, a context whose first `same` messages
+/// are that context's: the messages from the last user or assistant message among the shared ones on are
+/// checked, the violations before it kept.
+pub fn recheck<M: std::ops::Deref<Target = Message>>(violations: &mut Vec<Violation>, messages: &[M], same: usize) {
+    let from = (0..same.min(messages.len())).rev().find(|&i| !matches!(*messages[i], Message::ToolResult { .. })).unwrap_or(0);
+    violations.retain(|v| from > 0 && v.at() < from);
+    violations.extend(check_from(messages, from));
+}
+
+/// The violations [`check`] finds at message `from` and after (positions counted from the start). Every
+/// rule is settled within one message and the tool results right after it, so when `from` is a user or
+/// assistant message, `check` of the whole is the violations it found before `from` in a context sharing
+/// those messages, then `check_from(messages, from)`: a context that only grew is checked for what is new.
+pub fn check_from<M: std::ops::Deref<Target = Message>>(messages: &[M], from: usize) -> Vec<Violation> {
     let mut out = Vec::new();
-    if messages.first().is_some_and(|first| !matches!(**first, Message::User { .. })) {
+    if from == 0 && messages.first().is_some_and(|first| !matches!(**first, Message::User { .. })) {
         out.push(Violation::StartsWithAssistant);
     }
     let mut pending: Vec<(usize, String)> = Vec::new();
@@ -123,7 +153,7 @@ pub fn check<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Vec<Violat
             out.push(Violation::MissingResult { at, id });
         }
     };
-    for (at, m) in messages.iter().enumerate() {
+    for (at, m) in messages.iter().enumerate().skip(from) {
         match &**m {
             Message::Assistant { content, .. } => {
                 close(&mut pending, &mut out);
@@ -230,5 +260,41 @@ mod tests {
         }
         // At the id bound: 64 characters are accepted.
         assert!(is_provider_identifier(&"x".repeat(64)) && !is_provider_identifier("") && !is_provider_identifier(&"x".repeat(65)));
+    }
+
+    /// Contexts that keep a prefix of the last one and grow or change after it, with every kind of
+    /// violation among the messages: rechecking from the shared prefix finds what checking the whole finds.
+    #[test]
+    fn a_recheck_from_the_shared_prefix_is_the_whole_check() {
+        let mut state = 11u64;
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as usize
+        };
+        let mut ctx: Vec<std::sync::Arc<Message>> = Vec::new();
+        let mut kept = Vec::new();
+        let mut found = std::collections::BTreeSet::new();
+        for round in 0..3000 {
+            let same = if next() % 4 == 0 { next() % (ctx.len() + 1) } else { ctx.len() };
+            ctx.truncate(same);
+            for _ in 0..1 + next() % 4 {
+                let id = format!("c{}", next() % 6);
+                let m = match next() % 9 {
+                    0 => user("next"),
+                    1 => user(" "),
+                    2 => asst(vec![]),
+                    3 => asst(vec![call(&id, "{}"), call(&id, "{}")]),
+                    4 => asst(vec![call("bad id!", "{}")]),
+                    5 | 6 => asst(vec![call(&id, "{}")]),
+                    _ => result(&id),
+                };
+                ctx.push(std::sync::Arc::new(m));
+            }
+            recheck(&mut kept, &ctx, same);
+            let whole = check(&ctx);
+            assert_eq!(kept, whole, "round {round}");
+            found.extend(whole.iter().map(Violation::rule));
+        }
+        assert_eq!(found.len(), RULES.len(), "every rule was broken on the way: {found:?}");
     }
 }
