@@ -152,11 +152,49 @@ fn mark_of(marks: &mut Arc<Vec<Option<Arc<Marks>>>>, i: usize) -> &mut Marks {
 }
 
 #[derive(Debug, Clone, Default)]
-struct PhaseCache {
+struct PhaseMaps {
     stubs: std::collections::BTreeMap<u32, Arc<Message>>,
     // The block message of each compressed chain (its body never changes once decided).
     chains: std::collections::BTreeMap<u32, Arc<Message>>,
     turns: std::collections::BTreeMap<(usize, bool, usize), Arc<Message>>,
+}
+
+/// The phase cache of a projection: what it shares with the projection it was copied from (`base`), and
+/// what it built since (`own`). A copy of a projection (the cost guard's candidate) shares the base instead
+/// of copying every stub, and what the candidate builds stays its own, so a candidate that is dropped leaves
+/// nothing behind (its decisions may never be made).
+#[derive(Debug, Default)]
+struct PhaseCache {
+    base: Arc<PhaseMaps>,
+    own: PhaseMaps,
+}
+
+impl PhaseCache {
+    /// A copy for a copy of the projection: what this cache built joins its base (in place when nothing
+    /// else shares that base), and both share the result.
+    fn share(&mut self) -> PhaseCache {
+        if !(self.own.stubs.is_empty() && self.own.chains.is_empty() && self.own.turns.is_empty()) {
+            let own = std::mem::take(&mut self.own);
+            let base = Arc::make_mut(&mut self.base);
+            base.stubs.extend(own.stubs);
+            base.chains.extend(own.chains);
+            base.turns.extend(own.turns);
+        }
+        PhaseCache { base: self.base.clone(), own: PhaseMaps::default() }
+    }
+}
+
+/// The message kept for `key`, or the one `make` builds (then kept in `own`).
+fn cached<K: Ord>(
+    own: &mut std::collections::BTreeMap<K, Arc<Message>>,
+    base: &std::collections::BTreeMap<K, Arc<Message>>,
+    key: K,
+    make: impl FnOnce() -> Arc<Message>,
+) -> Arc<Message> {
+    if let Some(m) = base.get(&key) {
+        return m.clone();
+    }
+    own.entry(key).or_insert_with(make).clone()
 }
 
 impl Clone for Projection {
@@ -172,7 +210,7 @@ impl Clone for Projection {
             inc: Mutex::new(self.inc.lock().expect("render cache lock").clone()),
             decisions: self.decisions.clone(),
             config: self.config.clone(),
-            phase_cache: Mutex::new(self.phase_cache.lock().expect("phase cache lock").clone()),
+            phase_cache: Mutex::new(self.phase_cache.lock().expect("phase cache lock").share()),
             marks: self.marks.clone(),
             checkpoint_msgs: self.checkpoint_msgs.clone(),
             bounded_msgs: self.bounded_msgs.clone(),
@@ -962,6 +1000,7 @@ impl Projection {
             }
         }
         let mut cache = self.phase_cache.lock().expect("phase cache lock");
+        let PhaseCache { base, own } = &mut *cache;
         let mut out: Vec<(Option<usize>, Arc<Message>, &Meta)> = Vec::with_capacity(raw.len());
         let mut k = 0;
         while k < raw.len() {
@@ -977,7 +1016,7 @@ impl Projection {
                 if let (Some(chain), Some(&last)) = (idx.chains.get(&block), last_pos.get(&block)) {
                     if last > k {
                         out.push((item, m.clone(), meta));
-                        let block_msg = cache.chains.entry(block).or_insert_with(|| Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary))).clone();
+                        let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
                         out.push((None, block_msg, &Meta::User));
                         let (fi, fm, fmeta) = raw[last];
                         let stripped = if self.config.thinking_strip { strip_thinking(fm) } else { fm.clone() };
@@ -994,7 +1033,7 @@ impl Projection {
                         if in_grace {
                             m.clone()
                         } else {
-                            cache.stubs.entry(rec.ref_n).or_insert_with(|| Arc::new(stub(idx, rec, m))).clone()
+                            cached(&mut own.stubs, &base.stubs, rec.ref_n, || Arc::new(stub(idx, rec, m)))
                         }
                     }
                     _ => m.clone(),
@@ -1008,17 +1047,13 @@ impl Projection {
                         // The condensed form changes only when the turn closes or a purge arrives.
                         let i = item.expect("marked entries have an index");
                         let id = self.items[i].id.as_str();
-                        cache
-                            .turns
-                            .entry((i, closed, mk.purged))
-                            .or_insert_with(|| {
-                                if closed {
-                                    Arc::new(condense_turn(idx, &self.config, id, &mk.call_refs, m))
-                                } else {
-                                    Arc::new(purge(idx, id, m))
-                                }
-                            })
-                            .clone()
+                        cached(&mut own.turns, &base.turns, (i, closed, mk.purged), || {
+                            if closed {
+                                Arc::new(condense_turn(idx, &self.config, id, &mk.call_refs, m))
+                            } else {
+                                Arc::new(purge(idx, id, m))
+                            }
+                        })
                     }
                 }
                 _ => m.clone(),
