@@ -34,7 +34,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         _ => {
-            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only import|simulate|quality|serve|switch|postgres]");
+            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only import|simulate|quality|pruning|serve|switch|postgres]");
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
             eprintln!("       cargo xtask man [--out DIR]");
             Ok(())
@@ -190,7 +190,7 @@ fn bare_parse(bytes: &[u8]) -> usize {
 fn bench(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     if let Some(i) = args.iter().position(|a| a == "--only") {
-        let section = args.get(i + 1).context("--only needs a section: import, simulate, quality, serve, switch or postgres")?;
+        let section = args.get(i + 1).context("--only needs a section: import, simulate, quality, pruning, serve, switch or postgres")?;
         let scratch = root().join("target/bench-scratch");
         std::fs::create_dir_all(&scratch)?;
         let mut md = String::new();
@@ -201,11 +201,20 @@ fn bench(args: &[String]) -> Result<()> {
             "import" => import_bench(&mut md, &scratch)?,
             "simulate" => simulate_bench(&mut md, &scratch, &[1_000, 10_000, 100_000])?,
             "quality" => quality(&mut md, &scratch)?,
-            _ => bail!("--only takes `import`, `simulate`, `quality`, `serve`, `switch` or `postgres`"),
+            "pruning" => pruning(&mut md, &scratch, true)?,
+            _ => bail!("--only takes `import`, `simulate`, `quality`, `pruning`, `serve`, `switch` or `postgres`"),
         }
         let path = root().join("docs/benchmarks.md");
-        let old = std::fs::read_to_string(&path).unwrap_or_default();
-        std::fs::write(&path, splice(&old, &md))?;
+        let mut doc = std::fs::read_to_string(&path).unwrap_or_default();
+        // A section may write several `## ` sections (pruning ends with the quality table): each replaces its own.
+        let starts: Vec<usize> = md.match_indices("\n## ").map(|(i, _)| i).collect();
+        for (k, &from) in starts.iter().enumerate() {
+            doc = splice(&doc, &md[from..starts.get(k + 1).copied().unwrap_or(md.len())]);
+        }
+        if starts.is_empty() {
+            doc = splice(&doc, &md);
+        }
+        std::fs::write(&path, doc)?;
         println!("updated the {section} section of {}", path.display());
         return Ok(());
     }

@@ -617,6 +617,26 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Optio
         return Some(after);
     }
     let b = proj.render().messages;
+    // Batch closes and purges change single entries' messages: the candidate's render is made from the
+    // current one. A chain compression re-renders.
+    if !prunes.iter().any(|d| matches!(d, DecisionEvent::ChainCompressed { .. })) {
+        let idx = after.index();
+        let mut touched: Vec<&str> = Vec::new();
+        for d in prunes {
+            match d {
+                DecisionEvent::BatchClosed { refs, .. } => {
+                    for r in refs.iter().filter_map(|r| idx.records.get(r)) {
+                        touched.extend([r.entry.as_str(), r.call_entry.as_str()]);
+                    }
+                }
+                DecisionEvent::ErrorArgsPurged { entry, .. } => touched.push(entry),
+                _ => {}
+            }
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        after.render_from(proj, &touched);
+    }
     let a = after.render().messages;
     let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();
     // The candidate's messages are remembered: it is usually taken.

@@ -848,6 +848,55 @@ impl Projection {
         Rendered { messages: inc.out.clone(), report: inc.report.clone() }
     }
 
+    /// Makes this projection's kept render from `before`'s, when this projection is `before` with batch
+    /// closes and purges applied that touch only the entries `touched`: `before`'s render with the message
+    /// of each touched entry made again, instead of a render of the whole branch (what keeps a prune's
+    /// cost guard from growing with the session). It declines (false, the next render starts over) where
+    /// that would not be the same: no current kept render in `before`, another leaf, a checkpoint or a
+    /// recovery output in the session. A chain compression is not a per-entry change: callers render.
+    pub fn render_from(&self, before: &Projection, touched: &[&str]) -> bool {
+        if self.leaf != before.leaf || self.decisions.recoveries > 0 || !self.decisions.checkpoints.is_empty() {
+            return false;
+        }
+        let kept = before.inc.lock().expect("render cache lock");
+        if !kept.valid || kept.leaf != self.leaf {
+            return false;
+        }
+        let mut replaced: HashMap<usize, Arc<Message>> = HashMap::default();
+        {
+            let mut old_cache = before.phase_cache.lock().expect("phase cache lock");
+            let mut new_cache = self.phase_cache.lock().expect("phase cache lock");
+            for id in touched {
+                let Some(&i) = self.index.get(*id) else { continue };
+                let Node::Message(m, meta) = &self.items[i].node else { continue };
+                let mark = |p: &Projection| p.marks.get(i).and_then(Option::as_ref).cloned();
+                let old = match mark(before) {
+                    Some(mk) => before.phase_message(&mut old_cache, i, m, meta, &mk, 3, |_| false),
+                    None => m.clone(),
+                };
+                let new = match mark(self) {
+                    Some(mk) => self.phase_message(&mut new_cache, i, m, meta, &mk, 3, |_| false),
+                    None => m.clone(),
+                };
+                if !Arc::ptr_eq(&old, &new) {
+                    replaced.insert(Arc::as_ptr(&old) as usize, new);
+                }
+            }
+        }
+        let mut inc = kept.clone();
+        drop(kept);
+        if !replaced.is_empty() {
+            for m in Arc::make_mut(&mut inc.out).iter_mut() {
+                if let Some(new) = replaced.get(&(Arc::as_ptr(m) as usize)) {
+                    *m = new.clone();
+                }
+            }
+        }
+        debug_assert_eq!(inc.out, self.render_full().out, "the render made from the last one is the full render");
+        *self.inc.lock().expect("render cache lock") = inc;
+        true
+    }
+
     /// Renders from scratch, ignoring the kept render (what `render` does after a branch switch or a
     /// host compaction; public so benchmarks and tests can compare the two paths).
     pub fn render_full_now(&self) -> Rendered {
@@ -1000,7 +1049,6 @@ impl Projection {
             }
         }
         let mut cache = self.phase_cache.lock().expect("phase cache lock");
-        let PhaseCache { base, own } = &mut *cache;
         let mut out: Vec<(Option<usize>, Arc<Message>, &Meta)> = Vec::with_capacity(raw.len());
         let mut k = 0;
         while k < raw.len() {
@@ -1016,6 +1064,7 @@ impl Projection {
                 if let (Some(chain), Some(&last)) = (idx.chains.get(&block), last_pos.get(&block)) {
                     if last > k {
                         out.push((item, m.clone(), meta));
+                        let PhaseCache { base, own } = &mut *cache;
                         let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
                         out.push((None, block_msg, &Meta::User));
                         let (fi, fm, fmeta) = raw[last];
@@ -1026,42 +1075,60 @@ impl Projection {
                     }
                 }
             }
-            let rendered = match meta {
-                Meta::Result { .. } if upto >= 1 => match mk.result_ref.and_then(|r| idx.records.get(&r)) {
-                    Some(rec) if !rec.protected && idx.is_pruned(rec.ref_n) => {
-                        let in_grace = rec.tool == QUERY_TOOL_NAME && grace > 0 && now_utg - utg_at[k] <= grace;
-                        if in_grace {
-                            m.clone()
-                        } else {
-                            cached(&mut own.stubs, &base.stubs, rec.ref_n, || Arc::new(stub(idx, rec, m)))
-                        }
-                    }
-                    _ => m.clone(),
-                },
-                Meta::Assistant { dedup: None, .. } if upto >= 2 => {
-                    let closed = !mk.call_refs.is_empty()
-                        && mk.call_refs.iter().all(|r| idx.records.get(r).is_some_and(|rec| idx.outcomes.contains_key(&rec.batch)));
-                    if !closed && mk.purged == 0 {
-                        m.clone()
-                    } else {
-                        // The condensed form changes only when the turn closes or a purge arrives.
-                        let i = item.expect("marked entries have an index");
-                        let id = self.items[i].id.as_str();
-                        cached(&mut own.turns, &base.turns, (i, closed, mk.purged), || {
-                            if closed {
-                                Arc::new(condense_turn(idx, &self.config, id, &mk.call_refs, m))
-                            } else {
-                                Arc::new(purge(idx, id, m))
-                            }
-                        })
-                    }
-                }
-                _ => m.clone(),
-            };
+            let i = item.expect("marked entries have an index");
+            let rendered = self.phase_message(&mut cache, i, m, meta, mk, upto, |rec| grace > 0 && now_utg - utg_at[k] <= grace && rec.tool == QUERY_TOOL_NAME);
             out.push((item, rendered, meta));
             k += 1;
         }
         out
+    }
+
+    /// What phases 1 and 2 make of message `m` of entry `i`, marked `mk`: a pruned output its stub (unless
+    /// protected, or `in_grace` says it is a recovery still in its grace window), a turn whose outputs
+    /// are all closed its condensed form, a turn with purged calls its purged form; else `m` itself.
+    #[allow(clippy::too_many_arguments)]
+    fn phase_message(
+        &self,
+        cache: &mut PhaseCache,
+        i: usize,
+        m: &Arc<Message>,
+        meta: &Meta,
+        mk: &Marks,
+        upto: u8,
+        in_grace: impl FnOnce(&condense_events::Record) -> bool,
+    ) -> Arc<Message> {
+        let idx = &self.decisions;
+        let PhaseCache { base, own } = cache;
+        match meta {
+            Meta::Result { .. } if upto >= 1 => match mk.result_ref.and_then(|r| idx.records.get(&r)) {
+                Some(rec) if !rec.protected && idx.is_pruned(rec.ref_n) => {
+                    if in_grace(rec) {
+                        m.clone()
+                    } else {
+                        cached(&mut own.stubs, &base.stubs, rec.ref_n, || Arc::new(stub(idx, rec, m)))
+                    }
+                }
+                _ => m.clone(),
+            },
+            Meta::Assistant { dedup: None, .. } if upto >= 2 => {
+                let closed = !mk.call_refs.is_empty()
+                    && mk.call_refs.iter().all(|r| idx.records.get(r).is_some_and(|rec| idx.outcomes.contains_key(&rec.batch)));
+                if !closed && mk.purged == 0 {
+                    m.clone()
+                } else {
+                    // The condensed form changes only when the turn closes or a purge arrives.
+                    let id = self.items[i].id.as_str();
+                    cached(&mut own.turns, &base.turns, (i, closed, mk.purged), || {
+                        if closed {
+                            Arc::new(condense_turn(idx, &self.config, id, &mk.call_refs, m))
+                        } else {
+                            Arc::new(purge(idx, id, m))
+                        }
+                    })
+                }
+            }
+            _ => m.clone(),
+        }
     }
 }
 
@@ -1307,6 +1374,74 @@ mod tests {
         for m in rendered.messages.iter() {
             assert!(cache.contains_key(&(Arc::as_ptr(m) as usize)), "a live message was forgotten");
         }
+    }
+
+    /// A batch closed on a copy of the projection: the copy's render made from the last one is its full
+    /// render, the closed output's stub and its turn's condensed form in place; a copy on another leaf, or
+    /// with no current render to start from, declines.
+    #[test]
+    fn a_render_made_from_the_last_one_is_the_full_render() {
+        use condense_events::{BatchOutcome, Block, DecisionEvent, Record};
+        let mut p = Projection::new();
+        let mut seq = 0u64;
+        let mut put = |p: &mut Projection, e: Event| {
+            seq += 1;
+            p.apply(seq, &e);
+        };
+        let call = |id: &str| Message::Assistant {
+            content: vec![Block::ToolCall { id: id.into(), name: "bash".into(), arguments: format!("{{\"command\":\"{}\"}}", "x".repeat(120)) }],
+            model: None,
+            stop: None,
+            usage: None,
+        };
+        let result = |id: &str| Message::ToolResult { call_id: id.into(), tool_name: "bash".into(), content: vec![Block::Text { text: "line\n".repeat(400) }], is_error: false };
+        let msgs = [
+            Message::user_text("go", UserOrigin::Prompt),
+            call("c1"),
+            result("c1"),
+            call("c2"),
+            result("c2"),
+            Message::Assistant { content: vec![Block::Text { text: "done".into() }], model: None, stop: None, usage: None },
+        ];
+        for (i, m) in msgs.into_iter().enumerate() {
+            let parent = (i > 0).then(|| format!("e{}", i - 1));
+            put(&mut p, Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry: Entry::Message(m) }));
+        }
+        for (n, (entry, call_entry, id)) in [("e2", "e1", "c1"), ("e4", "e3", "c2")].into_iter().enumerate() {
+            let rec = Record {
+                ref_n: n as u32 + 1,
+                batch: n as u32 + 1,
+                entry: entry.into(),
+                call_entry: call_entry.into(),
+                call_id: id.into(),
+                occurrence: format!("{id}@{entry}"),
+                tool: "bash".into(),
+                arguments: "{}".into(),
+                is_error: false,
+                chars: 2000,
+                hash: format!("h{n}"),
+                turn: n as u32,
+                utg: 1,
+                protected: false,
+            };
+            put(&mut p, Event::Decision(DecisionEvent::OutputCaptured(rec)));
+        }
+        let before = p.render().messages;
+        let mut after = p.clone();
+        after.apply(seq + 1, &Event::Decision(DecisionEvent::BatchClosed { batch: 1, refs: vec![1], outcome: BatchOutcome::Summarized, summaries: vec![(1, "400 lines of `line`".into())] }));
+        assert!(after.render_from(&p, &["e1", "e2"]));
+        let made = after.render().messages;
+        assert_eq!(made, after.render_full_now().messages);
+        let changed: Vec<usize> = (0..made.len()).filter(|&k| made[k] != before[k]).collect();
+        assert_eq!(changed, vec![1, 2], "the closed call's turn and its output, nothing else");
+        assert!(made[2].text().contains("400 lines of `line`"), "{:?}", made[2]);
+        // Declines: a copy whose leaf moved, and a copy of a projection with no current render.
+        let mut moved = after.clone();
+        moved.apply(seq + 2, &Event::Source(SourceEvent::EntryAppended { id: "e6".into(), parent: Some("e5".into()), entry: Entry::Message(Message::user_text("more", UserOrigin::Prompt)) }));
+        assert!(!moved.render_from(&p, &["e1", "e2"]));
+        let mut stale = p.clone();
+        stale.apply(seq + 1, &Event::Decision(DecisionEvent::BatchClosed { batch: 2, refs: vec![2], outcome: BatchOutcome::Summarized, summaries: vec![(2, "s".into())] }));
+        assert!(!stale.clone().render_from(&stale, &["e3", "e4"]), "the last render is stale");
     }
 
     /// The branch view, kept and extended from one leaf to the next, lists what `branch_entries` builds
