@@ -617,11 +617,12 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Optio
         return Some(after);
     }
     let b = proj.render().messages;
-    // Batch closes and purges change single entries' messages: the candidate's render is made from the
-    // current one. A chain compression re-renders.
-    if !prunes.iter().any(|d| matches!(d, DecisionEvent::ChainCompressed { .. })) {
+    // A prune changes single entries' messages (batch closes, purges) and replaces chains by their blocks:
+    // the candidate's render is made from the current one where it can be (else it renders in full).
+    {
         let idx = after.index();
         let mut touched: Vec<&str> = Vec::new();
+        let mut chains: Vec<(&str, &str, u32)> = Vec::new();
         for d in prunes {
             match d {
                 DecisionEvent::BatchClosed { refs, .. } => {
@@ -630,12 +631,13 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Optio
                     }
                 }
                 DecisionEvent::ErrorArgsPurged { entry, .. } => touched.push(entry),
+                DecisionEvent::ChainCompressed { first, last, block, .. } => chains.push((first, last, *block)),
                 _ => {}
             }
         }
         touched.sort_unstable();
         touched.dedup();
-        after.render_from(proj, &touched);
+        after.render_from(proj, &touched, &chains);
     }
     let a = after.render().messages;
     let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();

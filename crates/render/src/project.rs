@@ -848,13 +848,16 @@ impl Projection {
         Rendered { messages: inc.out.clone(), report: inc.report.clone() }
     }
 
-    /// Makes this projection's kept render from `before`'s, when this projection is `before` with batch
-    /// closes and purges applied that touch only the entries `touched`: `before`'s render with the message
-    /// of each touched entry made again, instead of a render of the whole branch (what keeps a prune's
+    /// Makes this projection's kept render from `before`'s, when this projection is `before` with prunes
+    /// applied (batch closes and purges touching only the entries `touched`, chains compressed from
+    /// prompt to final reply as `chains` lists them: first entry, last entry, block): `before`'s render
+    /// with the message of each touched entry made again and each compressed chain's messages replaced by
+    /// its prompt, block and final reply, instead of a render of the whole branch (what keeps a prune's
     /// cost guard from growing with the session). It declines (false, the next render starts over) where
     /// that would not be the same: no current kept render in `before`, another leaf, a checkpoint or a
-    /// recovery output in the session. A chain compression is not a per-entry change: callers render.
-    pub fn render_from(&self, before: &Projection, touched: &[&str]) -> bool {
+    /// recovery output in the session, or, for a chain, a render that repaired anything or whose messages
+    /// between the chain's prompt and reply are not the chain's own.
+    pub fn render_from(&self, before: &Projection, touched: &[&str], chains: &[(&str, &str, u32)]) -> bool {
         if self.leaf != before.leaf || self.decisions.recoveries > 0 || !self.decisions.checkpoints.is_empty() {
             return false;
         }
@@ -892,8 +895,46 @@ impl Projection {
                 }
             }
         }
+        if !chains.is_empty() && !self.splice_chains(&mut inc, chains) {
+            return false;
+        }
         debug_assert_eq!(inc.out, self.render_full().out, "the render made from the last one is the full render");
+        debug_assert_eq!(inc.report, self.render_full().report, "and reports the same");
         *self.inc.lock().expect("render cache lock") = inc;
+        true
+    }
+
+    /// Replaces, in a render with nothing repaired, each chain's messages from its prompt to its final
+    /// reply by the prompt, its block and the reply (thinking stripped), as phase 3 does; false when a
+    /// chain's messages there are not exactly its own entries' (a result bound across the chain's edge).
+    fn splice_chains(&self, inc: &mut Incremental, chains: &[(&str, &str, u32)]) -> bool {
+        let r = &inc.report;
+        if !(r.synthetic_results.is_empty() && r.orphan_results.is_empty() && r.empty_assistants == 0 && r.duplicate_calls == 0 && inc.pending.is_empty()) {
+            return false;
+        }
+        let branch = self.branch_view();
+        for &(first, last, block) in chains {
+            let (Some(&fi), Some(&li)) = (self.index.get(first), self.index.get(last)) else { return false };
+            let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };
+            let (Some(bf), Some(bl)) = (branch.position(first), branch.position(last)) else { return false };
+            let Some(chain) = self.decisions.chains.get(&block) else { return false };
+            let out = &inc.out;
+            let Some(pf) = out.iter().rposition(|m| Arc::ptr_eq(m, fm)) else { return false };
+            let Some(pl) = out[pf..].iter().position(|m| Arc::ptr_eq(m, lm)).map(|k| pf + k) else { return false };
+            // With nothing repaired, the render holds each entry's message once: the chain's span in the
+            // render must hold exactly its entries' messages.
+            let own = (bf..=bl).filter(|&k| !self.overflowed.contains(&branch.item(k))).count();
+            if bl < bf || pl - pf + 1 != own {
+                return false;
+            }
+            let block_msg = {
+                let mut cache = self.phase_cache.lock().expect("phase cache lock");
+                let PhaseCache { base, own } = &mut *cache;
+                cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)))
+            };
+            let reply = if self.config.thinking_strip { strip_thinking(lm) } else { lm.clone() };
+            Arc::make_mut(&mut inc.out).splice(pf..=pl, [fm.clone(), block_msg, reply]);
+        }
         true
     }
 
@@ -1320,6 +1361,11 @@ impl<'a> BranchView<'a> {
         }
     }
 
+    /// The entry (its index in the tree) of the `i`th message.
+    fn item(&self, i: usize) -> usize {
+        self.path[i]
+    }
+
     /// The last message.
     pub fn last(&self) -> Option<(&'a str, &'a Arc<Message>)> {
         self.len().checked_sub(1).map(|i| self.at(i))
@@ -1429,19 +1475,26 @@ mod tests {
         let before = p.render().messages;
         let mut after = p.clone();
         after.apply(seq + 1, &Event::Decision(DecisionEvent::BatchClosed { batch: 1, refs: vec![1], outcome: BatchOutcome::Summarized, summaries: vec![(1, "400 lines of `line`".into())] }));
-        assert!(after.render_from(&p, &["e1", "e2"]));
+        assert!(after.render_from(&p, &["e1", "e2"], &[]));
         let made = after.render().messages;
         assert_eq!(made, after.render_full_now().messages);
         let changed: Vec<usize> = (0..made.len()).filter(|&k| made[k] != before[k]).collect();
         assert_eq!(changed, vec![1, 2], "the closed call's turn and its output, nothing else");
         assert!(made[2].text().contains("400 lines of `line`"), "{:?}", made[2]);
+        // The chain compressed: its prompt, its block and its reply stand for it.
+        let mut chained = after.clone();
+        chained.apply(seq + 2, &Event::Decision(DecisionEvent::ChainCompressed { block: 1, first: "e0".into(), last: "e5".into(), refs: vec![1, 2], body: "[b1: 2 calls]".into() }));
+        assert!(chained.render_from(&after, &[], &[("e0", "e5", 1)]));
+        let made = chained.render().messages;
+        assert_eq!(made, chained.render_full_now().messages);
+        assert_eq!(made.iter().map(|m| m.text()).collect::<Vec<_>>(), vec!["go", "[b1: 2 calls]", "done"]);
         // Declines: a copy whose leaf moved, and a copy of a projection with no current render.
         let mut moved = after.clone();
         moved.apply(seq + 2, &Event::Source(SourceEvent::EntryAppended { id: "e6".into(), parent: Some("e5".into()), entry: Entry::Message(Message::user_text("more", UserOrigin::Prompt)) }));
-        assert!(!moved.render_from(&p, &["e1", "e2"]));
+        assert!(!moved.render_from(&p, &["e1", "e2"], &[]));
         let mut stale = p.clone();
         stale.apply(seq + 1, &Event::Decision(DecisionEvent::BatchClosed { batch: 2, refs: vec![2], outcome: BatchOutcome::Summarized, summaries: vec![(2, "s".into())] }));
-        assert!(!stale.clone().render_from(&stale, &["e3", "e4"]), "the last render is stale");
+        assert!(!stale.clone().render_from(&stale, &["e3", "e4"], &[]), "the last render is stale");
     }
 
     /// The branch view, kept and extended from one leaf to the next, lists what `branch_entries` builds
