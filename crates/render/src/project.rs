@@ -445,6 +445,37 @@ impl Projection {
         }
     }
 
+    /// A spilled output renders as its spill pointer from its capture on: the kept render takes that
+    /// message in place of the output (one entry changes), or starts over at the next render where the
+    /// output may render otherwise (a recovery in its grace window, a checkpoint's bounded copy).
+    fn spill_in_render(&mut self, ref_n: u32) {
+        let inc = self.inc.get_mut().expect("render cache lock");
+        if !inc.valid {
+            return;
+        }
+        let target = self.decisions.records.get(&ref_n).and_then(|r| self.index.get(&r.entry)).copied();
+        let plain = self.decisions.recoveries == 0 && self.decisions.checkpoints.is_empty();
+        let (Some(i), true) = (target, plain) else {
+            inc.valid = false;
+            return;
+        };
+        let (Node::Message(m, meta), Some(mk)) = (&self.items[i].node, self.marks.get(i).and_then(Option::as_ref)) else {
+            inc.valid = false;
+            return;
+        };
+        let mut cache = self.phase_cache.lock().expect("phase cache lock");
+        let new = self.phase_message(&mut cache, i, m, meta, mk, 3, |_| false);
+        drop(cache);
+        let inc = self.inc.get_mut().expect("render cache lock");
+        if let Some(at) = inc.out.iter().rposition(|x| Arc::ptr_eq(x, m)) {
+            Arc::make_mut(&mut inc.out)[at] = new;
+        }
+        if cfg!(debug_assertions) {
+            let out = inc.out.clone();
+            assert_eq!(out, self.render_full().out, "a spill patched into the kept render is the full render");
+        }
+    }
+
     /// The pruning decisions folded so far.
     pub fn index(&self) -> &Index {
         &self.decisions
@@ -469,6 +500,7 @@ impl Projection {
                         | DecisionEvent::OutputCaptured(_)
                         | DecisionEvent::OutputAliased { .. }
                         | DecisionEvent::ArchiveCommitted { .. }
+                        | DecisionEvent::OutputSpilled { .. }
                 ) {
                     self.usage_anchor = None;
                     // A decision changes what earlier positions render as: start over at the next render.
@@ -497,6 +529,10 @@ impl Projection {
                     }
                 }
                 self.decisions.apply(d);
+                if let DecisionEvent::OutputSpilled { ref_n, .. } = d {
+                    self.usage_anchor = None;
+                    self.spill_in_render(*ref_n);
+                }
                 return;
             }
         };
