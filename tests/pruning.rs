@@ -327,6 +327,37 @@ fn errored_arguments_are_purged_after_two_turns() {
     assert_eq!(args, vec![format!("{{\"purged\":\"arguments of a failed call ({} chars) removed\"}}", big.len())]);
 }
 
+/// Over many prunes, every failed call whose arguments are long enough is purged once it is old enough,
+/// and calls whose arguments are too short stay; lowering `purgeMinChars` later purges those too (the
+/// purge looks only at the errored outputs it has not settled, and settles them anew under a new limit).
+#[test]
+fn errored_arguments_are_purged_at_every_later_prune_and_again_under_a_new_limit() {
+    let cfg = PruneConfig { min_prune_tokens: 0, auto_budget_threshold: 0, ..PruneConfig::default() };
+    let mut l = Live::new(cfg.clone());
+    let args = |i: usize, long: bool| format!("{{\"path\":\"f{i}.rs\",\"oldText\":\"{}\"}}", "y".repeat(if long { 700 } else { 300 }));
+    for i in 0..12 {
+        l.prompt(&format!("task {i}"));
+        l.tool(&format!("e{i}"), "edit", &args(i, i % 3 != 0), "Error: oldText not found", true);
+        l.tool(&format!("ok{i}"), "bash", "{\"command\":\"ls\"}", &format!("{i}\n").repeat(700), false);
+        l.reply("next");
+    }
+    let purged = |l: &Live| -> Vec<String> {
+        let p = l.s.projection().unwrap();
+        p.index().purged.keys().map(|(_, call)| call.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect()
+    };
+    // The last task's call is too recent; of the others, the long ones.
+    let long: Vec<String> = (0..11).filter(|i| i % 3 != 0).map(|i| format!("e{i}")).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    assert_eq!(purged(&l), long);
+    l.s.configure(PruneConfig { purge_min_chars: 200, ..cfg }).unwrap();
+    for i in 12..15 {
+        l.prompt(&format!("task {i}"));
+        l.tool(&format!("ok{i}"), "bash", "{\"command\":\"ls\"}", &format!("{i}\n").repeat(700), false);
+        l.reply("next");
+    }
+    let all: Vec<String> = (0..12).map(|i| format!("e{i}")).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    assert_eq!(purged(&l), all);
+}
+
 #[test]
 fn replaying_the_same_events_decides_the_same() {
     let run = || {

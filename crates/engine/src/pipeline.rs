@@ -76,6 +76,10 @@ pub struct Shape {
     /// How many of the first spans are compressed (a chain once compressed stays so), so each request
     /// looks only at the spans after them.
     spans_compressed: usize,
+    /// The errored-argument purge's cursor: with `purgeMinChars` at `.0`, every errored output up to ref
+    /// `.1` is settled (purged, on no call of this branch, or with arguments too short), so a prune looks
+    /// only at those after it.
+    purge_settled: Option<(u64, u32)>,
     scan: condense_chain::ChainScan,
 }
 
@@ -143,7 +147,7 @@ pub fn plan(
         shape.spans_compressed += 1;
     }
     let position = |id: &str| branch.position(id);
-    let Shape { turn_at, utg_at, chain_at, turns, utg, last_assistant, last_final, spans, spans_compressed, .. } = &*shape;
+    let Shape { turn_at, utg_at, chain_at, turns, utg, last_assistant, last_final, spans, spans_compressed, purge_settled, .. } = &mut *shape;
     let (turns, utg, last_assistant, last_final) = (*turns, *utg, *last_assistant, *last_final);
 
     // Capture: every tool result on the branch not captured yet, with the call it answers.
@@ -334,25 +338,52 @@ pub fn plan(
     // those with an errored output (kept by the index as captures fold, and this run's captures), never
     // the whole branch; a call counts when its last output on the branch was an error.
     if cfg.purge_errors && !closing.is_empty() {
-        let errored = idx.errored.iter().filter_map(|n| idx.records.get(n)).chain(new_records.iter().filter(|r| r.is_error));
+        let settled_to = purge_settled.filter(|(min, _)| *min == cfg.purge_min_chars).map(|(_, r)| r);
+        let from = settled_to.map_or(0, |r| r + 1);
+        let errored = idx.errored.range(from..).filter_map(|n| idx.records.get(n)).map(|r| (true, r)).chain(new_records.iter().filter(|r| r.is_error).map(|r| (false, r)));
         let mut found: Vec<(usize, usize, &str, &str, u64)> = Vec::new();
-        for r in errored {
-            let Some(pos) = position(&r.call_entry) else { continue };
+        // Whether every errored output looked at so far is settled, and the last of them.
+        let (mut settling, mut settled) = (true, settled_to);
+        for (kept, r) in errored {
+            let settles = |settled: &mut Option<u32>| {
+                if kept {
+                    *settled = Some(r.ref_n);
+                }
+            };
+            let Some(pos) = position(&r.call_entry) else {
+                if settling {
+                    settles(&mut settled);
+                }
+                continue;
+            };
             if turns.saturating_sub(turn_at[pos]) < cfg.purge_after_turns as u32 + 1 {
+                settling = false;
                 continue;
             }
             let (id, m) = branch.at(pos);
-            let Some((k, (cid, _, args))) = m.tool_calls().enumerate().find(|(_, (cid, _, _))| *cid == r.call_id) else { continue };
+            let Some((k, (cid, _, args))) = m.tool_calls().enumerate().find(|(_, (cid, _, _))| *cid == r.call_id) else {
+                if settling {
+                    settles(&mut settled);
+                }
+                continue;
+            };
             let chars = js_len(args) as u64;
             if chars < cfg.purge_min_chars || idx.purged.contains_key(&(id.to_string(), cid.to_string())) {
+                if settling {
+                    settles(&mut settled);
+                }
                 continue;
             }
+            settling = false;
             // The call's last output on the branch, captured earlier or now.
             let outputs = idx.by_call.get(cid).into_iter().flatten().filter_map(|n| idx.records.get(n)).chain(new_records.iter().filter(|n| n.call_id == cid));
             let last = outputs.filter_map(|o| position(&o.entry).map(|p| (p, o.is_error))).max_by_key(|(p, _)| *p);
             if last.is_some_and(|(_, e)| e) {
                 found.push((pos, k, id, cid, chars));
             }
+        }
+        if let Some(r) = settled {
+            *purge_settled = Some((cfg.purge_min_chars, r));
         }
         // In branch order, then call order, once per call.
         found.sort_unstable();
