@@ -692,28 +692,28 @@ impl Projection {
     fn path(&self) -> Arc<Vec<usize>> {
         let Some(leaf) = self.leaf else { return Arc::default() };
         let mut cache = self.path_cache.lock().expect("path cache lock");
-        let known = cache.clone();
-        if let Some((l, p)) = &known
+        if let Some((l, p)) = &*cache
             && *l == leaf
         {
             return p.clone();
         }
-        // Up from the leaf until the cached leaf (the branch grew below it) or the root.
+        // Up from the leaf until the cached leaf (the branch grew below it: the kept path is extended, in
+        // place when nothing else holds it) or the root (the path is built anew).
+        let known = cache.take();
         let mut tail = Vec::new();
-        let mut base: &[usize] = &[];
+        let mut path = None;
         for i in self.ancestors() {
             if let Some((l, p)) = &known
                 && *l == i
             {
-                base = p;
+                path = Some(p.clone());
                 break;
             }
             tail.push(i);
         }
-        let mut path = Vec::with_capacity(base.len() + tail.len());
-        path.extend_from_slice(base);
-        path.extend(tail.into_iter().rev());
-        let path = Arc::new(path);
+        drop(known);
+        let mut path = path.unwrap_or_default();
+        Arc::make_mut(&mut path).extend(tail.into_iter().rev());
         *cache = Some((leaf, path.clone()));
         path
     }
