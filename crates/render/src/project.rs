@@ -93,7 +93,7 @@ pub struct Projection {
     // What the decisions say about each entry, by entry index (lookups only, never iterated).
     // Shared copy on write: a candidate copy whose decisions change no mark (a batch closing) copies none.
     // By entry index (dense: every entry has a slot once one is marked).
-    marks: Arc<Vec<Option<Arc<Marks>>>>,
+    marks: MarkList,
     // The summary message of each checkpoint, built once so every render shares the same bytes.
     checkpoint_msgs: std::collections::BTreeMap<u32, Arc<Message>>,
     // Bounded copies of results by (checkpoint, entry index).
@@ -141,14 +141,34 @@ struct Marks {
 
 /// Messages the render phases built, kept so later renders share them instead of building them again:
 /// stubs by ref, condensed turns by (entry, closed, purges). What they hold never changes for a key.
-/// The marks of entry `i`, made when missing (copy on write: see `Projection::marks`).
-fn mark_of(marks: &mut Arc<Vec<Option<Arc<Marks>>>>, i: usize) -> &mut Marks {
-    let v = Arc::make_mut(marks);
-    if v.len() <= i {
-        v.resize(i + 1, None);
+/// Entries per chunk of a [`MarkList`].
+const MARK_CHUNK: usize = 4096;
+
+/// The marks of every entry, by entry index, in chunks shared copy-on-write: a copy of the projection
+/// copies a pointer per chunk, and a decision that marks an entry copies that entry's chunk only.
+#[derive(Debug, Clone, Default)]
+struct MarkList {
+    chunks: Vec<Arc<Vec<Option<Arc<Marks>>>>>,
+}
+
+impl MarkList {
+    fn get(&self, i: usize) -> Option<&Arc<Marks>> {
+        self.chunks.get(i / MARK_CHUNK).and_then(|c| c.get(i % MARK_CHUNK)).and_then(Option::as_ref)
     }
-    // Each entry's marks are shared too: a copy of the list copies pointers, not the marks.
-    Arc::make_mut(v[i].get_or_insert_with(Arc::default))
+}
+
+/// The marks of entry `i`, made when missing (copy on write: see [`MarkList`]).
+fn mark_of(marks: &mut MarkList, i: usize) -> &mut Marks {
+    let (c, k) = (i / MARK_CHUNK, i % MARK_CHUNK);
+    if marks.chunks.len() <= c {
+        marks.chunks.resize_with(c + 1, Arc::default);
+    }
+    let chunk = Arc::make_mut(&mut marks.chunks[c]);
+    if chunk.len() <= k {
+        chunk.resize(k + 1, None);
+    }
+    // Each entry's marks are shared too: a copy of a chunk copies pointers, not the marks.
+    Arc::make_mut(chunk[k].get_or_insert_with(Arc::default))
 }
 
 #[derive(Debug, Clone, Default)]
@@ -459,7 +479,7 @@ impl Projection {
             inc.valid = false;
             return;
         };
-        let (Node::Message(m, meta), Some(mk)) = (&self.items[i].node, self.marks.get(i).and_then(Option::as_ref)) else {
+        let (Node::Message(m, meta), Some(mk)) = (&self.items[i].node, self.marks.get(i)) else {
             inc.valid = false;
             return;
         };
@@ -908,7 +928,7 @@ impl Projection {
             for id in touched {
                 let Some(&i) = self.index.get(*id) else { continue };
                 let Node::Message(m, meta) = &self.items[i].node else { continue };
-                let mark = |p: &Projection| p.marks.get(i).and_then(Option::as_ref).cloned();
+                let mark = |p: &Projection| p.marks.get(i).cloned();
                 let old = match mark(before) {
                     Some(mk) => before.phase_message(&mut old_cache, i, m, meta, &mk, 3, |_| false),
                     None => m.clone(),
@@ -1120,7 +1140,7 @@ impl Projection {
         let mut last_pos: HashMap<u32, usize> = HashMap::default();
         if upto >= 3 && !idx.chains.is_empty() {
             for (k, (i, _, _)) in raw.iter().enumerate() {
-                if let Some(block) = i.and_then(|i| self.marks.get(i)).and_then(|mk| mk.as_ref()).and_then(|mk| mk.chain_last) {
+                if let Some(block) = i.and_then(|i| self.marks.get(i)).and_then(|mk| mk.chain_last) {
                     last_pos.insert(block, k);
                 }
             }
@@ -1130,7 +1150,7 @@ impl Projection {
         let mut k = 0;
         while k < raw.len() {
             let (item, m, meta) = raw[k];
-            let marks = item.and_then(|i| self.marks.get(i)).and_then(Option::as_ref);
+            let marks = item.and_then(|i| self.marks.get(i));
             let Some(mk) = marks else {
                 out.push((item, m.clone(), meta));
                 k += 1;
