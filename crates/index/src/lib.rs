@@ -54,6 +54,58 @@ pub struct Checkpoint {
     pub tokens_before: u64,
 }
 
+/// Keys per chunk of a [`ChunkMap`].
+const CHUNK_KEYS: u32 = 1024;
+
+/// A map by ref or batch number in chunks of 1,024 consecutive keys, each shared copy-on-write: a copy of
+/// the index (the cost guard's candidate) that then inserts a key copies that key's chunk, not the map.
+#[derive(Debug, Clone)]
+pub struct ChunkMap<V> {
+    chunks: BTreeMap<u32, Arc<BTreeMap<u32, V>>>,
+    len: usize,
+}
+
+impl<V> Default for ChunkMap<V> {
+    fn default() -> Self {
+        ChunkMap { chunks: BTreeMap::new(), len: 0 }
+    }
+}
+
+impl<V: Clone> ChunkMap<V> {
+    /// The value of `key`.
+    pub fn get(&self, key: &u32) -> Option<&V> {
+        self.chunks.get(&(key / CHUNK_KEYS)).and_then(|c| c.get(key))
+    }
+
+    /// Whether `key` has a value.
+    pub fn contains_key(&self, key: &u32) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Sets the value of `key`.
+    pub fn insert(&mut self, key: u32, value: V) {
+        let chunk = Arc::make_mut(self.chunks.entry(key / CHUNK_KEYS).or_default());
+        if chunk.insert(key, value).is_none() {
+            self.len += 1;
+        }
+    }
+
+    /// How many keys have a value.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no key has a value.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The values in key order.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.chunks.values().flat_map(|c| c.values())
+    }
+}
+
 /// Everything the pipeline decided so far for one session. Each map is shared copy-on-write, so a copy
 /// of the index (the cost guard renders a candidate on one) costs only the maps a decision then changes.
 #[derive(Debug, Clone, Default)]
@@ -71,9 +123,9 @@ pub struct Index {
     /// Duplicate ref → original ref.
     pub aliases: Arc<BTreeMap<u32, u32>>,
     /// Summaries of summarized refs.
-    pub summaries: Arc<BTreeMap<u32, Arc<str>>>,
+    pub summaries: ChunkMap<Arc<str>>,
     /// Outcome of each closed batch.
-    pub outcomes: Arc<BTreeMap<u32, BatchOutcome>>,
+    pub outcomes: ChunkMap<BatchOutcome>,
     /// Refs of each batch.
     pub batches: Arc<BTreeMap<u32, Vec<u32>>>,
     /// Batches captured and not closed yet (what `pending_batches` lists, kept as decisions fold).
@@ -146,12 +198,12 @@ impl Index {
                 Arc::make_mut(&mut self.aliases).insert(*ref_n, *original);
             }
             DecisionEvent::BatchClosed { batch, outcome, summaries, .. } => {
-                Arc::make_mut(&mut self.outcomes).insert(*batch, *outcome);
+                self.outcomes.insert(*batch, *outcome);
                 if self.open_batches.contains(batch) {
                     Arc::make_mut(&mut self.open_batches).remove(batch);
                 }
                 for (r, s) in summaries {
-                    Arc::make_mut(&mut self.summaries).insert(*r, Arc::from(s.as_str()));
+                    self.summaries.insert(*r, Arc::from(s.as_str()));
                 }
             }
             DecisionEvent::FrontierAdvanced { entry } => self.frontier = Some(entry.clone()),
@@ -234,5 +286,29 @@ impl Index {
             }
         }
         self.by_call.get(key).and_then(|v| v.last()).map(|&r| Target::Output(r))
+    }
+}
+
+#[cfg(test)]
+mod chunk_map_tests {
+    use super::ChunkMap;
+
+    /// A chunked map reads as one map in key order, counts each key once, and a copy that inserts leaves
+    /// the original as it was.
+    #[test]
+    fn a_chunk_map_is_one_map_and_its_copies_are_independent() {
+        let mut m = ChunkMap::default();
+        for k in [5000u32, 3, 1024, 1023, 3] {
+            m.insert(k, k * 2);
+        }
+        assert_eq!(m.len(), 4);
+        assert_eq!(m.values().copied().collect::<Vec<_>>(), vec![6, 2046, 2048, 10000]);
+        assert_eq!((m.get(&1024), m.contains_key(&7)), (Some(&2048), false));
+        let mut copy = m.clone();
+        copy.insert(1025, 1);
+        copy.insert(3, 0);
+        assert_eq!((m.len(), m.get(&3), m.get(&1025)), (4, Some(&6), None));
+        assert_eq!((copy.len(), copy.get(&3), copy.get(&1025)), (5, Some(&0), Some(&1)));
+        assert!(ChunkMap::<u32>::default().is_empty());
     }
 }
