@@ -617,28 +617,7 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Optio
         return Some(after);
     }
     let b = proj.render().messages;
-    // A prune changes single entries' messages (batch closes, purges) and replaces chains by their blocks:
-    // the candidate's render is made from the current one where it can be (else it renders in full).
-    {
-        let idx = after.index();
-        let mut touched: Vec<&str> = Vec::new();
-        let mut chains: Vec<(&str, &str, u32)> = Vec::new();
-        for d in prunes {
-            match d {
-                DecisionEvent::BatchClosed { refs, .. } => {
-                    for r in refs.iter().filter_map(|r| idx.records.get(r)) {
-                        touched.extend([r.entry.as_str(), r.call_entry.as_str()]);
-                    }
-                }
-                DecisionEvent::ErrorArgsPurged { entry, .. } => touched.push(entry),
-                DecisionEvent::ChainCompressed { first, last, block, .. } => chains.push((first, last, *block)),
-                _ => {}
-            }
-        }
-        touched.sort_unstable();
-        touched.dedup();
-        after.render_from(proj, &touched, &chains);
-    }
+    // Folding the prunes patched the candidate's kept render where it could (see `Projection::apply`).
     let a = after.render().messages;
     let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();
     // The candidate's messages are remembered: it is usually taken.

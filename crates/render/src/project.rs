@@ -465,35 +465,78 @@ impl Projection {
         }
     }
 
-    /// A spilled output renders as its spill pointer from its capture on: the kept render takes that
-    /// message in place of the output (one entry changes), or starts over at the next render where the
-    /// output may render otherwise (a recovery in its grace window, a checkpoint's bounded copy).
-    fn spill_in_render(&mut self, ref_n: u32) {
-        let inc = self.inc.get_mut().expect("render cache lock");
-        if !inc.valid {
-            return;
+    /// Before decision `d` is folded: the entries whose message it changes, with the message each renders
+    /// as now, when the kept render can take the change in place (see [`Projection::patch_render`]);
+    /// `None` when the next render must start over.
+    fn patch_start(&self, d: &DecisionEvent) -> Option<Vec<(usize, Arc<Message>)>> {
+        let inc = self.inc.lock().expect("render cache lock");
+        if !inc.valid || self.decisions.recoveries > 0 || !self.decisions.checkpoints.is_empty() {
+            return None;
         }
-        let target = self.decisions.records.get(&ref_n).and_then(|r| self.index.get(&r.entry)).copied();
-        let plain = self.decisions.recoveries == 0 && self.decisions.checkpoints.is_empty();
-        let (Some(i), true) = (target, plain) else {
-            inc.valid = false;
-            return;
+        let idx = &self.decisions;
+        let entries: Vec<&str> = match d {
+            DecisionEvent::OutputSpilled { ref_n, .. } => idx.records.get(ref_n).map(|r| r.entry.as_str()).into_iter().collect(),
+            DecisionEvent::BatchClosed { refs, .. } => {
+                refs.iter().filter_map(|r| idx.records.get(r)).flat_map(|r| [r.entry.as_str(), r.call_entry.as_str()]).collect()
+            }
+            DecisionEvent::ErrorArgsPurged { entry, .. } => vec![entry.as_str()],
+            // The chain's span is replaced whole, where nothing in the render was repaired.
+            DecisionEvent::ChainCompressed { .. } => {
+                let r = &inc.report;
+                let clean = r.synthetic_results.is_empty() && r.orphan_results.is_empty() && r.empty_assistants == 0 && r.duplicate_calls == 0 && inc.pending.is_empty();
+                return clean.then(Vec::new);
+            }
+            _ => return None,
         };
-        let (Node::Message(m, meta), Some(mk)) = (&self.items[i].node, self.marks.get(i)) else {
-            inc.valid = false;
-            return;
-        };
+        drop(inc);
         let mut cache = self.phase_cache.lock().expect("phase cache lock");
-        let new = self.phase_message(&mut cache, i, m, meta, mk, 3, |_| false);
-        drop(cache);
-        let inc = self.inc.get_mut().expect("render cache lock");
-        if let Some(at) = inc.out.iter().rposition(|x| Arc::ptr_eq(x, m)) {
-            Arc::make_mut(&mut inc.out)[at] = new;
+        let mut out: Vec<(usize, Arc<Message>)> =
+            entries.iter().filter_map(|id| self.index.get(*id).copied()).filter_map(|i| Some((i, self.phased_at(&mut cache, i)?))).collect();
+        out.sort_unstable_by_key(|(i, _)| *i);
+        out.dedup_by_key(|(i, _)| *i);
+        Some(out)
+    }
+
+    /// What phases 1 and 2 make of entry `i`'s message now (`None`: the entry is no message).
+    fn phased_at(&self, cache: &mut PhaseCache, i: usize) -> Option<Arc<Message>> {
+        match (&self.items[i].node, self.marks.get(i)) {
+            (Node::Message(m, meta), Some(mk)) => Some(self.phase_message(cache, i, m, meta, mk, 3, |_| false)),
+            (Node::Message(m, _), None) => Some(m.clone()),
+            _ => None,
         }
-        if cfg!(debug_assertions) {
-            let out = inc.out.clone();
-            assert_eq!(out, self.render_full().out, "a spill patched into the kept render is the full render");
+    }
+
+    /// After decision `d` is folded: the kept render takes the touched entries' new messages in place of
+    /// the ones `patch_start` saw (and a compressed chain's span becomes its prompt, block and reply), so a
+    /// decision costs the entries it changes, not a render of the branch. Debug builds check the result
+    /// against the full render.
+    fn patch_render(&mut self, d: &DecisionEvent, old: Vec<(usize, Arc<Message>)>) {
+        let mut replaced: HashMap<usize, Arc<Message>> = HashMap::default();
+        {
+            let mut cache = self.phase_cache.lock().expect("phase cache lock");
+            for (i, before) in old {
+                let Some(now) = self.phased_at(&mut cache, i) else { continue };
+                if !Arc::ptr_eq(&before, &now) {
+                    replaced.insert(Arc::as_ptr(&before) as usize, now);
+                }
+            }
         }
+        let mut inc = std::mem::take(self.inc.get_mut().expect("render cache lock"));
+        if !replaced.is_empty() {
+            for m in Arc::make_mut(&mut inc.out).iter_mut() {
+                if let Some(new) = replaced.get(&(Arc::as_ptr(m) as usize)) {
+                    *m = new.clone();
+                }
+            }
+        }
+        if let DecisionEvent::ChainCompressed { first, last, block, .. } = d {
+            inc.valid = self.splice_chain(&mut inc, first, last, *block);
+        }
+        if cfg!(debug_assertions) && inc.valid {
+            let full = self.render_full();
+            assert_eq!((&inc.out, &inc.report), (&full.out, &full.report), "a decision patched into the kept render is the full render");
+        }
+        *self.inc.get_mut().expect("render cache lock") = inc;
     }
 
     /// The pruning decisions folded so far.
@@ -513,18 +556,22 @@ impl Projection {
             Event::Source(ev) => ev,
             Event::Decision(d) => {
                 // Capturing, aliasing and moving the frontier change nothing on screen until a batch closes.
-                if !matches!(
+                let unseen = matches!(
                     d,
                     DecisionEvent::Note { .. }
                         | DecisionEvent::FrontierAdvanced { .. }
                         | DecisionEvent::OutputCaptured(_)
                         | DecisionEvent::OutputAliased { .. }
                         | DecisionEvent::ArchiveCommitted { .. }
-                        | DecisionEvent::OutputSpilled { .. }
-                ) {
+                );
+                // A decision changes what earlier positions render as: the kept render takes the change
+                // in place where it can, else the next render starts over.
+                let patch = if unseen { None } else { self.patch_start(d) };
+                if !unseen {
                     self.usage_anchor = None;
-                    // A decision changes what earlier positions render as: start over at the next render.
-                    self.inc.get_mut().expect("render cache lock").valid = false;
+                    if patch.is_none() {
+                        self.inc.get_mut().expect("render cache lock").valid = false;
+                    }
                 }
                 self.mark(d);
                 if let DecisionEvent::CheckpointCommitted { n, summary, bounded, .. } = d {
@@ -549,9 +596,8 @@ impl Projection {
                     }
                 }
                 self.decisions.apply(d);
-                if let DecisionEvent::OutputSpilled { ref_n, .. } = d {
-                    self.usage_anchor = None;
-                    self.spill_in_render(*ref_n);
+                if let Some(old) = patch {
+                    self.patch_render(d, old);
                 }
                 return;
             }
@@ -904,93 +950,30 @@ impl Projection {
         Rendered { messages: inc.out.clone(), report: inc.report.clone() }
     }
 
-    /// Makes this projection's kept render from `before`'s, when this projection is `before` with prunes
-    /// applied (batch closes and purges touching only the entries `touched`, chains compressed from
-    /// prompt to final reply as `chains` lists them: first entry, last entry, block): `before`'s render
-    /// with the message of each touched entry made again and each compressed chain's messages replaced by
-    /// its prompt, block and final reply, instead of a render of the whole branch (what keeps a prune's
-    /// cost guard from growing with the session). It declines (false, the next render starts over) where
-    /// that would not be the same: no current kept render in `before`, another leaf, a checkpoint or a
-    /// recovery output in the session, or, for a chain, a render that repaired anything or whose messages
-    /// between the chain's prompt and reply are not the chain's own.
-    pub fn render_from(&self, before: &Projection, touched: &[&str], chains: &[(&str, &str, u32)]) -> bool {
-        if self.leaf != before.leaf || self.decisions.recoveries > 0 || !self.decisions.checkpoints.is_empty() {
-            return false;
-        }
-        let kept = before.inc.lock().expect("render cache lock");
-        if !kept.valid || kept.leaf != self.leaf {
-            return false;
-        }
-        let mut replaced: HashMap<usize, Arc<Message>> = HashMap::default();
-        {
-            let mut old_cache = before.phase_cache.lock().expect("phase cache lock");
-            let mut new_cache = self.phase_cache.lock().expect("phase cache lock");
-            for id in touched {
-                let Some(&i) = self.index.get(*id) else { continue };
-                let Node::Message(m, meta) = &self.items[i].node else { continue };
-                let mark = |p: &Projection| p.marks.get(i).cloned();
-                let old = match mark(before) {
-                    Some(mk) => before.phase_message(&mut old_cache, i, m, meta, &mk, 3, |_| false),
-                    None => m.clone(),
-                };
-                let new = match mark(self) {
-                    Some(mk) => self.phase_message(&mut new_cache, i, m, meta, &mk, 3, |_| false),
-                    None => m.clone(),
-                };
-                if !Arc::ptr_eq(&old, &new) {
-                    replaced.insert(Arc::as_ptr(&old) as usize, new);
-                }
-            }
-        }
-        let mut inc = kept.clone();
-        drop(kept);
-        if !replaced.is_empty() {
-            for m in Arc::make_mut(&mut inc.out).iter_mut() {
-                if let Some(new) = replaced.get(&(Arc::as_ptr(m) as usize)) {
-                    *m = new.clone();
-                }
-            }
-        }
-        if !chains.is_empty() && !self.splice_chains(&mut inc, chains) {
-            return false;
-        }
-        debug_assert_eq!(inc.out, self.render_full().out, "the render made from the last one is the full render");
-        debug_assert_eq!(inc.report, self.render_full().report, "and reports the same");
-        *self.inc.lock().expect("render cache lock") = inc;
-        true
-    }
-
-    /// Replaces, in a render with nothing repaired, each chain's messages from its prompt to its final
-    /// reply by the prompt, its block and the reply (thinking stripped), as phase 3 does; false when a
+    /// Replaces, in a render with nothing repaired, the chain's messages from its prompt to its final
+    /// reply by the prompt, its block and the reply (thinking stripped), as phase 3 does; false when the
     /// chain's messages there are not exactly its own entries' (a result bound across the chain's edge).
-    fn splice_chains(&self, inc: &mut Incremental, chains: &[(&str, &str, u32)]) -> bool {
-        let r = &inc.report;
-        if !(r.synthetic_results.is_empty() && r.orphan_results.is_empty() && r.empty_assistants == 0 && r.duplicate_calls == 0 && inc.pending.is_empty()) {
+    fn splice_chain(&self, inc: &mut Incremental, first: &str, last: &str, block: u32) -> bool {
+        let branch = self.branch_view();
+        let (Some(&fi), Some(&li)) = (self.index.get(first), self.index.get(last)) else { return false };
+        let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };
+        let (Some(bf), Some(bl)) = (branch.position(first), branch.position(last)) else { return false };
+        let Some(chain) = self.decisions.chains.get(&block) else { return false };
+        let Some(pf) = inc.out.iter().rposition(|m| Arc::ptr_eq(m, fm)) else { return false };
+        let Some(pl) = inc.out[pf..].iter().position(|m| Arc::ptr_eq(m, lm)).map(|k| pf + k) else { return false };
+        // With nothing repaired, the render holds each entry's message once: the chain's span in the render
+        // must hold exactly its entries' messages.
+        let own = (bf..=bl).filter(|&k| !self.overflowed.contains(&branch.item(k))).count();
+        if bl < bf || pl - pf + 1 != own {
             return false;
         }
-        let branch = self.branch_view();
-        for &(first, last, block) in chains {
-            let (Some(&fi), Some(&li)) = (self.index.get(first), self.index.get(last)) else { return false };
-            let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };
-            let (Some(bf), Some(bl)) = (branch.position(first), branch.position(last)) else { return false };
-            let Some(chain) = self.decisions.chains.get(&block) else { return false };
-            let out = &inc.out;
-            let Some(pf) = out.iter().rposition(|m| Arc::ptr_eq(m, fm)) else { return false };
-            let Some(pl) = out[pf..].iter().position(|m| Arc::ptr_eq(m, lm)).map(|k| pf + k) else { return false };
-            // With nothing repaired, the render holds each entry's message once: the chain's span in the
-            // render must hold exactly its entries' messages.
-            let own = (bf..=bl).filter(|&k| !self.overflowed.contains(&branch.item(k))).count();
-            if bl < bf || pl - pf + 1 != own {
-                return false;
-            }
-            let block_msg = {
-                let mut cache = self.phase_cache.lock().expect("phase cache lock");
-                let PhaseCache { base, own } = &mut *cache;
-                cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)))
-            };
-            let reply = if self.config.thinking_strip { strip_thinking(lm) } else { lm.clone() };
-            Arc::make_mut(&mut inc.out).splice(pf..=pl, [fm.clone(), block_msg, reply]);
-        }
+        let block_msg = {
+            let mut cache = self.phase_cache.lock().expect("phase cache lock");
+            let PhaseCache { base, own } = &mut *cache;
+            cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)))
+        };
+        let reply = if self.config.thinking_strip { strip_thinking(lm) } else { lm.clone() };
+        Arc::make_mut(&mut inc.out).splice(pf..=pl, [fm.clone(), block_msg, reply]);
         true
     }
 
@@ -1478,9 +1461,9 @@ mod tests {
         }
     }
 
-    /// A batch closed on a copy of the projection: the copy's render made from the last one is its full
-    /// render, the closed output's stub and its turn's condensed form in place; a copy on another leaf, or
-    /// with no current render to start from, declines.
+    /// A batch closed on a projection with a current render: the kept render takes the change in place
+    /// and is the full render, the closed output's stub and its turn's condensed form in place; so for a
+    /// compressed chain; a projection with no current render leaves the next render to start over.
     #[test]
     fn a_render_made_from_the_last_one_is_the_full_render() {
         use condense_events::{BatchOutcome, Block, DecisionEvent, Record};
@@ -1531,7 +1514,8 @@ mod tests {
         let before = p.render().messages;
         let mut after = p.clone();
         after.apply(seq + 1, &Event::Decision(DecisionEvent::BatchClosed { batch: 1, refs: vec![1], outcome: BatchOutcome::Summarized, summaries: vec![(1, "400 lines of `line`".into())] }));
-        assert!(after.render_from(&p, &["e1", "e2"], &[]));
+        let kept = |p: &Projection| p.inc.lock().unwrap().valid;
+        assert!(kept(&after), "the batch close was taken in place");
         let made = after.render().messages;
         assert_eq!(made, after.render_full_now().messages);
         let changed: Vec<usize> = (0..made.len()).filter(|&k| made[k] != before[k]).collect();
@@ -1540,17 +1524,16 @@ mod tests {
         // The chain compressed: its prompt, its block and its reply stand for it.
         let mut chained = after.clone();
         chained.apply(seq + 2, &Event::Decision(DecisionEvent::ChainCompressed { block: 1, first: "e0".into(), last: "e5".into(), refs: vec![1, 2], body: "[b1: 2 calls]".into() }));
-        assert!(chained.render_from(&after, &[], &[("e0", "e5", 1)]));
+        assert!(kept(&chained), "the chain was taken in place");
         let made = chained.render().messages;
         assert_eq!(made, chained.render_full_now().messages);
         assert_eq!(made.iter().map(|m| m.text()).collect::<Vec<_>>(), vec!["go", "[b1: 2 calls]", "done"]);
-        // Declines: a copy whose leaf moved, and a copy of a projection with no current render.
-        let mut moved = after.clone();
-        moved.apply(seq + 2, &Event::Source(SourceEvent::EntryAppended { id: "e6".into(), parent: Some("e5".into()), entry: Entry::Message(Message::user_text("more", UserOrigin::Prompt)) }));
-        assert!(!moved.render_from(&p, &["e1", "e2"], &[]));
+        // No current render: the decision leaves the next render to start over, and it renders the same.
         let mut stale = p.clone();
+        stale.inc.get_mut().unwrap().valid = false;
         stale.apply(seq + 1, &Event::Decision(DecisionEvent::BatchClosed { batch: 2, refs: vec![2], outcome: BatchOutcome::Summarized, summaries: vec![(2, "s".into())] }));
-        assert!(!stale.clone().render_from(&stale, &["e3", "e4"], &[]), "the last render is stale");
+        assert!(!kept(&stale), "the last render is stale");
+        assert_eq!(stale.render().messages, stale.render_full_now().messages);
     }
 
     /// The branch view, kept and extended from one leaf to the next, lists what `branch_entries` builds
