@@ -49,6 +49,9 @@ struct Item {
     id: String,
     parent: Option<usize>,
     node: Node,
+    /// Entries on the path from the root to this entry, this entry excluded: its index in the path of
+    /// every branch through it.
+    depth: u32,
     /// Messages on the path from the root to this entry, this entry excluded: a message entry's index in
     /// `branch_entries` of every branch through it.
     messages_before: u32,
@@ -118,9 +121,9 @@ pub struct Projection {
     tokens: Arc<Mutex<HashMap<usize, (Arc<Message>, u64)>>>,
     // The path (root first) of the last leaf asked for. Entries never change once appended, so it stays
     // right for that leaf, and the path of a leaf below it is that path extended.
-    path_cache: Mutex<Option<(usize, Arc<Vec<usize>>)>>,
+    path_cache: PathCache,
     // The message entries of that path (what `branch_view` reads), kept the same way.
-    message_path_cache: Mutex<Option<(usize, Arc<Vec<usize>>)>>,
+    message_path_cache: PathCache,
 }
 
 /// What the pruning decisions say about one entry, kept by entry index so a render never looks entries
@@ -141,6 +144,9 @@ struct Marks {
 
 /// Messages the render phases built, kept so later renders share them instead of building them again:
 /// stubs by ref, condensed turns by (entry, closed, purges). What they hold never changes for a key.
+/// A path kept with the leaf it was made for (see `Projection::kept_path`).
+type PathCache = Mutex<Option<(usize, Arc<Vec<usize>>)>>;
+
 /// Entries per chunk of a [`MarkList`].
 const MARK_CHUNK: usize = 4096;
 
@@ -344,13 +350,6 @@ impl Projection {
         t
     }
 
-    /// As [`Projection::estimate`] for a message that will not be seen again (a candidate render's): a
-    /// remembered count is used, but a new one is not remembered.
-    pub fn estimate_once(&self, m: &Arc<Message>) -> u64 {
-        let remembered = self.tokens.lock().expect("token cache lock").get(&(Arc::as_ptr(m) as usize)).map(|(_, t)| *t);
-        remembered.unwrap_or_else(|| condense_tokens::estimate(m))
-    }
-
     /// Estimated tokens each request carries besides the messages (system prompt, tool declarations), as
     /// last reported (`RequestOverhead`); 0 when never reported.
     pub fn request_overhead(&self) -> u64 {
@@ -422,11 +421,11 @@ impl Projection {
         let ix = self.items.len();
         // A repeated id points at its newest entry; the importers rename duplicates anyway.
         Arc::make_mut(&mut self.index).insert(id.clone(), ix);
-        let messages_before = parent.map_or(0, |p| {
+        let (depth, messages_before) = parent.map_or((0, 0), |p| {
             let it = &self.items[p];
-            it.messages_before + u32::from(matches!(it.node, Node::Message(..)))
+            (it.depth + 1, it.messages_before + u32::from(matches!(it.node, Node::Message(..))))
         });
-        Arc::make_mut(&mut self.items).push(Item { id, parent, node, messages_before });
+        Arc::make_mut(&mut self.items).push(Item { id, parent, node, depth, messages_before });
         self.leaf = Some(ix);
         self.extend_render(parent, ix);
     }
@@ -756,40 +755,25 @@ impl Projection {
 
     /// Entry indices on the path from the root to the leaf.
     fn path(&self) -> Arc<Vec<usize>> {
-        let Some(leaf) = self.leaf else { return Arc::default() };
-        let mut cache = self.path_cache.lock().expect("path cache lock");
-        if let Some((l, p)) = &*cache
-            && *l == leaf
-        {
-            return p.clone();
-        }
-        // Up from the leaf until the cached leaf (the branch grew below it: the kept path is extended, in
-        // place when nothing else holds it) or the root (the path is built anew).
-        let known = cache.take();
-        let mut tail = Vec::new();
-        let mut path = None;
-        for i in self.ancestors() {
-            if let Some((l, p)) = &known
-                && *l == i
-            {
-                path = Some(p.clone());
-                break;
-            }
-            tail.push(i);
-        }
-        drop(known);
-        let mut path = path.unwrap_or_default();
-        Arc::make_mut(&mut path).extend(tail.into_iter().rev());
-        *cache = Some((leaf, path.clone()));
-        path
+        self.kept_path(&self.path_cache, |_| true, |it| it.depth)
     }
 
-    /// Indices of the message entries on the path from the root to the leaf. Kept from the last call: only
-    /// the messages below the last common one are looked at (a message's depth says where it sits), and the
-    /// kept list is extended in place when no view holds it.
+    /// Indices of the message entries on the path from the root to the leaf.
     fn message_path(&self) -> Arc<Vec<usize>> {
+        self.kept_path(&self.message_path_cache, |it| matches!(it.node, Node::Message(..)), |it| it.messages_before)
+    }
+
+    /// The entries on the path from the root to the leaf that `keep`, kept in `cache` from the last call:
+    /// only the entries below the last one the kept list shares are looked at (`at` says where a kept
+    /// entry sits in the list), and the list is extended in place when nothing else holds it.
+    fn kept_path(
+        &self,
+        cache: &PathCache,
+        keep: impl Fn(&Item) -> bool,
+        at: impl Fn(&Item) -> u32,
+    ) -> Arc<Vec<usize>> {
         let Some(leaf) = self.leaf else { return Arc::default() };
-        let mut cache = self.message_path_cache.lock().expect("path cache lock");
+        let mut cache = cache.lock().expect("path cache lock");
         if let Some((l, p)) = &*cache
             && *l == leaf
         {
@@ -800,12 +784,12 @@ impl Projection {
         let mut common = 0;
         for i in self.ancestors() {
             let it = &self.items[i];
-            if !matches!(it.node, Node::Message(..)) {
+            if !keep(it) {
                 continue;
             }
-            let depth = it.messages_before as usize;
-            if kept.get(depth) == Some(&i) {
-                common = depth + 1;
+            let pos = at(it) as usize;
+            if kept.get(pos) == Some(&i) {
+                common = pos + 1;
                 break;
             }
             tail.push(i);
@@ -1439,15 +1423,11 @@ mod tests {
     }
 
     #[test]
-    fn a_candidate_is_counted_without_being_remembered_and_the_live_render_stays_counted() {
+    fn the_live_render_stays_counted_when_the_token_cache_is_bounded() {
         let p = prompts(8);
         let rendered = p.render();
-        let live: u64 = rendered.messages.iter().map(|m| p.estimate(m)).sum();
-        assert_eq!(p.tokens.lock().unwrap().len(), 8);
-        // Candidates counted once: the same figure, nothing kept.
-        for _ in 0..3000 {
-            let copy: Vec<Arc<Message>> = rendered.messages.iter().map(|m| Arc::new((**m).clone())).collect();
-            assert_eq!(copy.iter().map(|m| p.estimate_once(m)).sum::<u64>(), live);
+        for m in rendered.messages.iter() {
+            p.estimate(m);
         }
         assert_eq!(p.tokens.lock().unwrap().len(), 8);
         // Messages counted and dropped push the cache over its bound: what the live render still holds stays.
@@ -1562,6 +1542,18 @@ mod tests {
             p.apply(i as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry }));
             let view = p.branch_view();
             let built = p.branch_entries();
+            // Both kept lists against a walk from the leaf up.
+            let mut walked: Vec<usize> = p.ancestors().collect();
+            walked.reverse();
+            assert_eq!(*p.path(), walked, "after e{i}");
+            let messages: Vec<(&str, &Arc<Message>)> = walked
+                .iter()
+                .filter_map(|&k| match &p.items[k].node {
+                    Node::Message(m, _) => Some((p.items[k].id.as_str(), m)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(built, messages, "after e{i}");
             assert_eq!(view.len(), built.len(), "after e{i}");
             for (k, (id, m)) in built.iter().enumerate() {
                 assert_eq!(view.at(k), (*id, *m), "after e{i}, position {k}");
