@@ -345,36 +345,25 @@ pub fn plan(
         // Whether every errored output looked at so far is settled, and the last of them.
         let (mut settling, mut settled) = (true, settled_to);
         for (kept, r) in errored {
-            let settles = |settled: &mut Option<u32>| {
-                if kept {
-                    *settled = Some(r.ref_n);
+            // `None`: settled, never to be purged on this branch under this limit.
+            let candidate = position(&r.call_entry).and_then(|pos| {
+                if turns.saturating_sub(turn_at[pos]) < cfg.purge_after_turns as u32 + 1 {
+                    return Some(None); // Not old enough yet.
                 }
-            };
-            let Some(pos) = position(&r.call_entry) else {
-                if settling {
-                    settles(&mut settled);
-                }
-                continue;
-            };
-            if turns.saturating_sub(turn_at[pos]) < cfg.purge_after_turns as u32 + 1 {
-                settling = false;
-                continue;
-            }
-            let (id, m) = branch.at(pos);
-            let Some((k, (cid, _, args))) = m.tool_calls().enumerate().find(|(_, (cid, _, _))| *cid == r.call_id) else {
-                if settling {
-                    settles(&mut settled);
+                let (id, m) = branch.at(pos);
+                let (k, (cid, _, args)) = m.tool_calls().enumerate().find(|(_, (cid, _, _))| *cid == r.call_id)?;
+                let chars = js_len(args) as u64;
+                let purged = idx.purged.contains_key(&(id.to_string(), cid.to_string()));
+                (chars >= cfg.purge_min_chars && !purged).then_some(Some((pos, k, id, cid, chars)))
+            });
+            let Some(candidate) = candidate else {
+                if settling && kept {
+                    settled = Some(r.ref_n);
                 }
                 continue;
             };
-            let chars = js_len(args) as u64;
-            if chars < cfg.purge_min_chars || idx.purged.contains_key(&(id.to_string(), cid.to_string())) {
-                if settling {
-                    settles(&mut settled);
-                }
-                continue;
-            }
             settling = false;
+            let Some((pos, k, id, cid, chars)) = candidate else { continue };
             // The call's last output on the branch, captured earlier or now.
             let outputs = idx.by_call.get(cid).into_iter().flatten().filter_map(|n| idx.records.get(n)).chain(new_records.iter().filter(|n| n.call_id == cid));
             let last = outputs.filter_map(|o| position(&o.entry).map(|p| (p, o.is_error))).max_by_key(|(p, _)| *p);
