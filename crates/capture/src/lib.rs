@@ -4,28 +4,12 @@
 //! (`agent-message`: every turn up to a final text-only reply). A result is protected when its tool is in
 //! `protectedTools` or one of its call's string arguments matches a `protectedPaths` glob.
 
-use condense_events::{Block, Message, PruneConfig};
+use condense_events::PruneConfig;
 
-/// Text of a tool result: its text blocks joined, images as a marker (they are not text).
-pub fn output_text(m: &Message) -> String {
-    let mut out = String::new();
-    for b in m.content() {
-        match b {
-            Block::Text { text } => out.push_str(text),
-            Block::Image { mime, .. } => out.push_str(&format!("[image {mime}]")),
-            _ => {}
-        }
-    }
-    out
-}
+mod stage;
+pub use stage::Capture;
 
-/// Whether an assistant message is a final reply: text and no tool calls.
-pub fn is_final_reply(m: &Message) -> bool {
-    // Some text block holds more than white space (the joined text, without building it).
-    matches!(m, Message::Assistant { .. })
-        && m.tool_calls().next().is_none()
-        && m.content().iter().any(|b| matches!(b, condense_events::Block::Text { text } if !text.trim().is_empty()))
-}
+pub use condense_stage::{is_final_reply, output_text};
 
 /// Whether a call is protected by the configuration: its tool is protected, or one of its path arguments
 /// (string values under a key naming a path or file, such as `path`, `file_path`, `filePath`, `files`)

@@ -6,6 +6,9 @@
 
 use std::collections::BTreeMap;
 
+mod stage;
+pub use stage::Chains;
+
 /// A closed chain on the branch, as positions in the branch's entry list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Span {

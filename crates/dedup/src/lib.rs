@@ -1,5 +1,56 @@
 //! Content-hash aliasing: two outputs of the same tool whose normalized texts are equal are the same
 //! output. Normalization folds CRLF to LF, drops trailing whitespace on every line and trims the text.
+//!
+//! The dedup stage ([`Dedup`]) keeps the first ref captured with each key, folded from the log's
+//! captures, and aliases every later capture with a key seen before (`OutputAliased`).
+
+use condense_events::{DecisionEvent, Event};
+use condense_stage::{Pass, Stage, StageError};
+use std::collections::BTreeMap;
+
+/// The dedup stage. Its state: the first ref captured with each dedup key.
+#[derive(Debug, Clone, Default)]
+pub struct Dedup {
+    first_by_hash: BTreeMap<String, u32>,
+}
+
+impl Dedup {
+    /// The first ref captured with `key`.
+    pub fn first(&self, key: &str) -> Option<u32> {
+        self.first_by_hash.get(key).copied()
+    }
+}
+
+impl Stage for Dedup {
+    fn name(&self) -> &'static str {
+        "dedup"
+    }
+
+    fn fold(&mut self, event: &Event) {
+        if let Event::Decision(DecisionEvent::OutputCaptured(r)) = event {
+            self.first_by_hash.entry(r.hash.clone()).or_insert(r.ref_n);
+        }
+    }
+
+    fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
+        if !pass.config.dedup {
+            return Ok(());
+        }
+        // Captures of this pass count as seen from their own ref on.
+        let mut new: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut aliases = Vec::new();
+        for (r, _) in pass.captured() {
+            match self.first_by_hash.get(&r.hash).or(new.get(r.hash.as_str())) {
+                Some(&original) => aliases.push(DecisionEvent::OutputAliased { ref_n: r.ref_n, original }),
+                None => drop(new.insert(&r.hash, r.ref_n)),
+            }
+        }
+        for d in aliases {
+            pass.push(d);
+        }
+        Ok(())
+    }
+}
 
 /// The text as dedup compares it.
 pub fn normalize(text: &str) -> String {
@@ -27,5 +78,43 @@ mod tests {
         assert_ne!(key("bash", "a\nb"), key("read", "a\nb"));
         assert_ne!(key("bash", "a\n b"), key("bash", "a\nb"));
         assert_eq!(normalize("  x \r\n y  \n"), "x\n y");
+    }
+}
+
+
+#[cfg(test)]
+mod stage_tests {
+    use super::*;
+    use condense_events::PruneConfig;
+    use condense_stage::testing::{record, Given, Recorded};
+    use condense_stage::Trigger;
+
+    /// Against a recorded log: a capture whose key was seen before, in an earlier pass (the stage's
+    /// folded state) or earlier in the same pass, is aliased to the first ref with that key; a fresh
+    /// stage folded from the same log decides the same; `dedup: false` aliases nothing.
+    #[test]
+    fn a_repeated_output_is_aliased_to_the_first_even_across_passes_and_replays() {
+        let rec = |n: u32, text: &str| record(n, n, &format!("r{n}"), "a", &format!("c{n}"), "bash", text, &key("bash", text));
+        let mut log = Recorded::new(PruneConfig::default());
+        let mut stage = Dedup::default();
+        let d = log.run(&mut [&mut Given(vec![(rec(1, "x\r\n"), "x\r\n".into()), (rec(2, "y"), "y".into()), (rec(3, "x  "), "x  ".into())]), &mut stage], Trigger::Request).unwrap();
+        assert_eq!(&d[3..], &[DecisionEvent::OutputAliased { ref_n: 3, original: 1 }]);
+        assert_eq!(stage.first(&key("bash", "y")), Some(2));
+        let later = vec![(rec(4, "y\n"), "y\n".to_string()), (rec(5, "z"), "z".to_string())];
+        let mut replayed = Dedup::default();
+        for e in log.events() {
+            replayed.fold(e);
+        }
+        let mut twin = Recorded::new(PruneConfig::default());
+        for e in log.events() {
+            twin.append(e.clone(), &mut []);
+        }
+        let d = log.run(&mut [&mut Given(later.clone()), &mut stage], Trigger::Request).unwrap();
+        let e = twin.run(&mut [&mut Given(later.clone()), &mut replayed], Trigger::Request).unwrap();
+        assert_eq!(&d[2..], &[DecisionEvent::OutputAliased { ref_n: 4, original: 2 }]);
+        assert_eq!(d, e);
+        let mut off = Recorded::new(PruneConfig { dedup: false, ..PruneConfig::default() });
+        let d = off.run(&mut [&mut Given(later.clone()), &mut Given(later), &mut Dedup::default()], Trigger::Request).unwrap();
+        assert!(d.iter().all(|d| matches!(d, DecisionEvent::OutputCaptured(_))), "{d:?}");
     }
 }

@@ -128,12 +128,38 @@ struct Inner {
     defer_durability: bool,
 }
 
+/// A warm session: its render projection and its pipeline stages, folded from the same events. Every
+/// event goes into both through [`Live::apply`]; readers see the projection.
+#[derive(Default)]
+struct Live {
+    proj: Projection,
+    stages: pipeline::Stages,
+}
+
+impl std::ops::Deref for Live {
+    type Target = Projection;
+    fn deref(&self) -> &Projection {
+        &self.proj
+    }
+}
+
+impl Live {
+    fn apply(&mut self, seq: Seq, event: &Event) {
+        self.stages.fold(event);
+        self.proj.apply(seq, event);
+    }
+
+    fn apply_owned(&mut self, seq: Seq, event: Event) {
+        self.stages.fold(&event);
+        self.proj.apply_owned(seq, event);
+    }
+}
+
 /// The warm projections, bounded: the least recently used one that nobody holds is dropped when there are
 /// more than `limit` (it is folded again from the log when next needed).
 struct Warm {
-    /// Each warm session: its projection, when it was last used, and the pipeline's positional facts of its
-    /// branch (see [`pipeline::Shape`]), which go with the projection.
-    map: BTreeMap<SessionId, (Arc<Mutex<Projection>>, u64, pipeline::Shape)>,
+    /// Each warm session: its projection and pipeline stages, and when it was last used.
+    map: BTreeMap<SessionId, (Arc<Mutex<Live>>, u64)>,
     tick: u64,
     limit: usize,
 }
@@ -541,19 +567,19 @@ impl Store {
         Ok(session)
     }
 
-    fn warm(&self, id: SessionId) -> Arc<Mutex<Projection>> {
+    fn warm(&self, id: SessionId) -> Arc<Mutex<Live>> {
         let mut w = self.inner.warm.lock().expect("warm lock");
         w.tick += 1;
         let tick = w.tick;
         let p = {
-            let slot = w.map.entry(id).or_insert_with(|| (Arc::default(), 0, pipeline::Shape::default()));
+            let slot = w.map.entry(id).or_insert_with(|| (Arc::default(), 0));
             slot.1 = tick;
             slot.0.clone()
         };
         if w.map.len() > w.limit {
             // Drop the least recently used projections nobody else holds (the one handed out now is held).
             let mut idle: Vec<(u64, SessionId)> =
-                w.map.iter().filter(|(_, (p, _, _))| Arc::strong_count(p) == 1).map(|(id, (_, t, _))| (*t, *id)).collect();
+                w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (_, t))| (*t, *id)).collect();
             idle.sort_unstable();
             let excess = w.map.len() - w.limit;
             for (_, id) in idle.into_iter().take(excess) {
@@ -561,18 +587,6 @@ impl Store {
             }
         }
         p
-    }
-
-    /// The pipeline's shape of a warm session's branch, taken out while the pipeline extends it.
-    fn take_shape(&self, id: SessionId) -> pipeline::Shape {
-        self.inner.warm.lock().expect("warm lock").map.get_mut(&id).map(|slot| std::mem::take(&mut slot.2)).unwrap_or_default()
-    }
-
-    /// Puts a shape back beside its projection (dropped when the session is no longer warm).
-    fn put_shape(&self, id: SessionId, shape: pipeline::Shape) {
-        if let Some(slot) = self.inner.warm.lock().expect("warm lock").map.get_mut(&id) {
-            slot.2 = shape;
-        }
     }
 
     /// How many projections are warm in memory now.
@@ -725,25 +739,25 @@ impl Session {
         }
     }
 
-    fn append_locked(&self, proj: &mut Projection, events: Vec<Event>) -> Result<Seq> {
+    fn append_locked(&self, proj: &mut Live, events: Vec<Event>) -> Result<Seq> {
         self.append_applied(proj, events, 0)
     }
 
     /// Appends `events`, of which the first `applied` are in `proj` already (at the seqs they are written
     /// under); the rest go into it once acknowledged. Should the log refuse them, a projection ahead of the
     /// log is cleared, to be folded again from the log when next read.
-    fn append_applied(&self, proj: &mut Projection, events: Vec<Event>, applied: usize) -> Result<Seq> {
+    fn append_applied(&self, proj: &mut Live, events: Vec<Event>, applied: usize) -> Result<Seq> {
         let written_from = proj.seq() - applied as u64;
         let result = self.write_chunks(proj, written_from, events, written_from + applied as u64, !self.store.inner.defer_durability);
         if result.is_err() && applied > 0 {
-            *proj = Projection::new();
+            *proj = Live::default();
         }
         result
     }
 
     /// Writes `events` after `head`, pipelined in chunks, and applies to `proj` those acknowledged past
     /// `known` (the projection's seq).
-    fn write_chunks(&self, proj: &mut Projection, mut head: Seq, events: Vec<Event>, known: Seq, durable: bool) -> Result<Seq> {
+    fn write_chunks(&self, proj: &mut Live, mut head: Seq, events: Vec<Event>, known: Seq, durable: bool) -> Result<Seq> {
         let log = &self.store.inner.log;
         let mut in_flight: Option<(Vec<Event>, crossbeam_channel::Receiver<condense_log::Result<Seq>>)> = None;
         let mut events = events.into_iter().peekable();
@@ -789,10 +803,10 @@ impl Session {
     /// Writes `events` after `head` without folding them into the warm projection (which folds them from
     /// the log when next read); `durable`: the last chunk waits for the disk.
     fn write_unfolded(&self, head: Seq, events: Vec<Event>, durable: bool) -> Result<Seq> {
-        self.write_chunks(&mut Projection::new(), head, events, Seq::MAX, durable)
+        self.write_chunks(&mut Live::default(), head, events, Seq::MAX, durable)
     }
 
-    fn catch_up(&self, proj: &mut Projection) -> Result<()> {
+    fn catch_up(&self, proj: &mut Live) -> Result<()> {
         // Inside one `prepare`, a projection this thread caught up (or appended to) itself is current:
         // the log is asked for the head once per request, not at every step (a round trip on PostgreSQL).
         if CURRENT.with(|c| c.get()) == Some((self.store.key(), self.id, proj.seq())) {
@@ -1048,14 +1062,11 @@ impl Session {
         self.catch_up(&mut proj)?;
         let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
         let log = &self.store.inner.log;
-        let mut shape = self.store.take_shape(self.id);
-        let planned = pipeline::plan(&proj, &mut shape, summarizer.as_ref(), trigger, &mut |bytes| {
-            log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string())
-        });
-        // Requests answered so far: the assistant messages on the branch, as the shape counted them.
-        let requests = u64::from(shape.turns());
-        self.store.put_shape(self.id, shape);
-        let decisions = planned.map_err(|reason| EngineError::Pipeline { name: self.name.clone(), reason })?;
+        let Live { proj: p, stages } = &mut *proj;
+        let planned = stages.plan(p, summarizer, trigger, &mut |bytes| log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string()));
+        // Requests answered so far: the assistant messages on the branch, as the stages counted them.
+        let requests = u64::from(stages.turns());
+        let decisions = planned.map_err(|e| EngineError::Pipeline { name: self.name.clone(), reason: e.to_string() })?;
         if decisions.is_empty() {
             return Ok(proj.seq());
         }
@@ -1074,7 +1085,10 @@ impl Session {
         }
         let mut applied = decisions.len();
         if let Some(after) = worth_it(&proj, &prunes, requests) {
-            *proj = after;
+            proj.proj = after;
+            for d in &prunes {
+                proj.stages.fold(&Event::Decision(d.clone()));
+            }
             decisions.extend(prunes);
             applied = decisions.len();
         }

@@ -130,18 +130,12 @@ pub struct Index {
     pub batches: Arc<BTreeMap<u32, Vec<u32>>>,
     /// Batches captured and not closed yet (what `pending_batches` lists, kept as decisions fold).
     pub open_batches: Arc<std::collections::BTreeSet<u32>>,
-    /// Refs of the outputs that were errors (what the errored-argument purge looks at).
-    pub errored: Arc<std::collections::BTreeSet<u32>>,
     /// Purged calls: (assistant entry id, call id) → chars purged.
     pub purged: Arc<BTreeMap<(String, String), u64>>,
-    /// The first entry of every compressed chain.
-    pub chain_firsts: Arc<std::collections::BTreeSet<String>>,
     /// Compressed chains by block number.
     pub chains: Arc<BTreeMap<u32, Arc<Chain>>>,
     /// The last entry captured.
     pub frontier: Option<String>,
-    /// The first ref captured with each dedup hash.
-    pub first_by_hash: Arc<BTreeMap<String, u32>>,
     /// Committed archive views in order: (id, last event, leaf).
     pub archives: Vec<(String, u64, Option<String>)>,
     /// Committed checkpoints by number.
@@ -182,12 +176,8 @@ impl Index {
                 if !self.outcomes.contains_key(&r.batch) && !self.open_batches.contains(&r.batch) {
                     Arc::make_mut(&mut self.open_batches).insert(r.batch);
                 }
-                Arc::make_mut(&mut self.first_by_hash).entry(r.hash.clone()).or_insert(r.ref_n);
                 if r.tool == condense_events::QUERY_TOOL_NAME {
                     self.recoveries += 1;
-                }
-                if r.is_error {
-                    Arc::make_mut(&mut self.errored).insert(r.ref_n);
                 }
                 Arc::make_mut(&mut self.records).insert(r.ref_n, r.clone());
             }
@@ -229,7 +219,6 @@ impl Index {
             DecisionEvent::CheckpointStarted { .. } => {}
             DecisionEvent::ArchiveCommitted { id, seq, leaf } => self.archives.push((id.clone(), *seq, leaf.clone())),
             DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
-                Arc::make_mut(&mut self.chain_firsts).insert(first.clone());
                 Arc::make_mut(&mut self.chains).insert(
                     *block,
                     Arc::new(Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone() }),

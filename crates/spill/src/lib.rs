@@ -1,5 +1,36 @@
 //! Spilling: an output of at least `spillThreshold` characters goes to a blob file before summarization,
 //! and its stub shows a head preview of `spillPreviewBytes` bytes (cut at a character boundary).
+//!
+//! The spill stage ([`Spill`]) keeps no state: each capture of the pass that is large enough and not
+//! protected is stored as a blob (`OutputSpilled`).
+
+use condense_events::DecisionEvent;
+use condense_stage::{Pass, Stage, StageError};
+
+/// The spill stage.
+#[derive(Debug, Clone, Default)]
+pub struct Spill;
+
+impl Stage for Spill {
+    fn name(&self) -> &'static str {
+        "spill"
+    }
+
+    fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
+        let cfg = pass.config;
+        let todo: Vec<(u32, String)> = pass
+            .captured()
+            .iter()
+            .filter(|(r, _)| should_spill(r.chars, cfg.spill_threshold) && !r.protected)
+            .map(|(r, text)| (r.ref_n, text.clone()))
+            .collect();
+        for (ref_n, text) in todo {
+            let blob = pass.put_blob(text.as_bytes()).map_err(|reason| StageError { stage: "spill", reason })?;
+            pass.push(DecisionEvent::OutputSpilled { ref_n, blob, bytes: text.len() as u64, preview: preview(&text, cfg.spill_preview_bytes) });
+        }
+        Ok(())
+    }
+}
 
 /// Whether an output of `chars` characters is spilled under `threshold` (0 disables spilling).
 pub fn should_spill(chars: u64, threshold: u64) -> bool {
@@ -28,5 +59,25 @@ mod tests {
         assert_eq!(preview("héllo", 2), "h");
         assert_eq!(preview("héllo", 3), "hé");
         assert_eq!(preview("abc", 2048), "abc");
+    }
+
+    use condense_events::PruneConfig;
+    use condense_stage::testing::{record, Given, Recorded};
+    use condense_stage::Trigger;
+
+    /// Against a recorded log: a capture at the threshold is stored as a blob, byte for byte, with its
+    /// preview; a smaller one and a protected one are not; a threshold of 0 spills nothing.
+    #[test]
+    fn a_large_unprotected_capture_is_stored_as_a_blob() {
+        let big = "é".repeat(40);
+        let mut protected = record(3, 1, "r3", "a", "c3", "read", &big, "h3");
+        protected.protected = true;
+        let given = || Given(vec![(record(1, 1, "r1", "a", "c1", "bash", &big, "h1"), big.clone()), (record(2, 1, "r2", "a", "c2", "bash", "small", "h2"), "small".into()), (protected.clone(), big.clone())]);
+        let mut log = Recorded::new(PruneConfig { spill_threshold: 40, spill_preview_bytes: 5, ..PruneConfig::default() });
+        let d = log.run(&mut [&mut given(), &mut Spill], Trigger::Request).unwrap();
+        assert_eq!(&d[3..], &[DecisionEvent::OutputSpilled { ref_n: 1, blob: "blob1".into(), bytes: 80, preview: "éé".into() }]);
+        assert_eq!(log.blobs["blob1"], big.as_bytes());
+        let mut off = Recorded::new(PruneConfig { spill_threshold: 0, ..PruneConfig::default() });
+        assert_eq!(off.run(&mut [&mut given(), &mut Spill], Trigger::Request).unwrap().len(), 3);
     }
 }

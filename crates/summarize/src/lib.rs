@@ -3,7 +3,10 @@
 //! tool and size, the lines that report errors, the paths mentioned, and the head and tail of the text.
 //! Its output depends only on its input, so a replay writes the same summaries.
 
+pub mod close;
 pub mod http;
+
+pub use close::Close;
 
 pub use http::{HttpConfig, HttpSummarizer};
 

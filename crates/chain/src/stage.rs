@@ -1,0 +1,154 @@
+//! The chain stage: closed chains older than the rolling window become one block each
+//! (`ChainCompressed`), unless a recovery inside one is still in its grace window.
+//!
+//! State: the first entry of every compressed chain, folded from the log. Cache: the closed chains of the
+//! branch found so far (scanned only where the branch grew) and how many of the first ones are
+//! compressed; both are dropped when the branch's shape is rebuilt.
+
+use crate::{block_body, CallInfo, ChainScan, Span};
+use condense_events::{DecisionEvent, Event, Message, Record, UserOrigin, QUERY_TOOL_NAME};
+use condense_stage::{is_final_reply, Pass, Stage, StageError};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The chain stage.
+#[derive(Debug, Clone, Default)]
+pub struct Chains {
+    firsts: BTreeSet<String>,
+    /// The shape generation the spans belong to.
+    generation: u64,
+    /// Messages of the branch scanned.
+    covered: usize,
+    scan: ChainScan,
+    spans: Vec<Span>,
+    /// How many of the first spans are compressed (a chain once compressed stays so).
+    compressed: usize,
+}
+
+impl Chains {
+    /// Takes in the branch's messages not scanned yet (all of them when the shape was rebuilt).
+    fn follow(&mut self, pass: &Pass<'_>) {
+        if self.generation != pass.shape.generation() || self.covered > pass.branch.count() {
+            *self = Chains { firsts: std::mem::take(&mut self.firsts), generation: pass.shape.generation(), ..Chains::default() };
+        }
+        for i in self.covered..pass.branch.count() {
+            let m = pass.branch.entry(i).1;
+            let prompt = matches!(**m, Message::User { origin: UserOrigin::Prompt, .. });
+            if let Some(span) = self.scan.step(i, prompt, is_final_reply(m), m.tool_calls().next().is_some()) {
+                self.spans.push(span);
+            }
+        }
+        self.covered = pass.branch.count();
+    }
+}
+
+impl Stage for Chains {
+    fn name(&self) -> &'static str {
+        "chain"
+    }
+
+    fn fold(&mut self, event: &Event) {
+        if let Event::Decision(DecisionEvent::ChainCompressed { first, .. }) = event {
+            self.firsts.insert(first.clone());
+        }
+    }
+
+    fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
+        self.follow(pass);
+        let branch = pass.branch;
+        let compressed = |first: usize| self.firsts.contains(branch.entry(first).0);
+        let mut done = self.compressed;
+        while self.spans.get(done).is_some_and(|s| compressed(s.first)) {
+            done += 1;
+        }
+        let keep = pass.config.rolling_window as usize;
+        let grace = pass.config.recovery_grace_turns as u32;
+        let utg = pass.shape.utg();
+        let mut block = pass.index.next_block();
+        let mut blocks = Vec::new();
+        for span in self.spans.iter().take(self.spans.len().saturating_sub(keep)).skip(done) {
+            if compressed(span.first) {
+                continue;
+            }
+            let inside: Vec<&Record> = (span.first..=span.last).filter_map(|i| pass.record_of(branch.entry(i).0)).collect();
+            if inside.iter().any(|r| r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace) {
+                continue; // Deferred until the recovery ages out (seed 000, Implementation 2).
+            }
+            let protected: BTreeMap<u32, String> = inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, pass.text_of(r))).collect();
+            let mut infos = Vec::new();
+            for i in span.first..=span.last {
+                let (entry, m) = branch.entry(i);
+                for (cid, name, args) in m.tool_calls() {
+                    let rec = inside.iter().find(|r| r.call_id == cid && r.call_entry == entry);
+                    infos.push(CallInfo {
+                        ref_n: rec.map(|r| r.ref_n),
+                        tool: name,
+                        arguments: args,
+                        summary: rec.and_then(|r| pass.summary(r.ref_n)),
+                        protected_output: rec.and_then(|r| protected.get(&r.ref_n)).map(String::as_str),
+                    });
+                }
+            }
+            blocks.push(DecisionEvent::ChainCompressed {
+                block,
+                first: branch.entry(span.first).0.to_string(),
+                last: branch.entry(span.last).0.to_string(),
+                refs: inside.iter().map(|r| r.ref_n).collect(),
+                body: block_body(block, &infos),
+            });
+            block += 1;
+        }
+        self.compressed = done;
+        for d in blocks {
+            pass.push(d);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use condense_events::PruneConfig;
+    use condense_stage::testing::{calls, prompt, record, reply, result, Given, Recorded};
+    use condense_stage::Trigger;
+
+    fn chain(log: &mut Recorded, n: u32) {
+        log.message(&format!("u{n}"), prompt("task"), &mut []);
+        log.message(&format!("a{n}"), calls(&[(&format!("c{n}"), "read", r#"{"path":"f.rs"}"#)]), &mut []);
+        log.message(&format!("r{n}"), result(&format!("c{n}"), "read", "text", false), &mut []);
+        log.message(&format!("f{n}"), reply("done"), &mut []);
+    }
+
+    /// Against a recorded log: with a rolling window of one, every closed chain but the newest becomes a
+    /// block naming its outputs, once; a stage folded afresh from the log compresses nothing twice; a
+    /// chain holding a recovery inside its grace window waits.
+    #[test]
+    fn closed_chains_outside_the_window_are_compressed_once() {
+        let mut log = Recorded::new(PruneConfig::default());
+        let mut stage = Chains::default();
+        chain(&mut log, 1);
+        assert_eq!(log.run(&mut [&mut stage], Trigger::Request).unwrap(), vec![], "the newest chain stays");
+        chain(&mut log, 2);
+        let given = Given(vec![(record(1, 1, "r1", "a1", "c1", "read", "text", "h"), "text".into())]);
+        let d = log.run(&mut [&mut { given }, &mut stage], Trigger::Request).unwrap();
+        let DecisionEvent::ChainCompressed { block: 1, first, last, refs, body } = &d[1] else { panic!("{d:?}") };
+        assert_eq!((first.as_str(), last.as_str(), refs.as_slice()), ("u1", "f1", &[1][..]));
+        assert!(body.starts_with("[Compressed chain b1: 1 tool call; outputs t1]"), "{body}");
+        let mut fresh = Chains::default();
+        for e in log.events() {
+            fresh.fold(e);
+        }
+        assert_eq!(log.run(&mut [&mut fresh], Trigger::Request).unwrap(), vec![]);
+        // A recovery in chain 3, read in the grace window: chain 3 waits while chain 4 is the newest.
+        log.message("u3", prompt("task"), &mut []);
+        log.message("a3", calls(&[("q3", QUERY_TOOL_NAME, "{}")]), &mut []);
+        log.message("r3", result("q3", QUERY_TOOL_NAME, "original", false), &mut []);
+        log.message("f3", reply("done"), &mut []);
+        chain(&mut log, 4);
+        let mut q = record(2, 2, "r3", "a3", "q3", QUERY_TOOL_NAME, "original", "q");
+        q.utg = 3;
+        let d = log.run(&mut [&mut Given(vec![(q, "original".into())]), &mut stage], Trigger::Request).unwrap();
+        let blocks: Vec<&str> = d.iter().filter_map(|d| match d { DecisionEvent::ChainCompressed { first, .. } => Some(first.as_str()), _ => None }).collect();
+        assert_eq!(blocks, vec!["u2"], "{d:?}");
+    }
+}

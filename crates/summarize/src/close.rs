@@ -1,0 +1,165 @@
+//! The summarize stage: which pending batches close before this request, and how (trivial, all
+//! duplicates, summarized, or kept because the summaries would be longer). Its state is the index's
+//! pending batches, so it keeps nothing of its own but the summarizer it calls.
+
+use crate::{Item, Summarizer};
+use condense_events::{BatchOutcome, DecisionEvent, PruneOn, Record};
+use condense_stage::{Pass, Stage, StageError, Trigger};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The summarize stage.
+#[derive(Clone)]
+pub struct Close {
+    summarizer: Arc<dyn Summarizer>,
+}
+
+impl Close {
+    /// A stage that summarizes with `summarizer`.
+    pub fn new(summarizer: Arc<dyn Summarizer>) -> Self {
+        Close { summarizer }
+    }
+
+    /// Summarizes with `summarizer` from now on (the host may swap it; it writes no event).
+    pub fn set_summarizer(&mut self, summarizer: Arc<dyn Summarizer>) {
+        self.summarizer = summarizer;
+    }
+}
+
+impl Default for Close {
+    fn default() -> Self {
+        Close::new(Arc::new(crate::Extractive::default()))
+    }
+}
+
+impl std::fmt::Debug for Close {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Close").field("summarizer", &self.summarizer.name()).finish()
+    }
+}
+
+impl Stage for Close {
+    fn name(&self) -> &'static str {
+        "summarize"
+    }
+
+    fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
+        let (cfg, idx, shape) = (pass.config, pass.index, pass.shape);
+        let mut pending: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+        for b in idx.pending_batches() {
+            pending.insert(b, idx.batches[&b].iter().map(|r| &idx.records[r]).collect());
+        }
+        for (r, _) in pass.captured() {
+            pending.entry(r.batch).or_default().push(r);
+        }
+        let read_before = |limit: Option<usize>, recs: &[&Record]| {
+            limit.is_some_and(|l| recs.iter().all(|r| pass.position(&r.entry).is_some_and(|p| p < l)))
+        };
+        let seen: Vec<u32> = pending.iter().filter(|(_, recs)| read_before(shape.last_assistant(), recs)).map(|(b, _)| *b).collect();
+        let closing: Vec<u32> = match pass.trigger {
+            Trigger::Now => seen,
+            Trigger::Request => {
+                let verbatim_tokens: u64 = seen
+                    .iter()
+                    .flat_map(|b| pending[b].iter())
+                    .filter(|r| !r.protected && !idx.spills.contains_key(&r.ref_n))
+                    .map(|r| r.chars.div_ceil(4))
+                    .sum();
+                if cfg.auto_budget_threshold > 0 && verbatim_tokens >= cfg.auto_budget_threshold {
+                    seen
+                } else if cfg.prune_on == PruneOn::AgentMessage {
+                    pending.iter().filter(|(_, recs)| read_before(shape.last_final(), recs)).map(|(b, _)| *b).collect()
+                } else {
+                    Vec::new()
+                }
+            }
+        };
+        let mut closed = Vec::new();
+        for b in closing {
+            let recs = &pending[&b];
+            let refs: Vec<u32> = recs.iter().map(|r| r.ref_n).collect();
+            let total: u64 = recs.iter().map(|r| r.chars).sum();
+            let (outcome, summaries) = if total < cfg.min_batch_chars {
+                (BatchOutcome::SkippedTrivial, Vec::new())
+            } else if recs.iter().all(|r| pass.is_aliased(r.ref_n)) {
+                (BatchOutcome::SkippedDeduped, Vec::new())
+            } else {
+                let todo: Vec<&&Record> =
+                    recs.iter().filter(|r| !pass.is_aliased(r.ref_n) && !pass.is_spilled(r.ref_n) && !r.protected).collect();
+                let bodies: Vec<String> = todo.iter().map(|r| pass.text_of(r)).collect();
+                let items: Vec<Item<'_>> = todo
+                    .iter()
+                    .zip(&bodies)
+                    .map(|(r, text)| Item { ref_n: r.ref_n, tool: &r.tool, arguments: &r.arguments, text, is_error: r.is_error })
+                    .collect();
+                let sums = if items.is_empty() {
+                    Vec::new()
+                } else {
+                    self.summarizer.summarize(&items).map_err(|e| StageError { stage: "summarize", reason: e.to_string() })?
+                };
+                let raw: usize = bodies.iter().map(|b| b.len()).sum();
+                let short: usize = sums.iter().map(String::len).sum();
+                if !items.is_empty() && short >= raw {
+                    (BatchOutcome::SkippedOversized, Vec::new())
+                } else {
+                    (BatchOutcome::Summarized, todo.iter().map(|r| r.ref_n).zip(sums).collect())
+                }
+            };
+            closed.push(DecisionEvent::BatchClosed { batch: b, refs, outcome, summaries });
+        }
+        for d in closed {
+            pass.push(d);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use condense_events::PruneConfig;
+    use condense_stage::testing::{calls, prompt, record, reply, result, Given, Recorded};
+
+    /// Against a recorded log: under `pruneOn: agent-message` a batch stays open until a final reply
+    /// follows it, then closes summarized (one summary per output, naming its ref) or, below
+    /// `minBatchChars`, as trivial; `Trigger::Now` closes what the model has read without a final reply.
+    #[test]
+    fn a_batch_closes_once_a_final_reply_has_read_it() {
+        let long = "line of output\n".repeat(100);
+        let cfg = PruneConfig { auto_budget_threshold: 0, ..PruneConfig::default() };
+        let mut log = Recorded::new(cfg.clone());
+        let mut stage = Close::default();
+        log.message("u1", prompt("go"), &mut []);
+        log.message("a1", calls(&[("c1", "bash", "{}"), ("c2", "bash", "{}")]), &mut []);
+        log.message("r1", result("c1", "bash", &long, false), &mut []);
+        log.message("r2", result("c2", "bash", "short", false), &mut []);
+        log.message("a2", calls(&[("c3", "bash", "{}")]), &mut []);
+        log.message("r3", result("c3", "bash", "tiny", false), &mut []);
+        let given = Given(vec![
+            (record(1, 1, "r1", "a1", "c1", "bash", &long, "h1"), long.clone()),
+            (record(2, 1, "r2", "a1", "c2", "bash", "short", "h2"), "short".into()),
+            (record(3, 2, "r3", "a2", "c3", "bash", "tiny", "h3"), "tiny".into()),
+        ]);
+        let d = log.run(&mut [&mut { given }, &mut stage], Trigger::Request).unwrap();
+        assert_eq!(d.len(), 3, "nothing closes before a final reply: {d:?}");
+        log.message("a3", reply("done"), &mut []);
+        let d = log.run(&mut [&mut stage], Trigger::Request).unwrap();
+        let [DecisionEvent::BatchClosed { batch: 1, refs, outcome: BatchOutcome::Summarized, summaries }, DecisionEvent::BatchClosed { batch: 2, outcome: BatchOutcome::SkippedTrivial, .. }] = &d[..] else {
+            panic!("{d:?}")
+        };
+        assert_eq!(refs, &[1, 2]);
+        assert_eq!(summaries.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![1, 2]);
+        assert!(summaries[0].1.contains("t1") && summaries[0].1.len() < long.len(), "{}", summaries[0].1);
+        assert!(log.index().pending_batches().is_empty());
+
+        // Without a final reply, only an explicit prune closes what the model has read.
+        let mut log = Recorded::new(cfg);
+        log.message("a1", calls(&[("c1", "bash", "{}")]), &mut []);
+        log.message("r1", result("c1", "bash", &long, false), &mut []);
+        log.message("a2", calls(&[("c2", "bash", "{}")]), &mut []);
+        let given = Given(vec![(record(1, 1, "r1", "a1", "c1", "bash", &long, "h1"), long.clone())]);
+        assert_eq!(log.run(&mut [&mut { given }, &mut stage], Trigger::Request).unwrap().len(), 1);
+        let d = log.run(&mut [&mut stage], Trigger::Now).unwrap();
+        assert!(matches!(&d[..], [DecisionEvent::BatchClosed { batch: 1, outcome: BatchOutcome::Summarized, .. }]), "{d:?}");
+    }
+}
