@@ -5,8 +5,12 @@
 use condense_events::{Block, Message};
 use std::collections::BTreeSet;
 
-fn is_path_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-')
+fn is_path_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'/' | b'-')
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
 }
 
 /// The distinctive tokens of `text`:
@@ -19,35 +23,63 @@ fn is_path_char(c: char) -> bool {
 ///   that holds `error`, `failed`, `exception` or `panic` (any case).
 pub fn facts(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for run in text.split(|c: char| !is_path_char(c)) {
-        let run = run.trim_matches(|c| matches!(c, '.' | '/' | '-'));
-        if run.len() >= 4 && run.contains('/') && run.chars().any(|c| c.is_ascii_alphabetic()) {
-            out.insert(run.to_string());
+    facts_into(text, &mut out);
+    out
+}
+
+/// [`facts`], added to `out`. Every delimiter is ASCII, so the text is scanned as bytes: a run of ASCII
+/// bytes between delimiters is valid UTF-8 on its own.
+pub fn facts_into(text: &str, out: &mut BTreeSet<String>) {
+    let b = text.as_bytes();
+    let ascii = |run: &[u8]| std::str::from_utf8(run).expect("ASCII").to_string();
+    for run in b.split(|&c| !is_path_byte(c)) {
+        if run.len() < 4 || !run.contains(&b'/') {
+            continue;
+        }
+        let start = run.iter().position(|c| !matches!(c, b'.' | b'/' | b'-')).unwrap_or(run.len());
+        let end = run.iter().rposition(|c| !matches!(c, b'.' | b'/' | b'-')).map_or(start, |e| e + 1);
+        let run = &run[start..end.max(start)];
+        if run.len() >= 4 && run.contains(&b'/') && run.iter().any(u8::is_ascii_alphabetic) && !out.contains(ascii(run).as_str()) {
+            out.insert(ascii(run));
         }
     }
-    for run in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
-        let Some(first) = run.chars().next() else { continue };
-        let code_like = run.chars().skip(1).any(|c| c == '_' || c.is_ascii_digit() || c.is_ascii_uppercase()) || first == '_';
-        let identifier = (first.is_ascii_alphabetic() || first == '_') && run.len() >= 6 && code_like;
-        let number = run.len() >= 4 && run.bytes().all(|b| b.is_ascii_digit());
-        if identifier || number {
-            out.insert(run.to_string());
+    for run in b.split(|&c| !is_word_byte(c)) {
+        let Some(&first) = run.first() else { continue };
+        if run.len() < 4 {
+            continue;
         }
+        let code_like = first == b'_' || run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase());
+        let identifier = (first.is_ascii_alphabetic() || first == b'_') && run.len() >= 6 && code_like;
+        let number = run.iter().all(u8::is_ascii_digit);
+        if identifier || number {
+            out.insert(ascii(run));
+        }
+    }
+    // Quoted error strings: on each line, the text between the 1st and 2nd quote, the 3rd and 4th, ...
+    if memchr::memchr3(b'"', b'\'', b'`', b).is_none() {
+        return;
     }
     for line in text.lines() {
-        for q in ['"', '\'', '`'] {
-            let parts: Vec<&str> = line.split(q).collect();
-            // Odd positions are between a pair of quotes.
-            for inner in parts.iter().skip(1).step_by(2).take(parts.len().saturating_sub(1) / 2) {
-                let n = inner.chars().count();
-                let lower = inner.to_lowercase();
-                if (8..=200).contains(&n) && ["error", "failed", "exception", "panic"].iter().any(|w| lower.contains(w)) {
+        let l = line.as_bytes();
+        for q in [b'"', b'\'', b'`'] {
+            let mut at = memchr::memchr_iter(q, l);
+            while let (Some(open), Some(close)) = (at.next(), at.next()) {
+                let inner = &line[open + 1..close];
+                // 8 to 200 characters: at least 8 bytes, at most 800.
+                if inner.len() < 8 || inner.len() > 800 || !(8..=200).contains(&inner.chars().count()) {
+                    continue;
+                }
+                if ["error", "failed", "exception", "panic"].iter().any(|w| contains_ignore_ascii_case(inner.as_bytes(), w.as_bytes())) {
                     out.insert(inner.to_string());
                 }
             }
         }
     }
-    out
+}
+
+/// Whether `hay` holds `needle` (lower-case ASCII) in any case.
+fn contains_ignore_ascii_case(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// The text a message shows, tool-call arguments included (what an assistant message uses, and where a
@@ -69,6 +101,18 @@ pub fn shown_text(m: &Message) -> String {
     out
 }
 
+/// The facts of a message's [`shown_text`], block by block: every block ends a line there, and a tool
+/// call's name and arguments are separated by a space, so no fact spans two blocks.
+fn facts_of(m: &Message, out: &mut BTreeSet<String>) {
+    for b in m.content() {
+        match b {
+            Block::Text { text } => facts_into(text, out),
+            Block::ToolCall { name, arguments, .. } => facts_into(&format!("{name} {arguments}"), out),
+            Block::Thinking { .. } | Block::Image { .. } => {}
+        }
+    }
+}
+
 /// What a session has shown so far: the facts of its tool outputs and of its user messages.
 #[derive(Debug, Default)]
 pub struct Seen {
@@ -80,8 +124,8 @@ impl Seen {
     /// Takes in a message of the session (in order).
     pub fn add(&mut self, m: &Message) {
         match m {
-            Message::ToolResult { .. } => self.from_tools.extend(facts(&shown_text(m))),
-            Message::User { .. } => self.from_users.extend(facts(&shown_text(m))),
+            Message::ToolResult { .. } => facts_of(m, &mut self.from_tools),
+            Message::User { .. } => facts_of(m, &mut self.from_users),
             Message::Assistant { .. } => {}
         }
     }
@@ -89,7 +133,9 @@ impl Seen {
     /// The needed facts of `answer` (the assistant message answering a request): its facts that some
     /// earlier tool output held and no user message did.
     pub fn needed(&self, answer: &Message) -> Vec<String> {
-        facts(&shown_text(answer)).into_iter().filter(|f| self.from_tools.contains(f) && !self.from_users.contains(f)).collect()
+        let mut all = BTreeSet::new();
+        facts_of(answer, &mut all);
+        all.into_iter().filter(|f| self.from_tools.contains(f) && !self.from_users.contains(f)).collect()
     }
 }
 
@@ -109,6 +155,67 @@ mod tests {
 
     fn set(v: &[&str]) -> BTreeSet<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The rule as first written (text split by characters, lines split by quotes), kept as the oracle
+    /// of the byte scan.
+    fn reference(text: &str) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        let path = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-');
+        for run in text.split(|c: char| !path(c)) {
+            let run = run.trim_matches(|c| matches!(c, '.' | '/' | '-'));
+            if run.len() >= 4 && run.contains('/') && run.chars().any(|c| c.is_ascii_alphabetic()) {
+                out.insert(run.to_string());
+            }
+        }
+        for run in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            let Some(first) = run.chars().next() else { continue };
+            let code_like = run.chars().skip(1).any(|c| c == '_' || c.is_ascii_digit() || c.is_ascii_uppercase()) || first == '_';
+            let identifier = (first.is_ascii_alphabetic() || first == '_') && run.len() >= 6 && code_like;
+            let number = run.len() >= 4 && run.bytes().all(|b| b.is_ascii_digit());
+            if identifier || number {
+                out.insert(run.to_string());
+            }
+        }
+        for line in text.lines() {
+            for q in ['"', '\'', '`'] {
+                let parts: Vec<&str> = line.split(q).collect();
+                for inner in parts.iter().skip(1).step_by(2).take(parts.len().saturating_sub(1) / 2) {
+                    let n = inner.chars().count();
+                    let lower = inner.to_lowercase();
+                    if (8..=200).contains(&n) && ["error", "failed", "exception", "panic"].iter().any(|w| lower.contains(w)) {
+                        out.insert(inner.to_string());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The byte scan finds what the rule as first written finds, on random texts built from the
+    /// characters that matter (delimiters, quotes, line ends, digits, case, multi-byte characters) and on
+    /// every tool output and message of the corpus pi sessions.
+    #[test]
+    fn the_byte_scan_is_the_rule() {
+        let pieces = ["a", "Z", "_", "7", "1234", ".", "/", "-", " ", "\n", "\r\n", "\"", "'", "`", "é", "ß", "ERROR", "Failed", "panic", "exception", "src/x.rs", "x_y9", "parseConfig", "::", "日本"];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            let mut text = String::new();
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let len = (seed % 40) as usize;
+            for k in 0..len {
+                let r = seed.rotate_left(k as u32 * 5) ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                text.push_str(pieces[(r % pieces.len() as u64) as usize]);
+            }
+            assert_eq!(facts(&text), reference(&text), "{text:?}");
+        }
+        let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/pi/badlogic__pi-mono/session.jsonl");
+        let text = std::fs::read_to_string(&corpus).expect("the corpus is beside the project");
+        for line in text.lines() {
+            assert_eq!(facts(line), reference(line));
+        }
     }
 
     #[test]

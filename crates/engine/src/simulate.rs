@@ -345,7 +345,7 @@ impl Meter {
 
     /// How many of `needed` the last request's context holds (see [`crate::retention::retained`]).
     fn retained(&self, needed: &[String]) -> u64 {
-        needed.iter().filter(|f| self.hay.contains(f.as_str())).count() as u64
+        needed.iter().filter(|f| memchr::memmem::find(self.hay.as_bytes(), f.as_bytes()).is_some()).count() as u64
     }
 }
 
