@@ -282,9 +282,19 @@ struct Meter {
     prev: Vec<Arc<Message>>,
     /// `sums[i]`: tokens of `prev[..i]`.
     sums: Vec<u64>,
+    /// Whether retention is searched in these requests (the raw meter's never are).
+    searched: bool,
     /// Text of `prev` as `retention` searches it, and where each message's text starts.
     hay: String,
     hay_at: Vec<usize>,
+    /// Requests metered so far.
+    requests: u64,
+    /// The hay kept from one request to the next, as suffix minima: `(request, kept)` with both
+    /// increasing, so the hay prefix unchanged since request `r` is the `kept` of the first entry after `r`.
+    kept: Vec<(u64, usize)>,
+    /// Each fact searched: the request it was searched at, and where it was first found (`Ok`) or the hay
+    /// length it was absent from (`Err`). A later search starts where the unchanged prefix ends.
+    searches: HashMap<String, (u64, std::result::Result<usize, usize>)>,
     // Keyed by the message's address; the map keeps every message it saw alive, so an address is never
     // reused for another message while it is a key.
     tokens: HashMap<usize, (Arc<Message>, u64)>,
@@ -324,13 +334,20 @@ impl Meter {
         let keep = self.hay_at.get(same).copied().unwrap_or(self.hay.len());
         self.hay.truncate(keep);
         self.hay_at.truncate(same);
+        self.requests += 1;
+        while self.kept.last().is_some_and(|&(_, k)| k >= keep) {
+            self.kept.pop();
+        }
+        self.kept.push((self.requests, keep));
         for m in &msgs[same..] {
             let t = self.tokens(m);
             let last = *self.sums.last().expect("sums start at 0");
             self.sums.push(last + t);
             self.prev.push(m.clone());
-            self.hay_at.push(self.hay.len());
-            self.hay.push_str(&crate::retention::shown_text(m));
+            if self.searched {
+                self.hay_at.push(self.hay.len());
+                self.hay.push_str(&crate::retention::shown_text(m));
+            }
         }
         (*self.sums.last().expect("sums start at 0"), cached, broke)
     }
@@ -343,9 +360,43 @@ impl Meter {
         self.violations.len()
     }
 
-    /// How many of `needed` the last request's context holds (see [`crate::retention::retained`]).
-    fn retained(&self, needed: &[String]) -> u64 {
-        needed.iter().filter(|f| memchr::memmem::find(self.hay.as_bytes(), f.as_bytes()).is_some()).count() as u64
+    /// A meter whose requests retention is searched in.
+    fn searched() -> Self {
+        Meter { searched: true, ..Meter::default() }
+    }
+
+    /// How many of `needed` the last request's context holds (see [`crate::retention::retained`]). A fact
+    /// searched before is looked for only past the hay prefix that has not changed since.
+    fn retained(&mut self, needed: &[String]) -> u64 {
+        let mut n = 0;
+        for f in needed {
+            let len = f.len();
+            let searched = self.searches.get(f.as_str()).map(|&(at, result)| {
+                // The hay prefix unchanged since request `at`.
+                let i = self.kept.partition_point(|&(r, _)| r <= at);
+                let same = self.kept.get(i).map_or(usize::MAX, |&(_, k)| k);
+                match result {
+                    Ok(p) if p + len <= same => Ok(p),
+                    Ok(p) => Err((p + len - 1).min(same)),
+                    Err(absent) => Err(absent.min(same)),
+                }
+            });
+            let hay = self.hay.as_bytes();
+            let result = match searched {
+                Some(Ok(p)) => Ok(p),
+                Some(Err(absent)) => {
+                    let from = absent.saturating_sub(len.saturating_sub(1)).min(hay.len());
+                    memchr::memmem::find(&hay[from..], f.as_bytes()).map(|p| from + p).ok_or(hay.len())
+                }
+                None => memchr::memmem::find(hay, f.as_bytes()).ok_or(hay.len()),
+            };
+            n += u64::from(result.is_ok());
+            match self.searches.get_mut(f.as_str()) {
+                Some(entry) => *entry = (self.requests, result),
+                None => drop(self.searches.insert(f.clone(), (self.requests, result))),
+            }
+        }
+        n
     }
 }
 
@@ -482,7 +533,7 @@ pub fn replay_with(
     let mut raw_meter = Meter::default();
     let mut host = Host::at_window(window);
     let mut checkpoints = 0;
-    let mut meter = Meter::default();
+    let mut meter = Meter::searched();
     let mut f = Figures::default();
     let mut switched = false;
     let mut seen = crate::retention::Seen::default();
@@ -657,7 +708,7 @@ mod tests {
             vec![a.clone(), b.clone(), c.clone(), d.clone()],
         ];
         let needed = vec!["src/alpha_one.rs".to_string(), "12345".to_string(), "src/beta_two.rs".to_string()];
-        let mut meter = Meter::default();
+        let mut meter = Meter::searched();
         let mut prev: Vec<Arc<Message>> = Vec::new();
         for r in &requests {
             let (total, cached, broke) = meter.request(r);
@@ -668,5 +719,40 @@ mod tests {
             assert_eq!(meter.retained(&needed), crate::retention::retained(&needed, r));
             prev = r.clone();
         }
+    }
+
+    /// Facts searched again after the context grew, was cut back and was rewritten are found exactly when
+    /// a search of the whole context finds them: random requests that keep a random prefix of the last one,
+    /// over messages that hold facts at their start, middle and end and across nothing else.
+    #[test]
+    fn a_fact_searched_again_is_found_as_a_whole_search_finds_it() {
+        let pool: Vec<Arc<Message>> = (0..24)
+            .map(|i| Arc::new(Message::user_text(format!("f{} middle text f{} and end f{}", i % 7, (i * 5) % 11, (i * 3) % 13), UserOrigin::Prompt)))
+            .collect();
+        let facts: Vec<String> = (0..14).map(|i| format!("f{i}")).chain(["middle text f1".to_string(), "end f1".to_string()]).collect();
+        let mut meter = Meter::searched();
+        let mut ctx: Vec<Arc<Message>> = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (mut found, mut missed) = (0, 0);
+        for _ in 0..3_000 {
+            let keep = if next() % 4 == 0 { (next() as usize) % (ctx.len() + 1) } else { ctx.len() };
+            ctx.truncate(keep);
+            for _ in 0..next() % 3 {
+                ctx.push(pool[(next() % pool.len() as u64) as usize].clone());
+            }
+            meter.request(&ctx);
+            let needed: Vec<String> = (0..next() % 4).map(|_| facts[(next() % facts.len() as u64) as usize].clone()).collect();
+            let whole = crate::retention::retained(&needed, &ctx);
+            assert_eq!(meter.retained(&needed), whole, "{needed:?} in {} messages", ctx.len());
+            found += whole;
+            missed += needed.len() as u64 - whole;
+        }
+        assert!(found > 1_000 && missed > 500, "both outcomes are exercised: {found} found, {missed} missed");
     }
 }
