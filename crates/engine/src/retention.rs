@@ -3,14 +3,54 @@
 //! The extraction rule is documented in `docs/pruning.md`.
 
 use condense_events::{Block, Message};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
-fn is_path_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'/' | b'-')
+/// Byte classes of the fact scan.
+const PATH: u8 = 1; // A-Z a-z 0-9 _ . / -
+const WORD: u8 = 2; // A-Z a-z 0-9 _
+const SLASH: u8 = 4;
+
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        if c.is_ascii_alphanumeric() || c == b'_' {
+            t[b] = PATH | WORD;
+        } else if c == b'.' || c == b'-' {
+            t[b] = PATH;
+        } else if c == b'/' {
+            t[b] = PATH | SLASH;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// A set the fact scan adds to.
+pub trait FactSet {
+    /// Whether `fact` is in the set.
+    fn has(&self, fact: &str) -> bool;
+    /// Adds `fact`.
+    fn add(&mut self, fact: String);
 }
 
-fn is_word_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
+impl FactSet for BTreeSet<String> {
+    fn has(&self, fact: &str) -> bool {
+        self.contains(fact)
+    }
+    fn add(&mut self, fact: String) {
+        self.insert(fact);
+    }
+}
+
+impl FactSet for HashSet<String> {
+    fn has(&self, fact: &str) -> bool {
+        self.contains(fact)
+    }
+    fn add(&mut self, fact: String) {
+        self.insert(fact);
+    }
 }
 
 /// The distinctive tokens of `text`:
@@ -27,52 +67,75 @@ pub fn facts(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// [`facts`], added to `out`. Every delimiter is ASCII, so the text is scanned as bytes: a run of ASCII
+/// [`facts`], added to `out`, in one pass over the bytes: every delimiter is ASCII, so a run of ASCII
 /// bytes between delimiters is valid UTF-8 on its own.
-pub fn facts_into(text: &str, out: &mut BTreeSet<String>) {
+pub fn facts_into(text: &str, out: &mut impl FactSet) {
     let b = text.as_bytes();
-    let ascii = |run: &[u8]| std::str::from_utf8(run).expect("ASCII").to_string();
-    for run in b.split(|&c| !is_path_byte(c)) {
-        if run.len() < 4 || !run.contains(&b'/') {
-            continue;
+    let mut add = |run: &[u8]| {
+        let s = std::str::from_utf8(run).expect("cut at ASCII delimiters");
+        if !out.has(s) {
+            out.add(s.to_string());
         }
-        let start = run.iter().position(|c| !matches!(c, b'.' | b'/' | b'-')).unwrap_or(run.len());
-        let end = run.iter().rposition(|c| !matches!(c, b'.' | b'/' | b'-')).map_or(start, |e| e + 1);
-        let run = &run[start..end.max(start)];
-        if run.len() >= 4 && run.contains(&b'/') && run.iter().any(u8::is_ascii_alphabetic) && !out.contains(ascii(run).as_str()) {
-            out.insert(ascii(run));
-        }
-    }
-    for run in b.split(|&c| !is_word_byte(c)) {
-        let Some(&first) = run.first() else { continue };
-        if run.len() < 4 {
-            continue;
-        }
-        let code_like = first == b'_' || run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase());
-        let identifier = (first.is_ascii_alphabetic() || first == b'_') && run.len() >= 6 && code_like;
-        let number = run.iter().all(u8::is_ascii_digit);
-        if identifier || number {
-            out.insert(ascii(run));
-        }
-    }
-    // Quoted error strings: on each line, the text between the 1st and 2nd quote, the 3rd and 4th, ...
-    if memchr::memchr3(b'"', b'\'', b'`', b).is_none() {
-        return;
-    }
-    for line in text.lines() {
-        let l = line.as_bytes();
-        for q in [b'"', b'\'', b'`'] {
-            let mut at = memchr::memchr_iter(q, l);
-            while let (Some(open), Some(close)) = (at.next(), at.next()) {
-                let inner = &line[open + 1..close];
-                // 8 to 200 characters: at least 8 bytes, at most 800.
-                if inner.len() < 8 || inner.len() > 800 || !(8..=200).contains(&inner.chars().count()) {
-                    continue;
-                }
-                if ["error", "failed", "exception", "panic"].iter().any(|w| contains_ignore_ascii_case(inner.as_bytes(), w.as_bytes())) {
-                    out.insert(inner.to_string());
+    };
+    let (mut path_from, mut path_slash, mut word_from) = (0, false, 0);
+    for i in 0..=b.len() {
+        let class = b.get(i).map_or(0, |&c| CLASS[c as usize]);
+        if class & WORD == 0 {
+            if i - word_from >= 4 {
+                let run = &b[word_from..i];
+                let first = run[0];
+                let number = run.iter().all(u8::is_ascii_digit);
+                let identifier = run.len() >= 6
+                    && (first.is_ascii_alphabetic() || first == b'_')
+                    && (first == b'_' || run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase()));
+                if identifier || number {
+                    add(run);
                 }
             }
+            word_from = i + 1;
+        }
+        if class & PATH == 0 {
+            if path_slash && i - path_from >= 4 {
+                let run = &b[path_from..i];
+                let trim = |c: &u8| !matches!(c, b'.' | b'/' | b'-');
+                let start = run.iter().position(trim).unwrap_or(run.len());
+                let end = run.iter().rposition(trim).map_or(start, |e| e + 1);
+                let run = &run[start..end.max(start)];
+                if run.len() >= 4 && run.contains(&b'/') && run.iter().any(u8::is_ascii_alphabetic) {
+                    add(run);
+                }
+            }
+            path_from = i + 1;
+            path_slash = false;
+        } else if class & SLASH != 0 {
+            path_slash = true;
+        }
+    }
+    // Quoted error strings: on each line, the text between the 1st and 2nd quote of a kind, the 3rd and
+    // 4th, ... Quotes are visited in order; a line end between two of them starts the pairing over.
+    let mut open: [Option<usize>; 3] = [None; 3];
+    let mut last = 0;
+    for at in memchr::memchr3_iter(b'"', b'\'', b'`', b) {
+        if memchr::memchr(b'\n', &b[last..at]).is_some() {
+            open = [None; 3];
+        }
+        last = at;
+        let k = match b[at] {
+            b'"' => 0,
+            b'\'' => 1,
+            _ => 2,
+        };
+        let Some(from) = open[k].take() else {
+            open[k] = Some(at);
+            continue;
+        };
+        let inner = &text[from + 1..at];
+        // 8 to 200 characters: at least 8 bytes, at most 800.
+        if inner.len() < 8 || inner.len() > 800 || !(8..=200).contains(&inner.chars().count()) {
+            continue;
+        }
+        if ["error", "failed", "exception", "panic"].iter().any(|w| contains_ignore_ascii_case(inner.as_bytes(), w.as_bytes())) {
+            add(inner.as_bytes());
         }
     }
 }
@@ -103,7 +166,7 @@ pub fn shown_text(m: &Message) -> String {
 
 /// The facts of a message's [`shown_text`], block by block: every block ends a line there, and a tool
 /// call's name and arguments are separated by a space, so no fact spans two blocks.
-fn facts_of(m: &Message, out: &mut BTreeSet<String>) {
+fn facts_of(m: &Message, out: &mut impl FactSet) {
     for b in m.content() {
         match b {
             Block::Text { text } => facts_into(text, out),
@@ -116,8 +179,9 @@ fn facts_of(m: &Message, out: &mut BTreeSet<String>) {
 /// What a session has shown so far: the facts of its tool outputs and of its user messages.
 #[derive(Debug, Default)]
 pub struct Seen {
-    from_tools: BTreeSet<String>,
-    from_users: BTreeSet<String>,
+    // Looked up only, never iterated.
+    from_tools: HashSet<String>,
+    from_users: HashSet<String>,
 }
 
 impl Seen {
