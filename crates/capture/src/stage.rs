@@ -4,7 +4,7 @@
 
 use crate::is_protected;
 use condense_events::{BatchingMode, DecisionEvent, Message, Record};
-use condense_stage::{output_text, Pass, Stage, StageError};
+use condense_stage::{output_text_borrowed, Pass, Stage, StageError};
 use condense_tokens::js_len;
 use std::collections::BTreeMap;
 
@@ -54,7 +54,7 @@ impl Stage for Capture {
                     }
                     passed_output = true;
                     let Some(call) = calls.get(call_id.as_str()) else { continue };
-                    let text = output_text(m);
+                    let text = output_text_borrowed(m);
                     let key = match cfg.batching_mode {
                         BatchingMode::Turn => call.pos as u32,
                         BatchingMode::AgentMessage => shape.chain_at(pos),

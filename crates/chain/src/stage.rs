@@ -73,7 +73,7 @@ impl Stage for Chains {
             if inside.iter().any(|r| r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace) {
                 continue; // Deferred until the recovery ages out (seed 000, Implementation 2).
             }
-            let protected: BTreeMap<u32, String> = inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, pass.text_of(r))).collect();
+            let protected: BTreeMap<u32, std::borrow::Cow<'_, str>> = inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, pass.text_of(r))).collect();
             let mut infos = Vec::new();
             for i in span.first..=span.last {
                 let (entry, m) = branch.entry(i);
@@ -84,7 +84,7 @@ impl Stage for Chains {
                         tool: name,
                         arguments: args,
                         summary: rec.and_then(|r| pass.summary(r.ref_n)),
-                        protected_output: rec.and_then(|r| protected.get(&r.ref_n)).map(String::as_str),
+                        protected_output: rec.and_then(|r| protected.get(&r.ref_n)).map(|t| &**t),
                     });
                 }
             }

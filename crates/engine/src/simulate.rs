@@ -612,7 +612,7 @@ pub fn replay_with(
         if let SourceEvent::EntryAppended { entry: Entry::Message(m), .. } = &ev {
             seen.add(m);
         }
-        raw.apply(i as u64 + 1, &Event::Source(ev.clone()));
+        raw.apply_owned(i as u64 + 1, Event::Source(ev.clone()));
         session.append(vec![ev])?;
     }
     let proj = session.projection()?;

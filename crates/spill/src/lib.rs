@@ -18,7 +18,7 @@ impl Stage for Spill {
 
     fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
         let cfg = pass.config;
-        let todo: Vec<(u32, String)> = pass
+        let todo: Vec<(u32, std::borrow::Cow<'_, str>)> = pass
             .captured()
             .iter()
             .filter(|(r, _)| should_spill(r.chars, cfg.spill_threshold) && !r.protected)

@@ -19,6 +19,7 @@
 
 use condense_events::{DecisionEvent, Event, Message, PruneConfig, Record, UserOrigin};
 use condense_index::Index;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -220,7 +221,7 @@ pub struct Pass<'a> {
     /// Why the pipeline runs.
     pub trigger: Trigger,
     decisions: Vec<DecisionEvent>,
-    captured: Vec<(Record, String)>,
+    captured: Vec<(Record, Cow<'a, str>)>,
     captured_by_entry: BTreeMap<String, usize>,
     aliased: BTreeSet<u32>,
     spilled: BTreeSet<u32>,
@@ -264,7 +265,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Adds a capture: its decision, and the record with its output text for the stages after.
-    pub fn capture(&mut self, record: Record, text: String) {
+    pub fn capture(&mut self, record: Record, text: Cow<'a, str>) {
         self.captured_by_entry.insert(record.entry.clone(), self.captured.len());
         self.push(DecisionEvent::OutputCaptured(record.clone()));
         self.captured.push((record, text));
@@ -281,7 +282,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Outputs captured in this pass, with their texts, in ref order.
-    pub fn captured(&self) -> &[(Record, String)] {
+    pub fn captured(&self) -> &[(Record, Cow<'a, str>)] {
         &self.captured
     }
 
@@ -324,11 +325,19 @@ impl<'a> Pass<'a> {
     }
 
     /// The output text of a record: this pass's capture, or the tool result on the branch.
-    pub fn text_of(&self, r: &Record) -> String {
+    pub fn text_of(&self, r: &Record) -> Cow<'a, str> {
         if let Some(&i) = self.captured_by_entry.get(&r.entry) {
             return self.captured[i].1.clone();
         }
-        self.position(&r.entry).map(|i| output_text(self.branch.entry(i).1)).unwrap_or_default()
+        self.position(&r.entry).map_or(Cow::Borrowed(""), |i| output_text_borrowed(self.branch.entry(i).1))
+    }
+}
+
+/// [`output_text`], borrowed from the message when it is one text block (as most tool results are).
+pub fn output_text_borrowed(m: &Message) -> Cow<'_, str> {
+    match m.content() {
+        [condense_events::Block::Text { text }] => Cow::Borrowed(text),
+        _ => Cow::Owned(output_text(m)),
     }
 }
 

@@ -148,7 +148,7 @@ impl Stage for Given {
 
     fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
         for (r, text) in std::mem::take(&mut self.0) {
-            pass.capture(r, text);
+            pass.capture(r, text.into());
         }
         Ok(())
     }

@@ -86,7 +86,7 @@ impl Stage for Close {
             } else {
                 let todo: Vec<&&Record> =
                     recs.iter().filter(|r| !pass.is_aliased(r.ref_n) && !pass.is_spilled(r.ref_n) && !r.protected).collect();
-                let bodies: Vec<String> = todo.iter().map(|r| pass.text_of(r)).collect();
+                let bodies: Vec<std::borrow::Cow<'_, str>> = todo.iter().map(|r| pass.text_of(r)).collect();
                 let items: Vec<Item<'_>> = todo
                     .iter()
                     .zip(&bodies)

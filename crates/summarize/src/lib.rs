@@ -109,6 +109,10 @@ fn path_part(tok: &str) -> &str {
 }
 
 fn looks_like_path(tok: &str) -> bool {
+    // The path part is a piece of the token: without a `/` in the token there is none.
+    if !tok.contains('/') {
+        return false;
+    }
     let t = path_part(tok);
     t.len() > 3
         && t.len() < 120
