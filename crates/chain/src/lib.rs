@@ -1,7 +1,8 @@
 //! Chains: a user prompt, the tool-using assistant turns it caused, and the final text-only reply that
 //! closed it. Closed chains older than the rolling window are compressed into one block with a `bN` ref
-//! whose body fuses the summaries of the outputs inside (or, when none were summarized, a deterministic
-//! digest: call count, tool histogram, first and last arguments). Protected outputs are relocated into
+//! whose body fuses the summaries of the outputs inside, each cut to its first line and the paths it
+//! names (or, when none were summarized, a deterministic digest: call count, tool histogram, first and
+//! last arguments). Protected outputs are relocated into
 //! the block verbatim.
 
 use std::collections::BTreeMap;
@@ -105,7 +106,14 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
     } else {
         for s in summaries {
             out.push('\n');
-            out.push_str(s);
+            // A summary's first line (ref, tool, size) and the paths it names; the rest stays one
+            // recovery away.
+            for (i, l) in s.lines().enumerate().filter(|(i, l)| *i == 0 || l.starts_with("  paths: ")) {
+                if i > 0 {
+                    out.push('\n');
+                }
+                out.push_str(l);
+            }
         }
     }
     for c in calls {
