@@ -433,7 +433,7 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
         let file = scratch.join("pi-v3-100000.jsonl");
         let imported = condense_formats::import_file(&file)?;
         let mut events = imported.events;
-        let tail = events.split_off(events.len() - 400);
+        let tail = events.split_off(events.len() - 2_000);
         let s = store.create_session("gen-100k")?;
         s.append(events)?;
         let t = Instant::now();
@@ -442,7 +442,7 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
         let (pipe, rend, ctl) = timed_replay(&s, tail)?;
         // `prepare` is the three in a row, per request.
         let prepare: Vec<Duration> = pipe.iter().zip(&rend).zip(&ctl).map(|((p, r), c)| *p + *r + *c).collect();
-        writeln!(md, "\nGenerated 100k-entry pi session: one pipeline run over the whole session (captures and prunes everything read) took {:.0} ms; then the last 400 events replayed live: pipeline p50 {:.1} ms, p99 {:.1} ms; render p50 {:.2} ms, p99 {:.2} ms; controller p50 {:.2} ms, p99 {:.2} ms; `prepare` (the three, per request) p50 {:.1} ms, p99 {:.1} ms ({} requests; the session names no model window, so the controller only finds no checkpoint due; target p99 < 5 ms).",
+        writeln!(md, "\nGenerated 100k-entry pi session: one pipeline run over the whole session (captures and prunes everything read) took {:.0} ms; then the last 2,000 events replayed live: pipeline p50 {:.1} ms, p99 {:.1} ms; render p50 {:.2} ms, p99 {:.2} ms; controller p50 {:.2} ms, p99 {:.2} ms; `prepare` (the three, per request) p50 {:.1} ms, p99 {:.1} ms ({} requests; the session names no model window, so the controller only finds no checkpoint due; target p99 < 5 ms).",
             ms(first), ms(median(pipe.clone())), ms(percentile(pipe, 0.99)), ms(median(rend.clone())), ms(percentile(rend.clone(), 0.99)),
             ms(median(ctl.clone())), ms(percentile(ctl, 0.99)), ms(median(prepare.clone())), ms(percentile(prepare, 0.99)), rend.len())?;
     }
