@@ -496,3 +496,42 @@ fn retention_is_whole_for_the_unpruned_context_and_reported_for_the_defaults() {
     assert_eq!(on.facts_needed, off.facts_needed, "the same requests need the same facts");
     assert!(on.facts_retained < on.facts_needed && on.retention() > 0.5, "{} of {}", on.facts_retained, on.facts_needed);
 }
+
+/// The stage contract end to end: a session whose projection and stages leave memory before every request
+/// (its store keeps one session warm, and another session is read in between) folds them again from the
+/// log, and writes event for event the same decisions as the same session kept warm throughout. A stage
+/// that kept state its fold does not rebuild (learned in `decide`, say) decides differently once refolded.
+#[test]
+fn stages_folded_again_from_the_log_decide_as_the_warm_ones() {
+    use condense_engine::StoreOptions;
+    let events = condense_tests::corpus_events("pi/badlogic__pi-mono/before-compaction.jsonl");
+    let warm = Store::in_memory(StoreOptions { defer_durability: true, ..StoreOptions::default() });
+    let cold = Store::in_memory(StoreOptions { defer_durability: true, warm_limit: 1, ..StoreOptions::default() });
+    let a = warm.create_session("s").unwrap();
+    let b = cold.create_session("s").unwrap();
+    let other = cold.create_session("other").unwrap();
+    for ev in events {
+        if matches!(&ev, SourceEvent::EntryAppended { entry: Entry::Message(Message::Assistant { .. }), .. }) {
+            a.prepare().unwrap();
+            drop(other.render().unwrap());
+            assert_eq!(cold.warm_count(), 1, "only the other session is warm");
+            b.prepare().unwrap();
+        }
+        a.append(vec![ev.clone()]).unwrap();
+        b.append(vec![ev]).unwrap();
+    }
+    let bodies = |store: &Store, s: &Session| store.log().read(s.id(), 1, s.head().unwrap()).unwrap().into_iter().map(|e| e.body).collect::<Vec<_>>();
+    let (kept, refolded) = (bodies(&warm, &a), bodies(&cold, &b));
+    let count = |f: fn(&DecisionEvent) -> bool| kept.iter().filter(|e| matches!(e, Event::Decision(d) if f(d))).count();
+    let kinds = [
+        count(|d| matches!(d, DecisionEvent::OutputAliased { .. })),
+        count(|d| matches!(d, DecisionEvent::BatchClosed { .. })),
+        count(|d| matches!(d, DecisionEvent::ErrorArgsPurged { .. })),
+        count(|d| matches!(d, DecisionEvent::ChainCompressed { .. })),
+    ];
+    assert!(kinds.iter().all(|&n| n > 0), "every stage decided something: {kinds:?}");
+    assert_eq!(kept.len(), refolded.len());
+    for (i, (x, y)) in kept.iter().zip(&refolded).enumerate() {
+        assert_eq!(x, y, "event {}", i + 1);
+    }
+}
