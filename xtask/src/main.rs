@@ -529,7 +529,7 @@ fn splice(old: &str, section: &str) -> String {
 /// into a store held in memory), beside pi-condense's replay of the same sessions (PEERS.md).
 fn simulate_bench(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
     writeln!(md, "\n## `condense simulate` of the generated sessions\n")?;
-    writeln!(md, "`condense simulate target/bench-scratch/pi-v3-N.jsonl` with the defaults, timed from reading the file to the last figure (the replay goes into a store held in memory, as the command's does). pi-condense: its own handlers replaying the same session (PEERS.md: 4.7 s and 148 s; not run at 100k).\n")?;
+    writeln!(md, "`condense simulate target/bench-scratch/pi-v3-N.jsonl` with the defaults, timed from reading the file to the last figure (the replay goes into a store held in memory, as the command's does); the best of 3 runs, one at 100k. The 10k session's file is 13.2× the 1k session's bytes. pi-condense: its own handlers replaying the same session (PEERS.md: 4.7 s and 148 s; not run at 100k).\n")?;
     writeln!(md, "| entries | requests | seconds | growth | tokens % of raw | cost % of raw | cache breaks | retention | pi-condense seconds | pi-condense tokens / cost / breaks |")?;
     writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
     let peers = |n: u64| match n {
@@ -540,11 +540,19 @@ fn simulate_bench(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> 
     let mut previous: Option<f64> = None;
     for &n in sizes.iter().filter(|n| **n <= 100_000) {
         let file = generated_file(scratch, n)?;
-        let t = Instant::now();
-        let events = condense_formats::import_file(&file)?.events;
-        let store = Store::in_memory(condense_engine::StoreOptions { defer_durability: true, ..Default::default() });
-        let f = condense_engine::simulate::replay(&store, "gen", events, Default::default(), Default::default())?;
-        let secs = t.elapsed().as_secs_f64();
+        // The best of 3 runs (one at 100k), each from reading the file to the last figure.
+        let mut best: Option<(f64, condense_engine::simulate::Figures)> = None;
+        for _ in 0..if n >= 100_000 { 1 } else { 3 } {
+            let t = Instant::now();
+            let events = condense_formats::import_file(&file)?.events;
+            let store = Store::in_memory(condense_engine::StoreOptions { defer_durability: true, ..Default::default() });
+            let f = condense_engine::simulate::replay(&store, "gen", events, Default::default(), Default::default())?;
+            let secs = t.elapsed().as_secs_f64();
+            if best.as_ref().is_none_or(|(b, _)| secs < *b) {
+                best = Some((secs, f));
+            }
+        }
+        let (secs, f) = best.expect("at least one run");
         let growth = previous.map_or("—".to_string(), |p| format!("{:.1}×", secs / p));
         previous = Some(secs);
         let (ps, pf) = peers(n);

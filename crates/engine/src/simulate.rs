@@ -313,10 +313,17 @@ impl Meter {
     /// Total tokens, cached-prefix tokens, and whether the cache broke. Only what follows the prefix this
     /// request shares with the last one is counted (and kept) anew.
     fn request(&mut self, msgs: &[Arc<Message>]) -> (u64, u64, bool) {
+        self.request_after(msgs, 0)
+    }
+
+    /// [`Meter::request`] for a context whose first `known` messages are, pointer for pointer, those of the
+    /// last request's (as [`Projection::render_since`] reports for the render after the one metered last).
+    fn request_after(&mut self, msgs: &[Arc<Message>], known: usize) -> (u64, u64, bool) {
         // The same messages, in blocks of 16 compared by address without a branch per message, then one
         // by one (a message rendered anew may still be equal).
         let n = msgs.len().min(self.prev.len());
-        let mut same = 0;
+        let mut same = known.min(n);
+        debug_assert!(msgs[..same].iter().zip(&self.prev).all(|(a, b)| Arc::ptr_eq(a, b)), "the known prefix is the last request's");
         while same + 16 <= n && msgs[same..same + 16].iter().zip(&self.prev[same..same + 16]).fold(true, |all, (a, b)| all & Arc::ptr_eq(a, b)) {
             same += 16;
         }
@@ -559,8 +566,10 @@ pub fn replay_with(
             ev => ev,
         };
         if is_request {
-            let r = raw.render();
-            let (raw_total, raw_cached, raw_broke) = raw_meter.request(&r.messages);
+            // The raw projection renders once per request, so what it kept since its last render is what
+            // the raw meter holds.
+            let (r, kept) = raw.render_since();
+            let (raw_total, raw_cached, raw_broke) = raw_meter.request_after(&r.messages, kept);
             let h = host.request(&r.messages, &raw_meter.sums, raw_cached, raw_broke);
             drop(r);
             let (rendered, committed) = match session.prepare_then(|p, r| (r.clone(), p.index().checkpoints.len())) {

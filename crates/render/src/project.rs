@@ -68,6 +68,9 @@ struct Incremental {
     report: RenderReport,
     /// Unanswered calls: interned call id → position of its synthetic result in `out`.
     pending: HashMap<u32, usize>,
+    /// How many leading messages of `out` are those the last `render` handed out (a push extends `out`
+    /// without lowering it; replacing or splicing a message lowers it to that message's position).
+    same: usize,
 }
 
 /// The messages of a rendered context, shared with the projection that keeps them up to date. Drop a
@@ -522,11 +525,14 @@ impl Projection {
         }
         let mut inc = std::mem::take(self.inc.get_mut().expect("render cache lock"));
         if !replaced.is_empty() {
-            for m in Arc::make_mut(&mut inc.out).iter_mut() {
+            let mut first = None;
+            for (k, m) in Arc::make_mut(&mut inc.out).iter_mut().enumerate() {
                 if let Some(new) = replaced.get(&(Arc::as_ptr(m) as usize)) {
                     *m = new.clone();
+                    first = first.or(Some(k));
                 }
             }
+            inc.same = inc.same.min(first.unwrap_or(usize::MAX));
         }
         if let DecisionEvent::ChainCompressed { first, last, block, .. } = d {
             inc.valid = self.splice_chain(&mut inc, first, last, *block);
@@ -702,6 +708,7 @@ impl Projection {
                         }
                     }
                     out[pos] = m.clone();
+                    inc.same = inc.same.min(pos);
                 }
                 None => {
                     if let Message::ToolResult { call_id, .. } = &**m {
@@ -927,11 +934,20 @@ impl Projection {
     /// replaces what came before it (its summary, its replacement history, the entries it keeps), then
     /// tool-call pairing is repaired (see [`repair`]).
     pub fn render(&self) -> Rendered {
+        self.render_since().0
+    }
+
+    /// [`Projection::render`], and how many of its leading messages are, pointer for pointer, those of
+    /// the render before it (of this projection, or of the one it was copied from): what a caller that
+    /// kept the last render need not compare again.
+    pub fn render_since(&self) -> (Rendered, usize) {
         let mut inc = self.inc.lock().expect("render cache lock");
         if !inc.valid {
             *inc = self.render_full();
         }
-        Rendered { messages: inc.out.clone(), report: inc.report.clone() }
+        let same = inc.same.min(inc.out.len());
+        inc.same = inc.out.len();
+        (Rendered { messages: inc.out.clone(), report: inc.report.clone() }, same)
     }
 
     /// Replaces, in a render with nothing repaired, the chain's messages from its prompt to its final
@@ -958,6 +974,7 @@ impl Projection {
         };
         let reply = if self.config.thinking_strip { strip_thinking(lm) } else { lm.clone() };
         Arc::make_mut(&mut inc.out).splice(pf..=pl, [fm.clone(), block_msg, reply]);
+        inc.same = inc.same.min(pf);
         true
     }
 
@@ -1354,7 +1371,7 @@ fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental {
             pending.insert(c as u32, synthetic_at[slot as usize - 1]);
         }
     }
-    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending }
+    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending, same: 0 }
 }
 
 /// Entry ids and messages of the active branch, root first (see [`Projection::branch_view`]).
@@ -1420,6 +1437,36 @@ mod tests {
             p.apply(i as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry: Entry::Message(m) }));
         }
         p
+    }
+
+    /// `render_since` says how many leading messages the render before it handed out too: all of them
+    /// when the branch only grew, as far as the first one a later result replaced, none after a branch
+    /// move (the render is made again).
+    #[test]
+    fn a_render_says_how_much_of_the_last_one_it_kept() {
+        let mut p = prompts(3);
+        let (first, same) = p.render_since();
+        assert_eq!((first.messages.len(), same), (3, 0));
+        let call = Message::Assistant {
+            content: vec![Block::ToolCall { id: "c1".into(), name: "bash".into(), arguments: "{}".into() }],
+            model: None,
+            stop: None,
+            usage: None,
+        };
+        p.apply(4, &Event::Source(SourceEvent::EntryAppended { id: "a".into(), parent: Some("e2".into()), entry: Entry::Message(call) }));
+        drop(first);
+        let (grown, same) = p.render_since();
+        // The call and the synthetic result standing in for its missing output.
+        assert_eq!((grown.messages.len(), same), (5, 3));
+        let result = Message::ToolResult { call_id: "c1".into(), tool_name: "bash".into(), content: vec![Block::Text { text: "ok".into() }], is_error: false };
+        p.apply(5, &Event::Source(SourceEvent::EntryAppended { id: "r".into(), parent: Some("a".into()), entry: Entry::Message(result) }));
+        let (answered, same) = p.render_since();
+        assert_eq!((answered.messages.len(), same), (5, 4), "the real result took the synthetic one's place");
+        assert!(answered.messages[..4].iter().zip(grown.messages.iter()).all(|(a, b)| Arc::ptr_eq(a, b)));
+        drop((grown, answered));
+        p.apply(6, &Event::Source(SourceEvent::LeafMoved { leaf: Some("e1".into()) }));
+        assert_eq!(p.render_since().1, 0);
+        assert_eq!(p.render_since().1, 2, "nothing changed since");
     }
 
     #[test]
