@@ -932,7 +932,7 @@ impl Projection {
 
     /// Renders the context the host itself would send: the newest host compaction on the active branch
     /// replaces what came before it (its summary, its replacement history, the entries it keeps), then
-    /// tool-call pairing is repaired (see [`repair`]).
+    /// tool-call pairing is repaired (see `repair`).
     pub fn render(&self) -> Rendered {
         self.render_since().0
     }

@@ -15,7 +15,7 @@
 //! The engine composes the stages in a fixed order, appends the pass's decisions to the log, and folds
 //! them back into every stage (and the render projection) like any other event. A stage depends only on
 //! this crate, the event model and the index, so it can be embedded and tested alone against a recorded
-//! log ([`testing::Recorded`]).
+//! log (`testing::Recorded`, with the feature `testing`).
 
 use condense_events::{DecisionEvent, Event, Message, PruneConfig, Record, UserOrigin};
 use condense_index::Index;
