@@ -106,7 +106,7 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
     } else {
         for s in summaries {
             out.push('\n');
-            // A summary's first line (ref, tool, size) and the paths it names; the rest stays one
+            // A summary's first line (ref, tool, size) and the paths it names; the original stays one
             // recovery away.
             for (i, l) in s.lines().enumerate().filter(|(i, l)| *i == 0 || l.starts_with("  paths: ")) {
                 if i > 0 {
