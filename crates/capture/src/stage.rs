@@ -74,7 +74,7 @@ impl Stage for Capture {
                             next_batch - 1
                         }
                     });
-                    let tool = if m.role() == "tool" && !tool_name.is_empty() { tool_name.clone() } else { call.name.to_string() };
+                    let tool = if tool_name.is_empty() { call.name.to_string() } else { tool_name.clone() };
                     let hash = condense_dedup::key(&tool, &text);
                     let ref_n = next_ref;
                     next_ref += 1;

@@ -1406,16 +1406,6 @@ impl<'a> BranchView<'a> {
         self.path[i]
     }
 
-    /// The last message.
-    pub fn last(&self) -> Option<(&'a str, &'a Arc<Message>)> {
-        self.len().checked_sub(1).map(|i| self.at(i))
-    }
-
-    /// Messages from `from` on, with their positions.
-    pub fn iter_from(&self, from: usize) -> impl DoubleEndedIterator<Item = (usize, (&'a str, &'a Arc<Message>))> + '_ {
-        (from.min(self.len())..self.len()).map(move |i| (i, self.at(i)))
-    }
-
     /// Where the message of entry `id` sits on the branch, in constant time (`None` when it is not on it).
     pub fn position(&self, id: &str) -> Option<usize> {
         let ix = *self.ids.get(id)?;

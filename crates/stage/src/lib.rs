@@ -159,16 +159,6 @@ impl Shape {
         self.generation
     }
 
-    /// Messages covered.
-    pub fn len(&self) -> usize {
-        self.turn_at.len()
-    }
-
-    /// Whether no message is covered.
-    pub fn is_empty(&self) -> bool {
-        self.turn_at.is_empty()
-    }
-
     /// Assistant messages on the branch.
     pub fn turns(&self) -> u32 {
         self.turns
@@ -269,11 +259,6 @@ impl<'a> Pass<'a> {
         self.captured_by_entry.insert(record.entry.clone(), self.captured.len());
         self.push(DecisionEvent::OutputCaptured(record.clone()));
         self.captured.push((record, text));
-    }
-
-    /// The decisions so far, in order.
-    pub fn decisions(&self) -> &[DecisionEvent] {
-        &self.decisions
     }
 
     /// The pass's decisions.
