@@ -1063,7 +1063,7 @@ impl Session {
         let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
         let log = &self.store.inner.log;
         let Live { proj: p, stages } = &mut *proj;
-        let planned = stages.plan(p, summarizer, trigger, &mut |bytes| log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string()));
+        let planned = stages.plan(p, summarizer.as_ref(), trigger, &mut |bytes| log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string()));
         // Requests answered so far: the assistant messages on the branch, as the stages counted them.
         let requests = u64::from(stages.turns());
         let decisions = planned.map_err(|e| EngineError::Pipeline { name: self.name.clone(), reason: e.to_string() })?;

@@ -33,14 +33,14 @@ impl<'a> Entries<'a> for View<'a> {
     }
 }
 
-/// The stages of one session, in order, with the branch shape they share.
+/// The stages of one session, in order, with the branch shape they share. The summarize stage keeps no
+/// state: it is made for each pass with the summarizer of the moment.
 #[derive(Debug, Clone, Default)]
 pub struct Stages {
     shape: Shape,
     capture: Capture,
     dedup: Dedup,
     spill: Spill,
-    close: Close,
     purge: Purge,
     chains: Chains,
 }
@@ -53,8 +53,8 @@ impl Stages {
         }
     }
 
-    fn all(&mut self) -> [&mut dyn Stage; 6] {
-        [&mut self.capture, &mut self.dedup, &mut self.spill, &mut self.close, &mut self.purge, &mut self.chains]
+    fn all(&mut self) -> [&mut dyn Stage; 5] {
+        [&mut self.capture, &mut self.dedup, &mut self.spill, &mut self.purge, &mut self.chains]
     }
 
     /// Assistant messages on the branch the stages last read (the requests answered so far).
@@ -67,7 +67,7 @@ impl Stages {
     pub fn plan(
         &mut self,
         p: &Projection,
-        summarizer: Arc<dyn Summarizer>,
+        summarizer: &dyn Summarizer,
         trigger: Trigger,
         put_blob: &mut dyn FnMut(&[u8]) -> Result<String, String>,
     ) -> Result<Vec<DecisionEvent>, StageError> {
@@ -75,12 +75,11 @@ impl Stages {
         if !cfg.enabled {
             return Ok(Vec::new());
         }
-        self.close.set_summarizer(summarizer);
         let view = View(p.branch_view());
         self.shape.follow(&view);
-        let Stages { shape, capture, dedup, spill, close, purge, chains } = self;
+        let Stages { shape, capture, dedup, spill, purge, chains } = self;
         let mut pass = Pass::new(cfg, p.index(), &view, shape, trigger, put_blob);
-        for s in [capture as &mut dyn Stage, dedup, spill, close, purge, chains] {
+        for s in [capture as &mut dyn Stage, dedup, spill, &mut Close::new(summarizer), purge, chains] {
             s.decide(&mut pass)?;
         }
         Ok(pass.into_decisions())

@@ -1,44 +1,26 @@
 //! The summarize stage: which pending batches close before this request, and how (trivial, all
 //! duplicates, summarized, or kept because the summaries would be longer). Its state is the index's
-//! pending batches, so it keeps nothing of its own but the summarizer it calls.
+//! pending batches, so it keeps nothing of its own: it is made for a pass, with the summarizer the host
+//! uses now.
 
 use crate::{Item, Summarizer};
 use condense_events::{BatchOutcome, DecisionEvent, PruneOn, Record};
 use condense_stage::{Pass, Stage, StageError, Trigger};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-/// The summarize stage.
-#[derive(Clone)]
-pub struct Close {
-    summarizer: Arc<dyn Summarizer>,
+/// The summarize stage, for one pass.
+pub struct Close<'s> {
+    summarizer: &'s dyn Summarizer,
 }
 
-impl Close {
-    /// A stage that summarizes with `summarizer`.
-    pub fn new(summarizer: Arc<dyn Summarizer>) -> Self {
+impl<'s> Close<'s> {
+    /// The stage, summarizing with `summarizer`.
+    pub fn new(summarizer: &'s dyn Summarizer) -> Self {
         Close { summarizer }
     }
-
-    /// Summarizes with `summarizer` from now on (the host may swap it; it writes no event).
-    pub fn set_summarizer(&mut self, summarizer: Arc<dyn Summarizer>) {
-        self.summarizer = summarizer;
-    }
 }
 
-impl Default for Close {
-    fn default() -> Self {
-        Close::new(Arc::new(crate::Extractive::default()))
-    }
-}
-
-impl std::fmt::Debug for Close {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Close").field("summarizer", &self.summarizer.name()).finish()
-    }
-}
-
-impl Stage for Close {
+impl Stage for Close<'_> {
     fn name(&self) -> &'static str {
         "summarize"
     }
@@ -128,7 +110,8 @@ mod tests {
         let long = "line of output\n".repeat(100);
         let cfg = PruneConfig { auto_budget_threshold: 0, ..PruneConfig::default() };
         let mut log = Recorded::new(cfg.clone());
-        let mut stage = Close::default();
+        let extractive = crate::Extractive::default();
+        let mut stage = Close::new(&extractive);
         log.message("u1", prompt("go"), &mut []);
         log.message("a1", calls(&[("c1", "bash", "{}"), ("c2", "bash", "{}")]), &mut []);
         log.message("r1", result("c1", "bash", &long, false), &mut []);
