@@ -149,30 +149,28 @@ fn contains_ignore_ascii_case(hay: &[u8], needle: &[u8]) -> bool {
 /// fact can be found in a context).
 pub fn shown_text(m: &Message) -> String {
     let mut out = String::new();
-    for b in m.content() {
-        match b {
-            Block::Text { text } => out.push_str(text),
-            Block::ToolCall { name, arguments, .. } => {
-                out.push_str(name);
-                out.push(' ');
-                out.push_str(arguments);
-            }
-            Block::Thinking { .. } | Block::Image { .. } => {}
-        }
+    for line in shown_blocks(m) {
+        out.push_str(&line);
         out.push('\n');
     }
     out
 }
 
+/// Each block of a message as [`shown_text`] shows it, before the line end that follows every block: text
+/// as it is, a tool call as its name, a space and its arguments, thinking and images as nothing.
+fn shown_blocks(m: &Message) -> impl Iterator<Item = std::borrow::Cow<'_, str>> {
+    m.content().iter().map(|b| match b {
+        Block::Text { text } => std::borrow::Cow::Borrowed(text.as_str()),
+        Block::ToolCall { name, arguments, .. } => std::borrow::Cow::Owned(format!("{name} {arguments}")),
+        Block::Thinking { .. } | Block::Image { .. } => std::borrow::Cow::Borrowed(""),
+    })
+}
+
 /// The facts of a message's [`shown_text`], block by block: every block ends a line there, and a tool
 /// call's name and arguments are separated by a space, so no fact spans two blocks.
 fn facts_of(m: &Message, out: &mut impl FactSet) {
-    for b in m.content() {
-        match b {
-            Block::Text { text } => facts_into(text, out),
-            Block::ToolCall { name, arguments, .. } => facts_into(&format!("{name} {arguments}"), out),
-            Block::Thinking { .. } | Block::Image { .. } => {}
-        }
+    for block in shown_blocks(m) {
+        facts_into(&block, out);
     }
 }
 
