@@ -20,7 +20,6 @@ impl Stage for Spill {
         let cfg = pass.config;
         let todo: Vec<(u32, std::borrow::Cow<'_, str>)> = pass
             .captured()
-            .iter()
             .filter(|(r, _)| should_spill(r.chars, cfg.spill_threshold) && !r.protected)
             .map(|(r, text)| (r.ref_n, text.clone()))
             .collect();

@@ -211,7 +211,8 @@ pub struct Pass<'a> {
     /// Why the pipeline runs.
     pub trigger: Trigger,
     decisions: Vec<DecisionEvent>,
-    captured: Vec<(Record, Cow<'a, str>)>,
+    /// This pass's captures: where each one's `OutputCaptured` sits in `decisions`, and its text.
+    captured: Vec<(usize, Cow<'a, str>)>,
     captured_by_entry: BTreeMap<String, usize>,
     aliased: BTreeSet<u32>,
     spilled: BTreeSet<u32>,
@@ -257,8 +258,8 @@ impl<'a> Pass<'a> {
     /// Adds a capture: its decision, and the record with its output text for the stages after.
     pub fn capture(&mut self, record: Record, text: Cow<'a, str>) {
         self.captured_by_entry.insert(record.entry.clone(), self.captured.len());
-        self.push(DecisionEvent::OutputCaptured(record.clone()));
-        self.captured.push((record, text));
+        self.captured.push((self.decisions.len(), text));
+        self.push(DecisionEvent::OutputCaptured(record));
     }
 
     /// The pass's decisions.
@@ -267,8 +268,16 @@ impl<'a> Pass<'a> {
     }
 
     /// Outputs captured in this pass, with their texts, in ref order.
-    pub fn captured(&self) -> &[(Record, Cow<'a, str>)] {
-        &self.captured
+    pub fn captured(&self) -> impl Iterator<Item = (&Record, &Cow<'a, str>)> + '_ {
+        self.captured.iter().map(|(at, text)| (self.captured_record(*at), text))
+    }
+
+    /// The record of the capture whose decision is at `at`.
+    fn captured_record(&self, at: usize) -> &Record {
+        match &self.decisions[at] {
+            DecisionEvent::OutputCaptured(r) => r,
+            _ => unreachable!("a capture's place in the decisions holds its OutputCaptured"),
+        }
     }
 
     /// Stores bytes in the blob store; the hash.
@@ -285,7 +294,7 @@ impl<'a> Pass<'a> {
     pub fn record_of(&self, entry: &str) -> Option<&Record> {
         match self.index.by_entry.get(entry).and_then(|n| self.index.records.get(n)) {
             Some(r) => Some(r),
-            None => self.captured_by_entry.get(entry).map(|&i| &self.captured[i].0),
+            None => self.captured_by_entry.get(entry).map(|&i| self.captured_record(self.captured[i].0)),
         }
     }
 
