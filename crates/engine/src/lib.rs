@@ -620,25 +620,27 @@ fn is_prune(d: &DecisionEvent) -> bool {
 /// The candidate projection (`proj` with the prunes applied, at the seqs they will have, its render
 /// kept) comes back when the prunes go ahead, so the session takes it instead of rendering again.
 fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Option<Projection> {
+    let min = proj.config().min_prune_tokens;
+    // The context now, rendered before the copy is made, so the copy knows it as its last render.
+    let b = (min > 0).then(|| proj.render().messages);
     // Only the prunes' maps are copied for the candidate: the captures are in `proj` already.
     let mut after = proj.clone();
     let base = proj.seq();
     for (i, d) in prunes.iter().enumerate() {
         after.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
     }
-    let min = proj.config().min_prune_tokens;
-    if min == 0 {
-        return Some(after);
-    }
-    let b = proj.render().messages;
-    // Folding the prunes patched the candidate's kept render where it could (see `Projection::apply`).
-    let a = after.render().messages;
+    let Some(b) = b else { return Some(after) };
+    // Folding the prunes patched the candidate's kept render where it could (see `Projection::apply`),
+    // and it says how far the render it started from is unchanged.
+    let (a, known) = after.render_since();
+    let a = a.messages;
+    debug_assert!(a[..known].iter().zip(b.iter()).all(|(x, y)| Arc::ptr_eq(x, y)), "the kept prefix is the current context's");
     let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();
     // The candidate's messages are remembered: it is usually taken.
     let count_candidate = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| after.estimate(m)).sum::<u64>();
     // What the prunes save is what differs: the prefix and the suffix both contexts share count the same.
     let same_as = |x: &Arc<condense_events::Message>, y: &Arc<condense_events::Message>| Arc::ptr_eq(x, y) || x == y;
-    let same = b.iter().zip(a.iter()).take_while(|(x, y)| same_as(x, y)).count();
+    let same = known + b[known..].iter().zip(&a[known..]).take_while(|(x, y)| same_as(x, y)).count();
     let tail = b[same..].iter().rev().zip(a[same..].iter().rev()).take_while(|(x, y)| same_as(x, y)).count();
     let saved = count(&b[same..b.len() - tail]).saturating_sub(count_candidate(&a[same..a.len() - tail]));
     // Everything after the first changed message is sent uncached once more: the prune must save more
