@@ -32,7 +32,7 @@ impl Stage for Capture {
         let mut next_batch = idx.next_batch();
         let mut batch_of_key: BTreeMap<u32, u32> = BTreeMap::new();
         // In agent-message mode a batch still open from an earlier capture keeps growing.
-        let open_batch = idx.pending_batches().last().copied();
+        let open_batch = idx.open_batches.last().copied();
         let mut captured = Vec::new();
         // Only what follows the frontier is new: start at the turn that holds it (its calls may still get
         // results), or at the root when the frontier is not on this branch.

@@ -28,7 +28,7 @@ impl Stage for Close<'_> {
     fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
         let (cfg, idx, shape) = (pass.config, pass.index, pass.shape);
         let mut pending: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
-        for b in idx.pending_batches() {
+        for &b in idx.open_batches.iter() {
             pending.insert(b, idx.batches[&b].iter().map(|r| &idx.records[r]).collect());
         }
         for (r, _) in pass.captured() {
