@@ -32,6 +32,8 @@ const APPEND_CHUNK: usize = 4096;
 /// Events the streaming importer hands over at a time (small enough that a corpus-sized file is parsed
 /// and written at once, not one after the other).
 const IMPORT_CHUNK: usize = 256;
+/// The most events a streaming import holds while the file's hash is still being computed.
+const IMPORT_HELD: usize = 64 * IMPORT_CHUNK;
 
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
@@ -344,16 +346,26 @@ impl Store {
     fn import_streaming(&self, path: &Path, name: &str) -> Result<Option<ImportOutcome>> {
         let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
         let open = || std::fs::File::open(path).map_err(io);
-        // The import markers name the file's content before its first event: the hash is one pass ahead.
-        let mut hasher = blake3::Hasher::new();
-        hasher.update_reader(open()?).map_err(io)?;
-        let hash = hasher.finalize().to_hex().to_string();
         let len = std::fs::metadata(path).map_err(io)?.len();
         let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
         let shown = path.display().to_string();
-        let reader = std::io::BufReader::with_capacity(1 << 20, open()?);
+        let (hash_file, parse_file) = (open()?, open()?);
+        let reader = std::io::BufReader::with_capacity(1 << 20, parse_file);
         let (tx, rx) = crossbeam_channel::bounded::<Vec<SourceEvent>>(4);
+        let log = &self.inner.log;
         std::thread::scope(|scope| {
+            // The import markers name the file's content before its first event, so the whole file is
+            // hashed first; a thread of its own does it while the parser starts, and the chunks parsed
+            // meanwhile wait here (up to `IMPORT_HELD` events) until the hash is known.
+            let hasher = std::thread::Builder::new()
+                .name("condense-import-hash".into())
+                .spawn_scoped(scope, move || -> std::io::Result<String> {
+                    let mut hasher = blake3::Hasher::new();
+                    // Exactly the bytes the markers name, should the file grow meanwhile.
+                    hasher.update_reader(std::io::Read::take(hash_file, len))?;
+                    Ok(hasher.finalize().to_hex().to_string())
+                })
+                .map_err(io)?;
             let parser = std::thread::Builder::new()
                 .name("condense-import".into())
                 .spawn_scoped(scope, move || {
@@ -371,19 +383,60 @@ impl Store {
                     read
                 })
                 .map_err(io)?;
-            let mut session: Option<(Session, Seq)> = None;
+            let mut hasher = Some(hasher);
+            let mut hash = None::<String>;
+            let mut take_hash = |hasher: &mut Option<std::thread::ScopedJoinHandle<'_, std::io::Result<String>>>| -> Result<String> {
+                if let Some(h) = hasher.take() {
+                    let done = h.join().map_err(|_| io(std::io::Error::other("the hashing thread panicked")))?;
+                    hash = Some(done.map_err(io)?);
+                }
+                Ok(hash.clone().expect("hashed"))
+            };
+            let mut session: Option<(SessionId, Seq)> = None;
             let mut written = 0u64;
+            let mut held: Vec<Vec<SourceEvent>> = Vec::new();
+            let mut in_flight: Option<crossbeam_channel::Receiver<condense_log::Result<Seq>>> = None;
             let mut wrote = || -> Result<()> {
-                for mut chunk in rx.iter() {
-                    let (s, head) = match &mut session {
-                        Some(x) => x,
-                        None => {
-                            chunk.insert(1.min(chunk.len()), SourceEvent::ImportStarted { path: canonical.clone(), bytes: len, hash: hash.clone() });
-                            session.insert((self.create_session(name)?, 0))
+                let mut chunks = rx.iter();
+                loop {
+                    let next = chunks.next();
+                    let ended = next.is_none();
+                    if let Some(chunk) = next {
+                        held.push(chunk);
+                        let waiting = hasher.as_ref().is_some_and(|h| !h.is_finished());
+                        if waiting && held.iter().map(Vec::len).sum::<usize>() < IMPORT_HELD {
+                            continue;
                         }
-                    };
-                    written += chunk.len() as u64;
-                    *head = s.write_unfolded(*head, chunk.into_iter().map(Event::Source).collect(), false)?;
+                    }
+                    for mut chunk in held.drain(..) {
+                        let (id, head) = match &mut session {
+                            Some(x) => x,
+                            None => {
+                                let hash = take_hash(&mut hasher)?;
+                                chunk.insert(1.min(chunk.len()), SourceEvent::ImportStarted { path: canonical.clone(), bytes: len, hash });
+                                session.insert((log.create_session(name)?, 0))
+                            }
+                        };
+                        let values = chunk
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, e)| condense_log::encode_event(*id, *head + 1 + i as u64, &Event::Source(e)))
+                            .collect::<Vec<_>>();
+                        let n = values.len() as u64;
+                        // This chunk is encoded while the writer writes the one before.
+                        let sent = log.append_encoded(*id, *head, values, false)?;
+                        *head += n;
+                        written += n;
+                        if let Some(before) = in_flight.replace(sent) {
+                            before.recv().map_err(|_| LogError::Closed)??;
+                        }
+                    }
+                    if ended {
+                        break;
+                    }
+                }
+                if let Some(before) = in_flight.take() {
+                    before.recv().map_err(|_| LogError::Closed)??;
                 }
                 Ok(())
             };
@@ -394,11 +447,13 @@ impl Store {
             let read = parser.join().map_err(|_| EngineError::Format(condense_formats::FormatError::Unrecognized { path: path.to_path_buf(), reason: "the importer panicked".into() }))?;
             wrote?;
             let Some(streamed) = read.map_err(io)? else { return Ok(None) };
-            let (s, head) = match session {
+            let hash = take_hash(&mut hasher)?;
+            let (id, head) = match session {
                 Some(x) => x,
-                None => (self.create_session(name)?, 0),
+                None => (log.create_session(name)?, 0),
             };
-            let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: len, hash: hash.clone() };
+            let s = Session { store: self.clone(), id, name: name.to_string() };
+            let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: len, hash };
             s.write_unfolded(head, vec![Event::Source(completed)], !self.inner.defer_durability)?;
             Ok(Some(ImportOutcome {
                 action: ImportAction::Imported,
