@@ -201,6 +201,7 @@ use condense_engine::{Session, Store};
 
 struct Live {
     _dir: tempfile::TempDir,
+    store: Store,
     s: Session,
     n: usize,
 }
@@ -211,7 +212,7 @@ impl Live {
         let store = Store::open(dir.path()).unwrap();
         let s = store.create_session("live").unwrap();
         s.configure(cfg).unwrap();
-        Live { _dir: dir, s, n: 0 }
+        Live { _dir: dir, store, s, n: 0 }
     }
     fn add(&mut self, m: Message) {
         condense_tests::append_entry(&self.s, &mut self.n, m);
@@ -267,6 +268,43 @@ fn chain_without_recovery_is_compressed_at_once() {
     let r = l.s.render().unwrap();
     assert!(r.messages.iter().any(|m| m.text().starts_with("[Compressed chain b1: 1 tool call; outputs t1]")));
     assert!(!r.messages.iter().any(|m| matches!(**m, Message::ToolResult { .. })));
+}
+
+/// A compressed chain's long final reply renders as its first 150 characters and a marker naming the
+/// block (decided with the chain, one `ChainReplyCut`); the block's query gives it back whole; a short
+/// reply stays as it is; the render after the decision is the render of a projection folded afresh.
+#[test]
+fn a_compressed_chains_long_reply_renders_cut_and_its_block_gives_it_back() {
+    let mut l = Live::new(eager());
+    let long = format!("All green. {}", "The parser now reads every line once and the writer keeps up; ".repeat(8));
+    l.prompt("run the tests");
+    l.tool("b1", "bash", "{\"command\":\"cargo test\"}", &"test x ... ok\n".repeat(200), false);
+    l.reply(&long);
+    l.prompt("and the docs?");
+    l.tool("b2", "bash", "{\"command\":\"cargo doc\"}", &"doc y ... ok\n".repeat(200), false);
+    l.reply("fine");
+    l.prompt("thanks");
+    l.reply("welcome");
+    assert_eq!(l.chains(), 2);
+    let r = l.s.render().unwrap();
+    let head: String = long.chars().take(150).collect();
+    let cut = format!("{} […rest: context_tree_query b1]", head.trim_end());
+    assert!(r.messages.iter().any(|m| m.text() == cut), "{:#?}", r.messages.iter().map(|m| m.text()).collect::<Vec<_>>());
+    assert!(!r.messages.iter().any(|m| m.text().contains(&long)));
+    assert!(r.messages.iter().any(|m| m.text() == "fine"), "a short reply is not cut");
+    let p = l.s.projection().unwrap();
+    assert_eq!(p.index().chains[&1].reply.as_deref(), Some(cut.as_str()));
+    assert_eq!(p.index().chains[&2].reply, None);
+    let a = l.s.query(&["b1".into()]).unwrap();
+    assert!(!a.is_error && a.text.ends_with(&format!("=== b1 · final reply ===\n{long}")), "{}", a.text);
+    assert!(!l.s.query(&["b2".into()]).unwrap().text.contains("final reply"));
+    // The kept render patched in place is the render of the same log folded from scratch.
+    let events = l.store.log().read(l.s.id(), 1, l.s.head().unwrap()).unwrap();
+    let mut fresh = Projection::new();
+    for e in &events {
+        fresh.apply(e.seq, &e.body);
+    }
+    assert_eq!(fresh.render().messages, r.messages);
 }
 
 #[test]

@@ -78,6 +78,32 @@ fn clip(s: &str, max: usize) -> String {
     }
 }
 
+/// Characters of a compressed chain's final reply kept in the context; the rest is one
+/// `context_tree_query bN` away (docs/pruning.md, "Final replies of compressed chains").
+pub const REPLY_HEAD_CHARS: usize = 150;
+
+/// What the final reply `m` of compressed chain `block` renders as, cut to its first
+/// [`REPLY_HEAD_CHARS`] characters (text blocks joined by a line end, cut at a character boundary) and a
+/// marker naming the block; `None` when the reply is short enough that the marker would not save anything.
+pub fn reply_cut(block: u32, m: &condense_events::Message) -> Option<String> {
+    let condense_events::Message::Assistant { content, .. } = m else { return None };
+    let texts: Vec<&str> = content
+        .iter()
+        .filter_map(|b| match b {
+            condense_events::Block::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    let whole = texts.join("\n");
+    let marker = format!(" […rest: context_tree_query b{block}]");
+    let chars = whole.chars().count();
+    if chars <= REPLY_HEAD_CHARS + marker.chars().count() {
+        return None;
+    }
+    let end = whole.char_indices().nth(REPLY_HEAD_CHARS).map_or(whole.len(), |(i, _)| i);
+    Some(format!("{}{marker}", whole[..end].trim_end()))
+}
+
 /// The text of a compressed chain block.
 pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
     let refs: Vec<String> = calls.iter().filter_map(|c| c.ref_n.map(|r| format!("t{r}"))).collect();
@@ -140,6 +166,23 @@ mod tests {
         let calls = [1, 7];
         let spans = closed_chains(8, |i| prompt.contains(&i), |i| fin.contains(&i), |i| calls.contains(&i));
         assert_eq!(spans, vec![Span { first: 0, last: 3 }]);
+    }
+
+    #[test]
+    fn a_reply_is_cut_at_a_character_boundary_only_when_that_saves_something() {
+        use condense_events::{Block, Message};
+        let reply = |blocks: Vec<Block>| Message::Assistant { content: blocks, model: None, stop: None, usage: None };
+        let text = |t: &str| Block::Text { text: t.into() };
+        // 149 ASCII characters, then multi-byte ones: the cut falls inside them, on a boundary.
+        let long = format!("{}{}", "a".repeat(149), "é".repeat(100));
+        let cut = reply_cut(7, &reply(vec![text(&long)])).unwrap();
+        assert_eq!(cut, format!("{}é […rest: context_tree_query b7]", "a".repeat(149)));
+        // Text blocks join with a line end; thinking is not the reply's text.
+        let two = reply(vec![Block::Thinking { thinking: "x".repeat(500), signature: None }, text("first"), text(&"b".repeat(300))]);
+        assert!(reply_cut(1, &two).unwrap().starts_with(&format!("first\n{}", "b".repeat(144))));
+        // Within the head and the marker's length: left whole.
+        assert_eq!(reply_cut(1, &reply(vec![text(&"c".repeat(180))])), None);
+        assert_eq!(reply_cut(1, &Message::user_text("x".repeat(400), condense_events::UserOrigin::Prompt)), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! branch found so far (scanned only where the branch grew) and how many of the first ones are
 //! compressed; both are dropped when the branch's shape is rebuilt.
 
-use crate::{block_body, CallInfo, ChainScan, Span};
+use crate::{block_body, reply_cut, CallInfo, ChainScan, Span};
 use condense_events::{DecisionEvent, Event, Message, Record, UserOrigin, QUERY_TOOL_NAME};
 use condense_stage::{is_final_reply, Pass, Stage, StageError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -95,6 +95,9 @@ impl Stage for Chains {
                 refs: inside.iter().map(|r| r.ref_n).collect(),
                 body: block_body(block, &infos),
             });
+            if let Some(text) = reply_cut(block, branch.entry(span.last).1) {
+                blocks.push(DecisionEvent::ChainReplyCut { block, text });
+            }
             block += 1;
         }
         self.compressed = done;

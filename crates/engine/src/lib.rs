@@ -608,6 +608,9 @@ impl Store {
                     }
                     DecisionEvent::CheckpointStarted { .. } | DecisionEvent::CheckpointFailed { .. } => false,
                     DecisionEvent::ArchiveCommitted { .. } => false,
+                    DecisionEvent::ChainReplyCut { block, .. } => {
+                        idx.chains.get(block).is_some_and(|c| on_path.contains(&c.first) && on_path.contains(&c.last))
+                    }
                 },
             };
             if keep {
@@ -666,7 +669,10 @@ impl Drop for ClearCurrent {
 
 /// Whether a decision prunes (changes what the model reads of an output it has seen) rather than captures.
 fn is_prune(d: &DecisionEvent) -> bool {
-    matches!(d, DecisionEvent::BatchClosed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. })
+    matches!(
+        d,
+        DecisionEvent::BatchClosed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. } | DecisionEvent::ChainReplyCut { .. }
+    )
 }
 
 /// Whether `prunes` shrink the context of `proj` (which holds this request's captures already) by at least

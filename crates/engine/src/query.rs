@@ -58,10 +58,17 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
     let mut refs = Vec::new();
     let mut checkpoints = Vec::new();
     let mut unknown = Vec::new();
+    // Compressed chains whose final reply renders cut: the whole reply follows their outputs.
+    let mut replies = Vec::new();
     for k in keys {
         match idx.lookup(k) {
             Some(Target::Output(r)) => refs.push(r),
-            Some(Target::Chain(b)) => refs.extend(idx.chains[&b].refs.iter().copied()),
+            Some(Target::Chain(b)) => {
+                refs.extend(idx.chains[&b].refs.iter().copied());
+                if idx.chains[&b].reply.is_some() {
+                    replies.push(b);
+                }
+            }
             Some(Target::Checkpoint(c)) => checkpoints.push(c),
             None => unknown.push(k.trim().to_string()),
         }
@@ -76,7 +83,7 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
     if !checkpoints.is_empty() {
         return checkpoint_originals(p, &checkpoints, &refs, blob);
     }
-    if refs.is_empty() {
+    if refs.is_empty() && replies.is_empty() {
         return Answer {
             text: format!("{QUERY_TOOL_NAME}: {} covers no captured tool outputs; nothing to recover", keys.join(", ")),
             is_error: true,
@@ -102,7 +109,26 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         text.push_str(&original);
         originals.push((r, original));
     }
+    for b in replies {
+        let whole = p.entry_message(&idx.chains[&b].last).map(|m| reply_text(m)).unwrap_or_default();
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&format!("=== b{b} · final reply ===\n{whole}"));
+    }
     Answer { text, is_error: false, originals }
+}
+
+/// The text of a final reply, its text blocks joined by a line end (what a cut reply shows the head of).
+fn reply_text(m: &condense_events::Message) -> String {
+    m.content()
+        .iter()
+        .filter_map(|b| match b {
+            condense_events::Block::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The original text of tool output `r`: from its blob when it was spilled, else from the log.

@@ -387,6 +387,15 @@ pub enum DecisionEvent {
         /// Estimated tokens of the context when it started.
         tokens: u64,
     },
+    /// The final reply of compressed chain `block` renders as `text` from now on: its head and a marker
+    /// naming the block, whose query gives the whole reply back. Decided at the prune that compresses the
+    /// chain (the same cache break). Last in this enum so that logs written before it decode as before.
+    ChainReplyCut {
+        /// The block number (`b<block>`).
+        block: u32,
+        /// What the reply's text renders as.
+        text: String,
+    },
 }
 
 impl DecisionEvent {
@@ -404,6 +413,7 @@ impl DecisionEvent {
             DecisionEvent::CheckpointFailed { .. } => "checkpoint_failed",
             DecisionEvent::CheckpointStarted { .. } => "checkpoint_started",
             DecisionEvent::ArchiveCommitted { .. } => "archive_committed",
+            DecisionEvent::ChainReplyCut { .. } => "chain_reply_cut",
         }
     }
 }

@@ -31,6 +31,8 @@ pub struct Chain {
     pub refs: Vec<u32>,
     /// The block text.
     pub body: String,
+    /// What its final reply's text renders as, when it was cut (`ChainReplyCut`).
+    pub reply: Option<String>,
 }
 
 /// A committed checkpoint.
@@ -221,8 +223,13 @@ impl Index {
             DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
                 Arc::make_mut(&mut self.chains).insert(
                     *block,
-                    Arc::new(Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone() }),
+                    Arc::new(Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone(), reply: None }),
                 );
+            }
+            DecisionEvent::ChainReplyCut { block, text } => {
+                if let Some(chain) = Arc::make_mut(&mut self.chains).get_mut(block) {
+                    Arc::make_mut(chain).reply = Some(text.clone());
+                }
             }
         }
     }

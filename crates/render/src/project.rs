@@ -488,6 +488,8 @@ impl Projection {
                 let clean = r.synthetic_results.is_empty() && r.orphan_results.is_empty() && r.empty_assistants == 0 && r.duplicate_calls == 0 && inc.pending.is_empty();
                 return clean.then(Vec::new);
             }
+            // The reply after the chain's block is replaced in place (see `splice_reply`).
+            DecisionEvent::ChainReplyCut { .. } => return Some(Vec::new()),
             _ => return None,
         };
         drop(inc);
@@ -536,6 +538,9 @@ impl Projection {
         }
         if let DecisionEvent::ChainCompressed { first, last, block, .. } = d {
             inc.valid = self.splice_chain(&mut inc, first, last, *block);
+        }
+        if let DecisionEvent::ChainReplyCut { block, .. } = d {
+            inc.valid = self.splice_reply(&mut inc, *block);
         }
         if cfg!(debug_assertions) && inc.valid {
             let full = self.render_full();
@@ -972,9 +977,43 @@ impl Projection {
             let PhaseCache { base, own } = &mut *cache;
             cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)))
         };
-        let reply = if self.config.thinking_strip { strip_thinking(lm) } else { lm.clone() };
+        let reply = self.chain_reply(chain, lm);
         Arc::make_mut(&mut inc.out).splice(pf..=pl, [fm.clone(), block_msg, reply]);
         inc.same = inc.same.min(pf);
+        true
+    }
+
+    /// How compressed chain `chain`'s final reply `m` renders: its cut text when the reply was cut
+    /// (`ChainReplyCut`), else whole (thinking stripped when `thinkingStrip` is on).
+    fn chain_reply(&self, chain: &condense_index::Chain, m: &Arc<Message>) -> Arc<Message> {
+        match (&chain.reply, &**m) {
+            (Some(text), Message::Assistant { model, stop, usage, .. }) => {
+                Arc::new(Message::Assistant { content: vec![Block::Text { text: text.clone() }], model: model.clone(), stop: *stop, usage: *usage })
+            }
+            _ if self.config.thinking_strip => strip_thinking(m),
+            _ => m.clone(),
+        }
+    }
+
+    /// In a kept render where chain `block` is compressed, its reply (the message after its block) takes
+    /// the cut form; false when the block is not found there.
+    fn splice_reply(&self, inc: &mut Incremental, block: u32) -> bool {
+        let Some(chain) = self.decisions.chains.get(&block) else { return false };
+        let Some(&li) = self.index.get(&chain.last) else { return false };
+        let Node::Message(lm, _) = &self.items[li].node else { return false };
+        let block_msg = {
+            let cache = self.phase_cache.lock().expect("phase cache lock");
+            match cache.base.chains.get(&block).or_else(|| cache.own.chains.get(&block)) {
+                Some(m) => m.clone(),
+                None => return false,
+            }
+        };
+        let Some(at) = inc.out.iter().position(|m| Arc::ptr_eq(m, &block_msg)) else { return false };
+        if at + 1 >= inc.out.len() {
+            return false;
+        }
+        Arc::make_mut(&mut inc.out)[at + 1] = self.chain_reply(chain, lm);
+        inc.same = inc.same.min(at + 1);
         true
     }
 
@@ -1149,8 +1188,7 @@ impl Projection {
                         let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
                         out.push((None, block_msg, &Meta::User));
                         let (fi, fm, fmeta) = raw[last];
-                        let stripped = if self.config.thinking_strip { strip_thinking(fm) } else { fm.clone() };
-                        out.push((fi, stripped, fmeta));
+                        out.push((fi, self.chain_reply(chain, fm), fmeta));
                         k = last + 1;
                         continue;
                     }
