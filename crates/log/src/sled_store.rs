@@ -46,8 +46,7 @@ impl SledStore {
             .path(&path)
             .cache_capacity(cache_bytes)
             .mode(sled::Mode::HighThroughput)
-            .flush_every_ms(None)
-            .segment_size(segment_size(&path));
+            .flush_every_ms(None);
         let mut tries = 0;
         let mut cleared_partial = false;
         let damaged = |detail: String| LogError::Damaged { path: dir.to_path_buf(), detail };
@@ -224,27 +223,6 @@ pub(crate) fn id_floor(shared: &Shared) -> SessionId {
         _ => 1,
     }
 }
-
-/// sled's segment size for the database at `db`: a new database gets [`SEGMENT_SIZE`]; one that exists
-/// keeps the size its `conf` file records (sled refuses to open a database with any other), which is
-/// 512 KiB for stores made before condense chose its own.
-fn segment_size(db: &Path) -> usize {
-    let recorded = std::fs::read(db.join("conf")).ok().and_then(|conf| {
-        let text = String::from_utf8_lossy(&conf).into_owned();
-        text.lines().find_map(|l| l.strip_prefix("segment_size: ")?.trim().parse::<usize>().ok())
-    });
-    // A size sled would refuse is left for sled to report on the file it reads.
-    match recorded {
-        Some(n) if n.is_power_of_two() && (256..=1 << 24).contains(&n) => n,
-        _ => SEGMENT_SIZE,
-    }
-}
-
-/// The segment size of a new database (sled's default is 512 KiB). sled writes a node that outgrows a
-/// quarter segment to a file of its own, and a log's leaves, which hold up to 16 events each, often do
-/// with tool outputs in them: a segment of 8 MiB keeps them in the log and took the import of the
-/// 100k-entry session from 2.3 s to 1.5 s (docs/benchmarks.md, docs/storage.md).
-pub(crate) const SEGMENT_SIZE: usize = 8 << 20;
 
 /// Removes sled's unfinished snapshot files (`snap.*.generating`) from `db`; whether there were any.
 fn remove_partial_snapshots(db: &Path) -> bool {

@@ -698,27 +698,3 @@ fn two_postgres_handles_append_to_one_session_exactly_once() {
         }
     }
 }
-
-/// A store whose database sled made with its own 512 KiB segments (every store before condense chose
-/// 8 MiB) opens, takes appends and reopens with its size unchanged; a new store gets 8 MiB segments.
-#[test]
-fn a_store_made_with_sleds_default_segments_keeps_them() {
-    let conf = |dir: &std::path::Path| String::from_utf8_lossy(&std::fs::read(dir.join("db").join("conf")).unwrap()).into_owned();
-    let dir = tempfile::tempdir().unwrap();
-    drop(sled::Config::new().path(dir.path().join("db")).open().unwrap());
-    assert!(conf(dir.path()).starts_with("segment_size: 524288\n"), "{}", conf(dir.path()));
-    let log = Log::open(dir.path()).unwrap();
-    let s = log.create_session("old").unwrap();
-    let big = "x".repeat(200_000);
-    log.append(s, 0, (0..40).map(|i| note(format!("{i} {big}"))).collect()).unwrap();
-    drop(log);
-    let log = Log::open(dir.path()).unwrap();
-    let back = log.read(s, 1, 40).unwrap();
-    assert_eq!(back.len(), 40);
-    assert_eq!(back[39].body, note(format!("39 {big}")));
-    drop(log);
-    assert!(conf(dir.path()).starts_with("segment_size: 524288\n"));
-    let fresh = tempfile::tempdir().unwrap();
-    drop(Log::open(fresh.path()).unwrap());
-    assert!(conf(fresh.path()).starts_with("segment_size: 8388608\n"), "{}", conf(fresh.path()));
-}
