@@ -186,6 +186,9 @@ struct PhaseMaps {
     // The block message of each compressed chain (its body never changes once decided).
     chains: std::collections::BTreeMap<u32, Arc<Message>>,
     turns: std::collections::BTreeMap<(usize, bool, usize), Arc<Message>>,
+    // The final reply of each compressed chain as it renders, by block and whether it is cut, so every
+    // render shares one message (what the render's prefix comparisons and token counts key on).
+    replies: std::collections::BTreeMap<(u32, bool), Arc<Message>>,
 }
 
 /// The phase cache of a projection: what it shares with the projection it was copied from (`base`), and
@@ -202,12 +205,13 @@ impl PhaseCache {
     /// A copy for a copy of the projection: what this cache built joins its base (in place when nothing
     /// else shares that base), and both share the result.
     fn share(&mut self) -> PhaseCache {
-        if !(self.own.stubs.is_empty() && self.own.chains.is_empty() && self.own.turns.is_empty()) {
+        if !(self.own.stubs.is_empty() && self.own.chains.is_empty() && self.own.turns.is_empty() && self.own.replies.is_empty()) {
             let own = std::mem::take(&mut self.own);
             let base = Arc::make_mut(&mut self.base);
             base.stubs.extend(own.stubs);
             base.chains.extend(own.chains);
             base.turns.extend(own.turns);
+            base.replies.extend(own.replies);
         }
         PhaseCache { base: self.base.clone(), own: PhaseMaps::default() }
     }
@@ -972,12 +976,12 @@ impl Projection {
         if bl < bf || pl - pf + 1 != own {
             return false;
         }
-        let block_msg = {
+        let (block_msg, reply) = {
             let mut cache = self.phase_cache.lock().expect("phase cache lock");
             let PhaseCache { base, own } = &mut *cache;
-            cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)))
+            let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
+            (block_msg, self.chain_reply(&mut cache, chain, lm))
         };
-        let reply = self.chain_reply(chain, lm);
         Arc::make_mut(&mut inc.out).splice(pf..=pl, [fm.clone(), block_msg, reply]);
         inc.same = inc.same.min(pf);
         true
@@ -985,14 +989,15 @@ impl Projection {
 
     /// How compressed chain `chain`'s final reply `m` renders: its cut text when the reply was cut
     /// (`ChainReplyCut`), else whole (thinking stripped when `thinkingStrip` is on).
-    fn chain_reply(&self, chain: &condense_index::Chain, m: &Arc<Message>) -> Arc<Message> {
-        match (&chain.reply, &**m) {
+    fn chain_reply(&self, cache: &mut PhaseCache, chain: &condense_index::Chain, m: &Arc<Message>) -> Arc<Message> {
+        let PhaseCache { base, own } = cache;
+        cached(&mut own.replies, &base.replies, (chain.block, chain.reply.is_some()), || match (&chain.reply, &**m) {
             (Some(text), Message::Assistant { model, stop, usage, .. }) => {
                 Arc::new(Message::Assistant { content: vec![Block::Text { text: text.clone() }], model: model.clone(), stop: *stop, usage: *usage })
             }
             _ if self.config.thinking_strip => strip_thinking(m),
             _ => m.clone(),
-        }
+        })
     }
 
     /// In a kept render where chain `block` is compressed, its reply (the message after its block) takes
@@ -1001,18 +1006,14 @@ impl Projection {
         let Some(chain) = self.decisions.chains.get(&block) else { return false };
         let Some(&li) = self.index.get(&chain.last) else { return false };
         let Node::Message(lm, _) = &self.items[li].node else { return false };
-        let block_msg = {
-            let cache = self.phase_cache.lock().expect("phase cache lock");
-            match cache.base.chains.get(&block).or_else(|| cache.own.chains.get(&block)) {
-                Some(m) => m.clone(),
-                None => return false,
-            }
-        };
-        let Some(at) = inc.out.iter().position(|m| Arc::ptr_eq(m, &block_msg)) else { return false };
+        let mut cache = self.phase_cache.lock().expect("phase cache lock");
+        let Some(block_msg) = cache.base.chains.get(&block).or_else(|| cache.own.chains.get(&block)).cloned() else { return false };
+        // From the end: the chain just compressed sits near it.
+        let Some(at) = inc.out.iter().rposition(|m| Arc::ptr_eq(m, &block_msg)) else { return false };
         if at + 1 >= inc.out.len() {
             return false;
         }
-        Arc::make_mut(&mut inc.out)[at + 1] = self.chain_reply(chain, lm);
+        Arc::make_mut(&mut inc.out)[at + 1] = self.chain_reply(&mut cache, chain, lm);
         inc.same = inc.same.min(at + 1);
         true
     }
@@ -1188,7 +1189,7 @@ impl Projection {
                         let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
                         out.push((None, block_msg, &Meta::User));
                         let (fi, fm, fmeta) = raw[last];
-                        out.push((fi, self.chain_reply(chain, fm), fmeta));
+                        out.push((fi, self.chain_reply(&mut cache, chain, fm), fmeta));
                         k = last + 1;
                         continue;
                     }
