@@ -492,8 +492,7 @@ impl Projection {
                 let clean = r.synthetic_results.is_empty() && r.orphan_results.is_empty() && r.empty_assistants == 0 && r.duplicate_calls == 0 && inc.pending.is_empty();
                 return clean.then(Vec::new);
             }
-            // The reply after the chain's block is replaced in place (see `splice_reply`).
-            DecisionEvent::ChainReplyCut { .. } => return Some(Vec::new()),
+            DecisionEvent::ChainReplyCut { block, .. } => idx.chains.get(block).map(|c| c.last.as_str()).into_iter().collect(),
             _ => return None,
         };
         drop(inc);
@@ -505,9 +504,13 @@ impl Projection {
         Some(out)
     }
 
-    /// What phases 1 and 2 make of entry `i`'s message now (`None`: the entry is no message).
+    /// What the render phases make of entry `i`'s message now: phases 1 and 2, or, for the final reply
+    /// of a compressed chain, phase 3's (`None`: the entry is no message).
     fn phased_at(&self, cache: &mut PhaseCache, i: usize) -> Option<Arc<Message>> {
         match (&self.items[i].node, self.marks.get(i)) {
+            (Node::Message(m, _), Some(mk)) if let Some(chain) = mk.chain_last.and_then(|b| self.decisions.chains.get(&b)) => {
+                Some(self.chain_reply(cache, chain, m))
+            }
             (Node::Message(m, meta), Some(mk)) => Some(self.phase_message(cache, i, m, meta, mk, 3, |_| false)),
             (Node::Message(m, _), None) => Some(m.clone()),
             _ => None,
@@ -531,20 +534,23 @@ impl Projection {
         }
         let mut inc = std::mem::take(self.inc.get_mut().expect("render cache lock"));
         if !replaced.is_empty() {
-            let mut first = None;
-            for (k, m) in Arc::make_mut(&mut inc.out).iter_mut().enumerate() {
+            // From the end, where decisions mostly land, until every message replaced is found (each
+            // entry's message sits in the render once).
+            let (mut first, mut left) = (usize::MAX, replaced.len());
+            for (k, m) in Arc::make_mut(&mut inc.out).iter_mut().enumerate().rev() {
                 if let Some(new) = replaced.get(&(Arc::as_ptr(m) as usize)) {
                     *m = new.clone();
-                    first = first.or(Some(k));
+                    first = k;
+                    left -= 1;
+                    if left == 0 {
+                        break;
+                    }
                 }
             }
-            inc.same = inc.same.min(first.unwrap_or(usize::MAX));
+            inc.same = inc.same.min(first);
         }
         if let DecisionEvent::ChainCompressed { first, last, block, .. } = d {
             inc.valid = self.splice_chain(&mut inc, first, last, *block);
-        }
-        if let DecisionEvent::ChainReplyCut { block, .. } = d {
-            inc.valid = self.splice_reply(&mut inc, *block);
         }
         if cfg!(debug_assertions) && inc.valid {
             let full = self.render_full();
@@ -998,24 +1004,6 @@ impl Projection {
             _ if self.config.thinking_strip => strip_thinking(m),
             _ => m.clone(),
         })
-    }
-
-    /// In a kept render where chain `block` is compressed, its reply (the message after its block) takes
-    /// the cut form; false when the block is not found there.
-    fn splice_reply(&self, inc: &mut Incremental, block: u32) -> bool {
-        let Some(chain) = self.decisions.chains.get(&block) else { return false };
-        let Some(&li) = self.index.get(&chain.last) else { return false };
-        let Node::Message(lm, _) = &self.items[li].node else { return false };
-        let mut cache = self.phase_cache.lock().expect("phase cache lock");
-        let Some(block_msg) = cache.base.chains.get(&block).or_else(|| cache.own.chains.get(&block)).cloned() else { return false };
-        // From the end: the chain just compressed sits near it.
-        let Some(at) = inc.out.iter().rposition(|m| Arc::ptr_eq(m, &block_msg)) else { return false };
-        if at + 1 >= inc.out.len() {
-            return false;
-        }
-        Arc::make_mut(&mut inc.out)[at + 1] = self.chain_reply(&mut cache, chain, lm);
-        inc.same = inc.same.min(at + 1);
-        true
     }
 
     /// Renders from scratch, ignoring the kept render (what `render` does after a branch switch or a
