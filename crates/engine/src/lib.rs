@@ -355,8 +355,7 @@ impl Store {
         let log = &self.inner.log;
         std::thread::scope(|scope| {
             // The import markers name the file's content before its first event, so the whole file is
-            // hashed first; a thread of its own does it while the parser starts, and the chunks parsed
-            // meanwhile wait here (up to `IMPORT_HELD` events) until the hash is known.
+            // hashed first: a thread of its own does it while the parser starts.
             let hasher = std::thread::Builder::new()
                 .name("condense-import-hash".into())
                 .spawn_scoped(scope, move || -> std::io::Result<String> {
@@ -383,71 +382,55 @@ impl Store {
                     read
                 })
                 .map_err(io)?;
-            let mut hasher = Some(hasher);
-            let mut hash = None::<String>;
-            let mut take_hash = |hasher: &mut Option<std::thread::ScopedJoinHandle<'_, std::io::Result<String>>>| -> Result<String> {
-                if let Some(h) = hasher.take() {
-                    let done = h.join().map_err(|_| io(std::io::Error::other("the hashing thread panicked")))?;
-                    hash = Some(done.map_err(io)?);
-                }
-                Ok(hash.clone().expect("hashed"))
-            };
             let mut session: Option<(SessionId, Seq)> = None;
             let mut written = 0u64;
-            let mut held: Vec<Vec<SourceEvent>> = Vec::new();
-            let mut in_flight: Option<crossbeam_channel::Receiver<condense_log::Result<Seq>>> = None;
-            let mut wrote = || -> Result<()> {
+            // Writes what is parsed; the file's hash.
+            let wrote = || -> Result<String> {
                 let mut chunks = rx.iter();
-                loop {
-                    let next = chunks.next();
-                    let ended = next.is_none();
-                    if let Some(chunk) = next {
-                        held.push(chunk);
-                        let waiting = hasher.as_ref().is_some_and(|h| !h.is_finished());
-                        if waiting && held.iter().map(Vec::len).sum::<usize>() < IMPORT_HELD {
-                            continue;
+                // Until the hash is known, what is parsed waits here (at most `IMPORT_HELD` events).
+                let mut held = Vec::new();
+                let mut held_events = 0;
+                while !hasher.is_finished() && held_events < IMPORT_HELD {
+                    let Some(chunk) = chunks.next() else { break };
+                    held_events += chunk.len();
+                    held.push(chunk);
+                }
+                let hash = hasher.join().map_err(|_| io(std::io::Error::other("the hashing thread panicked")))?.map_err(io)?;
+                let mut in_flight: Option<crossbeam_channel::Receiver<condense_log::Result<Seq>>> = None;
+                for mut chunk in held.into_iter().chain(chunks) {
+                    let (id, head) = match &mut session {
+                        Some(x) => x,
+                        None => {
+                            chunk.insert(1.min(chunk.len()), SourceEvent::ImportStarted { path: canonical.clone(), bytes: len, hash: hash.clone() });
+                            session.insert((log.create_session(name)?, 0))
                         }
-                    }
-                    for mut chunk in held.drain(..) {
-                        let (id, head) = match &mut session {
-                            Some(x) => x,
-                            None => {
-                                let hash = take_hash(&mut hasher)?;
-                                chunk.insert(1.min(chunk.len()), SourceEvent::ImportStarted { path: canonical.clone(), bytes: len, hash });
-                                session.insert((log.create_session(name)?, 0))
-                            }
-                        };
-                        let values = chunk
-                            .into_iter()
-                            .enumerate()
-                            .map(|(i, e)| condense_log::encode_event(*id, *head + 1 + i as u64, &Event::Source(e)))
-                            .collect::<Vec<_>>();
-                        let n = values.len() as u64;
-                        // This chunk is encoded while the writer writes the one before.
-                        let sent = log.append_encoded(*id, *head, values, false)?;
-                        *head += n;
-                        written += n;
-                        if let Some(before) = in_flight.replace(sent) {
-                            before.recv().map_err(|_| LogError::Closed)??;
-                        }
-                    }
-                    if ended {
-                        break;
+                    };
+                    let values = chunk
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, e)| condense_log::encode_event(*id, *head + 1 + i as u64, &Event::Source(e)))
+                        .collect::<Vec<_>>();
+                    let n = values.len() as u64;
+                    // This chunk is encoded while the writer writes the one before.
+                    let sent = log.append_encoded(*id, *head, values, false)?;
+                    *head += n;
+                    written += n;
+                    if let Some(before) = in_flight.replace(sent) {
+                        before.recv().map_err(|_| LogError::Closed)??;
                     }
                 }
-                if let Some(before) = in_flight.take() {
+                if let Some(before) = in_flight {
                     before.recv().map_err(|_| LogError::Closed)??;
                 }
-                Ok(())
+                Ok(hash)
             };
             let wrote = wrote();
             // A writer that failed left the loop above: dropping the receiver unblocks the parser, which
             // reads on to the end of the file unheard.
             drop(rx);
             let read = parser.join().map_err(|_| EngineError::Format(condense_formats::FormatError::Unrecognized { path: path.to_path_buf(), reason: "the importer panicked".into() }))?;
-            wrote?;
+            let hash = wrote?;
             let Some(streamed) = read.map_err(io)? else { return Ok(None) };
-            let hash = take_hash(&mut hasher)?;
             let (id, head) = match session {
                 Some(x) => x,
                 None => (log.create_session(name)?, 0),
