@@ -86,15 +86,10 @@ pub const REPLY_HEAD_CHARS: usize = 150;
 /// [`REPLY_HEAD_CHARS`] characters (text blocks joined by a line end, cut at a character boundary) and a
 /// marker naming the block; `None` when the reply is short enough that the marker would not save anything.
 pub fn reply_cut(block: u32, m: &condense_events::Message) -> Option<String> {
-    let condense_events::Message::Assistant { content, .. } = m else { return None };
-    let texts: Vec<&str> = content
-        .iter()
-        .filter_map(|b| match b {
-            condense_events::Block::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
-    let whole = texts.join("\n");
+    if !matches!(m, condense_events::Message::Assistant { .. }) {
+        return None;
+    }
+    let whole = reply_text(m);
     let marker = format!(" […rest: context_tree_query b{block}]");
     let chars = whole.chars().count();
     if chars <= REPLY_HEAD_CHARS + marker.chars().count() {
@@ -102,6 +97,20 @@ pub fn reply_cut(block: u32, m: &condense_events::Message) -> Option<String> {
     }
     let end = whole.char_indices().nth(REPLY_HEAD_CHARS).map_or(whole.len(), |(i, _)| i);
     Some(format!("{}{marker}", whole[..end].trim_end()))
+}
+
+/// The text of a final reply: its text blocks joined by a line end (what a cut reply shows the head of,
+/// and what the chain's query gives back).
+pub fn reply_text(m: &condense_events::Message) -> String {
+    let texts: Vec<&str> = m
+        .content()
+        .iter()
+        .filter_map(|b| match b {
+            condense_events::Block::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    texts.join("\n")
 }
 
 /// The text of a compressed chain block.

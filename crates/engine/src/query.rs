@@ -110,25 +110,13 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         originals.push((r, original));
     }
     for b in replies {
-        let whole = p.entry_message(&idx.chains[&b].last).map(|m| reply_text(m)).unwrap_or_default();
+        let whole = p.entry_message(&idx.chains[&b].last).map(|m| condense_chain::reply_text(m)).unwrap_or_default();
         if !text.is_empty() {
             text.push('\n');
         }
         text.push_str(&format!("=== b{b} · final reply ===\n{whole}"));
     }
     Answer { text, is_error: false, originals }
-}
-
-/// The text of a final reply, its text blocks joined by a line end (what a cut reply shows the head of).
-fn reply_text(m: &condense_events::Message) -> String {
-    m.content()
-        .iter()
-        .filter_map(|b| match b {
-            condense_events::Block::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// The original text of tool output `r`: from its blob when it was spilled, else from the log.
