@@ -233,6 +233,13 @@ impl Live {
     fn reply(&mut self, t: &str) {
         self.answer(vec![Block::Text { text: t.into() }]);
     }
+    /// A chain: `prompt`, one `bash` call running `command` with 200 lines of `line` as its output, and
+    /// the final `reply`.
+    fn chain(&mut self, prompt: &str, call: &str, command: &str, line: &str, reply: &str) {
+        self.prompt(prompt);
+        self.tool(call, "bash", &format!("{{\"command\":\"{command}\"}}"), &format!("{line}\n").repeat(200), false);
+        self.reply(reply);
+    }
     fn chains(&self) -> usize {
         self.s.projection().unwrap().index().chains.len()
     }
@@ -259,9 +266,7 @@ fn chain_with_in_grace_recovery_is_deferred_then_compressed() {
 #[test]
 fn chain_without_recovery_is_compressed_at_once() {
     let mut l = Live::new(eager());
-    l.prompt("run the tests");
-    l.tool("b1", "bash", "{\"command\":\"cargo test\"}", &"test x ... ok\n".repeat(200), false);
-    l.reply("all green");
+    l.chain("run the tests", "b1", "cargo test", "test x ... ok", "all green");
     l.prompt("thanks");
     l.reply("welcome");
     assert_eq!(l.chains(), 1);
@@ -277,12 +282,8 @@ fn chain_without_recovery_is_compressed_at_once() {
 fn a_compressed_chains_long_reply_renders_cut_and_its_block_gives_it_back() {
     let mut l = Live::new(eager());
     let long = format!("All green. {}", "The parser now reads every line once and the writer keeps up; ".repeat(8));
-    l.prompt("run the tests");
-    l.tool("b1", "bash", "{\"command\":\"cargo test\"}", &"test x ... ok\n".repeat(200), false);
-    l.reply(&long);
-    l.prompt("and the docs?");
-    l.tool("b2", "bash", "{\"command\":\"cargo doc\"}", &"doc y ... ok\n".repeat(200), false);
-    l.reply("fine");
+    l.chain("run the tests", "b1", "cargo test", "test x ... ok", &long);
+    l.chain("and the docs?", "b2", "cargo doc", "doc y ... ok", "fine");
     l.prompt("thanks");
     l.reply("welcome");
     assert_eq!(l.chains(), 2);
