@@ -275,20 +275,27 @@ fn chain_without_recovery_is_compressed_at_once() {
     assert!(!r.messages.iter().any(|m| matches!(**m, Message::ToolResult { .. })));
 }
 
-/// A compressed chain's long final reply renders as its first 150 characters and a marker naming the
-/// block (decided with the chain, one `ChainReplyCut`); the block's query gives it back whole; a short
-/// reply stays as it is; the render after the decision is the render of a projection folded afresh.
+/// A compressed chain's long final reply renders as its first `REPLY_HEAD_CHARS` characters and a marker
+/// naming the block (one `ChainReplyCut`); while its chain is the newest closed one the reply stays whole,
+/// and the cut comes with the next prune; the block's query gives it back whole; a short reply stays as it
+/// is; the render after the decision is the render of a projection folded afresh.
 #[test]
 fn a_compressed_chains_long_reply_renders_cut_and_its_block_gives_it_back() {
     let mut l = Live::new(eager());
     let long = format!("All green. {}", "The parser now reads every line once and the writer keeps up; ".repeat(8));
     l.chain("run the tests", "b1", "cargo test", "test x ... ok", &long);
-    l.chain("and the docs?", "b2", "cargo doc", "doc y ... ok", "fine");
+    l.prompt("and the docs?");
+    l.tool("b2", "bash", "{\"command\":\"cargo doc\"}", &"doc y ... ok\n".repeat(200), false);
+    assert_eq!(l.chains(), 1, "the first chain is compressed at the prune after its reply");
+    let r = l.s.render().unwrap();
+    assert!(r.messages.iter().any(|m| m.text() == long), "the newest closed chain keeps its reply whole");
+    assert_eq!(l.s.projection().unwrap().index().chains[&1].reply, None);
+    l.reply("fine");
     l.prompt("thanks");
     l.reply("welcome");
     assert_eq!(l.chains(), 2);
     let r = l.s.render().unwrap();
-    let head: String = long.chars().take(150).collect();
+    let head: String = long.chars().take(condense_chain::REPLY_HEAD_CHARS).collect();
     let cut = format!("{} […rest: context_tree_query b1]", head.trim_end());
     assert!(r.messages.iter().any(|m| m.text() == cut), "{:#?}", r.messages.iter().map(|m| m.text()).collect::<Vec<_>>());
     assert!(!r.messages.iter().any(|m| m.text().contains(&long)));
@@ -349,7 +356,7 @@ fn pipeline_stubs_dedups_spills_and_every_ref_recovers_exactly() {
 
 #[test]
 fn errored_arguments_are_purged_after_two_turns() {
-    let cfg = PruneConfig { min_prune_tokens: 0, auto_budget_threshold: 0, ..PruneConfig::default() };
+    let cfg = PruneConfig { rolling_window: 1, min_prune_tokens: 0, auto_budget_threshold: 0, ..PruneConfig::default() };
     let mut l = Live::new(cfg);
     l.prompt("edit");
     let big = format!("{{\"path\":\"a.rs\",\"oldText\":\"{}\"}}", "y".repeat(800));
@@ -474,7 +481,7 @@ fn random_sessions_stay_valid_and_recover_exactly() {
 
 #[test]
 fn condensed_turn_arguments_come_back_with_the_query() {
-    let cfg = PruneConfig { min_prune_tokens: 0, ..PruneConfig::default() };
+    let cfg = PruneConfig { rolling_window: 1, min_prune_tokens: 0, ..PruneConfig::default() };
     let mut l = Live::new(cfg);
     let content = "fn main() { println!(\"hello\"); }\n".repeat(20);
     let args = format!("{{\"path\":\"src/main.rs\",\"content\":{}}}", serde_json::to_string(&content).unwrap());
@@ -507,7 +514,7 @@ fn batch_outcomes_trivial_deduped_oversized_summarized() {
     assert_eq!(outcomes, vec![Summarized, SkippedDeduped, SkippedTrivial]);
 
     // A batch whose summary is not smaller than its raw text stays as it is.
-    let cfg = PruneConfig { min_prune_tokens: 0, min_batch_chars: 0, auto_budget_threshold: 0, ..PruneConfig::default() };
+    let cfg = PruneConfig { rolling_window: 1, min_prune_tokens: 0, min_batch_chars: 0, auto_budget_threshold: 0, ..PruneConfig::default() };
     let mut l = Live::new(cfg);
     l.prompt("go");
     l.tool("a", "bash", "{\"command\":\"echo\"}", "short", false);

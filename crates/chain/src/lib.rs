@@ -80,7 +80,7 @@ fn clip(s: &str, max: usize) -> String {
 
 /// Characters of a compressed chain's final reply kept in the context; the rest is one
 /// `context_tree_query bN` away (docs/pruning.md, "Final replies of compressed chains").
-pub const REPLY_HEAD_CHARS: usize = 150;
+pub const REPLY_HEAD_CHARS: usize = 100;
 
 /// What the final reply `m` of compressed chain `block` renders as, cut to its first
 /// [`REPLY_HEAD_CHARS`] characters (text blocks joined by a line end, cut at a character boundary) and a
@@ -182,15 +182,16 @@ mod tests {
         use condense_events::{Block, Message};
         let reply = |blocks: Vec<Block>| Message::Assistant { content: blocks, model: None, stop: None, usage: None };
         let text = |t: &str| Block::Text { text: t.into() };
-        // 149 ASCII characters, then multi-byte ones: the cut falls inside them, on a boundary.
-        let long = format!("{}{}", "a".repeat(149), "é".repeat(100));
+        // REPLY_HEAD_CHARS - 1 ASCII characters, then multi-byte ones: the cut falls inside them, on a boundary.
+        let h = REPLY_HEAD_CHARS;
+        let long = format!("{}{}", "a".repeat(h - 1), "é".repeat(100));
         let cut = reply_cut(7, &reply(vec![text(&long)])).unwrap();
-        assert_eq!(cut, format!("{}é […rest: context_tree_query b7]", "a".repeat(149)));
+        assert_eq!(cut, format!("{}é […rest: context_tree_query b7]", "a".repeat(h - 1)));
         // Text blocks join with a line end; thinking is not the reply's text.
         let two = reply(vec![Block::Thinking { thinking: "x".repeat(500), signature: None }, text("first"), text(&"b".repeat(300))]);
-        assert!(reply_cut(1, &two).unwrap().starts_with(&format!("first\n{}", "b".repeat(144))));
+        assert!(reply_cut(1, &two).unwrap().starts_with(&format!("first\n{} […rest", "b".repeat(h - 6))));
         // Within the head and the marker's length: left whole.
-        assert_eq!(reply_cut(1, &reply(vec![text(&"c".repeat(180))])), None);
+        assert_eq!(reply_cut(1, &reply(vec![text(&"c".repeat(h + 30))])), None);
         assert_eq!(reply_cut(1, &Message::user_text("x".repeat(400), condense_events::UserOrigin::Prompt)), None);
     }
 

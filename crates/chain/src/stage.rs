@@ -22,13 +22,22 @@ pub struct Chains {
     spans: Vec<Span>,
     /// How many of the first spans are compressed (a chain once compressed stays so).
     compressed: usize,
+    /// Compressed chains whose final reply is not cut (yet): block → the reply's entry. Folded from the
+    /// log; a block whose reply proves too short to cut is dropped when it is looked at (a pure function
+    /// of the log all the same).
+    uncut: BTreeMap<u32, String>,
 }
 
 impl Chains {
     /// Takes in the branch's messages not scanned yet (all of them when the shape was rebuilt).
     fn follow(&mut self, pass: &Pass<'_>) {
         if self.generation != pass.shape.generation() || self.covered > pass.branch.count() {
-            *self = Chains { firsts: std::mem::take(&mut self.firsts), generation: pass.shape.generation(), ..Chains::default() };
+            *self = Chains {
+                firsts: std::mem::take(&mut self.firsts),
+                uncut: std::mem::take(&mut self.uncut),
+                generation: pass.shape.generation(),
+                ..Chains::default()
+            };
         }
         for i in self.covered..pass.branch.count() {
             let m = pass.branch.entry(i).1;
@@ -47,8 +56,15 @@ impl Stage for Chains {
     }
 
     fn fold(&mut self, event: &Event) {
-        if let Event::Decision(DecisionEvent::ChainCompressed { first, .. }) = event {
-            self.firsts.insert(first.clone());
+        match event {
+            Event::Decision(DecisionEvent::ChainCompressed { block, first, last, .. }) => {
+                self.firsts.insert(first.clone());
+                self.uncut.insert(*block, last.clone());
+            }
+            Event::Decision(DecisionEvent::ChainReplyCut { block, .. }) => {
+                self.uncut.remove(block);
+            }
+            _ => {}
         }
     }
 
@@ -64,7 +80,25 @@ impl Stage for Chains {
         let grace = pass.config.recovery_grace_turns as u32;
         let utg = pass.shape.utg();
         let mut block = pass.index.next_block();
+        let newest = self.spans.last().map(|s| s.last);
         let mut blocks = Vec::new();
+        // At a prune, the replies left whole earlier are cut once their chain is no longer the newest.
+        if pass.batches_closed() > 0 || done < self.spans.len().saturating_sub(keep) {
+            let mut short = Vec::new();
+            for (&b, last) in &self.uncut {
+                let Some(i) = pass.position(last) else { continue };
+                if Some(i) == newest {
+                    continue;
+                }
+                match reply_cut(b, branch.entry(i).1) {
+                    Some(text) => blocks.push(DecisionEvent::ChainReplyCut { block: b, text }),
+                    None => short.push(b),
+                }
+            }
+            for b in short {
+                self.uncut.remove(&b);
+            }
+        }
         for span in self.spans.iter().take(self.spans.len().saturating_sub(keep)).skip(done) {
             if compressed(span.first) {
                 continue;
@@ -95,8 +129,12 @@ impl Stage for Chains {
                 refs: inside.iter().map(|r| r.ref_n).collect(),
                 body: block_body(block, &infos),
             });
-            if let Some(text) = reply_cut(block, branch.entry(span.last).1) {
-                blocks.push(DecisionEvent::ChainReplyCut { block, text });
+            // The newest closed chain's reply stays whole until a later prune: it is what the user is
+            // answering.
+            if Some(span.last) != newest {
+                if let Some(text) = reply_cut(block, branch.entry(span.last).1) {
+                    blocks.push(DecisionEvent::ChainReplyCut { block, text });
+                }
             }
             block += 1;
         }
@@ -127,7 +165,7 @@ mod tests {
     /// chain holding a recovery inside its grace window waits.
     #[test]
     fn closed_chains_outside_the_window_are_compressed_once() {
-        let mut log = Recorded::new(PruneConfig::default());
+        let mut log = Recorded::new(PruneConfig { rolling_window: 1, ..PruneConfig::default() });
         let mut stage = Chains::default();
         chain(&mut log, 1);
         assert_eq!(log.run(&mut [&mut stage], Trigger::Request).unwrap(), vec![], "the newest chain stays");

@@ -409,8 +409,8 @@ fn config(store_dir: &Path, action: Option<ConfigAction>, file: Option<&Path>, j
 fn check_range(key: &str, v: &Value) -> Result<()> {
     // (minimum, whole numbers only)
     let range: Option<(f64, bool)> = match key {
-        "minBatchChars" | "spillPreviewBytes" | "purgeMinChars" | "purgeAfterTurns" | "recoveryGraceTurns" | "condenseArgsChars" | "minPruneTokens" | "autoBudgetThreshold" => Some((0.0, true)),
-        "spillThreshold" | "rollingWindow" => Some((1.0, true)),
+        "minBatchChars" | "rollingWindow" | "spillPreviewBytes" | "purgeMinChars" | "purgeAfterTurns" | "recoveryGraceTurns" | "condenseArgsChars" | "minPruneTokens" | "autoBudgetThreshold" => Some((0.0, true)),
+        "spillThreshold" => Some((1.0, true)),
         "cachedPrice" | "uncachedPrice" => Some((0.0, false)),
         _ => None,
     };

@@ -426,7 +426,7 @@ fn non_utf8_paths_are_taken_as_they_are() {
 fn config_set_refuses_values_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    for (key, value) in [("spillThreshold", "-5"), ("cachedPrice", "-1"), ("rollingWindow", "0"), ("recoveryGraceTurns", "-5"), ("minBatchChars", "3.7")] {
+    for (key, value) in [("spillThreshold", "-5"), ("cachedPrice", "-1"), ("rollingWindow", "-1"), ("recoveryGraceTurns", "-5"), ("minBatchChars", "3.7")] {
         let (code, _, err) = condense(&store, &["config", "set", key, value]);
         assert_eq!(code, 2, "{key} {value}");
         assert!(err.contains(&format!("config key `{key}`")) && err.contains("out of range"), "{err}");

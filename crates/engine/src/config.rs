@@ -310,7 +310,7 @@ mod tests {
         assert_eq!(parse("[1]").unwrap_err().key, "(file)");
         let (raw, prices) = parse(r#"{"recoveryGraceTurns":2.7,"minBatchChars":0,"rollingWindow":-4,"cachedPrice":0.2}"#).unwrap();
         let c = raw.normalize();
-        assert_eq!((c.recovery_grace_turns, c.min_batch_chars, c.rolling_window), (2, 0, 1));
+        assert_eq!((c.recovery_grace_turns, c.min_batch_chars, c.rolling_window), (2, 0, 0));
         assert_eq!(prices.cached, 0.2);
         let back = to_json(&c, prices);
         assert_eq!(back["recoveryGraceTurns"], 2);

@@ -41,9 +41,13 @@ pub struct PruneConfig {
     /// When batches are pruned.
     pub prune_on: PruneOn,
     /// Budget trigger for long autonomous runs: prune when the outputs the model has already read and
-    /// that are still verbatim reach this many tokens (chars/4). 0 turns it off; capped at 300,000.
+    /// that are still verbatim reach this many tokens (chars/4). 0 turns it off; capped at 300,000. Under
+    /// `pruneOn: agent-message`, while a final reply is still to be expected (the session has had one, or
+    /// its first chain is younger than [`AUTONOMOUS_AFTER_TURNS`] turns), the trigger waits for
+    /// [`AWAITING_REPLY_BUDGET`] tokens instead when that is larger (see `docs/pruning.md`).
     pub auto_budget_threshold: u64,
-    /// The newest closed chains kept uncompressed.
+    /// The newest closed chains kept uncompressed (0: every closed chain is compressed at the next
+    /// prune).
     pub rolling_window: u64,
     /// User-turn-groups a `context_tree_query` output stays verbatim after it was made; 0 disables.
     pub recovery_grace_turns: u64,
@@ -82,7 +86,7 @@ impl Default for PruneConfig {
             spill_preview_bytes: 2048,
             prune_on: PruneOn::AgentMessage,
             auto_budget_threshold: DEFAULT_AUTO_BUDGET,
-            rolling_window: 1,
+            rolling_window: 0,
             recovery_grace_turns: 3,
             purge_errors: true,
             purge_min_chars: 500,
@@ -98,6 +102,15 @@ impl Default for PruneConfig {
 
 /// The budget trigger's default, chosen from the corpus figures (see `docs/pruning.md`).
 pub const DEFAULT_AUTO_BUDGET: u64 = 1_200;
+
+/// The budget trigger's threshold while a final reply is still to be expected (under `pruneOn:
+/// agent-message`): the reply will prune everything the model has read at once, so pruning before it
+/// breaks the cache for little. Used when larger than `autoBudgetThreshold` (see `docs/pruning.md`).
+pub const AWAITING_REPLY_BUDGET: u64 = 10_000;
+
+/// Assistant turns after which a session that has never given a final reply counts as an autonomous run
+/// (one prompt running into many calls): the budget trigger then prunes at `autoBudgetThreshold`.
+pub const AUTONOMOUS_AFTER_TURNS: u32 = 24;
 
 /// A configuration as a user wrote it: every field optional, numbers as given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -185,7 +198,7 @@ pub const RECOVERY_GRACE_PRESETS: &[u64] = &[0, 1, 2, 3, 5, 8];
 /// Preset values offered for `minBatchChars`.
 pub const MIN_BATCH_CHARS_PRESETS: &[u64] = &[0, 500, 1000, 2000, 5000];
 /// Preset values offered for `rollingWindow`.
-pub const ROLLING_WINDOW_PRESETS: &[u64] = &[1, 2, 3, 5, 10];
+pub const ROLLING_WINDOW_PRESETS: &[u64] = &[0, 1, 2, 3, 5, 10];
 /// Preset values offered for `autoBudgetThreshold`.
 pub const AUTO_BUDGET_PRESETS: &[u64] = &[0, 1_200, 2_000, 4_000, 8_000, 20_000, 50_000, 300_000];
 

@@ -11,7 +11,7 @@ mod message;
 
 pub use config::{
     normalize_count, BatchingMode, PruneConfig, PruneOn, RawConfig, AUTO_BUDGET_CAP, AUTO_BUDGET_PRESETS,
-    DEFAULT_AUTO_BUDGET, MIN_BATCH_CHARS_PRESETS, RECOVERY_GRACE_PRESETS, ROLLING_WINDOW_PRESETS,
+    AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET, DEFAULT_AUTO_BUDGET, MIN_BATCH_CHARS_PRESETS, RECOVERY_GRACE_PRESETS, ROLLING_WINDOW_PRESETS,
 };
 pub use message::{host_summary_text, Block, Context, Message, StopReason, Usage, UserOrigin};
 

@@ -2,7 +2,7 @@
 //! as a coding agent does: it resends its whole history every request, runs the shell tool calls it gets
 //! for real, and stops at a text reply. Each API is exercised streaming and not.
 
-use condense_engine::config::{FileConfig, ModelLimits};
+use condense_engine::config::ModelLimits;
 use condense_events::{Block, Message};
 use condense_formats::wire::{self, Api};
 use condense_serve::fake::{newest_stub_ref, Fake, Step};
@@ -171,6 +171,9 @@ fn config_for(store: impl Into<std::path::PathBuf>, fake: &Fake) -> ServeConfig 
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     cfg.anthropic_upstream = fake.url();
     cfg.openai_upstream = format!("{}/v1", fake.url());
+    // The scripts query stubs of the turn before: a rolling window of one keeps that turn's outputs as
+    // stubs in place (with the default 0 the turn is folded into a chain block at the next prune).
+    cfg.file.raw.rolling_window = Some(1.0);
     cfg
 }
 
@@ -178,7 +181,7 @@ async fn setup(steps: Vec<Step>, models: Vec<(String, ModelLimits)>) -> Setup {
     let fake = Fake::start(steps).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = config_for(dir.path().join("store"), &fake);
-    cfg.file = FileConfig { models, ..FileConfig::default() };
+    cfg.file.models = models;
     let serve = start(cfg).await.expect("serve starts");
     Setup { fake, serve, dir }
 }

@@ -4,8 +4,8 @@
 //! uses now.
 
 use crate::{Item, Summarizer};
-use condense_events::{BatchOutcome, DecisionEvent, PruneOn, Record};
-use condense_stage::{Pass, Stage, StageError, Trigger};
+use condense_events::{BatchOutcome, DecisionEvent, PruneConfig, PruneOn, Record, AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET};
+use condense_stage::{Pass, Shape, Stage, StageError, Trigger};
 use std::collections::BTreeMap;
 
 /// The summarize stage, for one pass.
@@ -47,7 +47,8 @@ impl Stage for Close<'_> {
                     .filter(|r| !r.protected && !idx.spills.contains_key(&r.ref_n))
                     .map(|r| r.chars.div_ceil(4))
                     .sum();
-                if cfg.auto_budget_threshold > 0 && verbatim_tokens >= cfg.auto_budget_threshold {
+                let threshold = budget_threshold(cfg, shape);
+                if threshold > 0 && verbatim_tokens >= threshold {
                     seen
                 } else if cfg.prune_on == PruneOn::AgentMessage {
                     pending.iter().filter(|(_, recs)| read_before(shape.last_final(), recs)).map(|(b, _)| *b).collect()
@@ -96,10 +97,25 @@ impl Stage for Close<'_> {
     }
 }
 
+/// The budget trigger's threshold for this request (0: off). Under `pruneOn: agent-message`, while a
+/// final reply is still to be expected (the session has given one, or it is younger than
+/// [`AUTONOMOUS_AFTER_TURNS`] turns) the trigger waits for [`AWAITING_REPLY_BUDGET`] tokens: the reply
+/// prunes everything read at once, and a prune before it is one more cache break. A session that has run
+/// that many turns on its first prompt without a reply is an autonomous run, where no reply comes to prune
+/// and `autoBudgetThreshold` applies.
+pub fn budget_threshold(cfg: &PruneConfig, shape: &Shape) -> u64 {
+    let t = cfg.auto_budget_threshold;
+    let autonomous = shape.last_final().is_none() && shape.turns() >= AUTONOMOUS_AFTER_TURNS;
+    if t == 0 || cfg.prune_on != PruneOn::AgentMessage || autonomous {
+        t
+    } else {
+        t.max(AWAITING_REPLY_BUDGET)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use condense_events::PruneConfig;
     use condense_stage::testing::{calls, prompt, record, reply, result, Given, Recorded};
 
     /// Against a recorded log: under `pruneOn: agent-message` a batch stays open until a final reply
@@ -144,5 +160,46 @@ mod tests {
         assert_eq!(log.run(&mut [&mut { given }, &mut stage], Trigger::Request).unwrap().len(), 1);
         let d = log.run(&mut [&mut stage], Trigger::Now).unwrap();
         assert!(matches!(&d[..], [DecisionEvent::BatchClosed { batch: 1, outcome: BatchOutcome::Summarized, .. }]), "{d:?}");
+    }
+
+    /// The budget trigger waits for `AWAITING_REPLY_BUDGET` while a reply is to be expected and prunes at
+    /// `autoBudgetThreshold` in an autonomous run: 1,500 tokens of read output close their batch only once
+    /// the first chain has run `AUTONOMOUS_AFTER_TURNS` turns without a reply, or under `pruneOn: on-demand`.
+    #[test]
+    fn the_budget_waits_for_a_reply_unless_the_run_is_autonomous() {
+        let big = "x".repeat(6_000);
+        let closes = |cfg: PruneConfig, earlier_reply: bool, turns_before: usize| -> bool {
+            let mut log = Recorded::new(cfg);
+            let extractive = crate::Extractive::default();
+            let mut stage = Close::new(&extractive);
+            log.message("u0", prompt("go"), &mut []);
+            if earlier_reply {
+                log.message("f0", reply("done"), &mut []);
+                log.message("u1", prompt("more"), &mut []);
+            }
+            for i in 0..turns_before {
+                log.message(&format!("p{i}"), calls(&[(&format!("d{i}"), "bash", "{}")]), &mut []);
+                log.message(&format!("q{i}"), result(&format!("d{i}"), "bash", "ok", false), &mut []);
+            }
+            log.message("a1", calls(&[("c1", "bash", "{}")]), &mut []);
+            log.message("r1", result("c1", "bash", &big, false), &mut []);
+            log.message("a2", calls(&[("c2", "bash", "{}")]), &mut []);
+            let given = Given(vec![(record(1, 1, "r1", "a1", "c1", "bash", &big, "h1"), big.clone())]);
+            let d = log.run(&mut [&mut { given }, &mut stage], Trigger::Request).unwrap();
+            d.iter().any(|d| matches!(d, DecisionEvent::BatchClosed { batch: 1, .. }))
+        };
+        let d = PruneConfig::default();
+        assert!(d.auto_budget_threshold < 1_500 && 1_500 < AWAITING_REPLY_BUDGET);
+        let autonomous = AUTONOMOUS_AFTER_TURNS as usize;
+        assert!(!closes(d.clone(), false, 0), "a young first chain waits for its reply");
+        assert!(!closes(d.clone(), false, autonomous - 3), "still young: {} turns", autonomous - 1);
+        assert!(closes(d.clone(), false, autonomous), "an autonomous run prunes at the small budget");
+        assert!(!closes(d.clone(), true, autonomous + 10), "a session whose chains end in replies waits");
+        let on_demand = PruneConfig { prune_on: PruneOn::OnDemand, ..d.clone() };
+        assert!(closes(on_demand, true, 0), "no reply prunes under on-demand: the configured budget");
+        let off = PruneConfig { auto_budget_threshold: 0, ..d.clone() };
+        assert!(!closes(off, false, autonomous), "0 turns the trigger off");
+        let large = PruneConfig { auto_budget_threshold: 20_000, ..d };
+        assert!(!closes(large, false, autonomous), "a larger configured budget applies everywhere");
     }
 }
