@@ -42,9 +42,8 @@ pub struct PruneConfig {
     pub prune_on: PruneOn,
     /// Budget trigger for long autonomous runs: prune when the outputs the model has already read and
     /// that are still verbatim reach this many tokens (chars/4). 0 turns it off; capped at 300,000. Under
-    /// `pruneOn: agent-message`, while a final reply is still to be expected (the session has had one, or
-    /// its first chain is younger than [`AUTONOMOUS_AFTER_TURNS`] turns), the trigger waits for
-    /// [`AWAITING_REPLY_BUDGET`] tokens instead when that is larger (see `docs/pruning.md`).
+    /// `pruneOn: agent-message` the trigger waits for more while a final reply is to be expected: see
+    /// [`AWAITING_REPLY_BUDGET`], [`FIRST_TURNS_BUDGET`] and `docs/pruning.md`.
     pub auto_budget_threshold: u64,
     /// The newest closed chains kept uncompressed (0: every closed chain is compressed at the next
     /// prune).
@@ -79,7 +78,7 @@ impl Default for PruneConfig {
         PruneConfig {
             enabled: true,
             batching_mode: BatchingMode::Turn,
-            min_batch_chars: 1000,
+            min_batch_chars: 500,
             protected_tools: Vec::new(),
             protected_paths: vec!["**/skills/**/*.md".to_string()],
             spill_threshold: 65_536,
@@ -93,7 +92,7 @@ impl Default for PruneConfig {
             purge_after_turns: 2,
             dedup: true,
             thinking_strip: true,
-            condense_args_chars: 80,
+            condense_args_chars: 40,
             min_prune_tokens: 1000,
             recover_large_context: true,
         }
@@ -103,14 +102,21 @@ impl Default for PruneConfig {
 /// The budget trigger's default, chosen from the corpus figures (see `docs/pruning.md`).
 pub const DEFAULT_AUTO_BUDGET: u64 = 1_200;
 
-/// The budget trigger's threshold while a final reply is still to be expected (under `pruneOn:
-/// agent-message`): the reply will prune everything the model has read at once, so pruning before it
+/// The budget trigger's threshold once the user is in the loop (see [`IN_THE_LOOP_PROMPTS`]), under
+/// `pruneOn: agent-message`: the next final reply will prune everything read at once, so a prune before it
 /// breaks the cache for little. Used when larger than `autoBudgetThreshold` (see `docs/pruning.md`).
 pub const AWAITING_REPLY_BUDGET: u64 = 10_000;
 
-/// Assistant turns after which a session that has never given a final reply counts as an autonomous run
-/// (one prompt running into many calls): the budget trigger then prunes at `autoBudgetThreshold`.
-pub const AUTONOMOUS_AFTER_TURNS: u32 = 24;
+/// User prompts answering a final reply after which the user counts as in the loop.
+pub const IN_THE_LOOP_PROMPTS: u32 = 2;
+
+/// The budget trigger's threshold in the first turns of a session whose user is not in the loop yet
+/// (fewer than [`AUTONOMOUS_AFTER_TURNS`]), when larger than `autoBudgetThreshold`.
+pub const FIRST_TURNS_BUDGET: u64 = 3_000;
+
+/// Assistant turns after which a session whose user is not in the loop counts as an autonomous run (one
+/// prompt running into many calls): the budget trigger then prunes at `autoBudgetThreshold`.
+pub const AUTONOMOUS_AFTER_TURNS: u32 = 40;
 
 /// A configuration as a user wrote it: every field optional, numbers as given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -122,6 +122,8 @@ pub struct Shape {
     chains: u32,
     last_assistant: Option<usize>,
     last_final: Option<usize>,
+    last_prompt: Option<usize>,
+    answered: u32,
 }
 
 impl Shape {
@@ -136,6 +138,10 @@ impl Shape {
             let (_, m) = branch.entry(i);
             if matches!(**m, Message::User { origin: UserOrigin::Prompt, .. }) {
                 self.utg += 1;
+                if self.last_final.is_some_and(|f| self.last_prompt.is_none_or(|p| f > p)) {
+                    self.answered += 1;
+                }
+                self.last_prompt = Some(i);
             }
             self.turn_at.push(self.turns);
             self.utg_at.push(self.utg);
@@ -192,6 +198,12 @@ impl Shape {
     /// Position of the newest final reply.
     pub fn last_final(&self) -> Option<usize> {
         self.last_final
+    }
+
+    /// User prompts that answered a final reply (the model replied to the prompt before, and the user
+    /// wrote again): how often the user has been in the loop.
+    pub fn answered(&self) -> u32 {
+        self.answered
     }
 }
 

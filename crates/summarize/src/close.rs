@@ -4,7 +4,7 @@
 //! uses now.
 
 use crate::{Item, Summarizer};
-use condense_events::{BatchOutcome, DecisionEvent, PruneConfig, PruneOn, Record, AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET};
+use condense_events::{BatchOutcome, DecisionEvent, PruneConfig, PruneOn, Record, AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET, FIRST_TURNS_BUDGET, IN_THE_LOOP_PROMPTS};
 use condense_stage::{Pass, Shape, Stage, StageError, Trigger};
 use std::collections::BTreeMap;
 
@@ -97,19 +97,25 @@ impl Stage for Close<'_> {
     }
 }
 
-/// The budget trigger's threshold for this request (0: off). Under `pruneOn: agent-message`, while a
-/// final reply is still to be expected (the session has given one, or it is younger than
-/// [`AUTONOMOUS_AFTER_TURNS`] turns) the trigger waits for [`AWAITING_REPLY_BUDGET`] tokens: the reply
-/// prunes everything read at once, and a prune before it is one more cache break. A session that has run
-/// that many turns on its first prompt without a reply is an autonomous run, where no reply comes to prune
-/// and `autoBudgetThreshold` applies.
+/// The budget trigger's threshold for this request (0: off). Under `pruneOn: agent-message` it depends
+/// on whether a final reply is to be expected, since the reply prunes everything read at once and each
+/// prune before it is one more cache break:
+/// - the user is in the loop ([`IN_THE_LOOP_PROMPTS`] prompts have answered a final reply): the trigger
+///   waits for [`AWAITING_REPLY_BUDGET`] tokens;
+/// - not yet, in the first [`AUTONOMOUS_AFTER_TURNS`] turns: [`FIRST_TURNS_BUDGET`];
+/// - not yet, after that: an autonomous run, where no reply comes to prune: `autoBudgetThreshold`.
+///
+/// A configured threshold larger than these applies everywhere.
 pub fn budget_threshold(cfg: &PruneConfig, shape: &Shape) -> u64 {
     let t = cfg.auto_budget_threshold;
-    let autonomous = shape.last_final().is_none() && shape.turns() >= AUTONOMOUS_AFTER_TURNS;
-    if t == 0 || cfg.prune_on != PruneOn::AgentMessage || autonomous {
+    if t == 0 || cfg.prune_on != PruneOn::AgentMessage {
         t
-    } else {
+    } else if shape.answered() >= IN_THE_LOOP_PROMPTS {
         t.max(AWAITING_REPLY_BUDGET)
+    } else if shape.turns() < AUTONOMOUS_AFTER_TURNS {
+        t.max(FIRST_TURNS_BUDGET)
+    } else {
+        t
     }
 }
 
@@ -162,20 +168,24 @@ mod tests {
         assert!(matches!(&d[..], [DecisionEvent::BatchClosed { batch: 1, outcome: BatchOutcome::Summarized, .. }]), "{d:?}");
     }
 
-    /// The budget trigger waits for `AWAITING_REPLY_BUDGET` while a reply is to be expected and prunes at
-    /// `autoBudgetThreshold` in an autonomous run: 1,500 tokens of read output close their batch only once
-    /// the first chain has run `AUTONOMOUS_AFTER_TURNS` turns without a reply, or under `pruneOn: on-demand`.
+    /// The budget trigger's threshold follows the session's shape: 2,000 tokens of read output close
+    /// their batch in an autonomous run (no prompt has answered a reply, `AUTONOMOUS_AFTER_TURNS` turns
+    /// in) and under `pruneOn: on-demand`, not in the first turns (`FIRST_TURNS_BUDGET`); 5,000 close it
+    /// in the first turns but not once the user is in the loop (`AWAITING_REPLY_BUDGET`); 0 turns the
+    /// trigger off, a larger configured budget applies everywhere.
     #[test]
     fn the_budget_waits_for_a_reply_unless_the_run_is_autonomous() {
-        let big = "x".repeat(6_000);
-        let closes = |cfg: PruneConfig, earlier_reply: bool, turns_before: usize| -> bool {
+        // `answered` prompts each answering a final reply, then `turns_before` turns of small outputs,
+        // then one output of `tokens` tokens the model has read.
+        let closes_at = |tokens: usize, cfg: PruneConfig, answered: usize, turns_before: usize| -> bool {
+            let big = "x".repeat(tokens * 4);
             let mut log = Recorded::new(cfg);
             let extractive = crate::Extractive::default();
             let mut stage = Close::new(&extractive);
             log.message("u0", prompt("go"), &mut []);
-            if earlier_reply {
-                log.message("f0", reply("done"), &mut []);
-                log.message("u1", prompt("more"), &mut []);
+            for i in 0..answered {
+                log.message(&format!("f{i}"), reply("done"), &mut []);
+                log.message(&format!("u{}", i + 1), prompt("more"), &mut []);
             }
             for i in 0..turns_before {
                 log.message(&format!("p{i}"), calls(&[(&format!("d{i}"), "bash", "{}")]), &mut []);
@@ -188,18 +198,22 @@ mod tests {
             let d = log.run(&mut [&mut { given }, &mut stage], Trigger::Request).unwrap();
             d.iter().any(|d| matches!(d, DecisionEvent::BatchClosed { batch: 1, .. }))
         };
+        let closes = |cfg, answered, turns_before| closes_at(2_000, cfg, answered, turns_before);
         let d = PruneConfig::default();
-        assert!(d.auto_budget_threshold < 1_500 && 1_500 < AWAITING_REPLY_BUDGET);
+        assert!(d.auto_budget_threshold < 2_000 && 2_000 < FIRST_TURNS_BUDGET && FIRST_TURNS_BUDGET < 5_000 && 5_000 < AWAITING_REPLY_BUDGET);
         let autonomous = AUTONOMOUS_AFTER_TURNS as usize;
-        assert!(!closes(d.clone(), false, 0), "a young first chain waits for its reply");
-        assert!(!closes(d.clone(), false, autonomous - 3), "still young: {} turns", autonomous - 1);
-        assert!(closes(d.clone(), false, autonomous), "an autonomous run prunes at the small budget");
-        assert!(!closes(d.clone(), true, autonomous + 10), "a session whose chains end in replies waits");
+        let in_loop = IN_THE_LOOP_PROMPTS as usize;
+        assert!(!closes(d.clone(), 0, 0), "the first turns wait for the first-turns budget");
+        assert!(!closes(d.clone(), 0, autonomous - 3), "still the first turns: {} turns", autonomous - 1);
+        assert!(closes(d.clone(), 0, autonomous), "an autonomous run prunes at the small budget");
+        assert!(closes(d.clone(), in_loop - 1, autonomous), "one answered reply is not the loop yet");
+        assert!(closes_at(5_000, d.clone(), 0, 0), "over the first-turns budget");
+        assert!(!closes_at(5_000, d.clone(), in_loop, autonomous + 10), "a user in the loop: the trigger waits for the reply");
         let on_demand = PruneConfig { prune_on: PruneOn::OnDemand, ..d.clone() };
-        assert!(closes(on_demand, true, 0), "no reply prunes under on-demand: the configured budget");
+        assert!(closes(on_demand, in_loop, 0), "no reply prunes under on-demand: the configured budget");
         let off = PruneConfig { auto_budget_threshold: 0, ..d.clone() };
-        assert!(!closes(off, false, autonomous), "0 turns the trigger off");
+        assert!(!closes(off, 0, autonomous), "0 turns the trigger off");
         let large = PruneConfig { auto_budget_threshold: 20_000, ..d };
-        assert!(!closes(large, false, autonomous), "a larger configured budget applies everywhere");
+        assert!(!closes(large, 0, autonomous), "a larger configured budget applies everywhere");
     }
 }
