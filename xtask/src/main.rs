@@ -672,7 +672,7 @@ fn quality(md: &mut String, scratch: &Path) -> Result<()> {
     writeln!(md, "\nSessions with at least 100 tool calls: {n_big}; median tokens {:.2}% of raw (target ≤ 25%), median cost {:.2}% of raw (target ≤ 35%). Highest cost ratio of any session: {:.1}%. Retention {:.3} in total, median {:.3} (target ≥ 0.85). Refs recovered byte-exact: {}/{}; validity errors: {}.",
         med(tok) * 100.0, med(cost) * 100.0, all_cost.iter().copied().fold(0.0, f64::max) * 100.0, total.retention(), med(retention), total.refs_recovered_exact, total.refs_checked, total.validity_errors)?;
     let count = |pick: fn(&(bool, bool, bool)) -> bool| beats.iter().filter(|b| pick(b)).count();
-    writeln!(md, "\nThe {} corpus pi sessions with at least 100 tool calls (issue 10, target 2): median cost {:.1}% of raw (target ≤ 22%); against pi-condense, fewer tokens on {}, lower cost on {}, no more cache breaks on {} of {}.",
+    writeln!(md, "\nThe {} corpus pi sessions with at least 100 tool calls (issue 10, target 2): median cost {:.2}% of raw (target ≤ 22%); against pi-condense, fewer tokens on {}, lower cost on {}, no more cache breaks on {} of {}.",
         pi_cost.len(), med(pi_cost) * 100.0, count(|b| b.0), count(|b| b.1), count(|b| b.2), beats.len())?;
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
