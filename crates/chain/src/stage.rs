@@ -82,23 +82,6 @@ impl Stage for Chains {
         let mut block = pass.index.next_block();
         let newest = self.spans.last().map(|s| s.last);
         let mut blocks = Vec::new();
-        // At a prune, the replies left whole earlier are cut once their chain is no longer the newest.
-        if pass.batches_closed() > 0 || done < self.spans.len().saturating_sub(keep) {
-            let mut short = Vec::new();
-            for (&b, last) in &self.uncut {
-                let Some(i) = pass.position(last) else { continue };
-                if Some(i) == newest {
-                    continue;
-                }
-                match reply_cut(b, branch.entry(i).1) {
-                    Some(text) => blocks.push(DecisionEvent::ChainReplyCut { block: b, text }),
-                    None => short.push(b),
-                }
-            }
-            for b in short {
-                self.uncut.remove(&b);
-            }
-        }
         for span in self.spans.iter().take(self.spans.len().saturating_sub(keep)).skip(done) {
             if compressed(span.first) {
                 continue;
@@ -137,6 +120,24 @@ impl Stage for Chains {
                 }
             }
             block += 1;
+        }
+        // At a prune (batches closed or chains compressed), the replies left whole earlier are cut once
+        // their chain is no longer the newest: the cut rides on a cache break that happens anyway.
+        if pass.batches_closed() > 0 || !blocks.is_empty() {
+            let mut short = Vec::new();
+            for (&b, last) in &self.uncut {
+                let Some(i) = pass.position(last) else { continue };
+                if Some(i) == newest {
+                    continue;
+                }
+                match reply_cut(b, branch.entry(i).1) {
+                    Some(text) => blocks.push(DecisionEvent::ChainReplyCut { block: b, text }),
+                    None => short.push(b),
+                }
+            }
+            for b in short {
+                self.uncut.remove(&b);
+            }
         }
         self.compressed = done;
         for d in blocks {
