@@ -1,7 +1,9 @@
 //! The chain stage: closed chains older than the rolling window become one block each
-//! (`ChainCompressed`), unless a recovery inside one is still in its grace window.
+//! (`ChainCompressed`), unless a recovery inside one is still in its grace window; the long final reply of
+//! a compressed chain is cut (`ChainReplyCut`) at the first prune where its chain is not the newest.
 //!
-//! State: the first entry of every compressed chain, folded from the log. Cache: the closed chains of the
+//! State: the first entry of every compressed chain and the compressed chains whose reply is not cut
+//! yet, folded from the log. Cache: the closed chains of the
 //! branch found so far (scanned only where the branch grew) and how many of the first ones are
 //! compressed; both are dropped when the branch's shape is rebuilt.
 
