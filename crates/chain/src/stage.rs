@@ -116,10 +116,8 @@ impl Stage for Chains {
             });
             // The newest closed chain's reply stays whole until a later prune: it is what the user is
             // answering.
-            if Some(span.last) != newest {
-                if let Some(text) = reply_cut(block, branch.entry(span.last).1) {
-                    blocks.push(DecisionEvent::ChainReplyCut { block, text });
-                }
+            if let Some(text) = (Some(span.last) != newest).then(|| reply_cut(block, branch.entry(span.last).1)).flatten() {
+                blocks.push(DecisionEvent::ChainReplyCut { block, text });
             }
             block += 1;
         }
