@@ -728,3 +728,39 @@ async fn two_servers_on_one_postgres_database_serve_a_conversation_as_one() {
         assert_eq!(sled_log, one_log, "{api:?}: sled and PostgreSQL stored different events");
     }
 }
+
+/// With the configuration condense ships (`rollingWindow` 0), a finished turn reaches the provider folded
+/// into a chain block at the next prune: the prompt, the block naming its outputs' refs and the reply;
+/// the model can query a ref the block names and gets the original back byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_defaults_a_finished_turn_reaches_the_provider_as_a_chain_block() {
+    let fake = Fake::start(vec![
+        Step::Shell(BIG.into()),
+        Step::Shell("seq 2 30001".into()),
+        Step::Shell("seq 3 30002".into()),
+        Step::Text("turn one done".into()),
+        Step::Text("noted".into()),
+        Step::Text("still here".into()),
+    ])
+    .await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.file.raw.rolling_window = None;
+    let serve = start(cfg).await.expect("serve starts");
+    let s = Setup { fake, serve, dir };
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    assert_eq!(agent.turn("count the numbers").await.unwrap(), "turn one done");
+    assert_eq!(agent.turn("thanks").await.unwrap(), "noted");
+    assert_eq!(agent.turn("and now?").await.unwrap(), "still here");
+    let log = s.fake.log();
+    let last = log.last().unwrap().messages();
+    let block = last.iter().map(Message::text).find(|t| t.starts_with("[Compressed chain b1")).unwrap_or_else(|| panic!("a chain block in {:#?}", last.iter().map(Message::text).collect::<Vec<_>>()));
+    assert!(block.contains("t3"), "{block}");
+    assert!(!last.iter().any(|m| matches!(m, Message::ToolResult { .. })), "no tool result of turn one is sent as it was");
+    assert!(last.iter().any(|m| m.text() == "turn one done"), "the short reply follows the block");
+    // The ref the block names gives the original back.
+    let (_, session) = store_of(&s);
+    let answer = session.query(&["t3".into()]).unwrap();
+    assert!(!answer.is_error);
+    assert_eq!(answer.text.split_once('\n').unwrap().1, agent.outputs[2], "byte for byte");
+}
