@@ -84,6 +84,8 @@ impl Stage for Chains {
         let mut block = pass.index.next_block();
         let newest = self.spans.last().map(|s| s.last);
         let mut blocks = Vec::new();
+        // The chains this pass compresses: block and the position of the final reply.
+        let mut compressed_now = Vec::new();
         for span in self.spans.iter().take(self.spans.len().saturating_sub(keep)).skip(done) {
             if compressed(span.first) {
                 continue;
@@ -114,19 +116,16 @@ impl Stage for Chains {
                 refs: inside.iter().map(|r| r.ref_n).collect(),
                 body: block_body(block, &infos),
             });
-            // The newest closed chain's reply stays whole until a later prune: it is what the user is
-            // answering.
-            if let Some(text) = (Some(span.last) != newest).then(|| reply_cut(block, branch.entry(span.last).1)).flatten() {
-                blocks.push(DecisionEvent::ChainReplyCut { block, text });
-            }
+            compressed_now.push((block, span.last));
             block += 1;
         }
-        // At a prune (batches closed or chains compressed), the replies left whole earlier are cut once
-        // their chain is no longer the newest: the cut rides on a cache break that happens anyway.
-        if pass.batches_closed() > 0 || !blocks.is_empty() {
+        // At a prune (batches closed or chains compressed), the long reply of every compressed chain but
+        // the newest closed one (what the user is answering) is cut: those compressed now and those left
+        // whole earlier. The cut rides on a cache break that happens anyway.
+        if pass.batches_closed() > 0 || !compressed_now.is_empty() {
+            let earlier = self.uncut.iter().filter_map(|(&b, last)| Some((b, pass.position(last)?)));
             let mut short = Vec::new();
-            for (&b, last) in &self.uncut {
-                let Some(i) = pass.position(last) else { continue };
+            for (b, i) in compressed_now.into_iter().chain(earlier) {
                 if Some(i) == newest {
                     continue;
                 }
