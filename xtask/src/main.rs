@@ -394,6 +394,23 @@ fn timed_replay(
     Ok((pipe, rend, ctl))
 }
 
+/// A session of `store` holding all of `file` but its last 2,000 events, pruned once whole (timed), then
+/// those events replayed live: the first prune's time and, per request, pipeline, render, controller and
+/// `prepare` (the three in a row).
+#[allow(clippy::type_complexity)]
+fn live_tail(store: &Store, file: &Path) -> Result<(Duration, Vec<Duration>, Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
+    let mut events = condense_formats::import_file(file)?.events;
+    let tail = events.split_off(events.len() - 2_000);
+    let s = store.create_session("gen-100k")?;
+    s.append(events)?;
+    let t = Instant::now();
+    s.prune_now()?;
+    let first = t.elapsed();
+    let (pipe, rend, ctl) = timed_replay(&s, tail)?;
+    let prepare = pipe.iter().zip(&rend).zip(&ctl).map(|((p, r), c)| *p + *r + *c).collect();
+    Ok((first, pipe, rend, ctl, prepare))
+}
+
 fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
     writeln!(md, "\n## Pruning: per-turn cost\n")?;
     writeln!(md, "Each corpus session replayed request by request with the default pipeline: before each assistant message the pipeline runs (capture, dedup, spill, summarize, purge, chains, cost guard) and the context is rendered. Largest sessions first.\n")?;
@@ -431,17 +448,7 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
     }
     if with_100k {
         let file = scratch.join("pi-v3-100000.jsonl");
-        let imported = condense_formats::import_file(&file)?;
-        let mut events = imported.events;
-        let tail = events.split_off(events.len() - 2_000);
-        let s = store.create_session("gen-100k")?;
-        s.append(events)?;
-        let t = Instant::now();
-        s.prune_now()?;
-        let first = t.elapsed();
-        let (pipe, rend, ctl) = timed_replay(&s, tail)?;
-        // `prepare` is the three in a row, per request.
-        let prepare: Vec<Duration> = pipe.iter().zip(&rend).zip(&ctl).map(|((p, r), c)| *p + *r + *c).collect();
+        let (first, pipe, rend, ctl, prepare) = live_tail(&store, &file)?;
         writeln!(md, "\nGenerated 100k-entry pi session: one pipeline run over the whole session (captures and prunes everything read) took {:.0} ms; then the last 2,000 events replayed live: pipeline p50 {:.1} ms, p99 {:.1} ms; render p50 {:.2} ms, p99 {:.2} ms; controller p50 {:.2} ms, p99 {:.2} ms; `prepare` (the three, per request) p50 {:.1} ms, p99 {:.1} ms ({} requests; the session names no model window, so the controller only finds no checkpoint due; target p99 < 5 ms).",
             ms(first), ms(median(pipe.clone())), ms(percentile(pipe, 0.99)), ms(median(rend.clone())), ms(percentile(rend.clone(), 0.99)),
             ms(median(ctl.clone())), ms(percentile(ctl, 0.99)), ms(median(prepare.clone())), ms(percentile(prepare, 0.99)), rend.len())?;
@@ -449,13 +456,7 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
         // what a crash would lose): `prepare` without waiting for the log's fsync (a spill still syncs
         // its blob file).
         let served = Store::open_with(dir.join("served"), condense_engine::StoreOptions { defer_durability: true, ..Default::default() })?;
-        let mut events = condense_formats::import_file(&file)?.events;
-        let tail = events.split_off(events.len() - 2_000);
-        let s = served.create_session("gen-100k")?;
-        s.append(events)?;
-        s.prune_now()?;
-        let (pipe, rend, ctl) = timed_replay(&s, tail)?;
-        let prepare: Vec<Duration> = pipe.iter().zip(&rend).zip(&ctl).map(|((p, r), c)| *p + *r + *c).collect();
+        let (_, pipe, _, _, prepare) = live_tail(&served, &file)?;
         writeln!(md, "\nThe same on a store opened as `condense serve` opens it (`defer_durability`: appends return once written, before they are durable; the client resends what a crash would lose): `prepare` p50 {:.1} ms, p99 {:.1} ms; pipeline p99 {:.1} ms.",
             ms(median(prepare.clone())), ms(percentile(prepare, 0.99)), ms(percentile(pipe, 0.99)))?;
         println!("pruning 100k: durable and served");
