@@ -29,9 +29,11 @@ pub use stats::Stats;
 
 /// Events are written in chunks of this many, one durable group each.
 const APPEND_CHUNK: usize = 4096;
-/// Events the streaming importer hands over at a time (small enough that a corpus-sized file is parsed
-/// and written at once, not one after the other).
+/// The streaming importer hands over what it parsed once it holds this many events or has read this many
+/// bytes of the file since the last hand-over, so the log writer works while the parser reads on, even on
+/// a file of a few hundred kilobytes.
 const IMPORT_CHUNK: usize = 256;
+const IMPORT_CHUNK_BYTES: u64 = 64 * 1024;
 /// The most events a streaming import holds while the file's hash is still being computed.
 const IMPORT_HELD: usize = 64 * IMPORT_CHUNK;
 
@@ -350,7 +352,6 @@ impl Store {
         let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
         let shown = path.display().to_string();
         let (hash_file, parse_file) = (open()?, open()?);
-        let reader = std::io::BufReader::with_capacity(1 << 20, parse_file);
         let (tx, rx) = crossbeam_channel::bounded::<Vec<SourceEvent>>(4);
         let log = &self.inner.log;
         std::thread::scope(|scope| {
@@ -368,10 +369,14 @@ impl Store {
             let parser = std::thread::Builder::new()
                 .name("condense-import".into())
                 .spawn_scoped(scope, move || {
+                    let read_bytes = std::rc::Rc::new(std::cell::Cell::new(0u64));
+                    let reader = Consumed { inner: std::io::BufReader::with_capacity(1 << 20, parse_file), consumed: read_bytes.clone() };
                     let mut chunk = Vec::with_capacity(IMPORT_CHUNK);
+                    let mut handed = 0;
                     let read = condense_formats::import_stream(&shown, reader, &mut |e| {
                         chunk.push(e);
-                        if chunk.len() == IMPORT_CHUNK {
+                        if chunk.len() == IMPORT_CHUNK || read_bytes.get() - handed >= IMPORT_CHUNK_BYTES {
+                            handed = read_bytes.get();
                             // A writer that stopped has its error already; what is parsed after is dropped.
                             drop(tx.send(std::mem::replace(&mut chunk, Vec::with_capacity(IMPORT_CHUNK))));
                         }
@@ -402,13 +407,13 @@ impl Store {
                         Some(x) => x,
                         None => {
                             chunk.insert(1.min(chunk.len()), SourceEvent::ImportStarted { path: canonical.clone(), bytes: len, hash: hash.clone() });
-                            session.insert((log.create_session(name)?, 0))
+                            session.insert((log.create_session_deferred(name)?, 0))
                         }
                     };
                     let values = chunk
                         .into_iter()
                         .enumerate()
-                        .map(|(i, e)| condense_log::encode_event(*id, *head + 1 + i as u64, &Event::Source(e)))
+                        .map(|(i, e)| log.encode(*id, *head + 1 + i as u64, &Event::Source(e)))
                         .collect::<Vec<_>>();
                     let n = values.len() as u64;
                     // This chunk is encoded while the writer writes the one before.
@@ -433,7 +438,7 @@ impl Store {
             let Some(streamed) = read.map_err(io)? else { return Ok(None) };
             let (id, head) = match session {
                 Some(x) => x,
-                None => (log.create_session(name)?, 0),
+                None => (log.create_session_deferred(name)?, 0),
             };
             let s = Session { store: self.clone(), id, name: name.to_string() };
             let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: len, hash };
@@ -815,7 +820,7 @@ impl Session {
                 let values = chunk
                     .iter()
                     .enumerate()
-                    .map(|(i, body)| condense_log::encode_event(self.id, head + 1 + i as u64, body))
+                    .map(|(i, body)| log.encode(self.id, head + 1 + i as u64, body))
                     .collect();
                 // One flush at the end covers every chunk before it: only the last waits for the disk.
                 let last = events.peek().is_none();
@@ -1317,5 +1322,30 @@ impl Session {
     /// Counts of the session (see [`Stats`]).
     pub fn stats(&self) -> Result<Stats> {
         Ok(Stats::of(&self.projection()?))
+    }
+}
+
+/// A reader that counts the bytes its user consumed (not those it buffered ahead).
+struct Consumed<R> {
+    inner: R,
+    consumed: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: std::io::BufRead> std::io::Read for Consumed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.consumed.set(self.consumed.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl<R: std::io::BufRead> std::io::BufRead for Consumed<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.consumed.set(self.consumed.get() + amount as u64);
+        self.inner.consume(amount);
     }
 }

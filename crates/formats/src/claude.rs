@@ -11,6 +11,16 @@ use std::collections::BTreeMap;
 
 pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     let mut events = Vec::new();
+    let diagnostics = import_to(file, lines, &mut |e| events.push(e));
+    Output { events, diagnostics }
+}
+
+/// [`import`], handing the events to `emit` as the lines are read: an entry leaves once no later line
+/// can change it (everything before the assistant message still open for merging), after the session's
+/// start (known from its first message line); the diagnostics are returned at the end.
+pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mut dyn FnMut(SourceEvent)) -> Vec<Diagnostic> {
+    let mut chain = crate::Chain::new(emit);
+    let mut started_sent = false;
     let mut diags = Vec::new();
     let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
     // The session's identity comes from its first message line, read as the lines stream by.
@@ -25,7 +35,7 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
         let n = line.line;
         let v = &mut line.value;
         let kind = str_of(v, "type").unwrap_or("").to_string();
-        if started.is_none() && matches!(kind.as_str(), "user" | "assistant") {
+        if !started_sent && started.is_none() && matches!(kind.as_str(), "user" | "assistant") {
             main_is_sidechain = v.get("isSidechain").and_then(Value::as_bool) == Some(true);
             started = Some(SourceEvent::SessionStarted {
                 source: "claude-code".into(),
@@ -52,7 +62,7 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
                 if let Some(m) = str_of(&msg, "model").filter(|m| *m != "<synthetic>") {
                     if model.as_deref() != Some(m) {
                         model = Some(m.to_string());
-                        b.side_event(SourceEvent::ModelChanged {
+                        b.side_event(&mut chain, SourceEvent::ModelChanged {
                             provider: Some("anthropic".into()),
                             model: m.to_string(),
                             context_window: None,
@@ -147,18 +157,29 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
             | "last-prompt" | "attachment" | "custom-title" | "tag" | "agent-name" => {}
             other => diags.push(diag(n, format!("unknown line type `{other}` skipped"))),
         }
+        if !started_sent && let Some(s) = started.take() {
+            chain.now(s);
+            started_sent = true;
+        }
+        if started_sent {
+            b.release(&mut chain);
+        }
     }
     if skipped_sidechain > 0 {
         diags.push(diag(0, format!("{skipped_sidechain} sidechain (subagent) lines skipped; import the subagent file itself")));
     }
-    events.push(started.unwrap_or(SourceEvent::SessionStarted {
-        source: "claude-code".into(),
-        source_id: None,
-        cwd: None,
-        timestamp: None,
-    }));
-    events.extend(b.done());
-    Output { events, diagnostics: diags }
+    if !started_sent {
+        chain.now(started.unwrap_or(SourceEvent::SessionStarted {
+            source: "claude-code".into(),
+            source_id: None,
+            cwd: None,
+            timestamp: None,
+        }));
+    }
+    b.open = None;
+    b.release(&mut chain);
+    chain.finish();
+    diags
 }
 
 /// Command wrappers and interrupt markers are sent to the model but are not user prompts.
@@ -235,16 +256,16 @@ pub(crate) fn result_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)
 }
 
 /// Builds a linear entry chain, merging streamed assistant lines that share a `message.id` into the open
-/// assistant message. Entries are held back until the chain is complete so a merge never rewrites an
-/// emitted event.
+/// assistant message. The open message and the entries after it are held back until it closes, so a
+/// merge never rewrites an emitted event; the entries before it go to the chain.
 #[derive(Default)]
 struct Builder {
+    /// Entries not handed to the chain yet; the first is entry `base` of the session.
     entries: Vec<(String, Entry)>,
-    /// Index in `entries` of the assistant message still open for merging, with its provider message id.
+    base: usize,
+    /// The session index of the assistant message still open for merging, with its provider message id.
     open: Option<(usize, String)>,
     names: BTreeMap<String, String>,
-    /// Non-entry events, each placed after the entry count it followed.
-    side: Vec<(usize, SourceEvent)>,
 }
 
 impl Builder {
@@ -256,8 +277,8 @@ impl Builder {
     }
 
     /// Model changes are reported just before the entry that first used the model.
-    fn side_event(&mut self, ev: SourceEvent) {
-        self.side.push((self.entries.len(), ev));
+    fn side_event(&mut self, chain: &mut crate::Chain<'_>, ev: SourceEvent) {
+        chain.side(self.base + self.entries.len(), ev);
     }
 
     fn assistant(
@@ -271,7 +292,7 @@ impl Builder {
     ) {
         if let (Some((ix, open_id)), Some(id)) = (&self.open, &msg_id) {
             if open_id == id {
-                if let Entry::Message(Message::Assistant { content, stop: s, usage: u, .. }) = &mut self.entries[*ix].1 {
+                if let Entry::Message(Message::Assistant { content, stop: s, usage: u, .. }) = &mut self.entries[*ix - self.base].1 {
                     content.extend(blocks);
                     if stop.is_some() {
                         *s = stop;
@@ -284,10 +305,13 @@ impl Builder {
             }
         }
         self.entries.push((uuid, Entry::Message(Message::Assistant { content: blocks, model, stop, usage })));
-        self.open = msg_id.map(|id| (self.entries.len() - 1, id));
+        self.open = msg_id.map(|id| (self.base + self.entries.len() - 1, id));
     }
 
-    fn done(self) -> Vec<SourceEvent> {
-        crate::linear_chain(self.entries, self.side)
+    /// Hands the entries before the open assistant message (all, if none is open) to the chain.
+    fn release(&mut self, chain: &mut crate::Chain<'_>) {
+        let upto = self.open.as_ref().map_or(self.entries.len(), |(ix, _)| ix - self.base);
+        self.entries.drain(..upto).for_each(|(id, e)| chain.entry(id, e));
+        self.base += upto;
     }
 }

@@ -11,6 +11,16 @@ use std::collections::BTreeMap;
 
 pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     let mut events = Vec::new();
+    let diagnostics = import_to(file, lines, &mut |e| events.push(e));
+    Output { events, diagnostics }
+}
+
+/// [`import`], handing the events to `emit` as the lines are read: once the session's start is known
+/// (its `session_meta` line), every entry but an assistant message still open for more items leaves as
+/// its line is read; the diagnostics are returned at the end.
+pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mut dyn FnMut(SourceEvent)) -> Vec<Diagnostic> {
+    let mut chain = crate::Chain::new(emit);
+    let mut started_sent = false;
     let mut diags = Vec::new();
     let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
     let mut started = SourceEvent::SessionStarted { source: "codex".into(), source_id: None, cwd: None, timestamp: None };
@@ -91,7 +101,7 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
                     if let Some(u) = info.and_then(|i| i.get("last_token_usage")) {
                         let total_in = u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0);
                         let cached = u.get("cached_input_tokens").and_then(Value::as_u64).unwrap_or(0);
-                        h.side(SourceEvent::ProviderUsage(Usage {
+                        h.side(&mut chain, SourceEvent::ProviderUsage(Usage {
                             input: total_in.saturating_sub(cached),
                             output: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
                             cache_read: cached,
@@ -104,31 +114,43 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
             other => diags.push(diag(n, format!("unknown line type `{other}` skipped"))),
         }
         if model_event.is_some() {
-            h.side(SourceEvent::ModelChanged {
+            h.side(&mut chain, SourceEvent::ModelChanged {
                 provider: Some("openai".into()),
                 model: model.clone().unwrap_or_default(),
                 context_window: window,
                 max_output: None,
             });
         }
+        if have_meta && !started_sent {
+            chain.now(started.clone());
+            started_sent = true;
+        }
+        if started_sent {
+            h.release(&mut chain);
+        }
     }
-    events.push(started);
+    if !started_sent {
+        chain.now(started);
+    }
     h.flush_event_prompt();
-    let History { entries, side, .. } = h;
-    let ids = entries.into_iter().enumerate().map(|(i, e)| (format!("r{}", i + 1), e));
-    events.extend(crate::linear_chain(ids, side));
-    Output { events, diagnostics: diags }
+    h.open = false;
+    h.release(&mut chain);
+    chain.finish();
+    diags
 }
 
 #[derive(Default)]
 struct History {
+    /// Entries not handed to the chain yet; the first is entry `base` of the session.
     entries: Vec<Entry>,
+    base: usize,
     /// Whether the last entry is an assistant message still open for more assistant-side items.
     open: bool,
     names: BTreeMap<String, String>,
-    side: Vec<(usize, SourceEvent)>,
     /// A prompt seen only as a `user_message` event so far in this turn.
     event_prompt: Option<String>,
+    /// Whether a user prompt was recorded since the last assistant message.
+    prompted: bool,
 }
 
 /// Developer messages and the environment, permission and AGENTS.md blocks Codex injects are not prompts.
@@ -144,23 +166,38 @@ pub(crate) fn user_origin(role: &str, text: &str) -> UserOrigin {
 impl History {
     /// Whether a user prompt was recorded since the last assistant message.
     fn prompt_since_reply(&self) -> bool {
-        self.entries
-            .iter()
-            .rev()
-            .take_while(|e| !matches!(e, Entry::Message(Message::Assistant { .. })))
-            .any(|e| matches!(e, Entry::Message(Message::User { origin: UserOrigin::Prompt, .. })))
+        self.prompted
+    }
+
+    /// Every entry is added here.
+    fn add(&mut self, e: Entry) {
+        match &e {
+            Entry::Message(Message::Assistant { .. }) => self.prompted = false,
+            Entry::Message(Message::User { origin: UserOrigin::Prompt, .. }) => self.prompted = true,
+            _ => {}
+        }
+        self.entries.push(e);
     }
 
     /// A prompt known only from its `user_message` event becomes a message before the reply to it.
     fn flush_event_prompt(&mut self) {
         if let Some(text) = self.event_prompt.take() {
             self.open = false;
-            self.entries.push(Entry::Message(Message::User { content: vec![Block::Text { text }], origin: UserOrigin::Prompt }));
+            self.add(Entry::Message(Message::User { content: vec![Block::Text { text }], origin: UserOrigin::Prompt }));
         }
     }
 
-    fn side(&mut self, ev: SourceEvent) {
-        self.side.push((self.entries.len(), ev));
+    fn side(&mut self, chain: &mut crate::Chain<'_>, ev: SourceEvent) {
+        chain.side(self.base + self.entries.len(), ev);
+    }
+
+    /// Hands every entry but an open assistant message to the chain, named `r1`, `r2`, … in session order.
+    fn release(&mut self, chain: &mut crate::Chain<'_>) {
+        let upto = self.entries.len() - usize::from(self.open && !self.entries.is_empty());
+        for (i, e) in self.entries.drain(..upto).enumerate() {
+            chain.entry(format!("r{}", self.base + i + 1), e);
+        }
+        self.base += upto;
     }
 
     fn push(&mut self, e: Entry) {
@@ -168,7 +205,7 @@ impl History {
             self.flush_event_prompt();
         }
         self.open = false;
-        self.entries.push(e);
+        self.add(e);
     }
 
     fn assistant_block(&mut self, b: Block) {
@@ -182,7 +219,7 @@ impl History {
                 return;
             }
         }
-        self.entries.push(Entry::Message(Message::Assistant { content: vec![b], model: None, stop: None, usage: None }));
+        self.add(Entry::Message(Message::Assistant { content: vec![b], model: None, stop: None, usage: None }));
         self.open = true;
     }
 

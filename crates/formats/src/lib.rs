@@ -133,8 +133,7 @@ pub fn import_sessions(file: &str, bytes: &[u8]) -> Result<Vec<(Option<String>, 
 }
 
 /// A line-format session (pi, Claude Code, Codex) read from a stream: its events go to `emit` as they
-/// are read (pi's as each line is; the others' once their file is read), so a file of any size is never
-/// held whole. The events are those [`import_bytes`] gives for the same bytes, diagnostics last.
+/// are read (each once no later line can change it), so a file of any size is never held whole. The events are those [`import_bytes`] gives for the same bytes, diagnostics last.
 /// `Ok(None)`: the stream is not one of these (a JSON document, pretty-printed objects, an OpenHands
 /// evaluation output, or nothing known) and nothing was emitted: read it whole with [`import_sessions`].
 pub fn import_stream(file: &str, reader: impl std::io::BufRead, emit: &mut dyn FnMut(SourceEvent)) -> std::io::Result<Option<Streamed>> {
@@ -147,13 +146,13 @@ pub fn import_stream(file: &str, reader: impl std::io::BufRead, emit: &mut dyn F
     if head.first().is_some_and(|l| documents::detect(&l.value).is_some()) {
         return Ok(None);
     }
+    let all_lines = head.into_iter().chain(lines.by_ref());
     let mut diagnostics = match format {
-        // pi's events leave as each line is read; the others' importers hand theirs over at the end.
-        Format::Pi => pi::import_to(file, head.into_iter().chain(lines.by_ref()), emit),
-        _ => {
-            let out = run(format, file, head.into_iter().chain(lines.by_ref()));
-            out.events.into_iter().for_each(&mut *emit);
-            out.diagnostics
+        Format::Pi => pi::import_to(file, all_lines, emit),
+        Format::ClaudeCode => claude::import_to(file, all_lines, emit),
+        Format::Codex => codex::import_to(file, all_lines, emit),
+        Format::OpenCode | Format::GeminiCli | Format::OpenHands | Format::SweAgent | Format::MiniSweAgent => {
+            unreachable!("document formats are detected on the whole document, never from lines")
         }
     };
     if let Some(e) = lines.error.take() {
@@ -261,16 +260,54 @@ pub(crate) fn linear_chain(
     side: Vec<(usize, SourceEvent)>,
 ) -> Vec<SourceEvent> {
     let mut out = Vec::new();
-    let mut side = side.into_iter().peekable();
-    let mut parent: Option<String> = None;
-    for (i, (id, entry)) in entries.into_iter().enumerate() {
-        while side.peek().is_some_and(|(at, _)| *at <= i) {
-            out.push(side.next().expect("peeked").1);
-        }
-        out.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.replace(id), entry });
-    }
-    out.extend(side.map(|(_, e)| e));
+    let mut push = |e| out.push(e);
+    let mut chain = Chain::new(&mut push);
+    side.into_iter().for_each(|(at, e)| chain.side(at, e));
+    entries.into_iter().for_each(|(id, entry)| chain.entry(id, entry));
+    chain.finish();
     out
+}
+
+/// [`linear_chain`] as a stream: an importer hands over each entry once nothing can change it any more,
+/// and each side event with the index of the entry it goes before; the events leave in the order
+/// [`linear_chain`] gives them.
+pub(crate) struct Chain<'a> {
+    emit: &'a mut dyn FnMut(SourceEvent),
+    parent: Option<String>,
+    /// Entries emitted so far: the index of the next one.
+    emitted: usize,
+    /// Side events waiting for the entry they go before, in the order they came.
+    side: std::collections::VecDeque<(usize, SourceEvent)>,
+}
+
+impl<'a> Chain<'a> {
+    pub(crate) fn new(emit: &'a mut dyn FnMut(SourceEvent)) -> Chain<'a> {
+        Chain { emit, parent: None, emitted: 0, side: std::collections::VecDeque::new() }
+    }
+
+    /// An event that leaves at once, ahead of anything held (the session's start).
+    pub(crate) fn now(&mut self, e: SourceEvent) {
+        (self.emit)(e);
+    }
+
+    /// A side event to place before entry `at` (after the last entry if no entry `at` comes).
+    pub(crate) fn side(&mut self, at: usize, e: SourceEvent) {
+        self.side.push_back((at, e));
+    }
+
+    /// The next entry of the chain.
+    pub(crate) fn entry(&mut self, id: String, entry: condense_events::Entry) {
+        while self.side.front().is_some_and(|(at, _)| *at <= self.emitted) {
+            (self.emit)(self.side.pop_front().expect("peeked").1);
+        }
+        (self.emit)(SourceEvent::EntryAppended { id: id.clone(), parent: self.parent.replace(id), entry });
+        self.emitted += 1;
+    }
+
+    /// The side events recorded after the last entry.
+    pub(crate) fn finish(self) {
+        self.side.into_iter().for_each(|(_, e)| (self.emit)(e));
+    }
 }
 
 /// What a format importer produces before the shared diagnostics are merged in.

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use blob::BlobHash;
-pub use codec::{decode_envelope, encode_envelope, encode_event, FORMAT_VERSION, MAX_VALUE_BYTES};
+pub use codec::{decode_envelope, encode_envelope, encode_event, encode_event_compressed, FORMAT_LZ4, FORMAT_VERSION, MAX_VALUE_BYTES};
 pub use export::ExportSummary;
 
 /// Errors of the log. Every message names the session, sequence number, file or offset involved.
@@ -190,6 +190,17 @@ pub trait Backend: Send + Sync {
     fn describe(&self) -> String;
     /// Creates a session named `name`; under the id `wanted` when that id is free and was never used.
     fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId>;
+    /// [`Backend::create_session`] without waiting for the disk: the next durable append or sync makes
+    /// the session durable, with what was appended to it. A backend whose creations cost no wait keeps
+    /// this default.
+    fn create_session_deferred(&self, name: &str) -> Result<SessionId> {
+        self.create_session(name, None)
+    }
+    /// Whether values are stored compressed ([`encode_event_compressed`]); a store held in memory for a
+    /// moment is not worth the work.
+    fn compresses(&self) -> bool {
+        true
+    }
     /// Every session, in id order.
     fn sessions(&self) -> Result<Vec<SessionInfo>>;
     /// The session's newest sequence number as stored now (another process may have appended).
@@ -306,6 +317,13 @@ impl Log {
         self.backend.create_session(name, None)
     }
 
+    /// Creates a session named `name` and returns its id at once, durable with the next durable append or
+    /// [`Log::sync`] (a crash before then may lose it, with its deferred appends): for a caller that
+    /// writes the session's first events straight after and makes them durable itself, as an import does.
+    pub fn create_session_deferred(&self, name: &str) -> Result<SessionId> {
+        self.backend.create_session_deferred(name)
+    }
+
     /// Creates a session named `name` under the id `wanted` when that id is free and was never used, else
     /// under the next one (an import keeps the ids of an export this way).
     pub fn create_session_as(&self, name: &str, wanted: SessionId) -> Result<SessionId> {
@@ -335,11 +353,21 @@ impl Log {
     /// Appends `events` to `session` if its head is still `expected_head`; returns the new head once the
     /// events are durable.
     pub fn append(&self, session: SessionId, expected_head: Seq, events: Vec<Event>) -> Result<Seq> {
-        let values = events.iter().enumerate().map(|(i, e)| encode_event(session, expected_head + 1 + i as u64, e)).collect();
+        let values = events.iter().enumerate().map(|(i, e)| self.encode(session, expected_head + 1 + i as u64, e)).collect();
         self.append_encoded(session, expected_head, values, true)?.recv().map_err(|_| LogError::Closed)?
     }
 
-    /// Starts an append of envelopes the caller encoded itself (with [`encode_envelope`], for the seqs
+    /// Encodes event `body` as it is stored at `seq` of `session` in this log, for
+    /// [`Log::append_encoded`]: compressed where the backend stores values compressed.
+    pub fn encode(&self, session: SessionId, seq: Seq, body: &Event) -> Vec<u8> {
+        if self.backend.compresses() {
+            encode_event_compressed(session, seq, body)
+        } else {
+            encode_event(session, seq, body)
+        }
+    }
+
+    /// Starts an append of envelopes the caller encoded itself (with [`Log::encode`], for the seqs
     /// `expected_head + 1 ..`) and returns at once; the receiver yields the new head, or the error. A
     /// caller can encode its next chunk while this one is written.
     ///

@@ -43,6 +43,10 @@ impl Backend for MemoryStore {
         "(in memory)".into()
     }
 
+    fn compresses(&self) -> bool {
+        false
+    }
+
     fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId> {
         self.with(|s| {
             if s.sessions.values().any(|(n, _)| n == name) {

@@ -135,7 +135,11 @@ impl Backend for SledStore {
     }
 
     fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId> {
-        self.writer.create_session(name, wanted)
+        self.writer.create_session(name, wanted, true)
+    }
+
+    fn create_session_deferred(&self, name: &str) -> Result<SessionId> {
+        self.writer.create_session(name, None, false)
     }
 
     fn sessions(&self) -> Result<Vec<SessionInfo>> {

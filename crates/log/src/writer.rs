@@ -11,8 +11,9 @@ use std::thread::JoinHandle;
 
 
 enum Request {
-    /// Create a session, under `wanted` when that id is free and was never used.
-    Create { name: String, wanted: Option<SessionId>, reply: Sender<Result<SessionId>> },
+    /// Create a session, under `wanted` when that id is free and was never used. `durable: false` is
+    /// acknowledged once written, before the flush.
+    Create { name: String, wanted: Option<SessionId>, durable: bool, reply: Sender<Result<SessionId>> },
     /// Delete a session: its name, then its events.
     Remove { session: SessionId, reply: Sender<Result<()>> },
     /// Values already encoded by the caller for seq `expected + 1 ..`.
@@ -42,9 +43,9 @@ impl WriterHandle {
         guard.as_ref().ok_or(LogError::Closed)?.send(req).map_err(|_| LogError::Closed)
     }
 
-    pub(crate) fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId> {
+    pub(crate) fn create_session(&self, name: &str, wanted: Option<SessionId>, durable: bool) -> Result<SessionId> {
         let (reply, rx) = bounded(1);
-        self.send(Request::Create { name: name.to_string(), wanted, reply })?;
+        self.send(Request::Create { name: name.to_string(), wanted, durable, reply })?;
         rx.recv().map_err(|_| LogError::Closed)?
     }
 
@@ -167,9 +168,11 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
     let mut wrote = false;
     let mut flush = false;
     let mut syncs = Vec::new();
+    // Sessions created without a flush: the next flush must come even if nothing else is written.
+    let mut deferred_new = Vec::new();
     for req in group {
         match req {
-            Request::Create { name, wanted, reply } => {
+            Request::Create { name, wanted, durable, reply } => {
                 if names.contains_key(&name) || new_names.iter().any(|(n, _)| n == &name) {
                     replies.push(Reply::Created(reply, Err(LogError::SessionExists(name))));
                     continue;
@@ -185,7 +188,10 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
                     continue;
                 }
                 wrote = true;
-                flush = true;
+                flush |= durable;
+                if !durable {
+                    deferred_new.push(id);
+                }
                 heads.insert(id, 0);
                 new_names.push((name, id));
                 replies.push(Reply::Created(reply, Ok(id)));
@@ -231,6 +237,11 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
     // The manifest only ever learns heads that are durable: deferred ones wait for the next flush.
     for n in &notices {
         unflushed.insert(n.session, n.last);
+    }
+    if !flush {
+        for id in deferred_new {
+            unflushed.entry(id).or_insert(0);
+        }
     }
     if flush && !unflushed.is_empty() {
         let durable_heads = std::mem::take(unflushed);
