@@ -1114,7 +1114,11 @@ impl Session {
         let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
         let log = &self.store.inner.log;
         let Live { proj: p, stages } = &mut *proj;
-        let planned = stages.plan(p, summarizer.as_ref(), trigger, &mut |bytes| log.put_blob(bytes).map(|h| h.0).map_err(|e| e.to_string()));
+        // A spilled output is durable before the decision naming it is: at once, or (a store that defers
+        // durability) with the flush that makes that decision durable.
+        let deferred = self.store.inner.defer_durability;
+        let put = |bytes: &[u8]| if deferred { log.put_blob_deferred(bytes) } else { log.put_blob(bytes) };
+        let planned = stages.plan(p, summarizer.as_ref(), trigger, &mut |bytes| put(bytes).map(|h| h.0).map_err(|e| e.to_string()));
         // Requests answered so far: the assistant messages on the branch, as the stages counted them.
         let requests = u64::from(stages.turns());
         let decisions = planned.map_err(|e| EngineError::Pipeline { name: self.name.clone(), reason: e.to_string() })?;

@@ -1,5 +1,7 @@
 //! Content-addressed blob files beside the database: `blobs/<2 hex>/<64 hex>`, written to a temp file,
-//! synced, then renamed into place so a reader never sees half a blob.
+//! synced, then renamed into place so a reader never sees half a blob. A blob put for a host that defers
+//! durability is synced later instead, by the log writer before its next flush: it is durable before any
+//! event naming it is.
 
 use crate::{LogError, Result};
 use std::io::Write;
@@ -32,6 +34,20 @@ impl std::fmt::Display for BlobHash {
 #[derive(Clone)]
 pub(crate) struct BlobStore {
     dir: PathBuf,
+    /// Blobs written without a sync, for [`sync_pending`] before the next flush of the log.
+    pending: Pending,
+}
+
+/// Blob files in place but not synced yet.
+pub(crate) type Pending = std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>;
+
+/// Syncs the blobs written without a sync so far; the log writer calls it before every flush.
+pub(crate) fn sync_pending(pending: &Pending) -> std::io::Result<()> {
+    let paths = std::mem::take(&mut *pending.lock().expect("pending blobs lock"));
+    for p in &paths {
+        std::fs::File::open(p)?.sync_all()?;
+    }
+    Ok(())
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LogError + '_ {
@@ -39,15 +55,16 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LogError + '_ {
 }
 
 impl BlobStore {
-    pub(crate) fn new(dir: PathBuf) -> BlobStore {
-        BlobStore { dir }
+    pub(crate) fn new(dir: PathBuf, pending: Pending) -> BlobStore {
+        BlobStore { dir, pending }
     }
 
     fn path_of(&self, hash: &BlobHash) -> PathBuf {
         self.dir.join(&hash.0[..2]).join(&hash.0)
     }
 
-    pub(crate) fn put(&self, bytes: &[u8]) -> Result<BlobHash> {
+    /// Stores `bytes`, synced before this returns (`sync`), or before the log's next flush.
+    pub(crate) fn put(&self, bytes: &[u8], sync: bool) -> Result<BlobHash> {
         let hash = BlobHash::of(bytes);
         let path = self.path_of(&hash);
         if path.exists() {
@@ -58,9 +75,14 @@ impl BlobStore {
         let tmp = parent.join(format!("{}.tmp", hash.0));
         let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
         f.write_all(bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
+        if sync {
+            f.sync_all().map_err(io(&tmp))?;
+        }
         drop(f);
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        if !sync {
+            self.pending.lock().expect("pending blobs lock").push(path);
+        }
         Ok(hash)
     }
 

@@ -221,6 +221,11 @@ pub trait Backend: Send + Sync {
     fn subscribe(&self) -> Receiver<Appended>;
     /// Stores a content-addressed blob.
     fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash>;
+    /// [`Backend::put_blob`] without waiting for the disk: durable before the next durable append or sync
+    /// is, so before any event naming it. A backend whose blobs cost no wait keeps this default.
+    fn put_blob_deferred(&self, bytes: &[u8]) -> Result<BlobHash> {
+        self.put_blob(bytes)
+    }
     /// Reads a blob, checking its content against its hash.
     fn get_blob(&self, hash: &BlobHash) -> Result<Vec<u8>>;
     /// Every blob hash present, sorted.
@@ -434,6 +439,13 @@ impl Log {
     /// Stores `bytes` as a content-addressed blob and returns its hash.
     pub fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash> {
         self.backend.put_blob(bytes)
+    }
+
+    /// Stores a blob as [`Log::put_blob`] does, durable with the next durable append or [`Log::sync`]
+    /// instead of before this returns: for a host that defers durability (`condense serve`), whose
+    /// events naming the blob are not durable before then either.
+    pub fn put_blob_deferred(&self, bytes: &[u8]) -> Result<BlobHash> {
+        self.backend.put_blob_deferred(bytes)
     }
 
     /// Reads the blob `hash`, checking that its content still matches.

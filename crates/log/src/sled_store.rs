@@ -16,6 +16,8 @@ pub(crate) struct Shared {
     pub(crate) subscribers: Mutex<Vec<Sender<Appended>>>,
     pub(crate) heads: Mutex<BTreeMap<SessionId, Seq>>,
     pub(crate) manifest: Mutex<manifest::Manifest>,
+    /// Blobs written without a sync: the writer syncs them before each flush.
+    pub(crate) pending_blobs: blob::Pending,
 }
 
 /// The sled backend of [`crate::Log`].
@@ -122,9 +124,10 @@ impl SledStore {
             subscribers: Mutex::new(Vec::new()),
             heads: Mutex::new(heads),
             manifest: Mutex::new(manifest),
+            pending_blobs: blob::Pending::default(),
         });
         let writer = writer::WriterHandle::spawn(shared.clone());
-        let blobs = blob::BlobStore::new(dir.join("blobs"));
+        let blobs = blob::BlobStore::new(dir.join("blobs"), shared.pending_blobs.clone());
         Ok(SledStore { shared, writer, blobs })
     }
 }
@@ -202,7 +205,11 @@ impl Backend for SledStore {
     }
 
     fn put_blob(&self, bytes: &[u8]) -> Result<BlobHash> {
-        self.blobs.put(bytes)
+        self.blobs.put(bytes, true)
+    }
+
+    fn put_blob_deferred(&self, bytes: &[u8]) -> Result<BlobHash> {
+        self.blobs.put(bytes, false)
     }
 
     fn get_blob(&self, hash: &BlobHash) -> Result<Vec<u8>> {
@@ -240,4 +247,29 @@ fn remove_partial_snapshots(db: &Path) -> bool {
         }
     }
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deferred_blob_reads_at_once_and_is_synced_by_the_next_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let pending = || store.shared.pending_blobs.lock().unwrap().len();
+        let h = store.put_blob_deferred(b"a spilled output").unwrap();
+        assert_eq!(store.get_blob(&h).unwrap(), b"a spilled output");
+        assert_eq!(pending(), 1);
+        // A sync with nothing else to write still syncs it.
+        store.sync().unwrap();
+        assert_eq!(pending(), 0);
+        // As does a durable append; a durable put syncs itself.
+        store.put_blob_deferred(b"another").unwrap();
+        let id = store.create_session("s", None).unwrap();
+        assert_eq!(pending(), 0);
+        store.put_blob(b"synced now").unwrap();
+        assert_eq!(pending(), 0);
+        assert_eq!(id, 1);
+    }
 }

@@ -112,6 +112,7 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
             commit(shared, &mut names, &mut unflushed, pending);
         }
     }
+    let _ = crate::blob::sync_pending(&shared.pending_blobs);
     let _ = shared.db.flush();
 }
 
@@ -208,12 +209,14 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
         }
     }
     // Nothing written and nothing pending: a sync or an empty durable append costs no flush.
-    let flush = flush && (wrote || !unflushed.is_empty());
+    let flush = flush && (wrote || !unflushed.is_empty() || !shared.pending_blobs.lock().expect("pending blobs lock").is_empty());
     let durable = crate::quietly(|| {
         if wrote {
             shared.events.apply_batch(batch)?;
         }
         if flush {
+            // Blobs written without a sync go first: they are durable before any event naming them.
+            crate::blob::sync_pending(&shared.pending_blobs)?;
             shared.db.flush()?;
         }
         Ok::<(), sled::Error>(())
@@ -276,6 +279,7 @@ fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, session: Ses
     let floor = id_floor(shared).max(session + 1);
     shared.db.insert(ID_FLOOR_KEY, &floor.to_be_bytes()).map_err(sled)?;
     shared.sessions.remove(session.to_be_bytes()).map_err(sled)?;
+    crate::blob::sync_pending(&shared.pending_blobs).map_err(|e| sled(e.into()))?;
     shared.db.flush().map_err(sled)?;
     names.retain(|_, id| *id != session);
     shared.heads.lock().expect("heads lock").remove(&session);
