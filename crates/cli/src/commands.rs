@@ -817,7 +817,8 @@ fn import(store: &Store, paths: &[PathBuf], json_out: bool) -> Result<ExitCode> 
             let _ = std::io::stderr().flush();
         }
         let name = name_of(file);
-        match store.import_file_all(file, &name) {
+        // Every new session is made durable at once after the last file (one flush, not one per file).
+        match store.import_file_all_deferred(file, &name) {
             Ok(outcomes) => {
                 for o in outcomes {
                     let name = &o.name;
@@ -869,6 +870,7 @@ fn import(store: &Store, paths: &[PathBuf], json_out: bool) -> Result<ExitCode> 
     if progress {
         eprintln!();
     }
+    store.sync()?;
     if json_out {
         outln!("{}", serde_json::to_string_pretty(&json!({"imported": imported, "skipped": skipped, "diagnostics": diags, "files": reports}))?);
     } else {

@@ -319,8 +319,20 @@ impl Store {
     /// As [`Store::import_file`], for every session the file holds: one for most formats; one per line of
     /// an OpenHands evaluation output, each named `NAME#INSTANCE_ID`.
     pub fn import_file_all(&self, path: &Path, name: &str) -> Result<Vec<ImportOutcome>> {
+        self.import_file_all_with(path, name, true)
+    }
+
+    /// [`Store::import_file_all`] for one file of many: a new session of a line format is written without
+    /// waiting for the disk, and [`Store::sync`] after the last file makes every one durable at once (one
+    /// flush for a folder instead of one per file). A crash before that sync loses such sessions, or the
+    /// end of them; importing the files again finishes them, as after any interrupted import.
+    pub fn import_file_all_deferred(&self, path: &Path, name: &str) -> Result<Vec<ImportOutcome>> {
+        self.import_file_all_with(path, name, false)
+    }
+
+    fn import_file_all_with(&self, path: &Path, name: &str, durable: bool) -> Result<Vec<ImportOutcome>> {
         if self.inner.log.session_id(name)?.is_none()
-            && let Some(done) = self.import_streaming(path, name)?
+            && let Some(done) = self.import_streaming(path, name, durable)?
         {
             return Ok(vec![done]);
         }
@@ -345,7 +357,7 @@ impl Store {
     /// while this one encodes and the log writer writes, and the file is never held whole, nor is the
     /// session folded into a projection (the first render folds it from the log). The events are those
     /// the whole-file path writes. `None` when the file is not one of these formats (nothing is written).
-    fn import_streaming(&self, path: &Path, name: &str) -> Result<Option<ImportOutcome>> {
+    fn import_streaming(&self, path: &Path, name: &str, durable: bool) -> Result<Option<ImportOutcome>> {
         let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
         let open = || std::fs::File::open(path).map_err(io);
         let len = std::fs::metadata(path).map_err(io)?.len();
@@ -442,7 +454,7 @@ impl Store {
             };
             let s = Session { store: self.clone(), id, name: name.to_string() };
             let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: len, hash };
-            s.write_unfolded(head, vec![Event::Source(completed)], !self.inner.defer_durability)?;
+            s.write_unfolded(head, vec![Event::Source(completed)], durable && !self.inner.defer_durability)?;
             Ok(Some(ImportOutcome {
                 action: ImportAction::Imported,
                 name: name.to_string(),
