@@ -392,6 +392,60 @@ fn streamed_import_writes_what_the_whole_file_import_writes() {
     assert!(last.diagnostics.len() >= 3, "{:?}", last.diagnostics);
 }
 
+/// A reader that counts the bytes consumed from it.
+struct Counted<'a> {
+    inner: &'a [u8],
+    consumed: std::rc::Rc<std::cell::Cell<usize>>,
+}
+
+impl std::io::Read for Counted<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.consumed.set(self.consumed.get() + n);
+        Ok(n)
+    }
+}
+
+impl std::io::BufRead for Counted<'_> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        Ok(self.inner)
+    }
+    fn consume(&mut self, amount: usize) {
+        self.consumed.set(self.consumed.get() + amount);
+        self.inner = &self.inner[amount..];
+    }
+}
+
+#[test]
+fn every_line_format_hands_its_entries_over_while_the_file_is_still_being_read() {
+    let corpus = condense_tests::corpus_dir();
+    let mut files = Vec::new();
+    for format in ["pi", "claude-code", "codex"] {
+        let mut all = Vec::new();
+        condense_tests::walk_files(&corpus.join(format), &["jsonl"], &mut all);
+        // The largest session of each format: far more lines than format detection reads first.
+        all.sort_by_key(|f| std::cmp::Reverse(std::fs::metadata(f).map_or(0, |m| m.len())));
+        files.push((format, all.remove(0)));
+    }
+    for (format, f) in files {
+        let bytes = std::fs::read(&f).unwrap();
+        let consumed = std::rc::Rc::new(std::cell::Cell::new(0));
+        let reader = Counted { inner: &bytes, consumed: consumed.clone() };
+        // How much of the file had been read when each entry was handed over.
+        let mut at = Vec::new();
+        condense_formats::import_stream("f", reader, &mut |e| {
+            if matches!(e, SourceEvent::EntryAppended { .. }) {
+                at.push(consumed.get());
+            }
+        })
+        .unwrap()
+        .expect("a line format");
+        assert!(at.len() > 20, "{format}: {} entries", at.len());
+        let half = at[at.len() / 2];
+        assert!(half < bytes.len() * 9 / 10, "{format} {}: the middle entry left after {half} of {} bytes were read", f.display(), bytes.len());
+    }
+}
+
 #[test]
 fn fuzz_the_export_reader_with_mutilated_exports() {
     let dir = tempfile::tempdir().unwrap();
