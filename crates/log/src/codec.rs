@@ -59,7 +59,7 @@ pub fn encode_event(session: SessionId, seq: Seq, body: &condense_events::Event)
     out
 }
 
-/// [`encode_event`], the bincode LZ4-compressed ([`FORMAT_LZ4`]) when it is at least [`COMPRESS_FROM`]
+/// [`encode_event`], the bincode LZ4-compressed ([`FORMAT_LZ4`]) when it is at least `COMPRESS_FROM` (256)
 /// bytes and compression makes the value smaller. A session's text compresses to between a half and a
 /// sixth, and writing to the store costs by the byte; [`decode_envelope`] reads both forms.
 pub fn encode_event_compressed(session: SessionId, seq: Seq, body: &condense_events::Event) -> Vec<u8> {
