@@ -258,7 +258,7 @@ fn bench(args: &[String]) -> Result<()> {
     writeln!(md, "\n## Reference figures (pi and pi-condense)\n")?;
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
     writeln!(md, "\n## Method\n")?;
-    writeln!(md, "- *Bare parse*: every line of the file parsed into a `serde_json::Value` (the floor an importer cannot beat).\n- *Parse to events*: `condense_formats::import_bytes`, the whole importer (tolerant line reading, conversion to source events) without storing.\n- *Import into store*: the same plus the `Store` writing it: bincode encoding and LZ4 compression, sled batches, one flush at the end (a new session of a line format streams: parsed on one thread while the previous chunk is written).\n- *Full rebuild*: folding a fresh projection from every event in the log (what `render --at` and a cold start do).\n- *Full render*: `Projection::render_full_now` on a warm projection: walk the active branch, apply the newest host compaction, repair pairing, from scratch. Median of repeated runs.
+    writeln!(md, "- *Bare parse*: every line of the file parsed into a `serde_json::Value` (the floor an importer cannot beat).\n- *Parse to events*: `condense_formats::import_bytes`, the whole importer (tolerant line reading, conversion to source events) without storing.\n- *Store write alone*: the same sessions' events, encoded and compressed beforehand, appended to a fresh store (each session created, its values appended, one sync after the last): what the log costs an import without any parsing. An import overlaps parsing with this, on two cores shared with sled's own I/O threads, so it cannot take less than the larger of the two.\n- *Import into store*: the same plus the `Store` writing it: bincode encoding and LZ4 compression, sled batches, one flush at the end (a new session of a line format streams: parsed on one thread while the previous chunk is written).\n- *Full rebuild*: folding a fresh projection from every event in the log (what `render --at` and a cold start do).\n- *Full render*: `Projection::render_full_now` on a warm projection: walk the active branch, apply the newest host compaction, repair pairing, from scratch. Median of repeated runs.
 - *Per-turn render*: what a host pays before each request: one event applied to the warm projection and `render` called, measured over the session's last 200 events (the projection keeps its render up to date as entries extend the branch, so this does not grow with the session).\n- Import timings are the best of 7 runs (3 for the import into a store); the ratio is throughput divided by the bare parse's throughput on the same bytes.\n- Import peak RSS is the VmHWM of a fresh process that opens a fresh store and imports the file (`cargo xtask import-peak FILE DIR`); peak memory is this process's VmHWM after the step, so it only grows down the table (it includes the full rebuild, which holds the whole session).\n- The import into a store is timed as `condense import` runs it: from the first file's import to the return of the sync after the last (one flush for the folder, everything durable), with the store opened and closed outside the timing.")?;
     std::fs::write(&out_path, md)?;
     println!("wrote {}", out_path.display());
@@ -281,8 +281,9 @@ fn import_bench(md: &mut String, scratch: &Path) -> Result<()> {
     let bytes = std::fs::read(&file)?;
     let (t_bare, _) = best_of(3, || bare_parse(&bytes));
     drop(bytes);
+    let t_write = timed_writes(&scratch.join("write-100000"), std::slice::from_ref(&file))?;
     let t_import = timed_imports(&scratch.join("import-100000"), std::slice::from_ref(&file))?;
-    println!("100k: bare parse {:.0} ms, import into store {:.0} ms, ratio {:.2}", ms(t_bare), ms(t_import), t_bare.as_secs_f64() / t_import.as_secs_f64());
+    println!("100k: bare parse {:.0} ms, store write alone {:.0} ms, import into store {:.0} ms, ratio {:.2}", ms(t_bare), ms(t_write), ms(t_import), t_bare.as_secs_f64() / t_import.as_secs_f64());
     Ok(())
 }
 
@@ -306,10 +307,41 @@ fn timed_imports(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
     Ok(best)
 }
 
+/// The best of 3 writes of already encoded sessions into a fresh store at `dir` (each session created,
+/// its values appended, one sync after the last): what an import pays the log, without parsing.
+fn timed_writes(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
+    let _ = std::fs::remove_dir_all(dir);
+    let encoded: Vec<Vec<Vec<u8>>> = {
+        let log = condense_log::Log::open(dir)?;
+        files
+            .iter()
+            .map(|f| {
+                let events = condense_formats::import_file(f)?.events;
+                Ok(events.into_iter().enumerate().map(|(i, e)| log.encode(1, i as u64 + 1, &condense_events::Event::Source(e))).collect())
+            })
+            .collect::<Result<_>>()?
+    };
+    let mut best = Duration::MAX;
+    for _ in 0..3 {
+        let _ = std::fs::remove_dir_all(dir);
+        let log = condense_log::Log::open(dir)?;
+        let values = encoded.clone();
+        let t = Instant::now();
+        for (i, v) in values.into_iter().enumerate() {
+            let id = log.create_session_deferred(&format!("s{i}"))?;
+            log.append_encoded(id, 0, v, false)?.recv()??;
+        }
+        log.sync()?;
+        best = best.min(t.elapsed());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(best)
+}
+
 fn corpus_import(md: &mut String, scratch: &Path) -> Result<()> {
     writeln!(md, "## Import throughput on the corpus\n")?;
-    writeln!(md, "| format | files | MB | bare parse MB/s | parse to events MB/s | ratio | events/s | import into store MB/s | ratio |")?;
-    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(md, "| format | files | MB | bare parse MB/s | parse to events MB/s | ratio | events/s | store write alone MB/s | import into store MB/s | ratio |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for fmt in ["pi", "claude-code", "codex"] {
         let mut files = Vec::new();
         walk(&corpus().join(fmt), &mut files);
@@ -320,11 +352,12 @@ fn corpus_import(md: &mut String, scratch: &Path) -> Result<()> {
         let (t_events, events) = best_of(7, || {
             data.iter().map(|(f, d)| condense_formats::import_bytes(&f.display().to_string(), d).map_or(0, |i| i.events.len())).sum::<usize>()
         });
+        let t_write = timed_writes(&scratch.join(format!("write-{fmt}")), &files)?;
         let t_store = timed_imports(&scratch.join(format!("import-{fmt}")), &files)?;
         let tp = |t: Duration| mb / t.as_secs_f64();
-        writeln!(md, "| {fmt} | {} | {mb:.1} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} |", files.len(), tp(t_bare), tp(t_events),
-            tp(t_events) / tp(t_bare), events as f64 / t_events.as_secs_f64(), tp(t_store), tp(t_store) / tp(t_bare))?;
-        println!("import {fmt}: {mb:.1} MB, bare {:.0} MB/s, events {:.0} MB/s, store {:.0} MB/s", tp(t_bare), tp(t_events), tp(t_store));
+        writeln!(md, "| {fmt} | {} | {mb:.1} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |", files.len(), tp(t_bare), tp(t_events),
+            tp(t_events) / tp(t_bare), events as f64 / t_events.as_secs_f64(), tp(t_write), tp(t_store), tp(t_store) / tp(t_bare))?;
+        println!("import {fmt}: {mb:.1} MB, bare {:.0} MB/s, events {:.0} MB/s, write alone {:.0} MB/s, store {:.0} MB/s", tp(t_bare), tp(t_events), tp(t_write), tp(t_store));
     }
     Ok(())
 }
