@@ -20,11 +20,9 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
 /// start (known from its first message line); the diagnostics are returned at the end.
 pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mut dyn FnMut(SourceEvent)) -> Vec<Diagnostic> {
     let mut chain = crate::Chain::new(emit);
-    let mut started_sent = false;
     let mut diags = Vec::new();
     let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
     // The session's identity comes from its first message line, read as the lines stream by.
-    let mut started: Option<SourceEvent> = None;
     // Older Claude Code wrote subagent lines into the main file; a file whose first message is not a
     // sidechain keeps only the main thread.
     let mut main_is_sidechain = false;
@@ -35,9 +33,9 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
         let n = line.line;
         let v = &mut line.value;
         let kind = str_of(v, "type").unwrap_or("").to_string();
-        if !started_sent && started.is_none() && matches!(kind.as_str(), "user" | "assistant") {
+        if !chain.started() && matches!(kind.as_str(), "user" | "assistant") {
             main_is_sidechain = v.get("isSidechain").and_then(Value::as_bool) == Some(true);
-            started = Some(SourceEvent::SessionStarted {
+            chain.start(SourceEvent::SessionStarted {
                 source: "claude-code".into(),
                 source_id: str_of(v, "sessionId").map(str::to_string),
                 cwd: str_of(v, "cwd").map(str::to_string),
@@ -157,24 +155,15 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
             | "last-prompt" | "attachment" | "custom-title" | "tag" | "agent-name" => {}
             other => diags.push(diag(n, format!("unknown line type `{other}` skipped"))),
         }
-        if !started_sent && let Some(s) = started.take() {
-            chain.now(s);
-            started_sent = true;
-        }
-        if started_sent {
+        if chain.started() {
             b.release(&mut chain);
         }
     }
     if skipped_sidechain > 0 {
         diags.push(diag(0, format!("{skipped_sidechain} sidechain (subagent) lines skipped; import the subagent file itself")));
     }
-    if !started_sent {
-        chain.now(started.unwrap_or(SourceEvent::SessionStarted {
-            source: "claude-code".into(),
-            source_id: None,
-            cwd: None,
-            timestamp: None,
-        }));
+    if !chain.started() {
+        chain.start(SourceEvent::SessionStarted { source: "claude-code".into(), source_id: None, cwd: None, timestamp: None });
     }
     b.open = None;
     b.release(&mut chain);

@@ -20,11 +20,8 @@ pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
 /// its line is read; the diagnostics are returned at the end.
 pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mut dyn FnMut(SourceEvent)) -> Vec<Diagnostic> {
     let mut chain = crate::Chain::new(emit);
-    let mut started_sent = false;
     let mut diags = Vec::new();
     let diag = |line: u64, message: String| Diagnostic { file: file.to_string(), line, message };
-    let mut started = SourceEvent::SessionStarted { source: "codex".into(), source_id: None, cwd: None, timestamp: None };
-    let mut have_meta = false;
     let mut h = History::default();
     let mut model: Option<String> = None;
     let mut window: Option<u64> = None;
@@ -35,15 +32,12 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
         let ptype = str_of(&payload, "type").unwrap_or("").to_string();
         let mut model_event = None;
         match kind.as_str() {
-            "session_meta" if !have_meta => {
-                have_meta = true;
-                started = SourceEvent::SessionStarted {
-                    source: "codex".into(),
-                    source_id: str_of(&payload, "id").map(str::to_string),
-                    cwd: str_of(&payload, "cwd").map(str::to_string),
-                    timestamp: str_of(&payload, "timestamp").map(str::to_string),
-                };
-            }
+            "session_meta" if !chain.started() => chain.start(SourceEvent::SessionStarted {
+                source: "codex".into(),
+                source_id: str_of(&payload, "id").map(str::to_string),
+                cwd: str_of(&payload, "cwd").map(str::to_string),
+                timestamp: str_of(&payload, "timestamp").map(str::to_string),
+            }),
             "session_meta" => {}
             "response_item" => h.item(&mut payload, n, &mut |m| diags.push(diag(n, m))),
             "compacted" => {
@@ -86,7 +80,7 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                 // it is kept, and becomes the turn's prompt if no prompt message comes before the reply.
                 "user_message" => {
                     let text = str_of(&payload, "message").unwrap_or("").to_string();
-                    if !text.trim().is_empty() && !h.prompt_since_reply() {
+                    if !text.trim().is_empty() && !h.prompted {
                         h.event_prompt = Some(text);
                     }
                 }
@@ -121,16 +115,12 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                 max_output: None,
             });
         }
-        if have_meta && !started_sent {
-            chain.now(started.clone());
-            started_sent = true;
-        }
-        if started_sent {
+        if chain.started() {
             h.release(&mut chain);
         }
     }
-    if !started_sent {
-        chain.now(started);
+    if !chain.started() {
+        chain.start(SourceEvent::SessionStarted { source: "codex".into(), source_id: None, cwd: None, timestamp: None });
     }
     h.flush_event_prompt();
     h.open = false;
@@ -164,11 +154,6 @@ pub(crate) fn user_origin(role: &str, text: &str) -> UserOrigin {
 }
 
 impl History {
-    /// Whether a user prompt was recorded since the last assistant message.
-    fn prompt_since_reply(&self) -> bool {
-        self.prompted
-    }
-
     /// Every entry is added here.
     fn add(&mut self, e: Entry) {
         match &e {

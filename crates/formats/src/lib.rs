@@ -273,6 +273,8 @@ pub(crate) fn linear_chain(
 /// [`linear_chain`] gives them.
 pub(crate) struct Chain<'a> {
     emit: &'a mut dyn FnMut(SourceEvent),
+    /// Whether the session's start went out: nothing else leaves before it.
+    started: bool,
     parent: Option<String>,
     /// Entries emitted so far: the index of the next one.
     emitted: usize,
@@ -282,12 +284,18 @@ pub(crate) struct Chain<'a> {
 
 impl<'a> Chain<'a> {
     pub(crate) fn new(emit: &'a mut dyn FnMut(SourceEvent)) -> Chain<'a> {
-        Chain { emit, parent: None, emitted: 0, side: std::collections::VecDeque::new() }
+        Chain { emit, started: false, parent: None, emitted: 0, side: std::collections::VecDeque::new() }
     }
 
-    /// An event that leaves at once, ahead of anything held (the session's start).
-    pub(crate) fn now(&mut self, e: SourceEvent) {
+    /// The session's start (`SessionStarted`), which leaves at once, ahead of anything held.
+    pub(crate) fn start(&mut self, e: SourceEvent) {
+        self.started = true;
         (self.emit)(e);
+    }
+
+    /// Whether [`Chain::start`] was called: an importer hands entries over only after it.
+    pub(crate) fn started(&self) -> bool {
+        self.started
     }
 
     /// A side event to place before entry `at` (after the last entry if no entry `at` comes).
