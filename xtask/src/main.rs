@@ -287,55 +287,55 @@ fn import_bench(md: &mut String, scratch: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The best of 3 imports of `files` into a fresh store at `dir` as `condense import` does them, from the
-/// first import to the return of the sync after the last one (everything durable), the store opened and
-/// closed outside the timing.
-fn timed_imports(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
+/// The best of 3 runs of `run` on a fresh store at `dir`, each given what `input` makes for it; making
+/// the input and opening and closing the store are outside the timing.
+fn best_on_fresh_store<T>(dir: &Path, mut input: impl FnMut() -> T, mut run: impl FnMut(&Store, T) -> Result<()>) -> Result<Duration> {
     let mut best = Duration::MAX;
     for _ in 0..3 {
         let _ = std::fs::remove_dir_all(dir);
         let store = Store::open(dir)?;
+        let given = input();
         let t = Instant::now();
+        run(&store, given)?;
+        best = best.min(t.elapsed());
+        drop(store);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(best)
+}
+
+/// The best of 3 imports of `files` into a fresh store at `dir` as `condense import` does them, from the
+/// first import to the return of the sync after the last one (everything durable).
+fn timed_imports(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
+    best_on_fresh_store(dir, || (), |store, ()| {
         for (i, f) in files.iter().enumerate() {
             store.import_file_all_deferred(f, &format!("s{i}"))?;
         }
-        store.sync()?;
-        best = best.min(t.elapsed());
-        drop(store);
-        let _ = std::fs::remove_dir_all(dir);
-    }
-    Ok(best)
+        Ok(store.sync()?)
+    })
 }
 
 /// The best of 3 writes of already encoded sessions into a fresh store at `dir` (each session created,
 /// its values appended, one sync after the last): what an import pays the log, without parsing.
 fn timed_writes(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
-    let _ = std::fs::remove_dir_all(dir);
-    let encoded: Vec<Vec<Vec<u8>>> = {
-        let log = condense_log::Log::open(dir)?;
-        files
-            .iter()
-            .map(|f| {
-                let events = condense_formats::import_file(f)?.events;
-                Ok(events.into_iter().enumerate().map(|(i, e)| log.encode(1, i as u64 + 1, &condense_events::Event::Source(e))).collect())
-            })
-            .collect::<Result<_>>()?
-    };
-    let mut best = Duration::MAX;
-    for _ in 0..3 {
-        let _ = std::fs::remove_dir_all(dir);
-        let log = condense_log::Log::open(dir)?;
-        let values = encoded.clone();
-        let t = Instant::now();
+    // A fresh store numbers its sessions from 1 in the order they are created.
+    let encoded: Vec<Vec<Vec<u8>>> = files
+        .iter()
+        .enumerate()
+        .map(|(s, f)| {
+            let events = condense_formats::import_file(f)?.events;
+            let id = s as u64 + 1;
+            Ok(events.into_iter().enumerate().map(|(i, e)| condense_log::encode_event_compressed(id, i as u64 + 1, &condense_events::Event::Source(e))).collect())
+        })
+        .collect::<Result<_>>()?;
+    best_on_fresh_store(dir, || encoded.clone(), |store, values| {
+        let log = store.log();
         for (i, v) in values.into_iter().enumerate() {
             let id = log.create_session_deferred(&format!("s{i}"))?;
             log.append_encoded(id, 0, v, false)?.recv()??;
         }
-        log.sync()?;
-        best = best.min(t.elapsed());
-    }
-    let _ = std::fs::remove_dir_all(dir);
-    Ok(best)
+        Ok(log.sync()?)
+    })
 }
 
 fn corpus_import(md: &mut String, scratch: &Path) -> Result<()> {
