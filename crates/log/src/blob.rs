@@ -68,6 +68,10 @@ impl BlobStore {
         let hash = BlobHash::of(bytes);
         let path = self.path_of(&hash);
         if path.exists() {
+            // Put earlier without a sync: a caller that needs it durable now syncs it now.
+            if sync && self.pending.lock().expect("pending blobs lock").contains(&path) {
+                std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io(&path))?;
+            }
             return Ok(hash);
         }
         let parent = path.parent().expect("blob path has a parent");

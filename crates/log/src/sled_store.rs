@@ -258,6 +258,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path(), 1 << 20).unwrap();
         let pending = || store.shared.pending_blobs.lock().unwrap().len();
+        let h_twice = || crate::BlobHash::of(b"twice");
         let h = store.put_blob_deferred(b"a spilled output").unwrap();
         assert_eq!(store.get_blob(&h).unwrap(), b"a spilled output");
         assert_eq!(pending(), 1);
@@ -270,6 +271,10 @@ mod tests {
         assert_eq!(pending(), 0);
         store.put_blob(b"synced now").unwrap();
         assert_eq!(pending(), 0);
+        // The same bytes put again durably: found in place (and synced, had they been pending).
+        store.put_blob_deferred(b"twice").unwrap();
+        assert_eq!(store.put_blob(b"twice").unwrap(), h_twice());
+        assert_eq!(pending(), 1, "a durable put of a pending blob syncs it and leaves the list to the flush");
         assert_eq!(id, 1);
     }
 }
