@@ -395,7 +395,7 @@ fn crash_test_kill_9_and_server_restart_on_postgres() {
 /// The text of the crash child's event `seq` of session `name`: every fifth is long enough to be stored
 /// compressed.
 fn crash_text(name: &str, seq: u64) -> String {
-    let pad = if seq % 5 == 0 { " the same words again".repeat(30) } else { String::new() };
+    let pad = if seq.is_multiple_of(5) { " the same words again".repeat(30) } else { String::new() };
     format!("{name}:{seq}{pad}")
 }
 

@@ -1,0 +1,352 @@
+//! Event values kept beside sled instead of inside it: one append-only file per session,
+//! `values/<session id>`, and in sled a 17-byte pointer to the value ([`FORMAT_EXTERNAL`], then the
+//! offset as a little-endian `u64`, the length as a `u32` and the CRC-32 of the bytes as a `u32`).
+//!
+//! sled rewrites a leaf page, values and all, every few appends to it, so each byte stored inside it is
+//! written to disk two to three times and copied more often still. A value of [`EXTERNAL_FROM`] bytes or
+//! more is written once, at the end of its session's file, and only its pointer goes through sled.
+//!
+//! Durability follows the blobs: the log writer appends a group's values to their files before it applies
+//! the group's pointers, and syncs every file written since the last flush before it flushes sled, so a
+//! pointer sled made durable names bytes that are durable too. What a crash leaves at the end of a file,
+//! written but never pointed to, is skipped: the next append starts after it. A pointer that does not
+//! resolve (a file cut short or changed) is a [`LogError::Corrupt`] of that event; on open, events after
+//! the last acknowledged head whose values did not survive are dropped, as sled drops what it did not
+//! flush.
+
+use crate::{LogError, Result};
+use condense_events::{Seq, SessionId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// The format byte of a stored value that is a pointer into its session's value file.
+pub const FORMAT_EXTERNAL: u8 = 3;
+/// Values of this many bytes or more are stored in the session's value file.
+pub const EXTERNAL_FROM: usize = 128;
+const POINTER: usize = 17;
+/// Open files the writer keeps at most; others are opened again when written to.
+const OPEN_FILES: usize = 64;
+
+pub(crate) fn path_of(dir: &Path, session: SessionId) -> PathBuf {
+    dir.join(session.to_string())
+}
+
+fn pointer(offset: u64, bytes: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(POINTER);
+    p.push(FORMAT_EXTERNAL);
+    p.extend_from_slice(&offset.to_le_bytes());
+    p.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    p.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
+    p
+}
+
+/// Whether a stored value is a pointer into a value file.
+pub(crate) fn is_pointer(v: &[u8]) -> bool {
+    v.first() == Some(&FORMAT_EXTERNAL)
+}
+
+/// The writer's side: where each session's file ends, and which files need a sync before the next flush.
+pub(crate) struct Appender {
+    dir: PathBuf,
+    open: BTreeMap<SessionId, (File, u64)>,
+    unsynced: BTreeSet<SessionId>,
+    /// Files created since the folder was last synced.
+    created: bool,
+    /// Each session's values of the group being staged.
+    staged: BTreeMap<SessionId, Vec<u8>>,
+}
+
+impl Appender {
+    pub(crate) fn new(dir: PathBuf) -> Appender {
+        Appender { dir, open: BTreeMap::new(), unsynced: BTreeSet::new(), created: false, staged: BTreeMap::new() }
+    }
+
+    fn file(&mut self, session: SessionId) -> std::io::Result<&mut (File, u64)> {
+        if !self.open.contains_key(&session) {
+            if self.open.len() >= OPEN_FILES {
+                // Unsynced files are synced through their path; which one closes does not matter.
+                let first = *self.open.keys().next().expect("more than none open");
+                self.open.remove(&first);
+            }
+            std::fs::create_dir_all(&self.dir)?;
+            let path = path_of(&self.dir, session);
+            let existed = path.exists();
+            let f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            self.created |= !existed;
+            let len = f.metadata()?.len();
+            self.open.insert(session, (f, len));
+        }
+        Ok(self.open.get_mut(&session).expect("inserted above"))
+    }
+
+    /// The value sled stores for `value`: itself when small, else a pointer to where it will be written
+    /// at the end of the session's file by [`Appender::write_staged`].
+    pub(crate) fn stage(&mut self, session: SessionId, value: Vec<u8>) -> std::io::Result<Vec<u8>> {
+        if value.len() < EXTERNAL_FROM || value.len() > u32::MAX as usize {
+            return Ok(value);
+        }
+        let base = self.file(session)?.1;
+        let buf = self.staged.entry(session).or_default();
+        let p = pointer(base + buf.len() as u64, &value);
+        buf.extend_from_slice(&value);
+        Ok(p)
+    }
+
+    /// Appends the staged values to their files (before sled learns of their pointers).
+    pub(crate) fn write_staged(&mut self) -> std::io::Result<()> {
+        let staged = std::mem::take(&mut self.staged);
+        for (session, bytes) in staged {
+            let written = self.file(session).and_then(|(f, len)| {
+                f.write_all(&bytes)?;
+                *len += bytes.len() as u64;
+                Ok(())
+            });
+            if let Err(e) = written {
+                // Where the file ends is no longer known: it is read again at the next append.
+                self.open.remove(&session);
+                return Err(e);
+            }
+            self.unsynced.insert(session);
+        }
+        Ok(())
+    }
+
+    /// Drops what was staged for a group that is not written.
+    pub(crate) fn discard_staged(&mut self) {
+        self.staged.clear();
+    }
+
+    /// Syncs every file written since the last sync (and the folder, when files were created).
+    pub(crate) fn sync(&mut self) -> std::io::Result<()> {
+        for s in std::mem::take(&mut self.unsynced) {
+            match self.open.get(&s) {
+                Some((f, _)) => f.sync_data()?,
+                None => File::open(path_of(&self.dir, s))?.sync_data()?,
+            }
+        }
+        if std::mem::take(&mut self.created) {
+            File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Whether a sync has anything to do.
+    pub(crate) fn pending(&self) -> bool {
+        !self.unsynced.is_empty() || self.created
+    }
+
+    /// Deletes a removed session's file.
+    pub(crate) fn remove(&mut self, session: SessionId) -> std::io::Result<()> {
+        self.open.remove(&session);
+        self.unsynced.remove(&session);
+        match std::fs::remove_file(path_of(&self.dir, session)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Reads values of one session through their pointers, in any order (in order reads the file straight
+/// through).
+pub(crate) struct Reader {
+    path: PathBuf,
+    session: SessionId,
+    /// The open file, where it is read next, and its size.
+    file: Option<(BufReader<File>, u64, u64)>,
+    value: Vec<u8>,
+}
+
+impl Reader {
+    pub(crate) fn new(dir: &Path, session: SessionId) -> Reader {
+        Reader { path: path_of(dir, session), session, file: None, value: Vec::new() }
+    }
+
+    /// The value `pointer` (a stored value starting with [`FORMAT_EXTERNAL`]) names.
+    pub(crate) fn read(&mut self, seq: Seq, pointer: &[u8]) -> Result<&[u8]> {
+        let session = self.session;
+        let path = self.path.display().to_string();
+        let corrupt = |reason: String| LogError::Corrupt { session, seq, reason };
+        if pointer.len() != POINTER {
+            return Err(corrupt(format!("a pointer into {path} of {} bytes, expected {POINTER}", pointer.len())));
+        }
+        let offset = u64::from_le_bytes(pointer[1..9].try_into().expect("8 bytes"));
+        let len = u32::from_le_bytes(pointer[9..13].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(pointer[13..17].try_into().expect("4 bytes"));
+        if self.file.is_none() {
+            let opened = File::open(&self.path).and_then(|f| Ok((f.metadata()?.len(), f)));
+            let (size, f) = opened.map_err(|e| corrupt(format!("its value file {path}: {e}")))?;
+            self.file = Some((BufReader::with_capacity(1 << 18, f), 0, size));
+        }
+        let (reader, pos, size) = self.file.as_mut().expect("opened above");
+        // The pointer comes from the store: checked against the file before anything is allocated for it.
+        if offset.checked_add(len as u64).is_none_or(|end| end > *size) {
+            return Err(corrupt(format!("bytes {offset}..+{len} of {path}, which holds {size}")));
+        }
+        let moved = if offset == *pos { Ok(()) } else { reader.seek_relative(offset as i64 - *pos as i64) };
+        self.value.resize(len, 0);
+        if let Err(e) = moved.and_then(|()| reader.read_exact(&mut self.value)) {
+            // Where the reader stands is not known: the file is opened again for the next value.
+            self.file = None;
+            return Err(corrupt(format!("bytes {offset}..+{len} of {path}: {e}")));
+        }
+        *pos = offset + len as u64;
+        if crc32fast::hash(&self.value) != crc {
+            return Err(corrupt(format!("bytes {offset}..+{len} of {path} do not match their checksum")));
+        }
+        Ok(&self.value)
+    }
+}
+
+/// Session ids that have a value file in `dir` (names that are not ids are left alone).
+pub(crate) fn sessions_with_files(dir: &Path) -> std::io::Result<Vec<SessionId>> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        if let Some(id) = e?.file_name().to_str().and_then(|n| n.parse::<SessionId>().ok()) {
+            out.push(id);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Log, LogError};
+    use condense_events::{Event, SourceEvent};
+
+    fn event(text: &str) -> Event {
+        Event::Source(SourceEvent::ConfigChanged { json: text.to_string() })
+    }
+
+    /// Text that does not compress: a stored value keeps about its size.
+    fn noise(seed: usize, len: usize) -> String {
+        let mut x = seed as u64 * 2_654_435_761 + 1;
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                char::from(b'a' + (x >> 59) as u8 % 26)
+            })
+            .collect()
+    }
+
+    fn texts(log: &Log, session: u64) -> Vec<String> {
+        let head = log.head(session).unwrap();
+        log.read(session, 1, head)
+            .unwrap()
+            .into_iter()
+            .map(|e| match e.body {
+                Event::Source(SourceEvent::ConfigChanged { json }) => json,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    }
+
+    fn corrupt_reason(log: &Log, session: u64) -> String {
+        match log.read(session, 1, log.head(session).unwrap()) {
+            Err(LogError::Corrupt { reason, .. }) => reason,
+            other => panic!("expected a corrupt event, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn large_values_are_written_once_to_their_session_file_and_damage_there_is_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("values").join("1");
+        let big: Vec<String> = (0..3).map(|i| noise(i, 400 + i)).collect();
+        {
+            let log = Log::open(dir.path()).unwrap();
+            let s = log.create_session("s").unwrap();
+            log.append(s, 0, vec![event(&big[0]), event("small"), event(&big[1]), event(&big[2])]).unwrap();
+            assert_eq!(texts(&log, s), [big[0].as_str(), "small", &big[1], &big[2]]);
+            // sled holds a pointer for each large value and the small one as it is; the file holds the
+            // large ones' stored bytes, one after the other.
+            let mut stored = Vec::new();
+            log.for_each_value(s, 1, 4, |_, v| {
+                stored.push(v.to_vec());
+                Ok(())
+            })
+            .unwrap();
+            let on_disk = std::fs::read(&file).unwrap();
+            assert_eq!(on_disk, [&stored[0][..], &stored[2], &stored[3]].concat());
+            assert!(stored[1].len() < super::EXTERNAL_FROM);
+        }
+        // Reopened: read through the file again.
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [big[0].as_str(), "small", &big[1], &big[2]]);
+        let good = std::fs::read(&file).unwrap();
+        // A byte changed in the file: the checksum tells.
+        let mut flipped = good.clone();
+        flipped[good.len() / 2] ^= 0x20;
+        std::fs::write(&file, &flipped).unwrap();
+        assert!(corrupt_reason(&Log::open(dir.path()).unwrap(), 1).contains("checksum"), "a changed byte");
+        // The file cut short: the pointer reaches past its end.
+        std::fs::write(&file, &good[..good.len() - 10]).unwrap();
+        let reason = corrupt_reason(&Log::open(dir.path()).unwrap(), 1);
+        assert!(reason.contains(&file.display().to_string()) && reason.contains("which holds"), "{reason}");
+        // The file gone.
+        std::fs::remove_file(&file).unwrap();
+        let reason = corrupt_reason(&Log::open(dir.path()).unwrap(), 1);
+        assert!(reason.contains("value file"), "{reason}");
+        // Put back, everything reads again.
+        std::fs::write(&file, &good).unwrap();
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1).len(), 4);
+    }
+
+    #[test]
+    fn events_past_the_acknowledged_head_whose_values_were_lost_are_dropped_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("values").join("1");
+        let big = |i: usize| noise(i, 300);
+        let after_two;
+        {
+            let log = Log::open(dir.path()).unwrap();
+            let s = log.create_session("s").unwrap();
+            log.append(s, 0, vec![event(&big(1)), event(&big(2))]).unwrap();
+            after_two = std::fs::metadata(&file).unwrap().len();
+            log.append(s, 2, vec![event(&big(3)), event("small"), event(&big(5))]).unwrap();
+        }
+        // A power cut as it can happen: sled kept events 3 to 5, the value file lost what followed event
+        // 2, and the manifest had learnt of the first append only.
+        let mut heads = 1u64.to_le_bytes().to_vec();
+        heads.extend_from_slice(&2u64.to_le_bytes());
+        std::fs::write(dir.path().join(crate::manifest::FILE), heads).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(after_two).unwrap();
+        let log = Log::open(dir.path()).unwrap();
+        assert_eq!(log.head(1).unwrap(), 2, "events 3.. go, from the first whose value is lost");
+        assert_eq!(texts(&log, 1), [big(1), big(2)]);
+        // Appends go on after what the file holds.
+        log.append(1, 2, vec![event(&big(6))]).unwrap();
+        drop(log);
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [big(1), big(2), big(6)]);
+    }
+
+    #[test]
+    fn a_value_file_no_session_owns_is_deleted_and_a_removed_session_takes_its_file_along() {
+        let dir = tempfile::tempdir().unwrap();
+        let values = dir.path().join("values");
+        {
+            let log = Log::open(dir.path()).unwrap();
+            let a = log.create_session("a").unwrap();
+            let b = log.create_session("b").unwrap();
+            for s in [a, b] {
+                log.append(s, 0, vec![event(&noise(0, 500))]).unwrap();
+            }
+            log.remove_session(a).unwrap();
+            assert!(!values.join(a.to_string()).exists());
+            assert!(values.join(b.to_string()).exists());
+        }
+        // Left by a session created without a flush and lost in a crash; a file not named by an id stays.
+        std::fs::write(values.join("7"), b"lost").unwrap();
+        std::fs::write(values.join("notes"), b"mine").unwrap();
+        let log = Log::open(dir.path()).unwrap();
+        assert!(!values.join("7").exists());
+        assert!(values.join("notes").exists());
+        assert_eq!(texts(&log, 2), [noise(0, 500)]);
+    }
+}
