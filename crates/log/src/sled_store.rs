@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 
 pub(crate) struct Shared {
     pub(crate) path: PathBuf,
-    /// The value files (`values/<session>`).
+    /// The value files (`values/<session>`), and those open for reading.
     pub(crate) values: PathBuf,
+    pub(crate) value_files: values::Handles,
     pub(crate) db: sled::Db,
     pub(crate) events: sled::Tree,
     pub(crate) sessions: sled::Tree,
@@ -124,6 +125,7 @@ impl SledStore {
         let shared = Arc::new(Shared {
             path,
             values: values_dir.clone(),
+            value_files: values::Handles::default(),
             db,
             events,
             sessions,
@@ -202,7 +204,7 @@ impl Backend for SledStore {
                 return Err(LogError::Corrupt { session, seq, reason: format!("stored under session {s}") });
             }
             if values::is_pointer(&v) {
-                let reader = external.get_or_insert_with(|| values::Reader::new(&self.shared.values, session));
+                let reader = external.get_or_insert_with(|| values::Reader::new(&self.shared.value_files, &self.shared.values, session));
                 f(seq, reader.read(seq, &v)?)?;
             } else {
                 f(seq, &v)?;
@@ -260,7 +262,8 @@ fn settle_values(
         if *head <= ack {
             continue;
         }
-        let mut reader = values::Reader::new(dir, session);
+        let handles = values::Handles::default();
+        let mut reader = values::Reader::new(&handles, dir, session);
         let mut lost = None;
         for item in events.range(codec::key(session, ack + 1)..=codec::key(session, *head)) {
             let (k, v) = item.map_err(sled_err(path))?;

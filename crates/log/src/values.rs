@@ -18,7 +18,8 @@ use crate::{LogError, Result};
 use condense_events::{Seq, SessionId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::io::{BufReader, Read, Write};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::path::{Path, PathBuf};
 
 /// The format byte of a stored value that is a pointer into its session's value file.
@@ -148,55 +149,103 @@ impl Appender {
     }
 }
 
-/// Reads values of one session through their pointers, in any order (in order reads the file straight
-/// through).
-pub(crate) struct Reader {
-    path: PathBuf,
-    session: SessionId,
-    /// The open file, where it is read next, and its size.
-    file: Option<(BufReader<File>, u64, u64)>,
-    value: Vec<u8>,
+/// Open value files for reading, shared by every read of the store (at most [`OPEN_FILES`]).
+#[derive(Default)]
+pub(crate) struct Handles(Mutex<BTreeMap<SessionId, Arc<File>>>);
+
+impl Handles {
+    fn get(&self, dir: &Path, session: SessionId) -> std::io::Result<Arc<File>> {
+        let mut open = self.0.lock().expect("value file handles lock");
+        if let Some(f) = open.get(&session) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(File::open(path_of(dir, session))?);
+        if open.len() >= OPEN_FILES {
+            let first = *open.keys().next().expect("more than none open");
+            open.remove(&first);
+        }
+        open.insert(session, f.clone());
+        Ok(f)
+    }
 }
 
-impl Reader {
-    pub(crate) fn new(dir: &Path, session: SessionId) -> Reader {
-        Reader { path: path_of(dir, session), session, file: None, value: Vec::new() }
+/// Reads values of one session through their pointers. Values read in the order they were written are
+/// read ahead, in windows that grow to 256 KiB; a single value costs one read of its own bytes.
+pub(crate) struct Reader<'a> {
+    handles: &'a Handles,
+    dir: &'a Path,
+    session: SessionId,
+    /// The file and its size when it was opened for this reader.
+    file: Option<(Arc<File>, u64)>,
+    /// Bytes of the file from `at` on.
+    buf: Vec<u8>,
+    at: u64,
+    window: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(handles: &'a Handles, dir: &'a Path, session: SessionId) -> Reader<'a> {
+        Reader { handles, dir, session, file: None, buf: Vec::new(), at: 0, window: 0 }
     }
 
     /// The value `pointer` (a stored value starting with [`FORMAT_EXTERNAL`]) names.
     pub(crate) fn read(&mut self, seq: Seq, pointer: &[u8]) -> Result<&[u8]> {
         let session = self.session;
-        let path = self.path.display().to_string();
+        let path = path_of(self.dir, session);
         let corrupt = |reason: String| LogError::Corrupt { session, seq, reason };
         if pointer.len() != POINTER {
-            return Err(corrupt(format!("a pointer into {path} of {} bytes, expected {POINTER}", pointer.len())));
+            return Err(corrupt(format!("a pointer into {} of {} bytes, expected {POINTER}", path.display(), pointer.len())));
         }
         let offset = u64::from_le_bytes(pointer[1..9].try_into().expect("8 bytes"));
         let len = u32::from_le_bytes(pointer[9..13].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(pointer[13..17].try_into().expect("4 bytes"));
         if self.file.is_none() {
-            let opened = File::open(&self.path).and_then(|f| Ok((f.metadata()?.len(), f)));
-            let (size, f) = opened.map_err(|e| corrupt(format!("its value file {path}: {e}")))?;
-            self.file = Some((BufReader::with_capacity(1 << 18, f), 0, size));
+            let opened = self.handles.get(self.dir, session).and_then(|f| Ok((f.metadata()?.len(), f)));
+            let (size, f) = opened.map_err(|e| corrupt(format!("its value file {}: {e}", path.display())))?;
+            self.file = Some((f, size));
         }
-        let (reader, pos, size) = self.file.as_mut().expect("opened above");
+        let (file, size) = self.file.as_ref().expect("opened above");
         // The pointer comes from the store: checked against the file before anything is allocated for it.
-        if offset.checked_add(len as u64).is_none_or(|end| end > *size) {
-            return Err(corrupt(format!("bytes {offset}..+{len} of {path}, which holds {size}")));
+        let end = offset.checked_add(len as u64).filter(|&end| end <= *size);
+        let Some(end) = end else {
+            return Err(corrupt(format!("bytes {offset}..+{len} of {}, which holds {size}", path.display())));
+        };
+        if offset < self.at || end > self.at + self.buf.len() as u64 {
+            let want = (len.max(self.window) as u64).min(size - offset) as usize;
+            self.buf.resize(want, 0);
+            if let Err(e) = read_at(file, &mut self.buf, offset) {
+                self.buf.clear();
+                return Err(corrupt(format!("bytes {offset}..+{len} of {}: {e}", path.display())));
+            }
+            self.at = offset;
+            self.window = (self.window * 2).clamp(16 << 10, 256 << 10);
         }
-        let moved = if offset == *pos { Ok(()) } else { reader.seek_relative(offset as i64 - *pos as i64) };
-        self.value.resize(len, 0);
-        if let Err(e) = moved.and_then(|()| reader.read_exact(&mut self.value)) {
-            // Where the reader stands is not known: the file is opened again for the next value.
-            self.file = None;
-            return Err(corrupt(format!("bytes {offset}..+{len} of {path}: {e}")));
+        let start = (offset - self.at) as usize;
+        let value = &self.buf[start..start + len];
+        if crc32fast::hash(value) != crc {
+            return Err(corrupt(format!("bytes {offset}..+{len} of {} do not match their checksum", path.display())));
         }
-        *pos = offset + len as u64;
-        if crc32fast::hash(&self.value) != crc {
-            return Err(corrupt(format!("bytes {offset}..+{len} of {path} do not match their checksum")));
-        }
-        Ok(&self.value)
+        Ok(value)
     }
+}
+
+#[cfg(unix)]
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_at(f: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match std::os::windows::fs::FileExt::seek_read(f, buf, offset)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Session ids that have a value file in `dir` (names that are not ids are left alone).
@@ -236,6 +285,13 @@ mod tests {
             .collect()
     }
 
+    /// Appends without a flush, as an import or `condense serve` does, then syncs.
+    fn put(log: &Log, session: u64, head: u64, events: Vec<Event>) {
+        let values = events.iter().enumerate().map(|(i, e)| log.encode(session, head + 1 + i as u64, e)).collect();
+        log.append_encoded(session, head, values, false).unwrap().recv().unwrap().unwrap();
+        log.sync().unwrap();
+    }
+
     fn texts(log: &Log, session: u64) -> Vec<String> {
         let head = log.head(session).unwrap();
         log.read(session, 1, head)
@@ -263,12 +319,17 @@ mod tests {
         {
             let log = Log::open(dir.path()).unwrap();
             let s = log.create_session("s").unwrap();
-            log.append(s, 0, vec![event(&big[0]), event("small"), event(&big[1]), event(&big[2])]).unwrap();
+            put(&log, s, 0, vec![event(&big[0]), event("small"), event(&big[1]), event(&big[2])]);
             assert_eq!(texts(&log, s), [big[0].as_str(), "small", &big[1], &big[2]]);
+            // A durable append of a few values keeps them in sled: its flush needs no second sync.
+            let before = std::fs::metadata(&file).unwrap().len();
+            log.append(s, 4, vec![event(&big[0])]).unwrap();
+            assert_eq!(std::fs::metadata(&file).unwrap().len(), before);
+            assert_eq!(texts(&log, s)[4], big[0]);
             // sled holds a pointer for each large value and the small one as it is; the file holds the
             // large ones' stored bytes, one after the other.
             let mut stored = Vec::new();
-            log.for_each_value(s, 1, 4, |_, v| {
+            log.for_each_value(s, 1, 5, |_, v| {
                 stored.push(v.to_vec());
                 Ok(())
             })
@@ -278,7 +339,7 @@ mod tests {
             assert!(stored[1].len() < super::EXTERNAL_FROM);
         }
         // Reopened: read through the file again.
-        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [big[0].as_str(), "small", &big[1], &big[2]]);
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [big[0].as_str(), "small", &big[1], &big[2], &big[0]]);
         let good = std::fs::read(&file).unwrap();
         // A byte changed in the file: the checksum tells.
         let mut flipped = good.clone();
@@ -295,7 +356,7 @@ mod tests {
         assert!(reason.contains("value file"), "{reason}");
         // Put back, everything reads again.
         std::fs::write(&file, &good).unwrap();
-        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1).len(), 4);
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1).len(), 5);
     }
 
     #[test]
@@ -307,9 +368,9 @@ mod tests {
         {
             let log = Log::open(dir.path()).unwrap();
             let s = log.create_session("s").unwrap();
-            log.append(s, 0, vec![event(&big(1)), event(&big(2))]).unwrap();
+            put(&log, s, 0, vec![event(&big(1)), event(&big(2))]);
             after_two = std::fs::metadata(&file).unwrap().len();
-            log.append(s, 2, vec![event(&big(3)), event("small"), event(&big(5))]).unwrap();
+            put(&log, s, 2, vec![event(&big(3)), event("small"), event(&big(5))]);
         }
         // A power cut as it can happen: sled kept events 3 to 5, the value file lost what followed event
         // 2, and the manifest had learnt of the first append only.
@@ -321,7 +382,7 @@ mod tests {
         assert_eq!(log.head(1).unwrap(), 2, "events 3.. go, from the first whose value is lost");
         assert_eq!(texts(&log, 1), [big(1), big(2)]);
         // Appends go on after what the file holds.
-        log.append(1, 2, vec![event(&big(6))]).unwrap();
+        put(&log, 1, 2, vec![event(&big(6))]);
         drop(log);
         assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [big(1), big(2), big(6)]);
     }
@@ -335,7 +396,7 @@ mod tests {
             let a = log.create_session("a").unwrap();
             let b = log.create_session("b").unwrap();
             for s in [a, b] {
-                log.append(s, 0, vec![event(&noise(0, 500))]).unwrap();
+                put(&log, s, 0, vec![event(&noise(0, 500))]);
             }
             log.remove_session(a).unwrap();
             assert!(!values.join(a.to_string()).exists());

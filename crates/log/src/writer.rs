@@ -11,6 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 
+/// A group that is flushed at once keeps its large values in sled unless they add up to this many bytes.
+const EXTERNAL_GROUP_BYTES: usize = 1 << 20;
+
 enum Request {
     /// Create a session, under `wanted` when that id is free and was never used. `durable: false` is
     /// acknowledged once written, before the flush.
@@ -124,10 +127,12 @@ enum Reply {
     Appended(Sender<Result<Seq>>, Result<Seq>),
 }
 
-/// Checks an append against the session's head and adds its values to the group's batch.
+/// Checks an append against the session's head and adds its values to the group's batch (large ones as
+/// pointers into their session's file when `external`).
 #[allow(clippy::too_many_arguments)]
 fn stage(
     values_out: &mut Appender,
+    external: bool,
     heads: &mut BTreeMap<SessionId, Seq>,
     batch: &mut sled::Batch,
     wrote: &mut bool,
@@ -153,7 +158,8 @@ fn stage(
     let mut seq = head;
     for v in values {
         seq += 1;
-        match values_out.stage(session, v) {
+        let staged = if external { values_out.stage(session, v) } else { Ok(v) };
+        match staged {
             Ok(stored) => batch.insert(&key(session, seq)[..], stored),
             Err(e) => {
                 // The whole group fails (nothing of it is written), this append with it.
@@ -185,6 +191,18 @@ fn commit(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, S
     let mut deferred_new = Vec::new();
     // A value file that cannot be written fails the group.
     let mut staging: std::io::Result<()> = Ok(());
+    // Large values go to their files when the group is not flushed now (their sync waits for a later
+    // flush), or when there are enough of them: a group flushed now would pay a second sync for its
+    // files, which a few values' worth of sled's rewrites does not outweigh.
+    let flushes_now = group.iter().any(|r| matches!(r, Request::Prepared { durable: true, .. } | Request::Create { durable: true, .. } | Request::Sync { .. }));
+    let external_bytes: usize = group
+        .iter()
+        .map(|r| match r {
+            Request::Prepared { values, .. } => values.iter().map(Vec::len).filter(|&n| n >= crate::values::EXTERNAL_FROM).sum(),
+            _ => 0,
+        })
+        .sum();
+    let external = !flushes_now || external_bytes >= EXTERNAL_GROUP_BYTES;
     for req in group {
         match req {
             Request::Create { name, wanted, durable, reply } => {
@@ -215,7 +233,7 @@ fn commit(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, S
             Request::Prepared { session, expected, values: v, durable, reply } => {
                 flush |= durable;
                 if staging.is_ok() {
-                    staging = stage(values, &mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, v, reply);
+                    staging = stage(values, external, &mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, v, reply);
                 } else {
                     replies.push(Reply::Appended(reply, Err(LogError::Closed)));
                 }
