@@ -24,8 +24,12 @@ use std::path::{Path, PathBuf};
 
 /// The format byte of a stored value that is a pointer into its session's value file.
 pub const FORMAT_EXTERNAL: u8 = 3;
-/// Values of this many bytes or more are stored in the session's value file.
+/// Values of this many bytes or more are stored in the session's value file (see [`SESSION_EXTERNAL_FROM`]).
 pub const EXTERNAL_FROM: usize = 128;
+/// A session's large values stay in sled until it has been given this many bytes of them: a small
+/// session is cheaper there (a file of its own would cost one more sync at the flush, which for a folder
+/// of small sessions imported together outweighs what it saves).
+pub const SESSION_EXTERNAL_FROM: u64 = 4 << 20;
 const POINTER: usize = 17;
 /// Open files the writer keeps at most; others are opened again when written to.
 const OPEN_FILES: usize = 64;
@@ -57,11 +61,13 @@ pub(crate) struct Appender {
     created: bool,
     /// Each session's values of the group being staged.
     staged: BTreeMap<SessionId, Vec<u8>>,
+    /// Bytes of large values each session was given since the store opened, and whether it has a file.
+    seen: BTreeMap<SessionId, (u64, bool)>,
 }
 
 impl Appender {
     pub(crate) fn new(dir: PathBuf) -> Appender {
-        Appender { dir, open: BTreeMap::new(), unsynced: BTreeSet::new(), created: false, staged: BTreeMap::new() }
+        Appender { dir, open: BTreeMap::new(), unsynced: BTreeSet::new(), created: false, staged: BTreeMap::new(), seen: BTreeMap::new() }
     }
 
     fn file(&mut self, session: SessionId) -> std::io::Result<&mut (File, u64)> {
@@ -82,12 +88,21 @@ impl Appender {
         Ok(self.open.get_mut(&session).expect("inserted above"))
     }
 
-    /// The value sled stores for `value`: itself when small, else a pointer to where it will be written
-    /// at the end of the session's file by [`Appender::write_staged`].
-    pub(crate) fn stage(&mut self, session: SessionId, value: Vec<u8>) -> std::io::Result<Vec<u8>> {
+    /// The value sled stores for `value`: a pointer to where [`Appender::write_staged`] will write it at
+    /// the end of the session's file when it is large, the group may use files (`external`) and the
+    /// session has a file already or has been given [`SESSION_EXTERNAL_FROM`] bytes of large values;
+    /// else the value itself.
+    pub(crate) fn stage(&mut self, session: SessionId, value: Vec<u8>, external: bool) -> std::io::Result<Vec<u8>> {
         if value.len() < EXTERNAL_FROM || value.len() > u32::MAX as usize {
             return Ok(value);
         }
+        let dir = &self.dir;
+        let seen = self.seen.entry(session).or_insert_with(|| (0, path_of(dir, session).exists()));
+        seen.0 += value.len() as u64;
+        if !external || !(seen.1 || seen.0 >= SESSION_EXTERNAL_FROM) {
+            return Ok(value);
+        }
+        seen.1 = true;
         let base = self.file(session)?.1;
         let buf = self.staged.entry(session).or_default();
         let p = pointer(base + buf.len() as u64, &value);
@@ -141,6 +156,7 @@ impl Appender {
     /// Deletes a removed session's file.
     pub(crate) fn remove(&mut self, session: SessionId) -> std::io::Result<()> {
         self.open.remove(&session);
+        self.seen.remove(&session);
         self.unsynced.remove(&session);
         match std::fs::remove_file(path_of(&self.dir, session)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -311,35 +327,46 @@ mod tests {
         }
     }
 
+    /// A first value large enough that the session's large values go to its file from it on.
+    fn bulk() -> String {
+        noise(99, super::SESSION_EXTERNAL_FROM as usize)
+    }
+
     #[test]
     fn large_values_are_written_once_to_their_session_file_and_damage_there_is_a_typed_error() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("values").join("1");
         let big: Vec<String> = (0..3).map(|i| noise(i, 400 + i)).collect();
+        let bulk = bulk();
+        let all = [bulk.as_str(), &big[0], "small", &big[1], &big[2], &big[0]];
         {
             let log = Log::open(dir.path()).unwrap();
             let s = log.create_session("s").unwrap();
-            put(&log, s, 0, vec![event(&big[0]), event("small"), event(&big[1]), event(&big[2])]);
-            assert_eq!(texts(&log, s), [big[0].as_str(), "small", &big[1], &big[2]]);
+            put(&log, s, 0, vec![event(&bulk), event(&big[0]), event("small"), event(&big[1]), event(&big[2])]);
+            assert_eq!(texts(&log, s), all[..5]);
             // A durable append of a few values keeps them in sled: its flush needs no second sync.
             let before = std::fs::metadata(&file).unwrap().len();
-            log.append(s, 4, vec![event(&big[0])]).unwrap();
+            log.append(s, 5, vec![event(&big[0])]).unwrap();
             assert_eq!(std::fs::metadata(&file).unwrap().len(), before);
-            assert_eq!(texts(&log, s)[4], big[0]);
-            // sled holds a pointer for each large value and the small one as it is; the file holds the
-            // large ones' stored bytes, one after the other.
+            // sled holds a pointer for each large value written without a flush, and the small one as it
+            // is; the file holds the large ones' stored bytes, one after the other.
             let mut stored = Vec::new();
-            log.for_each_value(s, 1, 5, |_, v| {
+            log.for_each_value(s, 1, 6, |_, v| {
                 stored.push(v.to_vec());
                 Ok(())
             })
             .unwrap();
             let on_disk = std::fs::read(&file).unwrap();
-            assert_eq!(on_disk, [&stored[0][..], &stored[2], &stored[3]].concat());
-            assert!(stored[1].len() < super::EXTERNAL_FROM);
+            assert_eq!(on_disk, [&stored[0][..], &stored[1], &stored[3], &stored[4]].concat());
+            assert!(stored[2].len() < super::EXTERNAL_FROM);
+            // A session given fewer large values keeps them in sled.
+            let few = log.create_session("few").unwrap();
+            put(&log, few, 0, vec![event(&big[0]), event(&big[1])]);
+            assert!(!dir.path().join("values").join(few.to_string()).exists());
+            assert_eq!(texts(&log, few), big[..2]);
         }
         // Reopened: read through the file again.
-        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [big[0].as_str(), "small", &big[1], &big[2], &big[0]]);
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), all);
         let good = std::fs::read(&file).unwrap();
         // A byte changed in the file: the checksum tells.
         let mut flipped = good.clone();
@@ -356,7 +383,7 @@ mod tests {
         assert!(reason.contains("value file"), "{reason}");
         // Put back, everything reads again.
         std::fs::write(&file, &good).unwrap();
-        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1).len(), 5);
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), all);
     }
 
     #[test]
@@ -364,39 +391,48 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("values").join("1");
         let big = |i: usize| noise(i, 300);
-        let after_two;
+        let bulk = bulk();
+        let after_three;
         {
             let log = Log::open(dir.path()).unwrap();
             let s = log.create_session("s").unwrap();
-            put(&log, s, 0, vec![event(&big(1)), event(&big(2))]);
-            after_two = std::fs::metadata(&file).unwrap().len();
-            put(&log, s, 2, vec![event(&big(3)), event("small"), event(&big(5))]);
+            put(&log, s, 0, vec![event(&bulk), event(&big(1)), event(&big(2))]);
+            after_three = std::fs::metadata(&file).unwrap().len();
+            put(&log, s, 3, vec![event(&big(3)), event("small"), event(&big(5))]);
         }
-        // A power cut as it can happen: sled kept events 3 to 5, the value file lost what followed event
-        // 2, and the manifest had learnt of the first append only.
+        // A power cut as it can happen: sled kept events 4 to 6, the value file lost what followed event
+        // 3, and the manifest had learnt of the first append only.
         let mut heads = 1u64.to_le_bytes().to_vec();
-        heads.extend_from_slice(&2u64.to_le_bytes());
+        heads.extend_from_slice(&3u64.to_le_bytes());
         std::fs::write(dir.path().join(crate::manifest::FILE), heads).unwrap();
-        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(after_two).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(after_three).unwrap();
         let log = Log::open(dir.path()).unwrap();
-        assert_eq!(log.head(1).unwrap(), 2, "events 3.. go, from the first whose value is lost");
-        assert_eq!(texts(&log, 1), [big(1), big(2)]);
+        assert_eq!(log.head(1).unwrap(), 3, "events 4.. go, from the first whose value is lost");
+        assert_eq!(texts(&log, 1), [bulk.clone(), big(1), big(2)]);
         // Appends go on after what the file holds.
-        put(&log, 1, 2, vec![event(&big(6))]);
+        put(&log, 1, 3, vec![event(&big(6))]);
+        let mut appended = 0;
+        log.for_each_value(1, 4, 4, |_, v| {
+            appended = v.len() as u64;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), after_three + appended, "written right after event 3's value");
         drop(log);
-        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [big(1), big(2), big(6)]);
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [bulk, big(1), big(2), big(6)]);
     }
 
     #[test]
     fn a_value_file_no_session_owns_is_deleted_and_a_removed_session_takes_its_file_along() {
         let dir = tempfile::tempdir().unwrap();
         let values = dir.path().join("values");
+        let bulk = bulk();
         {
             let log = Log::open(dir.path()).unwrap();
             let a = log.create_session("a").unwrap();
             let b = log.create_session("b").unwrap();
             for s in [a, b] {
-                put(&log, s, 0, vec![event(&noise(0, 500))]);
+                put(&log, s, 0, vec![event(&bulk)]);
             }
             log.remove_session(a).unwrap();
             assert!(!values.join(a.to_string()).exists());
@@ -408,6 +444,6 @@ mod tests {
         let log = Log::open(dir.path()).unwrap();
         assert!(!values.join("7").exists());
         assert!(values.join("notes").exists());
-        assert_eq!(texts(&log, 2), [noise(0, 500)]);
+        assert_eq!(texts(&log, 2), [bulk]);
     }
 }

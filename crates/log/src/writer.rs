@@ -158,8 +158,7 @@ fn stage(
     let mut seq = head;
     for v in values {
         seq += 1;
-        let staged = if external { values_out.stage(session, v) } else { Ok(v) };
-        match staged {
+        match values_out.stage(session, v, external) {
             Ok(stored) => batch.insert(&key(session, seq)[..], stored),
             Err(e) => {
                 // The whole group fails (nothing of it is written), this append with it.
