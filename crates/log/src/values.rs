@@ -220,14 +220,18 @@ impl<'a> Reader<'a> {
             let (size, f) = opened.map_err(|e| corrupt(format!("its value file {}: {e}", path.display())))?;
             self.file = Some((f, size));
         }
-        let (file, size) = self.file.as_ref().expect("opened above");
+        let (file, size) = self.file.as_mut().expect("opened above");
         // The pointer comes from the store: checked against the file before anything is allocated for it.
-        let end = offset.checked_add(len as u64).filter(|&end| end <= *size);
-        let Some(end) = end else {
+        // A value appended since the file was measured (a read beside the writer) measures it again.
+        let wanted = offset.checked_add(len as u64);
+        if wanted.is_some_and(|end| end > *size) {
+            *size = file.metadata().map_err(|e| corrupt(format!("its value file {}: {e}", path.display())))?.len();
+        }
+        let Some(end) = wanted.filter(|&end| end <= *size) else {
             return Err(corrupt(format!("bytes {offset}..+{len} of {}, which holds {size}", path.display())));
         };
         if offset < self.at || end > self.at + self.buf.len() as u64 {
-            let want = (len.max(self.window) as u64).min(size - offset) as usize;
+            let want = (len.max(self.window) as u64).min(*size - offset) as usize;
             self.buf.resize(want, 0);
             if let Err(e) = read_at(file, &mut self.buf, offset) {
                 self.buf.clear();
@@ -445,5 +449,39 @@ mod tests {
         assert!(!values.join("7").exists());
         assert!(values.join("notes").exists());
         assert_eq!(texts(&log, 2), [bulk]);
+    }
+
+    #[test]
+    fn a_reader_finds_values_appended_after_it_measured_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut out = super::Appender::new(dir.path().to_path_buf());
+        let first = out.stage(1, bulk().into_bytes(), true).unwrap();
+        out.write_staged().unwrap();
+        let handles = super::Handles::default();
+        let mut reader = super::Reader::new(&handles, dir.path(), 1);
+        assert_eq!(reader.read(1, &first).unwrap(), bulk().as_bytes());
+        let later = noise(5, 1000);
+        let second = out.stage(1, later.clone().into_bytes(), true).unwrap();
+        assert!(super::is_pointer(&second));
+        out.write_staged().unwrap();
+        assert_eq!(reader.read(2, &second).unwrap(), later.as_bytes());
+        // A pointer past what the file holds even now is an error naming the file.
+        let mut beyond = second.clone();
+        beyond[1..9].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(matches!(reader.read(3, &beyond), Err(LogError::Corrupt { seq: 3, reason, .. }) if reason.contains("which holds")));
+    }
+
+    #[test]
+    fn a_clean_close_tells_the_manifest_of_appends_made_without_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = Log::open(dir.path()).unwrap();
+            let s = log.create_session("s").unwrap();
+            let values = vec![log.encode(s, 1, &event(&bulk())), log.encode(s, 2, &event("small"))];
+            log.append_encoded(s, 0, values, false).unwrap().recv().unwrap().unwrap();
+        }
+        let (acknowledged, _) = crate::manifest::read(dir.path()).unwrap();
+        assert_eq!(acknowledged.get(&1), Some(&2), "nothing is left for the next open to check");
+        assert_eq!(texts(&Log::open(dir.path()).unwrap(), 1), [bulk(), "small".to_string()]);
     }
 }

@@ -117,9 +117,12 @@ fn run(shared: &Shared, mut values: Appender, rx: &Receiver<Request>) {
             commit(shared, values, &mut names, &mut unflushed, pending);
         }
     }
+    // The last flush: the manifest learns the heads it makes durable, so the next open has no tail to check.
     let _ = values.sync();
     let _ = crate::blob::sync_pending(&shared.pending_blobs);
-    let _ = shared.db.flush();
+    if shared.db.flush().is_ok() && !unflushed.is_empty() {
+        shared.manifest.lock().expect("manifest lock").record(std::mem::take(&mut unflushed).into_iter());
+    }
 }
 
 enum Reply {
