@@ -17,7 +17,6 @@ mod memory;
 mod pg;
 mod sled_store;
 pub mod testing;
-mod values;
 mod writer;
 
 use condense_events::{Envelope, Event, Seq, SessionId};
@@ -28,7 +27,6 @@ use std::sync::Arc;
 pub use blob::BlobHash;
 pub use codec::{decode_envelope, encode_envelope, encode_event, encode_event_compressed, FORMAT_LZ4, FORMAT_VERSION, MAX_VALUE_BYTES};
 pub use export::ExportSummary;
-pub use values::{EXTERNAL_FROM, FORMAT_EXTERNAL};
 
 /// Errors of the log. Every message names the session, sequence number, file or offset involved.
 #[derive(Debug, thiserror::Error)]
@@ -239,7 +237,7 @@ pub trait Backend: Send + Sync {
 /// Where a log lives: a folder for the embedded sled store, or a PostgreSQL database.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Location {
-    /// A folder: the sled database in `DIR/db`, large event values in `DIR/values`, blobs in `DIR/blobs`.
+    /// A folder: the sled database in `DIR/db`, blobs in `DIR/blobs`.
     Dir(PathBuf),
     /// A PostgreSQL connection string (`postgres://user[:password]@host[:port]/database[?options]`).
     Postgres(String),
@@ -287,8 +285,8 @@ pub struct Log {
 }
 
 impl Log {
-    /// Opens (or creates) the log at `dir`: a folder (the sled database in `dir/db`, large event values
-    /// in `dir/values`, blobs in `dir/blobs`), or a PostgreSQL database when `dir` is a `postgres://` URL.
+    /// Opens (or creates) the log at `dir`: a folder (the sled database in `dir/db`, blobs in
+    /// `dir/blobs`), or a PostgreSQL database when `dir` is a `postgres://` URL.
     pub fn open(dir: impl AsRef<Path>) -> Result<Log> {
         Log::open_with(dir, DEFAULT_CACHE_BYTES)
     }

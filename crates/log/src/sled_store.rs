@@ -1,7 +1,7 @@
 //! The embedded backend: sled, keyed by big-endian `(session, seq)`, one writer thread that group-commits,
 //! a heads manifest that detects a database which lost acknowledged events, and blob files beside it.
 
-use crate::{blob, codec, manifest, values, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
+use crate::{blob, codec, manifest, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
 use condense_events::{Seq, SessionId};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::BTreeMap;
@@ -10,9 +10,6 @@ use std::sync::{Arc, Mutex};
 
 pub(crate) struct Shared {
     pub(crate) path: PathBuf,
-    /// The value files (`values/<session>`), and those open for reading.
-    pub(crate) values: PathBuf,
-    pub(crate) value_files: values::Handles,
     pub(crate) db: sled::Db,
     pub(crate) events: sled::Tree,
     pub(crate) sessions: sled::Tree,
@@ -113,9 +110,6 @@ impl SledStore {
                 dir.join(manifest::FILE).display()
             )));
         }
-        let values_dir = dir.join("values");
-        let mut heads = heads;
-        settle_values(&values_dir, &path, &events, &acknowledged, &mut heads)?;
         let mut merged = acknowledged;
         for (s, h) in &heads {
             let e = merged.entry(*s).or_insert(0);
@@ -124,8 +118,6 @@ impl SledStore {
         let manifest = manifest::Manifest::open(dir, &merged, manifest_size)?;
         let shared = Arc::new(Shared {
             path,
-            values: values_dir.clone(),
-            value_files: values::Handles::default(),
             db,
             events,
             sessions,
@@ -134,7 +126,7 @@ impl SledStore {
             manifest: Mutex::new(manifest),
             pending_blobs: blob::Pending::default(),
         });
-        let writer = writer::WriterHandle::spawn(shared.clone(), values::Appender::new(values_dir));
+        let writer = writer::WriterHandle::spawn(shared.clone());
         let blobs = blob::BlobStore::new(dir.join("blobs"), shared.pending_blobs.clone());
         Ok(SledStore { shared, writer, blobs })
     }
@@ -191,7 +183,6 @@ impl Backend for SledStore {
         let lo = codec::key(session, from);
         let hi = codec::key(session, to);
         let mut range = self.shared.events.range(lo..=hi);
-        let mut external: Option<values::Reader> = None;
         loop {
             let next = quietly(|| range.next()).map_err(|p| LogError::Damaged {
                 path: self.shared.path.clone(),
@@ -203,12 +194,7 @@ impl Backend for SledStore {
             if s != session {
                 return Err(LogError::Corrupt { session, seq, reason: format!("stored under session {s}") });
             }
-            if values::is_pointer(&v) {
-                let reader = external.get_or_insert_with(|| values::Reader::new(&self.shared.value_files, &self.shared.values, session));
-                f(seq, reader.read(seq, &v)?)?;
-            } else {
-                f(seq, &v)?;
-            }
+            f(seq, &v)?;
         }
     }
 
@@ -237,52 +223,6 @@ impl Backend for SledStore {
     fn close(&self) {
         self.writer.stop();
     }
-}
-
-/// Brings the value files in line with what sled holds after a crash. A file of a session sled does not
-/// know (removed, or created and lost before a flush) is deleted. Events after a session's acknowledged
-/// head whose values did not reach their file (a power cut after sled wrote them, before the file's sync)
-/// are dropped from the first such event on, as sled drops what it did not flush; `heads` follows.
-fn settle_values(
-    dir: &Path,
-    path: &Path,
-    events: &sled::Tree,
-    acknowledged: &BTreeMap<SessionId, Seq>,
-    heads: &mut BTreeMap<SessionId, Seq>,
-) -> Result<()> {
-    let io = |source| LogError::Io { path: dir.to_path_buf(), source };
-    for id in values::sessions_with_files(dir).map_err(io)? {
-        if !heads.contains_key(&id) {
-            let file = values::path_of(dir, id);
-            std::fs::remove_file(&file).map_err(|source| LogError::Io { path: file, source })?;
-        }
-    }
-    for (&session, head) in heads.iter_mut() {
-        let ack = acknowledged.get(&session).copied().unwrap_or(0);
-        if *head <= ack {
-            continue;
-        }
-        let handles = values::Handles::default();
-        let mut reader = values::Reader::new(&handles, dir, session);
-        let mut lost = None;
-        for item in events.range(codec::key(session, ack + 1)..=codec::key(session, *head)) {
-            let (k, v) = item.map_err(sled_err(path))?;
-            let seq = codec::split_key(&k).1;
-            if values::is_pointer(&v) && reader.read(seq, &v).is_err() {
-                lost = Some(seq);
-                break;
-            }
-        }
-        let Some(from) = lost else { continue };
-        let mut batch = sled::Batch::default();
-        for item in events.range(codec::key(session, from)..=codec::key(session, *head)) {
-            batch.remove(item.map_err(sled_err(path))?.0);
-        }
-        events.apply_batch(batch).map_err(sled_err(path))?;
-        events.flush().map_err(sled_err(path))?;
-        *head = from - 1;
-    }
-    Ok(())
 }
 
 /// Key (in sled's default tree) of the lowest id a new session may take: one above every removed one.
@@ -336,5 +276,22 @@ mod tests {
         assert_eq!(store.put_blob(b"twice").unwrap(), h_twice());
         assert_eq!(pending(), 1, "a durable put of a pending blob syncs it and leaves the list to the flush");
         assert_eq!(id, 1);
+    }
+
+    #[test]
+    fn a_clean_close_tells_the_manifest_of_appends_made_without_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let log = crate::Log::open(dir.path()).unwrap();
+            let s = log.create_session("s").unwrap();
+            let event = |text: &str| condense_events::Event::Source(condense_events::SourceEvent::ConfigChanged { json: text.into() });
+            let values = vec![log.encode(s, 1, &event("one")), log.encode(s, 2, &event("two"))];
+            log.append_encoded(s, 0, values, false).unwrap().recv().unwrap().unwrap();
+        }
+        // Otherwise the manifest would lag behind what the close made durable (a later loss of those events
+        // would go unnoticed).
+        let (acknowledged, _) = manifest::read(dir.path()).unwrap();
+        assert_eq!(acknowledged.get(&1), Some(&2));
+        assert_eq!(crate::Log::open(dir.path()).unwrap().head(1).unwrap(), 2);
     }
 }

@@ -2,7 +2,6 @@
 
 use crate::codec::key;
 use crate::sled_store::{id_floor, Shared, ID_FLOOR_KEY};
-use crate::values::Appender;
 use crate::{Appended, LogError, Result};
 use condense_events::{Seq, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -10,9 +9,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-
-/// A group that is flushed at once keeps its large values in sled unless they add up to this many bytes.
-const EXTERNAL_GROUP_BYTES: usize = 1 << 20;
 
 enum Request {
     /// Create a session, under `wanted` when that id is free and was never used. `durable: false` is
@@ -33,11 +29,11 @@ pub(crate) struct WriterHandle {
 }
 
 impl WriterHandle {
-    pub(crate) fn spawn(shared: Arc<Shared>, values: Appender) -> WriterHandle {
+    pub(crate) fn spawn(shared: Arc<Shared>) -> WriterHandle {
         let (tx, rx) = bounded::<Request>(1024);
         let join = std::thread::Builder::new()
             .name("condense-log-writer".into())
-            .spawn(move || run(&shared, values, &rx))
+            .spawn(move || run(&shared, &rx))
             .expect("spawning the log writer thread");
         WriterHandle { tx: Mutex::new(Some(tx)), join: Mutex::new(Some(join)) }
     }
@@ -91,8 +87,7 @@ impl Drop for WriterHandle {
     }
 }
 
-fn run(shared: &Shared, mut values: Appender, rx: &Receiver<Request>) {
-    let values = &mut values;
+fn run(shared: &Shared, rx: &Receiver<Request>) {
     // Heads written by deferred appends and not yet flushed: the manifest learns them at the next flush.
     let mut unflushed: BTreeMap<SessionId, Seq> = BTreeMap::new();
     let mut names: BTreeMap<String, SessionId> = BTreeMap::new();
@@ -106,19 +101,18 @@ fn run(shared: &Shared, mut values: Appender, rx: &Receiver<Request>) {
             match r {
                 Request::Remove { session, reply } => {
                     if !pending.is_empty() {
-                        commit(shared, values, &mut names, &mut unflushed, std::mem::take(&mut pending));
+                        commit(shared, &mut names, &mut unflushed, std::mem::take(&mut pending));
                     }
-                    let _ = reply.send(remove(shared, values, &mut names, session));
+                    let _ = reply.send(remove(shared, &mut names, session));
                 }
                 other => pending.push(other),
             }
         }
         if !pending.is_empty() {
-            commit(shared, values, &mut names, &mut unflushed, pending);
+            commit(shared, &mut names, &mut unflushed, pending);
         }
     }
-    // The last flush: the manifest learns the heads it makes durable, so the next open has no tail to check.
-    let _ = values.sync();
+    // The last flush: the manifest learns the heads it makes durable, as after any flush.
     let _ = crate::blob::sync_pending(&shared.pending_blobs);
     if shared.db.flush().is_ok() && !unflushed.is_empty() {
         shared.manifest.lock().expect("manifest lock").record(std::mem::take(&mut unflushed).into_iter());
@@ -130,12 +124,9 @@ enum Reply {
     Appended(Sender<Result<Seq>>, Result<Seq>),
 }
 
-/// Checks an append against the session's head and adds its values to the group's batch (large ones as
-/// pointers into their session's file when `external`).
+/// Checks an append against the session's head and adds its values to the group's batch.
 #[allow(clippy::too_many_arguments)]
 fn stage(
-    values_out: &mut Appender,
-    external: bool,
     heads: &mut BTreeMap<SessionId, Seq>,
     batch: &mut sled::Batch,
     wrote: &mut bool,
@@ -145,42 +136,34 @@ fn stage(
     expected: Seq,
     values: Vec<Vec<u8>>,
     reply: Sender<Result<Seq>>,
-) -> std::io::Result<()> {
+) {
     let Some(&head) = heads.get(&session) else {
         replies.push(Reply::Appended(reply, Err(LogError::UnknownSession(session.to_string()))));
-        return Ok(());
+        return;
     };
     if head != expected {
         replies.push(Reply::Appended(reply, Err(LogError::HeadMismatch { session, expected, actual: head })));
-        return Ok(());
+        return;
     }
     if values.is_empty() {
         replies.push(Reply::Appended(reply, Ok(head)));
-        return Ok(());
+        return;
     }
     let mut seq = head;
     for v in values {
         seq += 1;
-        match values_out.stage(session, v, external) {
-            Ok(stored) => batch.insert(&key(session, seq)[..], stored),
-            Err(e) => {
-                // The whole group fails (nothing of it is written), this append with it.
-                replies.push(Reply::Appended(reply, Err(LogError::Closed)));
-                return Err(e);
-            }
-        }
+        batch.insert(&key(session, seq)[..], v);
     }
     *wrote = true;
     heads.insert(session, seq);
     notices.push(Appended { session, first: head + 1, last: seq });
     replies.push(Reply::Appended(reply, Ok(seq)));
-    Ok(())
 }
 
 /// Applies one group as a single sled batch and flushes when any request in it needs durability (a
 /// durable append, a new session, a sync); replies go out only after that flush. A group of deferred
 /// appends only is acknowledged once written: the next flush makes it durable.
-fn commit(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, SessionId>, unflushed: &mut BTreeMap<SessionId, Seq>, group: Vec<Request>) {
+fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &mut BTreeMap<SessionId, Seq>, group: Vec<Request>) {
     let mut heads = shared.heads.lock().expect("heads lock").clone();
     let mut batch = sled::Batch::default();
     let mut replies = Vec::with_capacity(group.len());
@@ -191,20 +174,6 @@ fn commit(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, S
     let mut syncs = Vec::new();
     // Sessions created without a flush: the next flush must come even if nothing else is written.
     let mut deferred_new = Vec::new();
-    // A value file that cannot be written fails the group.
-    let mut staging: std::io::Result<()> = Ok(());
-    // Large values go to their files when the group is not flushed now (their sync waits for a later
-    // flush), or when there are enough of them: a group flushed now would pay a second sync for its
-    // files, which a few values' worth of sled's rewrites does not outweigh.
-    let flushes_now = group.iter().any(|r| matches!(r, Request::Prepared { durable: true, .. } | Request::Create { durable: true, .. } | Request::Sync { .. }));
-    let external_bytes: usize = group
-        .iter()
-        .map(|r| match r {
-            Request::Prepared { values, .. } => values.iter().map(Vec::len).filter(|&n| n >= crate::values::EXTERNAL_FROM).sum(),
-            _ => 0,
-        })
-        .sum();
-    let external = !flushes_now || external_bytes >= EXTERNAL_GROUP_BYTES;
     for req in group {
         match req {
             Request::Create { name, wanted, durable, reply } => {
@@ -232,13 +201,9 @@ fn commit(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, S
                 replies.push(Reply::Created(reply, Ok(id)));
             }
             Request::Remove { .. } => unreachable!("removals are committed on their own"),
-            Request::Prepared { session, expected, values: v, durable, reply } => {
+            Request::Prepared { session, expected, values, durable, reply } => {
                 flush |= durable;
-                if staging.is_ok() {
-                    staging = stage(values, external, &mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, v, reply);
-                } else {
-                    replies.push(Reply::Appended(reply, Err(LogError::Closed)));
-                }
+                stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
             }
             Request::Sync { reply } => {
                 flush = true;
@@ -247,27 +212,19 @@ fn commit(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, S
         }
     }
     // Nothing written and nothing pending: a sync or an empty durable append costs no flush.
-    let flush = flush
-        && (wrote || !unflushed.is_empty() || values.pending() || !shared.pending_blobs.lock().expect("pending blobs lock").is_empty());
-    let durable = staging.map_err(sled::Error::Io).and_then(|()| {
-        crate::quietly(|| {
-            if wrote {
-                // The values go to their files before sled learns of their pointers.
-                values.write_staged()?;
-                shared.events.apply_batch(batch)?;
-            }
-            if flush {
-                // Value files and blobs written without a sync go first: they are durable before any event
-                // naming them.
-                values.sync()?;
-                crate::blob::sync_pending(&shared.pending_blobs)?;
-                shared.db.flush()?;
-            }
-            Ok::<(), sled::Error>(())
-        })
-        .unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))))
-    });
-    values.discard_staged();
+    let flush = flush && (wrote || !unflushed.is_empty() || !shared.pending_blobs.lock().expect("pending blobs lock").is_empty());
+    let durable = crate::quietly(|| {
+        if wrote {
+            shared.events.apply_batch(batch)?;
+        }
+        if flush {
+            // Blobs written without a sync go first: they are durable before any event naming them.
+            crate::blob::sync_pending(&shared.pending_blobs)?;
+            shared.db.flush()?;
+        }
+        Ok::<(), sled::Error>(())
+    })
+    .unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))));
     if let Err(e) = durable {
         // Nothing of this group is acknowledged; the in-memory heads stay as they were.
         let msg = format!("group commit failed: {e}");
@@ -314,9 +271,9 @@ fn commit(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, S
 }
 
 /// Deletes a session. The manifest learns first (synced), so a crash part-way never reads as lost events;
-/// then the id floor and the name go (flushed), then the events, then its value file. A crash after the
-/// name is gone leaves only unreachable events behind (and a value file the next open deletes).
-fn remove(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, SessionId>, session: SessionId) -> Result<()> {
+/// then the id floor and the name go (flushed), then the events. A crash after the name is gone leaves
+/// only unreachable events behind.
+fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, session: SessionId) -> Result<()> {
     let sled = |source| LogError::Sled { path: shared.path.clone(), source };
     if !shared.heads.lock().expect("heads lock").contains_key(&session) {
         return Err(LogError::UnknownSession(session.to_string()));
@@ -325,7 +282,6 @@ fn remove(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, S
     let floor = id_floor(shared).max(session + 1);
     shared.db.insert(ID_FLOOR_KEY, &floor.to_be_bytes()).map_err(sled)?;
     shared.sessions.remove(session.to_be_bytes()).map_err(sled)?;
-    values.sync().map_err(|e| sled(e.into()))?;
     crate::blob::sync_pending(&shared.pending_blobs).map_err(|e| sled(e.into()))?;
     shared.db.flush().map_err(sled)?;
     names.retain(|_, id| *id != session);
@@ -336,6 +292,5 @@ fn remove(shared: &Shared, values: &mut Appender, names: &mut BTreeMap<String, S
     }
     shared.events.apply_batch(batch).map_err(sled)?;
     shared.db.flush().map_err(sled)?;
-    values.remove(session).map_err(|e| sled(e.into()))?;
     Ok(())
 }
