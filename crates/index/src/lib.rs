@@ -266,20 +266,15 @@ impl Index {
     /// Resolves `t12`, `b3` or a raw call id (its newest occurrence).
     pub fn lookup(&self, key: &str) -> Option<Target> {
         let key = key.trim();
-        if let Some(n) = key.strip_prefix('t').and_then(|n| n.parse::<u32>().ok()) {
-            if self.records.contains_key(&n) {
-                return Some(Target::Output(n));
-            }
+        let number = |prefix: char| key.strip_prefix(prefix).and_then(|n| n.parse::<u32>().ok());
+        if let Some(n) = number('t').filter(|n| self.records.contains_key(n)) {
+            return Some(Target::Output(n));
         }
-        if let Some(n) = key.strip_prefix('b').and_then(|n| n.parse::<u32>().ok()) {
-            if self.chains.contains_key(&n) {
-                return Some(Target::Chain(n));
-            }
+        if let Some(n) = number('b').filter(|n| self.chains.contains_key(n)) {
+            return Some(Target::Chain(n));
         }
-        if let Some(n) = key.strip_prefix('c').and_then(|n| n.parse::<u32>().ok()) {
-            if self.checkpoints.contains_key(&n) {
-                return Some(Target::Checkpoint(n));
-            }
+        if let Some(n) = number('c').filter(|n| self.checkpoints.contains_key(n)) {
+            return Some(Target::Checkpoint(n));
         }
         self.by_call.get(key).and_then(|v| v.last()).map(|&r| Target::Output(r))
     }

@@ -112,7 +112,7 @@ pub fn split_reply(reply: &str, refs: &[u32]) -> Option<Vec<String>> {
     for &(at, _) in &starts {
         let end = sorted.iter().map(|(s, _)| *s).find(|&s| s > at).unwrap_or(reply.len());
         let block = reply[at..end].trim();
-        if block.len() <= format!("t0:").len() {
+        if block.len() <= "t0:".len() {
             return None;
         }
         out.push(block.trim_start_matches(['-', '*', ' ']).to_string());

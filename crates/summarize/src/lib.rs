@@ -225,8 +225,11 @@ pub struct WithFallback<P, F> {
     fallback: F,
     count: std::sync::atomic::AtomicU64,
     last: std::sync::Mutex<Option<String>>,
-    notice: Option<Box<dyn Fn(u64, &str) + Send + Sync>>,
+    notice: Option<Notice>,
 }
+
+/// What a [`WithFallback`] calls at every fallback: the count so far and the reason.
+type Notice = Box<dyn Fn(u64, &str) + Send + Sync>;
 
 impl<P: Summarizer, F: Summarizer> WithFallback<P, F> {
     /// `primary`, with `fallback` standing in whenever it fails.
