@@ -294,4 +294,24 @@ mod tests {
         assert_eq!(acknowledged.get(&1), Some(&2));
         assert_eq!(crate::Log::open(dir.path()).unwrap().head(1).unwrap(), 2);
     }
+
+    #[test]
+    fn a_session_removed_after_appends_made_without_a_flush_stays_removed_in_the_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let event = |text: &str| condense_events::Event::Source(condense_events::SourceEvent::ConfigChanged { json: text.into() });
+        {
+            let log = crate::Log::open(dir.path()).unwrap();
+            let gone = log.create_session("gone").unwrap();
+            let kept = log.create_session("kept").unwrap();
+            for s in [gone, kept] {
+                log.append_encoded(s, 0, vec![log.encode(s, 1, &event("one"))], false).unwrap().recv().unwrap().unwrap();
+            }
+            log.remove_session(gone).unwrap();
+            // A later flush (here a sync) must not tell the manifest of the removed session again.
+            log.append_encoded(kept, 1, vec![log.encode(kept, 2, &event("two"))], false).unwrap().recv().unwrap().unwrap();
+            log.sync().unwrap();
+        }
+        let log = crate::Log::open(dir.path()).expect("reopens: the removed session is not taken for a lost one");
+        assert_eq!(log.sessions().unwrap().iter().map(|s| (s.name.as_str(), s.head)).collect::<Vec<_>>(), [("kept", 2)]);
+    }
 }

@@ -104,6 +104,9 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
                         commit(shared, &mut names, &mut unflushed, std::mem::take(&mut pending));
                     }
                     let _ = reply.send(remove(shared, &mut names, session));
+                    // The manifest records the removal: a later flush must not name the session again
+                    // (an open would take it for a session that lost its events).
+                    unflushed.remove(&session);
                 }
                 other => pending.push(other),
             }
