@@ -103,10 +103,7 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
                     if !pending.is_empty() {
                         commit(shared, &mut names, &mut unflushed, std::mem::take(&mut pending));
                     }
-                    let _ = reply.send(remove(shared, &mut names, session));
-                    // The manifest records the removal: a later flush must not name the session again
-                    // (an open would take it for a session that lost its events).
-                    unflushed.remove(&session);
+                    let _ = reply.send(remove(shared, &mut names, &mut unflushed, session));
                 }
                 other => pending.push(other),
             }
@@ -115,10 +112,24 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
             commit(shared, &mut names, &mut unflushed, pending);
         }
     }
-    // The last flush: the manifest learns the heads it makes durable, as after any flush.
-    let _ = crate::blob::sync_pending(&shared.pending_blobs);
-    if shared.db.flush().is_ok() && !unflushed.is_empty() {
-        shared.manifest.lock().expect("manifest lock").record(std::mem::take(&mut unflushed).into_iter());
+    if flush(shared).is_ok() {
+        record_flushed(shared, &mut unflushed);
+    }
+}
+
+/// Makes everything written so far durable: blobs written without a sync first, so each is durable before
+/// any event naming it, then sled.
+fn flush(shared: &Shared) -> sled::Result<()> {
+    crate::blob::sync_pending(&shared.pending_blobs)?;
+    shared.db.flush()?;
+    Ok(())
+}
+
+/// After a flush: the manifest learns the heads that were waiting for one (it only ever learns durable
+/// heads).
+fn record_flushed(shared: &Shared, unflushed: &mut BTreeMap<SessionId, Seq>) {
+    if !unflushed.is_empty() {
+        shared.manifest.lock().expect("manifest lock").record(std::mem::take(unflushed).into_iter());
     }
 }
 
@@ -221,9 +232,7 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
             shared.events.apply_batch(batch)?;
         }
         if flush {
-            // Blobs written without a sync go first: they are durable before any event naming them.
-            crate::blob::sync_pending(&shared.pending_blobs)?;
-            shared.db.flush()?;
+            self::flush(shared)?;
         }
         Ok::<(), sled::Error>(())
     })
@@ -252,9 +261,8 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
             unflushed.entry(id).or_insert(0);
         }
     }
-    if flush && !unflushed.is_empty() {
-        let durable_heads = std::mem::take(unflushed);
-        shared.manifest.lock().expect("manifest lock").record(durable_heads.into_iter());
+    if flush {
+        record_flushed(shared, unflushed);
     }
     for tx in syncs {
         drop(tx.send(Ok(())));
@@ -273,20 +281,23 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
     }
 }
 
-/// Deletes a session. The manifest learns first (synced), so a crash part-way never reads as lost events;
-/// then the id floor and the name go (flushed), then the events. A crash after the name is gone leaves
-/// only unreachable events behind.
-fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, session: SessionId) -> Result<()> {
+/// Deletes a session. The manifest learns first (synced), so a crash part-way never reads as lost events,
+/// and no later flush names the session again; then the id floor and the name go (flushed), then the
+/// events. A crash after the name is gone leaves only unreachable events behind.
+fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &mut BTreeMap<SessionId, Seq>, session: SessionId) -> Result<()> {
     let sled = |source| LogError::Sled { path: shared.path.clone(), source };
     if !shared.heads.lock().expect("heads lock").contains_key(&session) {
         return Err(LogError::UnknownSession(session.to_string()));
     }
     shared.manifest.lock().expect("manifest lock").forget(session).map_err(|source| LogError::Io { path: shared.path.clone(), source })?;
+    // Heads of its appends made without a flush: recorded after the removal, an open would take the
+    // session for one that lost its events.
+    unflushed.remove(&session);
     let floor = id_floor(shared).max(session + 1);
     shared.db.insert(ID_FLOOR_KEY, &floor.to_be_bytes()).map_err(sled)?;
     shared.sessions.remove(session.to_be_bytes()).map_err(sled)?;
-    crate::blob::sync_pending(&shared.pending_blobs).map_err(|e| sled(e.into()))?;
-    shared.db.flush().map_err(sled)?;
+    flush(shared).map_err(sled)?;
+    record_flushed(shared, unflushed);
     names.retain(|_, id| *id != session);
     shared.heads.lock().expect("heads lock").remove(&session);
     let mut batch = sled::Batch::default();
