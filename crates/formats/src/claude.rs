@@ -249,10 +249,9 @@ pub(crate) fn result_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)
 /// merge never rewrites an emitted event; the entries before it go to the chain.
 #[derive(Default)]
 struct Builder {
-    /// Entries not handed to the chain yet; the first is entry `base` of the session.
+    /// Entries not handed to the chain yet (the first is the chain's next).
     entries: Vec<(String, Entry)>,
-    base: usize,
-    /// The session index of the assistant message still open for merging, with its provider message id.
+    /// The index in `entries` of the assistant message still open for merging, with its provider message id.
     open: Option<(usize, String)>,
     names: BTreeMap<String, String>,
 }
@@ -267,7 +266,7 @@ impl Builder {
 
     /// Model changes are reported just before the entry that first used the model.
     fn side_event(&mut self, chain: &mut crate::Chain<'_>, ev: SourceEvent) {
-        chain.side(self.base + self.entries.len(), ev);
+        chain.side(chain.emitted() + self.entries.len(), ev);
     }
 
     fn assistant(
@@ -281,7 +280,7 @@ impl Builder {
     ) {
         if let (Some((ix, open_id)), Some(id)) = (&self.open, &msg_id) {
             if open_id == id {
-                if let Entry::Message(Message::Assistant { content, stop: s, usage: u, .. }) = &mut self.entries[*ix - self.base].1 {
+                if let Entry::Message(Message::Assistant { content, stop: s, usage: u, .. }) = &mut self.entries[*ix].1 {
                     content.extend(blocks);
                     if stop.is_some() {
                         *s = stop;
@@ -294,13 +293,16 @@ impl Builder {
             }
         }
         self.entries.push((uuid, Entry::Message(Message::Assistant { content: blocks, model, stop, usage })));
-        self.open = msg_id.map(|id| (self.base + self.entries.len() - 1, id));
+        self.open = msg_id.map(|id| (self.entries.len() - 1, id));
     }
 
     /// Hands the entries before the open assistant message (all, if none is open) to the chain.
     fn release(&mut self, chain: &mut crate::Chain<'_>) {
-        let upto = self.open.as_ref().map_or(self.entries.len(), |(ix, _)| ix - self.base);
+        let upto = self.open.as_ref().map_or(self.entries.len(), |(ix, _)| *ix);
         self.entries.drain(..upto).for_each(|(id, e)| chain.entry(id, e));
-        self.base += upto;
+        // The open message is now the first held.
+        if let Some((ix, _)) = &mut self.open {
+            *ix = 0;
+        }
     }
 }

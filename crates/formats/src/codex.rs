@@ -131,9 +131,8 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
 
 #[derive(Default)]
 struct History {
-    /// Entries not handed to the chain yet; the first is entry `base` of the session.
+    /// Entries not handed to the chain yet (the first is the chain's next).
     entries: Vec<Entry>,
-    base: usize,
     /// Whether the last entry is an assistant message still open for more assistant-side items.
     open: bool,
     names: BTreeMap<String, String>,
@@ -173,16 +172,16 @@ impl History {
     }
 
     fn side(&mut self, chain: &mut crate::Chain<'_>, ev: SourceEvent) {
-        chain.side(self.base + self.entries.len(), ev);
+        chain.side(chain.emitted() + self.entries.len(), ev);
     }
 
     /// Hands every entry but an open assistant message to the chain, named `r1`, `r2`, … in session order.
     fn release(&mut self, chain: &mut crate::Chain<'_>) {
         let upto = self.entries.len() - usize::from(self.open && !self.entries.is_empty());
-        for (i, e) in self.entries.drain(..upto).enumerate() {
-            chain.entry(format!("r{}", self.base + i + 1), e);
+        for e in self.entries.drain(..upto) {
+            let id = format!("r{}", chain.emitted() + 1);
+            chain.entry(id, e);
         }
-        self.base += upto;
     }
 
     fn push(&mut self, e: Entry) {

@@ -133,7 +133,8 @@ pub fn import_sessions(file: &str, bytes: &[u8]) -> Result<Vec<(Option<String>, 
 }
 
 /// A line-format session (pi, Claude Code, Codex) read from a stream: its events go to `emit` as they
-/// are read (each once no later line can change it), so a file of any size is never held whole. The events are those [`import_bytes`] gives for the same bytes, diagnostics last.
+/// are read (each once no later line can change it), so a file of any size is never held whole. The
+/// events are those [`import_bytes`] gives for the same bytes, diagnostics last.
 /// `Ok(None)`: the stream is not one of these (a JSON document, pretty-printed objects, an OpenHands
 /// evaluation output, or nothing known) and nothing was emitted: read it whole with [`import_sessions`].
 pub fn import_stream(file: &str, reader: impl std::io::BufRead, emit: &mut dyn FnMut(SourceEvent)) -> std::io::Result<Option<Streamed>> {
@@ -291,6 +292,11 @@ impl<'a> Chain<'a> {
     pub(crate) fn start(&mut self, e: SourceEvent) {
         self.started = true;
         (self.emit)(e);
+    }
+
+    /// Entries handed over so far: the session index of the next one.
+    pub(crate) fn emitted(&self) -> usize {
+        self.emitted
     }
 
     /// Whether [`Chain::start`] was called: an importer hands entries over only after it.
