@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use condense_engine::Store;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -86,12 +87,7 @@ fn crash(args: &[String]) -> Result<()> {
         }
         i += 2;
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = std::process::Command::new(cargo).args(["build", "--release", "-p", "condense-cli", "--bin", "condense"]).current_dir(root()).status()?;
-    if !st.success() {
-        bail!("building condense failed");
-    }
-    let bin = root().join("target/release/condense");
+    let bin = release_binary()?;
     let work = root().join("target/crash-scratch");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
@@ -111,6 +107,16 @@ fn crash(args: &[String]) -> Result<()> {
         summary.interrupted[0], summary.rounds[0], summary.interrupted[1], summary.rounds[1], summary.interrupted[2], summary.rounds[2]
     );
     Ok(())
+}
+
+/// Builds the release `condense` binary and returns its path.
+pub(crate) fn release_binary() -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let st = std::process::Command::new(cargo).args(["build", "--release", "-p", "condense-cli", "--bin", "condense"]).current_dir(root()).status()?;
+    if !st.success() {
+        bail!("building condense failed");
+    }
+    Ok(root().join("target/release/condense"))
 }
 
 pub(crate) fn root() -> PathBuf {
@@ -578,40 +584,100 @@ fn splice(old: &str, section: &str) -> String {
 /// `condense simulate` of the generated sessions, timed as the command runs it (read the file, replay it
 /// into a store held in memory), beside pi-condense's replay of the same sessions (PEERS.md).
 fn simulate_bench(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
+    let bin = release_binary()?;
     writeln!(md, "\n## `condense simulate` of the generated sessions\n")?;
-    writeln!(md, "`condense simulate target/bench-scratch/pi-v3-N.jsonl` with the defaults, timed from reading the file to the last figure (the replay goes into a store held in memory, as the command's does); the best of 7 runs (the machine is shared and a 1k run takes 50 ms), one at 100k. The 10k session's file is 13.2× the 1k session's bytes. pi-condense: its own handlers replaying the same session (PEERS.md: 4.7 s and 148 s; not run at 100k).\n")?;
-    writeln!(md, "| entries | requests | seconds | growth | ms per MB of file | tokens % of raw | cost % of raw | cache breaks | retention | pi-condense seconds | pi-condense tokens / cost / breaks |")?;
-    writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
+    writeln!(md, "The release `condense --store EMPTY simulate target/bench-scratch/pi-v3-N.jsonl --json` with the defaults, each run a fresh process timed from its start to its exit (reading the file, the replay into a store held in memory, the figures); 7 runs at 1k and 10k, alternating, the best and the median of them; one run at 100k. The 10k session's file is 13.2× the 1k session's bytes. pi-condense: its own handlers replaying the same session (PEERS.md: 4.7 s and 148 s; not run at 100k).\n")?;
+    writeln!(md, "| entries | requests | best s | median s | growth (best / median) | ms per MB of file (best) | peak RSS MiB | tokens % of raw | cost % of raw | cache breaks | retention | pi-condense seconds | pi-condense tokens / cost / breaks |")?;
+    writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
     let peers = |n: u64| match n {
         1_000 => ("4.7", "9.1% / 14.5% / 31"),
         10_000 => ("148", "2.9% / 3.5% / 319"),
         _ => ("—", "—"),
     };
-    let mut previous: Option<f64> = None;
-    for &n in sizes.iter().filter(|n| **n <= 100_000) {
-        let file = generated_file(scratch, n)?;
-        // The best of 7 runs (one at 100k), each from reading the file to the last figure.
-        let mut best: Option<(f64, condense_engine::simulate::Figures)> = None;
-        for _ in 0..if n >= 100_000 { 1 } else { 7 } {
-            let t = Instant::now();
-            let events = condense_formats::import_file(&file)?.events;
-            let store = Store::in_memory(condense_engine::StoreOptions { defer_durability: true, ..Default::default() });
-            let f = condense_engine::simulate::replay(&store, "gen", events, Default::default(), Default::default())?;
-            let secs = t.elapsed().as_secs_f64();
-            if best.as_ref().is_none_or(|(b, _)| secs < *b) {
-                best = Some((secs, f));
-            }
+    let store = scratch.join("simulate-store");
+    // One run of the command: its wall time, its peak RSS (the child's VmHWM) and its figures.
+    let run = |file: &Path| -> Result<(Duration, f64, serde_json::Value)> {
+        let _ = std::fs::remove_dir_all(&store);
+        std::fs::create_dir_all(&store)?;
+        let t = Instant::now();
+        let child = std::process::Command::new(&bin).arg("--store").arg(&store).arg("simulate").arg(file).arg("--json")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let (out, rss_kib) = output_with_peak(child)?;
+        let took = t.elapsed();
+        if !out.status.success() {
+            bail!("condense simulate {} failed: {}", file.display(), String::from_utf8_lossy(&out.stderr));
         }
-        let (secs, f) = best.expect("at least one run");
-        let growth = previous.map_or("—".to_string(), |p| format!("{:.1}×", secs / p));
-        previous = Some(secs);
-        let (ps, pf) = peers(n);
-        let mb = std::fs::metadata(&file)?.len() as f64 / 1e6;
-        writeln!(md, "| {n} | {} | {secs:.2} | {growth} | {:.1} | {:.1} | {:.1} | {} | {:.3} | {ps} | {pf} |", f.turns, secs * 1e3 / mb, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.cache_breaks, f.retention())?;
-        println!("simulate {n}: {secs:.2} s");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        Ok((took, rss_kib as f64 / 1024.0, v["total"].clone()))
+    };
+    let files: Vec<(u64, PathBuf)> = sizes.iter().filter(|n| **n <= 100_000).map(|&n| Ok((n, generated_file(scratch, n)?))).collect::<Result<_>>()?;
+    // The small sessions' runs alternate, so a slow spell of the machine falls on both sizes alike.
+    let mut times: BTreeMap<u64, Vec<Duration>> = BTreeMap::new();
+    let mut last: BTreeMap<u64, (f64, serde_json::Value)> = BTreeMap::new();
+    for round in 0..7 {
+        for (n, file) in &files {
+            if *n >= 100_000 && round > 0 {
+                continue;
+            }
+            let (t, rss, figures) = run(file)?;
+            times.entry(*n).or_default().push(t);
+            let peak = last.get(n).map_or(rss, |(r, _)| r.max(rss));
+            last.insert(*n, (peak, figures));
+        }
     }
-    writeln!(md, "\nTargets (issue 10): 10k entries < 10 s, 100k < 2 min, growth from 1k to 10k ≤ 12×. Most of the work is per byte of the session (parsing, fact extraction, hashing, summaries), and the 10k file is 13.2× the 1k file's bytes (the entries 10×): the ms-per-MB column separates the files' growth from the cost per byte, which still rises with the session's length.")?;
+    let _ = std::fs::remove_dir_all(&store);
+    let mut previous: Option<(f64, f64)> = None;
+    for (n, file) in &files {
+        let ts = &times[n];
+        let best = ts.iter().min().expect("at least one run").as_secs_f64();
+        let med = median(ts.clone()).as_secs_f64();
+        let (rss, f) = &last[n];
+        let growth = previous.map_or("—".to_string(), |(b, m)| format!("{:.1}× / {:.1}×", best / b, med / m));
+        previous = Some((best, med));
+        let (ps, pf) = peers(*n);
+        let mb = std::fs::metadata(file)?.len() as f64 / 1e6;
+        let num = |k: &str| f[k].as_f64().unwrap_or(f64::NAN);
+        writeln!(md, "| {n} | {} | {best:.2} | {med:.2} | {growth} | {:.1} | {rss:.0} | {:.1} | {:.1} | {} | {:.3} | {ps} | {pf} |", f["turns"], best * 1e3 / mb, num("token_ratio") * 100.0, num("cost_ratio") * 100.0, f["cache_breaks"], num("retention"))?;
+        println!("simulate {n}: best {best:.2} s, median {med:.2} s");
+    }
+    writeln!(md, "\nTargets (issue 10): 10k entries < 10 s, 100k < 2 min, growth from 1k to 10k ≤ 12×. Most of the work is per byte of the session (parsing, fact extraction, hashing, summaries), and the 10k file is 13.2× the 1k file's bytes (the entries 10×): the ms-per-MB column separates the files' growth from the cost per byte. A fresh process pays for first touching every page it allocates, which a process that ran the replay before does not: earlier runs of this table timed the replay inside the benchmark's own process, best of 7, and gave 0.66–0.85 s at 10k where the command takes 0.8–1.4 s.")?;
     Ok(())
+}
+
+/// Waits for `child` (stdout and stderr piped) and returns its output and its peak resident memory in
+/// KiB: the VmHWM of its `/proc` status, read every 5 ms while it runs (a high-water mark, so the last read
+/// before the process lets go of its memory holds the peak).
+fn output_with_peak(mut child: std::process::Child) -> Result<(std::process::Output, u64)> {
+    use std::io::Read as _;
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut stdout = child.stdout.take().context("stdout piped")?;
+    let mut stderr = child.stderr.take().context("stderr piped")?;
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = stderr.read_to_end(&mut b);
+        b
+    });
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = stdout.read_to_end(&mut b);
+        b
+    });
+    let mut peak = 0;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        let hwm = std::fs::read_to_string(&status_file).ok().and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        });
+        peak = peak.max(hwm.unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let stdout = out.join().map_err(|_| anyhow::anyhow!("reading stdout panicked"))?;
+    let stderr = err.join().map_err(|_| anyhow::anyhow!("reading stderr panicked"))?;
+    Ok((std::process::Output { status, stdout, stderr }, peak))
 }
 
 /// `condense simulate --switch`: every pi, Claude Code and Codex session of the corpus replayed with the
