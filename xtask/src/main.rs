@@ -586,7 +586,7 @@ fn splice(old: &str, section: &str) -> String {
 fn simulate_bench(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> {
     let bin = release_binary()?;
     writeln!(md, "\n## `condense simulate` of the generated sessions\n")?;
-    writeln!(md, "The release `condense --store EMPTY simulate target/bench-scratch/pi-v3-N.jsonl --json` with the defaults, each run a fresh process timed from its start to its exit (reading the file, the replay into a store held in memory, the figures); 7 runs at 1k and 10k, alternating, the best and the median of them; one run at 100k. The 10k session's file is 13.2× the 1k session's bytes. pi-condense: its own handlers replaying the same session (PEERS.md: 4.7 s and 148 s; not run at 100k).\n")?;
+    writeln!(md, "The release `condense simulate target/bench-scratch/pi-v3-N.jsonl --json` with the defaults (and `--store` naming an empty folder, so no configuration is read), each run a fresh process timed from its start to its exit (reading the file, the replay into a store held in memory, the figures); 7 runs at 1k and 10k, alternating, the best and the median of them; one run at 100k. The 10k session's file is 13.2× the 1k session's bytes. pi-condense: its own handlers replaying the same session (PEERS.md: 4.7 s and 148 s; not run at 100k).\n")?;
     writeln!(md, "| entries | requests | best s | median s | growth (best / median) | ms per MB of file (best) | peak RSS MiB | tokens % of raw | cost % of raw | cache breaks | retention | pi-condense seconds | pi-condense tokens / cost / breaks |")?;
     writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
     let peers = |n: u64| match n {

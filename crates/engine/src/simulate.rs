@@ -627,8 +627,21 @@ pub fn replay_with(
         if let SourceEvent::EntryAppended { entry: Entry::Message(m), .. } = &ev {
             seen.add(m);
         }
-        raw.apply_owned(i as u64 + 1, Event::Source(ev.clone()));
+        // A message goes into the raw projection as the session's projection holds it: one copy for both.
+        let shared = match &ev {
+            SourceEvent::EntryAppended { id, parent, entry: Entry::Message(_) } => Some((id.clone(), parent.clone())),
+            _ => {
+                raw.apply(i as u64 + 1, &Event::Source(ev.clone()));
+                None
+            }
+        };
         session.append(vec![ev])?;
+        if let Some((id, parent)) = shared {
+            let m = session
+                .with_projection(|p| p.entry_message(&id).cloned())?
+                .ok_or_else(|| crate::EngineError::Pipeline { name: name.to_string(), reason: format!("entry {id} was appended and is not in the projection") })?;
+            raw.push_message(i as u64 + 1, id, parent.as_deref(), m);
+        }
     }
     let proj = session.projection()?;
     let idx = proj.index();

@@ -329,12 +329,19 @@ impl Projection {
     pub fn apply_owned(&mut self, seq: Seq, event: Event) {
         match event {
             Event::Source(SourceEvent::EntryAppended { id, parent, entry: Entry::Message(m) }) => {
-                self.seq = seq;
-                let meta = self.meta(&m);
-                self.push_entry(id, parent.as_deref(), Node::Message(Arc::new(m), meta));
+                self.push_message(seq, id, parent.as_deref(), Arc::new(m));
             }
             other => self.apply(seq, &other),
         }
+    }
+
+    /// Folds the `EntryAppended` of message entry `id` at `seq` with a message already shared: another
+    /// projection of the same events (`simulate`'s raw context beside the session's) holds it once for
+    /// both.
+    pub fn push_message(&mut self, seq: Seq, id: String, parent: Option<&str>, m: Arc<Message>) {
+        self.seq = seq;
+        let meta = self.meta(&m);
+        self.push_entry(id, parent, Node::Message(m, meta));
     }
 
     /// pi's token estimate of a rendered message, remembered per message (a context counted every request
@@ -1484,6 +1491,23 @@ mod tests {
         p.apply(6, &Event::Source(SourceEvent::LeafMoved { leaf: Some("e1".into()) }));
         assert_eq!(p.render_since().1, 0);
         assert_eq!(p.render_since().1, 2, "nothing changed since");
+    }
+
+    /// A projection given another's messages (`push_message`) renders what folding the events would, and
+    /// holds those messages, not copies of them.
+    #[test]
+    fn a_message_pushed_shared_renders_as_its_event_and_is_not_copied() {
+        let p = prompts(3);
+        let mut q = Projection::new();
+        for i in 0..3 {
+            let id = format!("e{i}");
+            let m = p.entry_message(&id).expect("folded").clone();
+            q.push_message(i as u64 + 1, id, (i > 0).then(|| format!("e{}", i - 1)).as_deref(), m);
+        }
+        let (a, b) = (p.render().messages, q.render().messages);
+        assert_eq!(a, b);
+        assert!(a.iter().zip(b.iter()).all(|(x, y)| Arc::ptr_eq(x, y)), "the messages are shared");
+        assert_eq!((q.seq(), q.branch_entries().len()), (3, 3));
     }
 
     #[test]
