@@ -92,6 +92,16 @@ impl<V: Clone> ChunkMap<V> {
         }
     }
 
+    /// The value of `key`, to change in place: its chunk is copied first when a copy of the map shares it.
+    pub fn get_mut(&mut self, key: &u32) -> Option<&mut V> {
+        Arc::make_mut(self.chunks.get_mut(&(key / CHUNK_KEYS))?).get_mut(key)
+    }
+
+    /// The largest key with a value.
+    pub fn last_key(&self) -> Option<u32> {
+        self.chunks.values().rev().find_map(|c| c.keys().next_back().copied())
+    }
+
     /// How many keys have a value.
     pub fn len(&self) -> usize {
         self.len
@@ -135,7 +145,7 @@ pub struct Index {
     /// Purged calls: (assistant entry id, call id) → chars purged.
     pub purged: Arc<BTreeMap<(String, String), u64>>,
     /// Compressed chains by block number.
-    pub chains: Arc<BTreeMap<u32, Arc<Chain>>>,
+    pub chains: ChunkMap<Arc<Chain>>,
     /// The last entry captured.
     pub frontier: Option<String>,
     /// Committed archive views in order: (id, last event, leaf).
@@ -221,13 +231,13 @@ impl Index {
             DecisionEvent::CheckpointStarted { .. } => {}
             DecisionEvent::ArchiveCommitted { id, seq, leaf } => self.archives.push((id.clone(), *seq, leaf.clone())),
             DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
-                Arc::make_mut(&mut self.chains).insert(
+                self.chains.insert(
                     *block,
                     Arc::new(Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone(), reply: None }),
                 );
             }
             DecisionEvent::ChainReplyCut { block, text } => {
-                if let Some(chain) = Arc::make_mut(&mut self.chains).get_mut(block) {
+                if let Some(chain) = self.chains.get_mut(block) {
                     Arc::make_mut(chain).reply = Some(text.clone());
                 }
             }
@@ -246,7 +256,7 @@ impl Index {
 
     /// The next chain block number to give.
     pub fn next_block(&self) -> u32 {
-        self.chains.keys().next_back().map_or(1, |b| b + 1)
+        self.chains.last_key().map_or(1, |b| b + 1)
     }
 
     /// Batches captured but not closed yet, in order.
@@ -301,5 +311,9 @@ mod chunk_map_tests {
         assert_eq!((m.len(), m.get(&3), m.get(&1025)), (4, Some(&6), None));
         assert_eq!((copy.len(), copy.get(&3), copy.get(&1025)), (5, Some(&0), Some(&1)));
         assert!(ChunkMap::<u32>::default().is_empty());
+        assert_eq!((m.last_key(), copy.last_key(), ChunkMap::<u32>::default().last_key()), (Some(5000), Some(5000), None));
+        *copy.get_mut(&5000).expect("present") = 7;
+        assert_eq!((m.get(&5000), copy.get(&5000)), (Some(&10000), Some(&7)), "the original's chunk was not changed");
+        assert_eq!(copy.get_mut(&4), None);
     }
 }
