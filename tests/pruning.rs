@@ -289,7 +289,7 @@ fn a_compressed_chains_long_reply_renders_cut_and_its_block_gives_it_back() {
     assert_eq!(l.chains(), 1, "the first chain is compressed at the prune after its reply");
     let r = l.s.render().unwrap();
     assert!(r.messages.iter().any(|m| m.text() == long), "the newest closed chain keeps its reply whole");
-    assert_eq!(l.s.projection().unwrap().index().chains.get(&1).expect("chain b1").reply, None);
+    assert_eq!(l.s.projection().unwrap().index().chains[&1].reply, None);
     l.reply("fine");
     l.prompt("thanks");
     l.reply("welcome");
@@ -301,8 +301,8 @@ fn a_compressed_chains_long_reply_renders_cut_and_its_block_gives_it_back() {
     assert!(!r.messages.iter().any(|m| m.text().contains(&long)));
     assert!(r.messages.iter().any(|m| m.text() == "fine"), "a short reply is not cut");
     let p = l.s.projection().unwrap();
-    assert_eq!(p.index().chains.get(&1).expect("chain b1").reply.as_deref(), Some(cut.as_str()));
-    assert_eq!(p.index().chains.get(&2).expect("chain b2").reply, None);
+    assert_eq!(p.index().chains[&1].reply.as_deref(), Some(cut.as_str()));
+    assert_eq!(p.index().chains[&2].reply, None);
     let a = l.s.query(&["b1".into()]).unwrap();
     assert!(!a.is_error && a.text.ends_with(&format!("=== b1 · final reply ===\n{long}")), "{}", a.text);
     assert!(!l.s.query(&["b2".into()]).unwrap().text.contains("final reply"));

@@ -64,12 +64,9 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         match idx.lookup(k) {
             Some(Target::Output(r)) => refs.push(r),
             Some(Target::Chain(b)) => {
-                // `lookup` names only a chain the index holds.
-                if let Some(chain) = idx.chains.get(&b) {
-                    refs.extend(chain.refs.iter().copied());
-                    if chain.reply.is_some() {
-                        replies.push(b);
-                    }
+                refs.extend(idx.chains[&b].refs.iter().copied());
+                if idx.chains[&b].reply.is_some() {
+                    replies.push(b);
                 }
             }
             Some(Target::Checkpoint(c)) => checkpoints.push(c),
@@ -113,7 +110,7 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         originals.push((r, original));
     }
     for b in replies {
-        let whole = idx.chains.get(&b).and_then(|c| p.entry_message(&c.last)).map(|m| condense_chain::reply_text(m)).unwrap_or_default();
+        let whole = p.entry_message(&idx.chains[&b].last).map(|m| condense_chain::reply_text(m)).unwrap_or_default();
         if !text.is_empty() {
             text.push('\n');
         }

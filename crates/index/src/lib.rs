@@ -118,6 +118,14 @@ impl<V: Clone> ChunkMap<V> {
     }
 }
 
+/// `map[&key]`, as on a `BTreeMap`: panics when `key` has no value.
+impl<V: Clone> std::ops::Index<&u32> for ChunkMap<V> {
+    type Output = V;
+    fn index(&self, key: &u32) -> &V {
+        self.get(key).expect("no value for the key")
+    }
+}
+
 /// Everything the pipeline decided so far for one session. Each map is shared copy-on-write, so a copy
 /// of the index (the cost guard renders a candidate on one) costs only the maps a decision then changes.
 #[derive(Debug, Clone, Default)]
