@@ -278,13 +278,17 @@ mod tests {
         assert_eq!(id, 1);
     }
 
+    /// A small event to append.
+    fn event(text: &str) -> condense_events::Event {
+        condense_events::Event::Source(condense_events::SourceEvent::ConfigChanged { json: text.into() })
+    }
+
     #[test]
     fn a_clean_close_tells_the_manifest_of_appends_made_without_a_flush() {
         let dir = tempfile::tempdir().unwrap();
         {
             let log = crate::Log::open(dir.path()).unwrap();
             let s = log.create_session("s").unwrap();
-            let event = |text: &str| condense_events::Event::Source(condense_events::SourceEvent::ConfigChanged { json: text.into() });
             let values = vec![log.encode(s, 1, &event("one")), log.encode(s, 2, &event("two"))];
             log.append_encoded(s, 0, values, false).unwrap().recv().unwrap().unwrap();
         }
@@ -298,7 +302,6 @@ mod tests {
     #[test]
     fn a_session_removed_after_appends_made_without_a_flush_stays_removed_in_the_manifest() {
         let dir = tempfile::tempdir().unwrap();
-        let event = |text: &str| condense_events::Event::Source(condense_events::SourceEvent::ConfigChanged { json: text.into() });
         {
             let log = crate::Log::open(dir.path()).unwrap();
             let gone = log.create_session("gone").unwrap();
