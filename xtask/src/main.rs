@@ -142,12 +142,13 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// Peak resident memory of this process so far (VmHWM), in MiB.
 fn peak_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+    status_kib("self", "VmHWM:") / 1024.0
+}
+
+/// A `kB` figure of `/proc/PROCESS/status` (`key` with its colon, as `VmHWM:`); 0 when unreadable.
+pub(crate) fn status_kib(process: impl std::fmt::Display, key: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{process}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok()).unwrap_or(0.0)
 }
 
 pub(crate) fn ms(d: Duration) -> f64 {
@@ -604,13 +605,13 @@ fn simulate_bench(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> 
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()?;
-        let (out, rss_kib) = output_with_peak(child)?;
+        let (out, rss) = output_with_peak(child)?;
         let took = t.elapsed();
         if !out.status.success() {
             bail!("condense simulate {} failed: {}", file.display(), String::from_utf8_lossy(&out.stderr));
         }
         let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        Ok((took, rss_kib as f64 / 1024.0, v["total"].clone()))
+        Ok((took, rss, v["total"].clone()))
     };
     let files: Vec<(u64, PathBuf)> = sizes.iter().filter(|n| **n <= 100_000).map(|&n| Ok((n, generated_file(scratch, n)?))).collect::<Result<_>>()?;
     // The small sessions' runs alternate, so a slow spell of the machine falls on both sizes alike.
@@ -647,11 +648,11 @@ fn simulate_bench(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> 
 }
 
 /// Waits for `child` (stdout and stderr piped) and returns its output and its peak resident memory in
-/// KiB: the VmHWM of its `/proc` status, read every 5 ms while it runs (a high-water mark, so the last read
+/// MiB: the VmHWM of its `/proc` status, read every 5 ms while it runs (a high-water mark, so the last read
 /// before the process lets go of its memory holds the peak).
-fn output_with_peak(mut child: std::process::Child) -> Result<(std::process::Output, u64)> {
+fn output_with_peak(mut child: std::process::Child) -> Result<(std::process::Output, f64)> {
     use std::io::Read as _;
-    let status_file = format!("/proc/{}/status", child.id());
+    let pid = child.id();
     let mut stdout = child.stdout.take().context("stdout piped")?;
     let mut stderr = child.stderr.take().context("stderr piped")?;
     let err = std::thread::spawn(move || {
@@ -664,15 +665,12 @@ fn output_with_peak(mut child: std::process::Child) -> Result<(std::process::Out
         let _ = stdout.read_to_end(&mut b);
         b
     });
-    let mut peak = 0;
+    let mut peak: f64 = 0.0;
     let status = loop {
         if let Some(st) = child.try_wait()? {
             break st;
         }
-        let hwm = std::fs::read_to_string(&status_file).ok().and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        });
-        peak = peak.max(hwm.unwrap_or(0));
+        peak = peak.max(status_kib(pid, "VmHWM:") / 1024.0);
         std::thread::sleep(Duration::from_millis(5));
     };
     let stdout = out.join().map_err(|_| anyhow::anyhow!("reading stdout panicked"))?;

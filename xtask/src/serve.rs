@@ -3,8 +3,8 @@
 //! and its peak memory holding 1,000 sessions of 200 messages. The server is the release `condense`
 //! binary in its own process; the client and the fake upstream run here.
 
-use crate::{ms, percentile, root};
-use anyhow::{bail, Context, Result};
+use crate::{ms, percentile, release_binary, status_kib};
+use anyhow::{Context, Result};
 use condense_serve::fake::Fake;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
@@ -64,22 +64,14 @@ fn status(agent: &ureq::Agent, addr: &str) -> Result<Value> {
     Ok(serde_json::from_str(&text)?)
 }
 
-fn status_kib(pid: u32, key: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok()).unwrap_or(0.0)
-}
-
 /// Runs the benchmarks and writes their section.
 pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
-    let built = Command::new(env!("CARGO")).args(["build", "--release", "-p", "condense-cli"]).current_dir(root()).status()?;
-    if !built.success() {
-        bail!("building the condense binary failed");
-    }
+    let bin = release_binary()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let fake = rt.block_on(Fake::start(Vec::new()));
     let store = scratch.join("serve-store");
     let _ = std::fs::remove_dir_all(&store);
-    let mut child = Command::new(root().join("target/release/condense"))
+    let mut child = Command::new(&bin)
         .arg("--store")
         .arg(&store)
         .args(["serve", "--listen", "127.0.0.1:0", "--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
