@@ -332,7 +332,9 @@ fn timed_writes(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
         .map(|(s, f)| {
             let events = condense_formats::import_file(f)?.events;
             let id = s as u64 + 1;
-            Ok(events.into_iter().enumerate().map(|(i, e)| condense_log::encode_event_compressed(id, i as u64 + 1, &condense_events::Event::Source(e))).collect())
+            let events: Vec<condense_events::Event> = events.into_iter().map(condense_events::Event::Source).collect();
+            // Packed as an import into the sled store packs them.
+            Ok(condense_log::encode_packed(id, 1, &events))
         })
         .collect::<Result<_>>()?;
     best_on_fresh_store(dir, || encoded.clone(), |store, values| {

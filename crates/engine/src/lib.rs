@@ -422,12 +422,10 @@ impl Store {
                             session.insert((log.create_session_deferred(name)?, 0))
                         }
                     };
-                    let values = chunk
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, e)| log.encode(*id, *head + 1 + i as u64, &Event::Source(e)))
-                        .collect::<Vec<_>>();
-                    let n = values.len() as u64;
+                    let events: Vec<Event> = chunk.into_iter().map(Event::Source).collect();
+                    let n = events.len() as u64;
+                    // Packed into few values where the log packs: one key per event is most of sled's cost.
+                    let values = log.encode_packed(*id, *head + 1, &events);
                     // This chunk is encoded while the writer writes the one before.
                     let sent = log.append_encoded(*id, *head, values, false)?;
                     *head += n;

@@ -1,5 +1,6 @@
 //! Keys and values: big-endian `(session, seq)` keys and `[format byte] + bincode(legacy)` values, the
-//! bincode LZ4-compressed when that makes a value of some size smaller.
+//! bincode LZ4-compressed when that makes a value of some size smaller; and packed values, a run of
+//! consecutive events stored under the key of its last one (what an import writes).
 
 use crate::{LogError, Result};
 use condense_events::{Envelope, Seq, SessionId, SCHEMA_VERSION};
@@ -9,6 +10,18 @@ pub const FORMAT_VERSION: u8 = 1;
 /// The format byte that starts a stored value whose bincode follows LZ4-compressed (a block, after its
 /// length as a little-endian `u32`).
 pub const FORMAT_LZ4: u8 = 2;
+
+/// The format byte that starts a packed value: a run of consecutive events of one session, stored under
+/// the key of the last. After the byte: the number of events and the length of the run's bytes (both
+/// little-endian `u32`), then those bytes LZ4-compressed as one block. The run's bytes are, for each event
+/// in order, its length (little-endian `u32`) and its value as [`encode_event`] writes it.
+pub const FORMAT_PACKED: u8 = 3;
+
+/// A packed value's run of bytes (its events' lengths and plain values) holds no more than this
+/// (128 KiB), so that the value stays small enough for sled to keep inside its tree (a quarter of its
+/// 512 KiB segment) and reading one event of it decompresses little. An event whose plain value is this
+/// large or larger is stored on its own.
+pub const PACK_BYTES: usize = 128 * 1024;
 
 /// Values whose bincode is shorter than this are stored as they are: compressing them saves little.
 const COMPRESS_FROM: usize = 256;
@@ -51,19 +64,28 @@ pub fn encode_envelope(env: &Envelope) -> Vec<u8> {
 /// its event. The bytes are those of [`encode_envelope`]: bincode writes a struct as its fields in order.
 pub fn encode_event(session: SessionId, seq: Seq, body: &condense_events::Event) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
+    encode_event_into(session, seq, body, &mut out);
+    out
+}
+
+/// [`encode_event`], appended to `out`.
+fn encode_event_into(session: SessionId, seq: Seq, body: &condense_events::Event, out: &mut Vec<u8>) {
     out.push(FORMAT_VERSION);
     let cfg = bincode::config::legacy();
-    bincode::serde::encode_into_std_write((SCHEMA_VERSION, session, seq), &mut out, cfg)
+    bincode::serde::encode_into_std_write((SCHEMA_VERSION, session, seq), &mut *out, cfg)
         .expect("encoding into a Vec cannot fail");
-    bincode::serde::encode_into_std_write(body, &mut out, cfg).expect("encoding into a Vec cannot fail");
-    out
+    bincode::serde::encode_into_std_write(body, out, cfg).expect("encoding into a Vec cannot fail");
 }
 
 /// [`encode_event`], the bincode LZ4-compressed ([`FORMAT_LZ4`]) when it is at least `COMPRESS_FROM` (256)
 /// bytes and compression makes the value smaller. A session's text compresses to between a half and a
 /// sixth, and writing to the store costs by the byte; [`decode_envelope`] reads both forms.
 pub fn encode_event_compressed(session: SessionId, seq: Seq, body: &condense_events::Event) -> Vec<u8> {
-    let plain = encode_event(session, seq, body);
+    compress_plain(encode_event(session, seq, body))
+}
+
+/// [`encode_event_compressed`] of a value [`encode_event`] made.
+fn compress_plain(plain: Vec<u8>) -> Vec<u8> {
     let raw = &plain[1..];
     // An oversized value stays as it is, so the bound refuses it by its real size.
     if raw.len() < COMPRESS_FROM || raw.len() > MAX_VALUE_BYTES {
@@ -79,6 +101,106 @@ pub fn encode_event_compressed(session: SessionId, seq: Seq, body: &condense_eve
         }
         _ => plain,
     }
+}
+
+/// The values that store `bodies`, the events of `session` from seq `first` on: runs of consecutive
+/// events packed ([`FORMAT_PACKED`]) up to [`PACK_BYTES`] each; an event of that size or larger, or
+/// alone in its run, as [`encode_event_compressed`] stores it. Each value is stored under the
+/// seq of its last event ([`events_in`] tells how many it holds).
+pub fn encode_packed<'a>(session: SessionId, first: Seq, bodies: impl IntoIterator<Item = &'a condense_events::Event>) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    // The run being gathered: its events' plain values, each after its length; how many.
+    let mut run: Vec<u8> = Vec::with_capacity(PACK_BYTES + 4096);
+    let mut count: u32 = 0;
+    let close = |run: &mut Vec<u8>, count: &mut u32, out: &mut Vec<Vec<u8>>| {
+        match *count {
+            0 => {}
+            1 => out.push(compress_plain(run[4..].to_vec())),
+            n => out.push(pack(n, run)),
+        }
+        run.clear();
+        *count = 0;
+    };
+    for (i, body) in bodies.into_iter().enumerate() {
+        // Encoded in place after a length to fill in; moved out if it does not fit the run.
+        let at = run.len();
+        run.extend_from_slice(&[0; 4]);
+        encode_event_into(session, first + i as u64, body, &mut run);
+        let len = run.len() - at - 4;
+        run[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+        if len >= PACK_BYTES {
+            let plain = run.split_off(at + 4);
+            run.truncate(at);
+            close(&mut run, &mut count, &mut out);
+            out.push(compress_plain(plain));
+            continue;
+        }
+        if run.len() > PACK_BYTES && count > 0 {
+            let this = run.split_off(at);
+            close(&mut run, &mut count, &mut out);
+            run.extend_from_slice(&this);
+        }
+        count += 1;
+    }
+    close(&mut run, &mut count, &mut out);
+    out
+}
+
+/// A packed value of the `count` events whose lengths and plain values `run` holds.
+fn pack(count: u32, run: &[u8]) -> Vec<u8> {
+    let mut packed = vec![0u8; 9 + lz4_flex::block::get_maximum_output_size(run.len())];
+    packed[0] = FORMAT_PACKED;
+    packed[1..5].copy_from_slice(&count.to_le_bytes());
+    packed[5..9].copy_from_slice(&(run.len() as u32).to_le_bytes());
+    let n = lz4_flex::block::compress_into(run, &mut packed[9..]).expect("the buffer has the maximum output size");
+    packed.truncate(9 + n);
+    packed
+}
+
+/// How many events a stored value holds: the count of a packed value, 1 for any other.
+pub fn events_in(value: &[u8]) -> u64 {
+    match value {
+        [FORMAT_PACKED, a, b, c, d, ..] => u64::from(u32::from_le_bytes([*a, *b, *c, *d])).max(1),
+        _ => 1,
+    }
+}
+
+/// Calls `f` with the seq and plain value of each event of the value stored under seq `last` of
+/// `session` that falls in `from..=to`: the value itself when it holds one event, each of its events when
+/// it is packed. A packed value that does not hold what its header says is [`LogError::Corrupt`].
+pub fn unpack(session: SessionId, last: Seq, value: &[u8], from: Seq, to: Seq, f: &mut dyn FnMut(Seq, &[u8]) -> Result<()>) -> Result<()> {
+    if value.first() != Some(&FORMAT_PACKED) {
+        return if (from..=to).contains(&last) { f(last, value) } else { Ok(()) };
+    }
+    let corrupt = |reason: String| LogError::Corrupt { session, seq: last, reason };
+    let header = value.get(1..9).ok_or_else(|| corrupt("packed value without its header".into()))?;
+    let count = u64::from(u32::from_le_bytes(header[..4].try_into().expect("4 bytes")));
+    let len = u32::from_le_bytes(header[4..].try_into().expect("4 bytes")) as usize;
+    if count == 0 || count > last {
+        return Err(corrupt(format!("packed value of {count} events stored at seq {last}")));
+    }
+    // The length comes from the store: it is checked before anything is allocated for it.
+    if len > MAX_VALUE_BYTES {
+        return Err(corrupt(format!("packed value of {len} bytes, over the {MAX_VALUE_BYTES}-byte bound")));
+    }
+    let run = lz4_flex::block::decompress(&value[9..], len).map_err(|e| corrupt(format!("packed value: {e}")))?;
+    if run.len() != len {
+        return Err(corrupt(format!("packed value of {} bytes, {len} announced", run.len())));
+    }
+    let mut rest = &run[..];
+    for seq in last + 1 - count..=last {
+        let (n, tail) = rest.split_first_chunk::<4>().ok_or_else(|| corrupt(format!("packed value ends before seq {seq}")))?;
+        let n = u32::from_le_bytes(*n) as usize;
+        let plain = tail.get(..n).ok_or_else(|| corrupt(format!("packed value ends inside seq {seq}")))?;
+        rest = &tail[n..];
+        if (from..=to).contains(&seq) {
+            f(seq, plain)?;
+        }
+    }
+    if !rest.is_empty() {
+        return Err(corrupt(format!("{} bytes after the packed value's {count} events", rest.len())));
+    }
+    Ok(())
 }
 
 /// Decodes a stored value, checking the format byte, the schema version and that it is stored under the
@@ -127,6 +249,79 @@ pub fn decode_envelope(session: SessionId, seq: Seq, bytes: &[u8]) -> Result<Env
 mod tests {
     use super::*;
     use condense_events::{Event, SourceEvent};
+
+    fn config(json: String) -> Event {
+        Event::Source(SourceEvent::ConfigChanged { json })
+    }
+
+    /// Every event a value holds, read through [`unpack`] in `from..=to`.
+    fn read(values: &[Vec<u8>], first: Seq, from: Seq, to: Seq) -> Vec<(Seq, Event)> {
+        let mut out = Vec::new();
+        let mut last = first - 1;
+        for v in values {
+            last += events_in(v);
+            unpack(7, last, v, from, to, &mut |seq, plain| {
+                out.push((seq, decode_envelope(7, seq, plain)?.body));
+                Ok(())
+            })
+            .unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn packed_runs_give_back_every_event_and_keep_large_ones_alone() {
+        // Small events, then one over the run size, then small ones again.
+        let mut events: Vec<Event> = (0..600).map(|i| config(format!("{i} {}", "x".repeat(i % 700)))).collect();
+        events.insert(300, config("y".repeat(PACK_BYTES + 10)));
+        let values = encode_packed(7, 5, &events);
+        let counts: Vec<u64> = values.iter().map(|v| events_in(v)).collect();
+        assert_eq!(counts.iter().sum::<u64>(), events.len() as u64);
+        assert!(values.len() > 3 && values.len() < 20, "{counts:?}");
+        assert!(counts.contains(&1), "the large event is alone: {counts:?}");
+        assert!(values.iter().all(|v| v[0] != FORMAT_PACKED || v.len() < PACK_BYTES), "a run is at most PACK_BYTES before compression");
+        let all = read(&values, 5, 0, Seq::MAX);
+        assert_eq!(all.len(), events.len());
+        for (i, (seq, e)) in all.iter().enumerate() {
+            assert_eq!((*seq, e), (5 + i as u64, &events[i]));
+        }
+        // A range inside runs and across their edges.
+        let some = read(&values, 5, 100, 400);
+        assert_eq!(some.iter().map(|(s, _)| *s).collect::<Vec<_>>(), (100..=400).collect::<Vec<_>>());
+        // One event alone is stored as any single value.
+        let one = encode_packed(7, 1, &events[..1]);
+        assert_eq!(one, vec![encode_event_compressed(7, 1, &events[0])]);
+        assert!(encode_packed(7, 1, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_damaged_packed_value_is_corrupt_naming_its_key() {
+        let events: Vec<Event> = (0..20).map(|i| config(format!("event {i}"))).collect();
+        let values = encode_packed(3, 1, &events);
+        assert_eq!(values.len(), 1);
+        let good = &values[0];
+        let err = |v: &[u8]| {
+            let mut n = 0;
+            let r = unpack(3, 20, v, 1, 20, &mut |_, _| {
+                n += 1;
+                Ok(())
+            });
+            (r.err().map(|e| e.to_string()), n)
+        };
+        assert_eq!(err(good), (None, 20));
+        // Cut short, a count that does not match, a length field beyond the bound, a count beyond its seq.
+        for (bad, what) in [
+            (good[..good.len() - 3].to_vec(), "packed value"),
+            ([&good[..1], &21u32.to_le_bytes()[..], &good[5..]].concat(), "packed value of 21 events"),
+            ([&good[..1], &19u32.to_le_bytes()[..], &good[5..]].concat(), "after the packed value's 19 events"),
+            ([&good[..5], &u32::MAX.to_le_bytes()[..], &good[9..]].concat(), "over the"),
+            (good[..6].to_vec(), "without its header"),
+        ] {
+            let (e, _) = err(&bad);
+            let e = e.unwrap_or_else(|| panic!("{what}: no error"));
+            assert!(e.contains(what) && e.contains("event 3:20"), "{what}: {e}");
+        }
+    }
 
     #[test]
     fn a_huge_length_field_is_an_error_not_an_abort() {

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use blob::BlobHash;
-pub use codec::{decode_envelope, encode_envelope, encode_event, encode_event_compressed, FORMAT_LZ4, FORMAT_VERSION, MAX_VALUE_BYTES};
+pub use codec::{decode_envelope, encode_envelope, encode_event, encode_event_compressed, encode_packed, events_in, FORMAT_LZ4, FORMAT_PACKED, FORMAT_VERSION, MAX_VALUE_BYTES, PACK_BYTES};
 pub use export::ExportSummary;
 
 /// Errors of the log. Every message names the session, sequence number, file or offset involved.
@@ -201,6 +201,10 @@ pub trait Backend: Send + Sync {
     fn compresses(&self) -> bool {
         true
     }
+    /// Whether the backend stores packed values ([`encode_packed`]): runs of events under one key.
+    fn packs(&self) -> bool {
+        false
+    }
     /// Every session, in id order.
     fn sessions(&self) -> Result<Vec<SessionInfo>>;
     /// The session's newest sequence number as stored now (another process may have appended).
@@ -372,8 +376,20 @@ impl Log {
         }
     }
 
-    /// Starts an append of envelopes the caller encoded itself (with [`Log::encode`], for the seqs
-    /// `expected_head + 1 ..`) and returns at once; the receiver yields the new head, or the error. A
+    /// The values that store `bodies`, the events of `session` from seq `first` on, for
+    /// [`Log::append_encoded`]: packed into runs of up to [`PACK_BYTES`] where the backend stores packed
+    /// values (sled: one key per run costs less than one per event), one per event otherwise. What an
+    /// import writes; reading gives back each event as if stored on its own.
+    pub fn encode_packed<'a>(&self, session: SessionId, first: Seq, bodies: impl IntoIterator<Item = &'a Event>) -> Vec<Vec<u8>> {
+        if self.backend.packs() {
+            encode_packed(session, first, bodies)
+        } else {
+            bodies.into_iter().enumerate().map(|(i, e)| self.encode(session, first + i as u64, e)).collect()
+        }
+    }
+
+    /// Starts an append of envelopes the caller encoded itself (with [`Log::encode`] or
+    /// [`Log::encode_packed`], for the seqs `expected_head + 1 ..`) and returns at once; the receiver yields the new head, or the error. A
     /// caller can encode its next chunk while this one is written.
     ///
     /// With `durable`, the head comes once the values are durable. Without, it comes once they are
@@ -388,8 +404,16 @@ impl Log {
         values: Vec<Vec<u8>>,
         durable: bool,
     ) -> Result<Receiver<Result<Seq>>> {
-        if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| v.len() > codec::MAX_VALUE_BYTES + 1) {
-            return Err(LogError::Oversized { session, seq: expected_head + 1 + i as u64, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 });
+        let packs = self.backend.packs();
+        let mut last = expected_head;
+        for v in &values {
+            last += events_in(v);
+            if v.len() > codec::MAX_VALUE_BYTES + 1 {
+                return Err(LogError::Oversized { session, seq: last, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 });
+            }
+            if !packs && v.first() == Some(&FORMAT_PACKED) {
+                return Err(LogError::Corrupt { session, seq: last, reason: format!("a packed value, which {} does not store", self.backend.describe()) });
+            }
         }
         self.backend.append_encoded(session, expected_head, values, durable)
     }

@@ -1,4 +1,5 @@
-//! The embedded backend: sled, keyed by big-endian `(session, seq)`, one writer thread that group-commits,
+//! The embedded backend: sled, keyed by big-endian `(session, seq)` (a packed run of events under its
+//! last seq), one writer thread that group-commits,
 //! a heads manifest that detects a database which lost acknowledged events, and blob files beside it.
 
 use crate::{blob, codec, manifest, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
@@ -137,6 +138,10 @@ impl Backend for SledStore {
         format!("sled store at {}", self.shared.path.parent().unwrap_or(&self.shared.path).display())
     }
 
+    fn packs(&self) -> bool {
+        true
+    }
+
     fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId> {
         self.writer.create_session(name, wanted, true)
     }
@@ -180,8 +185,10 @@ impl Backend for SledStore {
     }
 
     fn for_each_value(&self, session: SessionId, from: Seq, to: Seq, f: &mut dyn FnMut(Seq, &[u8]) -> Result<()>) -> Result<()> {
+        // A value is stored under the seq of its last event, so the first key at or after `from` holds it,
+        // and the first at or after `to` is the last to read.
         let lo = codec::key(session, from);
-        let hi = codec::key(session, to);
+        let hi = codec::key(session, Seq::MAX);
         let mut range = self.shared.events.range(lo..=hi);
         loop {
             let next = quietly(|| range.next()).map_err(|p| LogError::Damaged {
@@ -194,7 +201,10 @@ impl Backend for SledStore {
             if s != session {
                 return Err(LogError::Corrupt { session, seq, reason: format!("stored under session {s}") });
             }
-            f(seq, &v)?;
+            codec::unpack(session, seq, &v, from, to, f)?;
+            if seq >= to {
+                return Ok(());
+            }
         }
     }
 

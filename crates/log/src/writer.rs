@@ -165,7 +165,8 @@ fn stage(
     }
     let mut seq = head;
     for v in values {
-        seq += 1;
+        // A packed value goes under the seq of its last event.
+        seq += crate::codec::events_in(&v);
         batch.insert(&key(session, seq)[..], v);
     }
     *wrote = true;

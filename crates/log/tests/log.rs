@@ -82,7 +82,14 @@ fn model_based(open: &dyn Fn() -> Log, reopens: bool, seed: u64) {
                     let expected = if stale { len - 1 } else { len };
                     let n = rng.below(4);
                     let events: Vec<Event> = (0..n).map(|i| note(format!("{id}-{step}-{i}"))).collect();
-                    match log.append(id, expected, events.clone()) {
+                    // Half the appends packed where the backend packs (runs of events under one key).
+                    let appended = if rng.below(2) == 0 {
+                        log.append(id, expected, events.clone())
+                    } else {
+                        let values = log.encode_packed(id, expected + 1, &events);
+                        log.append_encoded(id, expected, values, true).and_then(|rx| rx.recv().map_err(|_| LogError::Closed)?)
+                    };
+                    match appended {
                         Ok(head) => {
                             assert!(!stale);
                             model.get_mut(&id).unwrap().1.extend(events);
@@ -287,6 +294,39 @@ fn compressed_values_round_trip_and_damaged_ones_are_typed_errors() {
 }
 
 #[test]
+fn packed_runs_read_back_by_any_range_and_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let events: Vec<Event> = (0..3000u64).map(|i| note(format!("event {i} {}", "words ".repeat((i % 50) as usize)))).collect();
+    {
+        let log = Log::open(dir.path()).unwrap();
+        let id = log.create_session("s").unwrap();
+        let values = log.encode_packed(id, 1, &events[..2990]);
+        assert!(values.len() < 100, "{} values for 2,990 events", values.len());
+        assert_eq!(log.append_encoded(id, 0, values, false).unwrap().recv().unwrap().unwrap(), 2990);
+        // Events stored one by one after the packed ones.
+        assert_eq!(log.append(id, 2990, events[2990..].to_vec()).unwrap(), 3000);
+        let all = log.read(id, 1, 3000).unwrap();
+        assert_eq!(all.iter().map(|e| &e.body).collect::<Vec<_>>(), events.iter().collect::<Vec<_>>());
+    }
+    let log = Log::open(dir.path()).unwrap();
+    assert_eq!(log.head(1).unwrap(), 3000);
+    assert_eq!(log.verify().unwrap().events, 3000);
+    for (from, to) in [(1, 1), (2, 2), (777, 1234), (2989, 2991), (3000, 3000), (2995, 9999), (0, 5)] {
+        let got: Vec<u64> = log.read(1, from, to).unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(got, (from.max(1)..=to.min(3000)).collect::<Vec<_>>(), "{from}..={to}");
+    }
+    // A backend that does not pack is given one value per event, and refuses a packed one.
+    let memory = Log::in_memory();
+    let id = memory.create_session("m").unwrap();
+    assert_eq!(memory.encode_packed(id, 1, &events[..5]).len(), 5);
+    let packed = condense_log::encode_packed(id, 1, &events[..5]);
+    assert!(matches!(memory.append_encoded(id, 0, packed, true), Err(LogError::Corrupt { seq: 5, .. })));
+    // Removing the session removes its packed values too.
+    log.remove_session(1).unwrap();
+    assert!(log.read(1, 1, 3000).unwrap().is_empty());
+}
+
+#[test]
 fn a_session_created_deferred_is_there_after_a_sync_and_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path()).unwrap();
@@ -345,7 +385,8 @@ fn crash_child() {
                 let n = 1 + head % 7;
                 let events: Vec<Event> = (0..n).map(|i| note(crash_text(name, head + 1 + i))).collect();
                 let acked = if deferred {
-                    let values = events.iter().enumerate().map(|(i, e)| log.encode(id, head + 1 + i as u64, e)).collect();
+                    // Packed where the log packs, as an import writes.
+                    let values = log.encode_packed(id, head + 1, &events);
                     log.append_encoded(id, head, values, false).and_then(|rx| rx.recv().map_err(|_| LogError::Closed)?).and_then(|h| {
                         if k % 3 == 2 {
                             log.sync()?;
