@@ -32,9 +32,16 @@ impl std::fmt::Display for Diagnostic {
 pub struct Line {
     /// 1-based line number.
     pub line: u64,
-    /// The parsed value.
+    /// The parsed value (`Null` when the line was read by a fast reader instead).
     pub value: Value,
+    /// What a format's fast reader made of the line ([`crate::pi::fast`]), when it read it; `value` is
+    /// then not parsed.
+    pub(crate) fast: Option<crate::pi::Fast>,
 }
+
+/// A format's reader of its most common line shape that skips building a `serde_json::Value`: `None`
+/// when the line is not of that shape, which is then parsed into a `Value` as any other.
+pub(crate) type FastRead = fn(&str) -> Option<crate::pi::Fast>;
 
 /// Parses every line of `bytes` at once (the tests' view of [`Lines`]).
 #[cfg(test)]
@@ -53,12 +60,14 @@ pub struct Lines<'a> {
     queue: std::collections::VecDeque<Line>,
     /// Problems met so far.
     pub diagnostics: Vec<Diagnostic>,
+    /// The fast reader tried on each line from now on, once the format is known.
+    pub(crate) fast: Option<FastRead>,
 }
 
 impl<'a> Lines<'a> {
     /// Lines of `bytes`; `file` names them in diagnostics.
     pub fn new(file: &'a str, bytes: &'a [u8]) -> Lines<'a> {
-        Lines { file, rest: bytes, n: 0, queue: std::collections::VecDeque::new(), diagnostics: Vec::new() }
+        Lines { file, rest: bytes, n: 0, queue: std::collections::VecDeque::new(), diagnostics: Vec::new(), fast: None }
     }
 
     /// Parses the next non-blank line into the queue; false at the end of the buffer.
@@ -70,7 +79,7 @@ impl<'a> Lines<'a> {
             };
             self.rest = rest;
             self.n += 1;
-            if take_line(self.file, self.n, raw, &mut self.queue, &mut self.diagnostics) {
+            if take_line(self.file, self.n, raw, self.fast, &mut self.queue, &mut self.diagnostics) {
                 return true;
             }
         }
@@ -80,7 +89,7 @@ impl<'a> Lines<'a> {
 
 /// Parses one raw line (numbered `n`) into `queue`, with its problems in `diagnostics`; false for a line
 /// that gave nothing (blank, or nothing parsed).
-fn take_line(file: &str, n: u64, raw: &[u8], queue: &mut std::collections::VecDeque<Line>, diagnostics: &mut Vec<Diagnostic>) -> bool {
+fn take_line(file: &str, n: u64, raw: &[u8], fast: Option<FastRead>, queue: &mut std::collections::VecDeque<Line>, diagnostics: &mut Vec<Diagnostic>) -> bool {
     let mut diag = |message: String| diagnostics.push(Diagnostic { file: file.to_string(), line: n, message });
     let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
     if raw.iter().all(u8::is_ascii_whitespace) {
@@ -93,21 +102,25 @@ fn take_line(file: &str, n: u64, raw: &[u8], queue: &mut std::collections::VecDe
             String::from_utf8_lossy(raw)
         }
     };
+    if let Some(read) = fast.and_then(|read| read(&text)) {
+        queue.push_back(Line { line: n, value: Value::Null, fast: Some(read) });
+        return true;
+    }
     let before = queue.len();
     match parse_line(&text) {
         Ok(values) => {
             if values.len() > 1 {
                 diag(format!("{} JSON objects on one line; each kept as its own entry", values.len()));
             }
-            queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+            queue.extend(values.into_iter().map(|value| Line { line: n, value, fast: None }));
         }
         Err((values, err)) => {
             if let Some(Ok(values)) = repair_escapes(&text).map(|r| parse_line(&r)) {
                 diag(format!("invalid escape repaired ({err})"));
-                queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+                queue.extend(values.into_iter().map(|value| Line { line: n, value, fast: None }));
             } else {
                 let kept = values.len();
-                queue.extend(values.into_iter().map(|value| Line { line: n, value }));
+                queue.extend(values.into_iter().map(|value| Line { line: n, value, fast: None }));
                 let what = if kept > 0 { format!("kept {kept} object(s) before it, ") } else { String::new() };
                 diag(format!("malformed JSON ({err}); {what}rest of line skipped"));
             }
@@ -128,12 +141,14 @@ pub struct ReadLines<R> {
     pub diagnostics: Vec<Diagnostic>,
     /// The read error that ended the lines, if one did.
     pub error: Option<std::io::Error>,
+    /// The fast reader tried on each line from now on, once the format is known.
+    pub(crate) fast: Option<FastRead>,
 }
 
 impl<R: std::io::BufRead> ReadLines<R> {
     /// Lines of `reader`; `file` names them in diagnostics.
     pub fn new(file: &str, reader: R) -> ReadLines<R> {
-        ReadLines { file: file.to_string(), reader, buf: Vec::new(), n: 0, queue: std::collections::VecDeque::new(), diagnostics: Vec::new(), error: None }
+        ReadLines { file: file.to_string(), reader, buf: Vec::new(), n: 0, queue: std::collections::VecDeque::new(), diagnostics: Vec::new(), error: None, fast: None }
     }
 }
 
@@ -148,7 +163,7 @@ impl<R: std::io::BufRead> Iterator for ReadLines<R> {
                 Ok(_) => {
                     self.n += 1;
                     let raw = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
-                    take_line(&self.file, self.n, raw, &mut self.queue, &mut self.diagnostics);
+                    take_line(&self.file, self.n, raw, self.fast, &mut self.queue, &mut self.diagnostics);
                 }
                 Err(e) => {
                     self.error = Some(e);
@@ -191,7 +206,7 @@ pub fn read_stream(bytes: &[u8]) -> Option<Vec<Line>> {
         };
         line += bytes[counted..start].iter().filter(|&&b| b == b'\n').count() as u64;
         counted = start;
-        out.push(Line { line, value });
+        out.push(Line { line, value, fast: None });
     }
 }
 

@@ -147,6 +147,7 @@ pub fn import_stream(file: &str, reader: impl std::io::BufRead, emit: &mut dyn F
     if head.first().is_some_and(|l| documents::detect(&l.value).is_some()) {
         return Ok(None);
     }
+    lines.fast = fast_reader(format);
     let all_lines = head.into_iter().chain(lines.by_ref());
     let mut diagnostics = match format {
         Format::Pi => pi::import_to(file, all_lines, emit),
@@ -185,6 +186,12 @@ const DETECT_LINES: usize = 50;
 
 /// Imports a session held in memory; `file` names it in diagnostics.
 pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
+    import_bytes_with(file, bytes, true)
+}
+
+/// [`import_bytes`], with the formats' fast line readers or (`fast: false`, the tests' reference) every
+/// line parsed into a `Value`.
+fn import_bytes_with(file: &str, bytes: &[u8], fast: bool) -> Result<Imported, String> {
     // A session saved as one JSON document (opencode, Gemini CLI, OpenHands, SWE-agent, mini-swe-agent).
     let mut document = None;
     if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'['))
@@ -202,6 +209,7 @@ pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
     let head: Vec<jsonl::Line> = lines.by_ref().take(DETECT_LINES).collect();
     let (format, mut out, diagnostics) = match detect(&head) {
         Some(format) => {
+            lines.fast = fast_reader(format).filter(|_| fast);
             let mut out = run(format, file, head.into_iter().chain(lines.by_ref()));
             let mut diagnostics = std::mem::take(&mut lines.diagnostics);
             diagnostics.append(&mut out.diagnostics);
@@ -241,6 +249,15 @@ pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
     };
     let diagnostics = diagnostics_last(diagnostics, &mut |e| out.events.push(e));
     Ok(Imported { format, events: out.events, diagnostics })
+}
+
+/// The fast reader of a format's lines, where it has one (pi's message lines); lines it does not read
+/// are parsed into a `Value` as before, and the events are the same either way.
+fn fast_reader(format: Format) -> Option<jsonl::FastRead> {
+    match format {
+        Format::Pi => Some(pi::fast),
+        _ => None,
+    }
 }
 
 fn run(format: Format, file: &str, lines: impl Iterator<Item = jsonl::Line>) -> Output {

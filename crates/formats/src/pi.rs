@@ -55,12 +55,20 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
     for (i, mut line) in iter.enumerate() {
         let n = line.line;
         let index = i as u64 + offset;
+        // A message line read without a `Value` (see [`fast`]) brings its ids and entry.
+        let (fast_ids, fast_entry) = match line.fast.take() {
+            Some(f) => (Some((f.id, f.parent)), Some(f.entry)),
+            None => (None, None),
+        };
         let (mut id, parent) = if version >= 2 {
-            let id = str_of(&line.value, "id").map(str::to_string);
-            let parent = match line.value.get("parentId") {
-                Some(Value::String(p)) => Some(p.clone()),
-                _ => None,
-            };
+            let (id, parent) = fast_ids.unwrap_or_else(|| {
+                let id = str_of(&line.value, "id").map(str::to_string);
+                let parent = match line.value.get("parentId") {
+                    Some(Value::String(p)) => Some(p.clone()),
+                    _ => None,
+                };
+                (id, parent)
+            });
             match id {
                 Some(id) => (id, parent),
                 None => {
@@ -92,8 +100,9 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
             }
             p => p,
         };
+        let entry = if let Some(entry) = fast_entry { entry } else {
         let kind = str_of(&line.value, "type").unwrap_or("").to_string();
-        let entry = match kind.as_str() {
+        match kind.as_str() {
             "message" => match line.value.get_mut("message").map(Value::take) {
                 Some(msg) => message(msg, n, &mut |m| diags.push(diag(n, m))),
                 None => {
@@ -149,6 +158,7 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                 diags.push(diag(n, format!("unknown entry type `{other}` kept as a marker outside the context")));
                 Entry::Marker { kind: other.to_string() }
             }
+        }
         };
         known.insert(id.clone());
         previous = Some(id.clone());
@@ -184,14 +194,7 @@ fn message(mut m: Value, _line: u64, diag: &mut dyn FnMut(String)) -> Entry {
                     }
                 }
             }
-            let stop = match str_of(&m, "stopReason") {
-                Some("stop") => Some(StopReason::Stop),
-                Some("toolUse") => Some(StopReason::ToolUse),
-                Some("length") => Some(StopReason::Length),
-                Some("error") => Some(StopReason::Error),
-                Some("aborted") => Some(StopReason::Aborted),
-                _ => None,
-            };
+            let stop = stop_reason(str_of(&m, "stopReason"));
             let usage = m.get("usage").map(|u| Usage {
                 input: u.get("input").and_then(Value::as_u64).unwrap_or(0),
                 output: u.get("output").and_then(Value::as_u64).unwrap_or(0),
@@ -234,6 +237,18 @@ fn message(mut m: Value, _line: u64, diag: &mut dyn FnMut(String)) -> Entry {
     }
 }
 
+/// An assistant message's `stopReason`, where it is one condense knows.
+fn stop_reason(s: Option<&str>) -> Option<StopReason> {
+    match s {
+        Some("stop") => Some(StopReason::Stop),
+        Some("toolUse") => Some(StopReason::ToolUse),
+        Some("length") => Some(StopReason::Length),
+        Some("error") => Some(StopReason::Error),
+        Some("aborted") => Some(StopReason::Aborted),
+        _ => None,
+    }
+}
+
 /// How a user-run shell command reads in the rendered context (condense's wording).
 fn bash_text(m: &Value) -> String {
     let command = str_of(m, "command").unwrap_or("");
@@ -270,5 +285,279 @@ pub(crate) fn user_blocks(content: Value, diag: &mut dyn FnMut(String)) -> Vec<B
         }
         Value::Null => Vec::new(),
         other => vec![Block::Text { text: json_text(&other) }],
+    }
+}
+
+/// A message line of a pi session read without building a `serde_json::Value` (issue 10, item 4: most of
+/// an import's parsing is building values for fields nobody reads). [`fast`] gives one for the common
+/// shapes only (a `message` entry whose message is a user, assistant or tool-result message with the
+/// usual field types and block types), and `None` for anything else, which is then read as a `Value`
+/// by [`import_to`] as before; the entry is the one that path builds from the same line.
+#[derive(Debug, Clone)]
+pub(crate) struct Fast {
+    id: Option<String>,
+    parent: Option<String>,
+    entry: Entry,
+}
+
+/// [`Fast`] of one line's text, or `None` when the line is not of the shapes it reads.
+pub(crate) fn fast(text: &str) -> Option<Fast> {
+    let line: fast_shape::Line<'_> = serde_json::from_str(text).ok()?;
+    if line.kind != "message" {
+        return None;
+    }
+    let m = line.message?;
+    let entry = match m.role.as_deref()? {
+        "user" => Entry::Message(Message::User { content: fast_user_blocks(m.content)?, origin: UserOrigin::Prompt }),
+        "assistant" => {
+            let mut content = Vec::new();
+            // Only an array of blocks gives the assistant content, as in `message`.
+            if let Some(fast_shape::Content::Blocks(blocks)) = m.content {
+                for b in blocks {
+                    content.push(match b.kind.as_deref()? {
+                        "text" => Block::Text { text: owned(b.text) },
+                        "thinking" => Block::Thinking { thinking: owned(b.thinking), signature: b.thinking_signature.map(String::from).filter(|s| !s.is_empty()) },
+                        "toolCall" => Block::ToolCall {
+                            id: owned(b.id),
+                            name: owned(b.name),
+                            arguments: b.arguments.map_or_else(|| "{}".to_string(), |a| json_text(&a)),
+                        },
+                        _ => return None,
+                    });
+                }
+            }
+            let stop = stop_reason(m.stop_reason.as_deref());
+            let usage = m.usage.map(|u| {
+                let u = u.unwrap_or_default();
+                Usage { input: u.input.unwrap_or(0), output: u.output.unwrap_or(0), cache_read: u.cache_read.unwrap_or(0), cache_write: u.cache_write.unwrap_or(0) }
+            });
+            Entry::Message(Message::Assistant { content, model: m.model.map(String::from), stop, usage })
+        }
+        "toolResult" => Entry::Message(Message::ToolResult {
+            call_id: owned(m.tool_call_id),
+            tool_name: owned(m.tool_name),
+            content: fast_user_blocks(m.content)?,
+            is_error: m.is_error.unwrap_or(false),
+        }),
+        _ => return None,
+    };
+    Some(Fast { id: line.id.map(String::from), parent: line.parent.map(String::from), entry })
+}
+
+fn owned(s: Option<std::borrow::Cow<'_, str>>) -> String {
+    s.map(String::from).unwrap_or_default()
+}
+
+/// [`user_blocks`] of content read by [`fast`]; `None` where it would report a block it drops.
+fn fast_user_blocks(content: Option<fast_shape::Content<'_>>) -> Option<Vec<Block>> {
+    Some(match content {
+        None => Vec::new(),
+        Some(fast_shape::Content::Text(text)) => vec![Block::Text { text: text.into() }],
+        Some(fast_shape::Content::Blocks(blocks)) => {
+            let mut out = Vec::with_capacity(blocks.len());
+            for b in blocks {
+                out.push(match b.kind.as_deref()? {
+                    "text" => Block::Text { text: owned(b.text) },
+                    "image" => Block::Image { mime: b.mime_type.map_or_else(|| "image/png".into(), String::from), data: owned(b.data) },
+                    _ => return None,
+                });
+            }
+            out
+        }
+    })
+}
+
+/// The shapes [`fast`] reads: only the fields the importer uses, strings borrowed from the line where
+/// they hold no escape. A field of another type than the `Value` path accepts without a diagnostic, or a
+/// field given twice, fails the parse, and the line is read as a `Value`.
+mod fast_shape {
+    use serde::de::{Deserializer, SeqAccess, Visitor};
+    use serde::Deserialize;
+    use std::borrow::Cow;
+
+    #[derive(Deserialize)]
+    pub(super) struct Line<'a> {
+        #[serde(rename = "type", borrow)]
+        pub kind: Cow<'a, str>,
+        #[serde(default, borrow)]
+        pub id: Option<Cow<'a, str>>,
+        #[serde(rename = "parentId", default, borrow)]
+        pub parent: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub message: Option<Msg<'a>>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Msg<'a> {
+        #[serde(default, borrow)]
+        pub role: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub content: Option<Content<'a>>,
+        #[serde(default, borrow)]
+        pub model: Option<Cow<'a, str>>,
+        #[serde(rename = "stopReason", default, borrow)]
+        pub stop_reason: Option<Cow<'a, str>>,
+        /// Present, even as `null`, it gives a usage (of zeros where a count is missing).
+        #[serde(default, deserialize_with = "present")]
+        pub usage: Option<Option<Usage>>,
+        #[serde(rename = "toolCallId", default, borrow)]
+        pub tool_call_id: Option<Cow<'a, str>>,
+        #[serde(rename = "toolName", default, borrow)]
+        pub tool_name: Option<Cow<'a, str>>,
+        #[serde(rename = "isError", default)]
+        pub is_error: Option<bool>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub(super) struct Usage {
+        #[serde(default)]
+        pub input: Option<u64>,
+        #[serde(default)]
+        pub output: Option<u64>,
+        #[serde(rename = "cacheRead", default)]
+        pub cache_read: Option<u64>,
+        #[serde(rename = "cacheWrite", default)]
+        pub cache_write: Option<u64>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Block<'a> {
+        #[serde(rename = "type", default, borrow)]
+        pub kind: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub text: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub thinking: Option<Cow<'a, str>>,
+        #[serde(rename = "thinkingSignature", default, borrow)]
+        pub thinking_signature: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub id: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub name: Option<Cow<'a, str>>,
+        /// Present, even as `null`, the arguments are its JSON text.
+        #[serde(default, deserialize_with = "present")]
+        pub arguments: Option<serde_json::Value>,
+        #[serde(rename = "mimeType", default, borrow)]
+        pub mime_type: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub data: Option<Cow<'a, str>>,
+    }
+
+    /// A message's content: a string, or an array of blocks (`null` is no content; anything else fails).
+    pub(super) enum Content<'a> {
+        Text(Cow<'a, str>),
+        Blocks(Vec<Block<'a>>),
+    }
+
+    impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V<'a>(std::marker::PhantomData<&'a ()>);
+            impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+                type Value = Content<'a>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a string or an array of blocks")
+                }
+                fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+                    Ok(Content::Text(Cow::Borrowed(s)))
+                }
+                fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                    Ok(Content::Text(Cow::Owned(s.to_string())))
+                }
+                fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Self::Value, E> {
+                    Ok(Content::Text(Cow::Owned(s)))
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                    let mut blocks = Vec::with_capacity(seq.size_hint().unwrap_or(2));
+                    while let Some(b) = seq.next_element()? {
+                        blocks.push(b);
+                    }
+                    Ok(Content::Blocks(blocks))
+                }
+            }
+            d.deserialize_any(V(std::marker::PhantomData))
+        }
+    }
+
+    /// A field that is present: `Some` of what it holds, `null` included (with `default`, absent is `None`).
+    fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+        T::deserialize(d).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `.jsonl` file under `dir`, sorted.
+    fn jsonl_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for p in entries {
+            if p.is_dir() {
+                jsonl_files(&p, out);
+            } else if p.extension().is_some_and(|e| e == "jsonl") {
+                out.push(p);
+            }
+        }
+    }
+
+    fn both(name: &str, bytes: &[u8]) {
+        let fast = crate::import_bytes_with(name, bytes, true).unwrap();
+        let slow = crate::import_bytes_with(name, bytes, false).unwrap();
+        assert_eq!(fast.events, slow.events, "{name}");
+        assert_eq!(fast.diagnostics, slow.diagnostics, "{name}");
+    }
+
+    #[test]
+    fn the_fast_reader_gives_the_events_the_value_path_gives() {
+        // The corpus pi sessions, whole.
+        let mut files = Vec::new();
+        jsonl_files(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/pi"), &mut files);
+        assert!(files.len() >= 5, "the corpus pi sessions: {files:?}");
+        let mut fast_lines = 0;
+        for f in &files {
+            let bytes = std::fs::read(f).unwrap();
+            fast_lines += bytes.split(|&b| b == b'\n').filter(|l| std::str::from_utf8(l).ok().and_then(fast).is_some()).count();
+            both(&f.display().to_string(), &bytes);
+        }
+        assert!(fast_lines > 2000, "{fast_lines} corpus lines read fast");
+        // Lines of unusual shapes, after enough ordinary ones that the format is known (the first lines
+        // decide it and are always read as values): each is read fast or not as listed, and either way
+        // gives what the value path gives.
+        let odd = [
+            (true, r#"{"type":"message","id":"a1","parentId":"m49","message":{"role":"assistant","content":[{"type":"toolCall","id":"c","name":"read","arguments":null},{"type":"toolCall","id":"d","name":"ls"}],"usage":null}}"#),
+            (true, r#"{"type":"message","id":"a2","parentId":"a1","message":{"role":"assistant","content":"a string is no content here","usage":{"input":5,"output":null}}}"#),
+            (true, r#"{"type":"message","id":"a3","parentId":"a2","message":{"role":"assistant","content":[{"type":"thinking","thinking":"hm","thinkingSignature":""},{"type":"text","text":"caf\u00e9 \"q\""}],"stopReason":"sideways","model":null}}"#),
+            (true, r#"{"type":"message","id":"a4","parentId":"nowhere","message":{"role":"toolResult","toolCallId":"c","content":[{"type":"image","data":"AAAA"},{"type":"text","text":null}],"isError":null}}"#),
+            (true, r#"{"type":"message","id":"a4","parentId":"a4","message":{"role":"user","content":null,"extra":{"deep":[1,2,{"x":null}]}}}"#),
+            (true, r#"  {"type":"message","message":{"role":"user","content":"no id"},"parentId":null}  "#),
+            (false, r#"{"type":"message","id":"a5","message":{"role":"user","content":"a number for a parent"},"parentId":5.5e300}"#),
+            (false, r#"{"type":"message","id":"b1","parentId":"a4","message":{"role":"user","content":"twice","content":"again"}}"#),
+            (false, r#"{"type":"message","id":"b2","parentId":"b1","message":{"role":"toolResult","toolCallId":7,"content":"n"}}"#),
+            (false, r#"{"type":"message","id":"b3","parentId":"b2","message":{"role":"assistant","content":[{"type":"video"}]}}"#),
+            (false, r#"{"type":"message","id":"b4","parentId":"b3","message":{"role":"user","content":[{"text":"no type"}]}}"#),
+            (false, r#"{"type":"message","id":"b5","parentId":"b4","message":{"role":"assistant","content":[],"usage":{"input":1.5}}}"#),
+            (false, r#"{"type":"message","id":"b6","parentId":"b5","message":{"role":"bashExecution","command":"ls","output":"x"}}"#),
+            (false, r#"{"type":"message","id":"b7","parentId":"b6","message":null}"#),
+            (false, r#"{"type":"message","id":"b8","parentId":"b7","message":{"role":"user","content":{"an":"object"}}}"#),
+            (false, r#"{"type":"compaction","id":"b9","parentId":"b8","summary":"s","firstKeptEntryId":"a1"}"#),
+            (false, r#"{"type":"message","id":"c1","parentId":"b9","message":{"role":"user","content":"two"}}{"type":"message","id":"c2","parentId":"c1","message":{"role":"user","content":"on a line"}}"#),
+            (false, r#"{"type":"message","id":"c3","parentId":"c2","message":{"role":"user","content":"bad \q escape"}}"#),
+            (false, r#"{"type":"message","id":"c4","parentId":"c3","message":{"role":"user","content":"cut short"#),
+        ];
+        let mut text = String::from("{\"type\":\"session\",\"version\":3,\"id\":\"s\"}\n");
+        for i in 0..50 {
+            let parent = if i == 0 { "null".to_string() } else { format!("\"m{}\"", i - 1) };
+            text.push_str(&format!("{{\"type\":\"message\",\"id\":\"m{i}\",\"parentId\":{parent},\"message\":{{\"role\":\"user\",\"content\":\"line {i}\"}}}}\n"));
+        }
+        for (is_fast, line) in odd {
+            assert_eq!(fast(line).is_some(), is_fast, "{line}");
+            text.push_str(line);
+            text.push('\n');
+        }
+        both("odd.jsonl", text.as_bytes());
+        let read = crate::import_bytes("odd.jsonl", text.as_bytes()).unwrap();
+        assert!(read.diagnostics.len() >= 8, "{:?}", read.diagnostics);
     }
 }
