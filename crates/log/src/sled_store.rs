@@ -48,6 +48,7 @@ impl SledStore {
         let config = sled::Config::new()
             .path(&path)
             .cache_capacity(cache_bytes)
+            .segment_size(segment_size(&path))
             .mode(sled::Mode::HighThroughput)
             .flush_every_ms(None);
         let mut tries = 0;
@@ -245,6 +246,24 @@ pub(crate) fn id_floor(shared: &Shared) -> SessionId {
     }
 }
 
+/// sled's segment size for a new store (2 MiB instead of sled's 512 KiB). sled writes any item larger
+/// than a quarter of a segment to a file of its own, and that includes a tree node it rewrites: with
+/// packed values (an import's) a node of 16 of them is several hundred kilobytes, so at 512 KiB every
+/// rewrite of such a node created and deleted a file.
+const SEGMENT_BYTES: usize = 2 << 20;
+
+/// The segment size to open the sled database at `db` with: the one it was created with (sled refuses
+/// to open with another; stores made before [`SEGMENT_BYTES`] have 512 KiB), else [`SEGMENT_BYTES`].
+fn segment_size(db: &Path) -> usize {
+    // sled's `conf` file: `key: value` lines, then a checksum (which sled itself checks).
+    let Ok(conf) = std::fs::read(db.join("conf")) else { return SEGMENT_BYTES };
+    String::from_utf8_lossy(&conf)
+        .lines()
+        .find_map(|l| l.strip_prefix("segment_size: ")?.trim().parse::<usize>().ok())
+        .filter(|n| n.is_power_of_two())
+        .unwrap_or(SEGMENT_BYTES)
+}
+
 /// Removes sled's unfinished snapshot files (`snap.*.generating`) from `db`; whether there were any.
 fn remove_partial_snapshots(db: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(db) else { return false };
@@ -286,6 +305,24 @@ mod tests {
         assert_eq!(store.put_blob(b"twice").unwrap(), h_twice());
         assert_eq!(pending(), 1, "a durable put of a pending blob syncs it and leaves the list to the flush");
         assert_eq!(id, 1);
+    }
+
+    #[test]
+    fn a_store_keeps_the_segment_size_it_was_made_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        // A store made with sled's default segments, as stores were before packed values.
+        drop(sled::Config::new().path(&db).segment_size(512 * 1024).open().unwrap());
+        assert_eq!(segment_size(&db), 512 * 1024);
+        let store = SledStore::open(dir.path(), 1 << 20).expect("opens at the size it was made with");
+        store.create_session("s", None).unwrap();
+        drop(store);
+        assert_eq!(segment_size(&db), 512 * 1024);
+        // A new store gets the larger segments.
+        let fresh = tempfile::tempdir().unwrap();
+        drop(SledStore::open(fresh.path(), 1 << 20).unwrap());
+        assert_eq!(segment_size(&fresh.path().join("db")), SEGMENT_BYTES);
+        assert_eq!(segment_size(&fresh.path().join("nothing")), SEGMENT_BYTES);
     }
 
     /// A small event to append.
