@@ -31,11 +31,13 @@ pub use stats::Stats;
 const APPEND_CHUNK: usize = 4096;
 /// The streaming importer hands over what it parsed once it holds this many events or has read this many
 /// bytes of the file since the last hand-over, so the log writer works while the parser reads on, even on
-/// a file of a few hundred kilobytes.
-const IMPORT_CHUNK: usize = 256;
-const IMPORT_CHUNK_BYTES: u64 = 64 * 1024;
+/// a file of a megabyte. Each hand-over is one append, one sled batch, and sled writes its buffer out
+/// (with a wait for the disk on one of its threads) at every batch: with packed values, 512 KiB chunks
+/// instead of 64 KiB made the corpus pi import about a third faster.
+const IMPORT_CHUNK: usize = 2048;
+const IMPORT_CHUNK_BYTES: u64 = 512 * 1024;
 /// The most events a streaming import holds while the file's hash is still being computed.
-const IMPORT_HELD: usize = 64 * IMPORT_CHUNK;
+const IMPORT_HELD: usize = 16 * 1024;
 
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
