@@ -18,10 +18,11 @@ pub const FORMAT_LZ4: u8 = 2;
 pub const FORMAT_PACKED: u8 = 3;
 
 /// A packed value's run of bytes (its events' lengths and plain values) holds no more than this
-/// (128 KiB), so that the value stays small enough for sled to keep inside its tree (a quarter of its
-/// 512 KiB segment) and reading one event of it decompresses little. An event whose plain value is this
-/// large or larger is stored on its own.
-pub const PACK_BYTES: usize = 128 * 1024;
+/// (32 KiB; a session's text compresses to 10–15 KB of it). sled splits a leaf of its tree at 17 values
+/// and writes any item over a quarter of its log segment (1 MiB for a new store) to a file of its own,
+/// node rewrites included: a leaf of packed values stays under that quarter, and reading one event of a
+/// pack decompresses little. An event whose plain value is this large or larger is stored on its own.
+pub const PACK_BYTES: usize = 32 * 1024;
 
 /// Values whose bincode is shorter than this are stored as they are: compressing them saves little.
 const COMPRESS_FROM: usize = 256;

@@ -246,11 +246,12 @@ pub(crate) fn id_floor(shared: &Shared) -> SessionId {
     }
 }
 
-/// sled's segment size for a new store (2 MiB instead of sled's 512 KiB). sled writes any item larger
-/// than a quarter of a segment to a file of its own, and that includes a tree node it rewrites: with
-/// packed values (an import's) a node of 16 of them is several hundred kilobytes, so at 512 KiB every
-/// rewrite of such a node created and deleted a file.
-const SEGMENT_BYTES: usize = 2 << 20;
+/// sled's segment size for a new store (1 MiB instead of sled's 512 KiB). sled writes any item larger
+/// than a quarter of a segment to a file of its own, and that includes a tree node it rewrites: a leaf
+/// of 17 packed values ([`codec::PACK_BYTES`]) fits a quarter of 1 MiB, and at 512 KiB most rewrites of
+/// such leaves created and deleted a file (the 100k session's import spent about 1 s of CPU in ext4's
+/// inode code). docs/storage.md has the measurements.
+const SEGMENT_BYTES: usize = 1 << 20;
 
 /// The segment size to open the sled database at `db` with: the one it was created with (sled refuses
 /// to open with another; stores made before [`SEGMENT_BYTES`] have 512 KiB), else [`SEGMENT_BYTES`].
