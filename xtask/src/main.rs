@@ -266,7 +266,7 @@ fn bench(args: &[String]) -> Result<()> {
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
     writeln!(md, "\n## Method\n")?;
     writeln!(md, "- *Bare parse*: every line of the file parsed into a `serde_json::Value` (the floor an importer cannot beat).\n- *Parse to events*: `condense_formats::import_bytes`, the whole importer (tolerant line reading, conversion to source events) without storing.\n- *Store write alone*: the same sessions' events, encoded and packed beforehand as an import packs them (runs of up to 32 KiB, LZ4-compressed), appended to a fresh store (each session created, its values appended, one sync after the last): what the log costs an import without any parsing. An import overlaps parsing with this, on two cores shared with sled's own I/O threads, so it cannot take less than the larger of the two.\n- *Import into store*: the same plus the `Store` writing it: bincode encoding, packing and LZ4 compression, sled batches, one flush at the end (a new session of a line format streams: parsed on one thread while the previous chunk is written).\n- *Full rebuild*: folding a fresh projection from every event in the log (what `render --at` and a cold start do).\n- *Full render*: `Projection::render_full_now` on a warm projection: walk the active branch, apply the newest host compaction, repair pairing, from scratch. Median of repeated runs.
-- *Per-turn render*: what a host pays before each request: one event applied to the warm projection and `render` called, measured over the session's last 200 events (the projection keeps its render up to date as entries extend the branch, so this does not grow with the session).\n- Import timings are the best of 7 runs (3 for the import into a store); the ratio is throughput divided by the bare parse's throughput on the same bytes.\n- Import peak RSS is the VmHWM of a fresh process that opens a fresh store and imports the file (`cargo xtask import-peak FILE DIR`); peak memory is this process's VmHWM after the step, so it only grows down the table (it includes the full rebuild, which holds the whole session).\n- The import into a store is timed as `condense import` runs it: from the first file's import to the return of the sync after the last (one flush for the folder, everything durable), with the store opened and closed outside the timing.")?;
+- *Per-turn render*: what a host pays before each request: one event applied to the warm projection and `render` called, measured over the session's last 200 events (the projection keeps its render up to date as entries extend the branch, so this does not grow with the session).\n- Import timings: parse to events is the best of 7 runs, store write alone the best of 3. The import into a store is measured in 7 paired rounds (3 for the 100k session), each a bare parse of the same bytes (best of 3) followed by one import into a fresh store, because this machine's speed drifts by as much as half between runs minutes apart: the bare parse and import columns are the rounds' medians, and the last ratio is the median of the rounds' ratios (bare parse time over import time, i.e. import throughput over bare parse throughput). The parse-to-events ratio is the two columns' quotient.\n- Import peak RSS is the VmHWM of a fresh process that opens a fresh store and imports the file (`cargo xtask import-peak FILE DIR`); peak memory is this process's VmHWM after the step, so it only grows down the table (it includes the full rebuild, which holds the whole session).\n- The import into a store is timed as `condense import` runs it: from the first file's import to the return of the sync after the last (one flush for the folder, everything durable), with the store opened and closed outside the timing.")?;
     std::fs::write(&out_path, md)?;
     println!("wrote {}", out_path.display());
     Ok(())
@@ -285,20 +285,23 @@ fn mem_total() -> String {
 fn import_bench(md: &mut String, scratch: &Path) -> Result<()> {
     corpus_import(md, scratch)?;
     let file = generated_file(scratch, 100_000)?;
-    let bytes = std::fs::read(&file)?;
-    let (t_bare, _) = best_of(3, || bare_parse(&bytes));
-    drop(bytes);
     let t_write = timed_writes(&scratch.join("write-100000"), std::slice::from_ref(&file))?;
-    let t_import = timed_imports(&scratch.join("import-100000"), std::slice::from_ref(&file))?;
-    println!("100k: bare parse {:.0} ms, store write alone {:.0} ms, import into store {:.0} ms, ratio {:.2}", ms(t_bare), ms(t_write), ms(t_import), t_bare.as_secs_f64() / t_import.as_secs_f64());
+    let bytes = std::fs::read(&file)?;
+    let (t_bare, t_import, ratio) = paired_import(3, &scratch.join("import-100000"), std::slice::from_ref(&file), std::slice::from_ref(&bytes))?;
+    println!("100k: bare parse {:.0} ms, store write alone {:.0} ms, import into store {:.0} ms (medians of 3 paired rounds), ratio {ratio:.2} (median of the rounds' ratios)", ms(t_bare), ms(t_write), ms(t_import));
     Ok(())
 }
 
 /// The best of 3 runs of `run` on a fresh store at `dir`, each given what `input` makes for it; making
 /// the input and opening and closing the store are outside the timing.
-fn best_on_fresh_store<T>(dir: &Path, mut input: impl FnMut() -> T, mut run: impl FnMut(&Store, T) -> Result<()>) -> Result<Duration> {
+fn best_on_fresh_store<T>(dir: &Path, input: impl FnMut() -> T, run: impl FnMut(&Store, T) -> Result<()>) -> Result<Duration> {
+    best_of_on_fresh_store(3, dir, input, run)
+}
+
+/// [`best_on_fresh_store`] of `runs` runs.
+fn best_of_on_fresh_store<T>(runs: usize, dir: &Path, mut input: impl FnMut() -> T, mut run: impl FnMut(&Store, T) -> Result<()>) -> Result<Duration> {
     let mut best = Duration::MAX;
-    for _ in 0..3 {
+    for _ in 0..runs {
         let _ = std::fs::remove_dir_all(dir);
         let store = Store::open(dir)?;
         let given = input();
@@ -311,15 +314,33 @@ fn best_on_fresh_store<T>(dir: &Path, mut input: impl FnMut() -> T, mut run: imp
     Ok(best)
 }
 
-/// The best of 3 imports of `files` into a fresh store at `dir` as `condense import` does them, from the
-/// first import to the return of the sync after the last one (everything durable).
-fn timed_imports(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
-    best_on_fresh_store(dir, || (), |store, ()| {
+/// The best of `runs` imports of `files` into a fresh store at `dir` as `condense import` does them, from
+/// the first import to the return of the sync after the last one (everything durable).
+fn timed_imports(runs: usize, dir: &Path, files: &[PathBuf]) -> Result<Duration> {
+    best_of_on_fresh_store(runs, dir, || (), |store, ()| {
         for (i, f) in files.iter().enumerate() {
             store.import_file_all_deferred(f, &format!("s{i}"))?;
         }
         Ok(store.sync()?)
     })
+}
+
+/// The import beside the bare parse of the same bytes, in `rounds` paired rounds: each a bare parse of
+/// every file (best of 3) and then one import into a fresh store. This machine's speed drifts by half
+/// between runs minutes apart (the corpus pi sessions' bare parse measured 184 to 292 MB/s in one
+/// afternoon), so the ratio is taken within each round, and its median reported: the medians of the
+/// bare parse and of the import, and the median of the rounds' ratios (bare time over import time).
+fn paired_import(rounds: usize, dir: &Path, files: &[PathBuf], data: &[Vec<u8>]) -> Result<(Duration, Duration, f64)> {
+    let (mut bare, mut import, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let (b, _) = best_of(3, || data.iter().map(|d| bare_parse(d)).sum::<usize>());
+        let i = timed_imports(1, dir, files)?;
+        ratios.push(b.as_secs_f64() / i.as_secs_f64());
+        bare.push(b);
+        import.push(i);
+    }
+    ratios.sort_by(f64::total_cmp);
+    Ok((median(bare), median(import), ratios[ratios.len() / 2]))
 }
 
 /// The best of 3 writes of already encoded sessions into a fresh store at `dir` (each session created,
@@ -357,16 +378,17 @@ fn corpus_import(md: &mut String, scratch: &Path) -> Result<()> {
         let data: Vec<(PathBuf, Vec<u8>)> = files.iter().map(|f| Ok((f.clone(), std::fs::read(f)?))).collect::<Result<_>>()?;
         let bytes: usize = data.iter().map(|(_, d)| d.len()).sum();
         let mb = bytes as f64 / 1e6;
-        let (t_bare, _) = best_of(7, || data.iter().map(|(_, d)| bare_parse(d)).sum::<usize>());
+
         let (t_events, events) = best_of(7, || {
             data.iter().map(|(f, d)| condense_formats::import_bytes(&f.display().to_string(), d).map_or(0, |i| i.events.len())).sum::<usize>()
         });
         let t_write = timed_writes(&scratch.join(format!("write-{fmt}")), &files)?;
-        let t_store = timed_imports(&scratch.join(format!("import-{fmt}")), &files)?;
+        let bytes: Vec<Vec<u8>> = data.iter().map(|(_, d)| d.clone()).collect();
+        let (t_bare, t_store, ratio) = paired_import(7, &scratch.join(format!("import-{fmt}")), &files, &bytes)?;
         let tp = |t: Duration| mb / t.as_secs_f64();
-        writeln!(md, "| {fmt} | {} | {mb:.1} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |", files.len(), tp(t_bare), tp(t_events),
-            tp(t_events) / tp(t_bare), events as f64 / t_events.as_secs_f64(), tp(t_write), tp(t_store), tp(t_store) / tp(t_bare))?;
-        println!("import {fmt}: {mb:.1} MB, bare {:.0} MB/s, events {:.0} MB/s, write alone {:.0} MB/s, store {:.0} MB/s", tp(t_bare), tp(t_events), tp(t_write), tp(t_store));
+        writeln!(md, "| {fmt} | {} | {mb:.1} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {ratio:.2} |", files.len(), tp(t_bare), tp(t_events),
+            tp(t_events) / tp(t_bare), events as f64 / t_events.as_secs_f64(), tp(t_write), tp(t_store))?;
+        println!("import {fmt}: {mb:.1} MB, bare {:.0} MB/s, events {:.0} MB/s, write alone {:.0} MB/s, store {:.0} MB/s, ratio {ratio:.2}", tp(t_bare), tp(t_events), tp(t_write), tp(t_store));
     }
     Ok(())
 }
