@@ -100,65 +100,68 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
             }
             p => p,
         };
-        let entry = if let Some(entry) = fast_entry { entry } else {
-        let kind = str_of(&line.value, "type").unwrap_or("").to_string();
-        match kind.as_str() {
-            "message" => match line.value.get_mut("message").map(Value::take) {
-                Some(msg) => message(msg, n, &mut |m| diags.push(diag(n, m))),
-                None => {
-                    diags.push(diag(n, "message entry without `message`".into()));
-                    Entry::Marker { kind: "message".into() }
+        let entry = match fast_entry {
+            Some(entry) => entry,
+            None => {
+                let kind = str_of(&line.value, "type").unwrap_or("").to_string();
+                match kind.as_str() {
+                    "message" => match line.value.get_mut("message").map(Value::take) {
+                        Some(msg) => message(msg, n, &mut |m| diags.push(diag(n, m))),
+                        None => {
+                            diags.push(diag(n, "message entry without `message`".into()));
+                            Entry::Marker { kind: "message".into() }
+                        }
+                    },
+                    "compaction" => {
+                        let first_kept = match (str_of(&line.value, "firstKeptEntryId"), line.value.get("firstKeptEntryIndex")) {
+                            (Some(id), _) => Some(id.to_string()),
+                            (None, Some(ix)) => ix.as_u64().map(|ix| format!("e{ix}")),
+                            _ => None,
+                        };
+                        Entry::HostCompaction {
+                            summary: take_str(&mut line.value, "summary"),
+                            first_kept,
+                            replacement: Vec::new(),
+                            tokens_before: line.value.get("tokensBefore").and_then(Value::as_u64),
+                        }
+                    }
+                    "branch_summary" => Entry::BranchSummary {
+                        from: str_of(&line.value, "fromId").map(str::to_string),
+                        summary: take_str(&mut line.value, "summary").unwrap_or_default(),
+                    },
+                    "custom_message" => {
+                        let content = line.value.get_mut("content").map(Value::take).unwrap_or(Value::Null);
+                        Entry::Message(Message::User {
+                            content: user_blocks(content, &mut |m| diags.push(diag(n, m))),
+                            origin: UserOrigin::Injected,
+                        })
+                    }
+                    "model_change" => {
+                        let model = str_of(&line.value, "modelId").or_else(|| str_of(&line.value, "model"));
+                        if let Some(model) = model {
+                            emit(SourceEvent::ModelChanged {
+                                provider: str_of(&line.value, "provider").map(str::to_string),
+                                model: model.to_string(),
+                                context_window: None,
+                                max_output: None,
+                            });
+                        }
+                        Entry::Marker { kind: "model_change".into() }
+                    }
+                    "custom" => Entry::Marker {
+                        kind: format!("custom:{}", str_of(&line.value, "customType").unwrap_or("")),
+                    },
+                    "thinking_level_change" | "label" | "session_info" => Entry::Marker { kind },
+                    "session" => {
+                        diags.push(diag(n, "second session header ignored".into()));
+                        continue;
+                    }
+                    other => {
+                        diags.push(diag(n, format!("unknown entry type `{other}` kept as a marker outside the context")));
+                        Entry::Marker { kind: other.to_string() }
+                    }
                 }
-            },
-            "compaction" => {
-                let first_kept = match (str_of(&line.value, "firstKeptEntryId"), line.value.get("firstKeptEntryIndex")) {
-                    (Some(id), _) => Some(id.to_string()),
-                    (None, Some(ix)) => ix.as_u64().map(|ix| format!("e{ix}")),
-                    _ => None,
-                };
-                Entry::HostCompaction {
-                    summary: take_str(&mut line.value, "summary"),
-                    first_kept,
-                    replacement: Vec::new(),
-                    tokens_before: line.value.get("tokensBefore").and_then(Value::as_u64),
-                }
             }
-            "branch_summary" => Entry::BranchSummary {
-                from: str_of(&line.value, "fromId").map(str::to_string),
-                summary: take_str(&mut line.value, "summary").unwrap_or_default(),
-            },
-            "custom_message" => {
-                let content = line.value.get_mut("content").map(Value::take).unwrap_or(Value::Null);
-                Entry::Message(Message::User {
-                    content: user_blocks(content, &mut |m| diags.push(diag(n, m))),
-                    origin: UserOrigin::Injected,
-                })
-            }
-            "model_change" => {
-                let model = str_of(&line.value, "modelId").or_else(|| str_of(&line.value, "model"));
-                if let Some(model) = model {
-                    emit(SourceEvent::ModelChanged {
-                        provider: str_of(&line.value, "provider").map(str::to_string),
-                        model: model.to_string(),
-                        context_window: None,
-                        max_output: None,
-                    });
-                }
-                Entry::Marker { kind: "model_change".into() }
-            }
-            "custom" => Entry::Marker {
-                kind: format!("custom:{}", str_of(&line.value, "customType").unwrap_or("")),
-            },
-            "thinking_level_change" | "label" | "session_info" => Entry::Marker { kind },
-            "session" => {
-                diags.push(diag(n, "second session header ignored".into()));
-                continue;
-            }
-            other => {
-                diags.push(diag(n, format!("unknown entry type `{other}` kept as a marker outside the context")));
-                Entry::Marker { kind: other.to_string() }
-            }
-        }
         };
         known.insert(id.clone());
         previous = Some(id.clone());
@@ -462,9 +465,6 @@ mod fast_shape {
                 }
                 fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Self::Value, E> {
                     Ok(Content::Text(Cow::Owned(s.to_string())))
-                }
-                fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Self::Value, E> {
-                    Ok(Content::Text(Cow::Owned(s)))
                 }
                 fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                     let mut blocks = Vec::with_capacity(seq.size_hint().unwrap_or(2));
