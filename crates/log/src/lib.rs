@@ -362,7 +362,7 @@ impl Log {
     /// Appends `events` to `session` if its head is still `expected_head`; returns the new head once the
     /// events are durable.
     pub fn append(&self, session: SessionId, expected_head: Seq, events: Vec<Event>) -> Result<Seq> {
-        let values = events.iter().enumerate().map(|(i, e)| self.encode(session, expected_head + 1 + i as u64, e)).collect();
+        let values = self.encode_each(session, expected_head + 1, &events);
         self.append_encoded(session, expected_head, values, true)?.recv().map_err(|_| LogError::Closed)?
     }
 
@@ -384,8 +384,13 @@ impl Log {
         if self.backend.packs() {
             encode_packed(session, first, bodies)
         } else {
-            bodies.into_iter().enumerate().map(|(i, e)| self.encode(session, first + i as u64, e)).collect()
+            self.encode_each(session, first, bodies)
         }
+    }
+
+    /// One value per event of `bodies` ([`Log::encode`]), the events of `session` from seq `first` on.
+    fn encode_each<'a>(&self, session: SessionId, first: Seq, bodies: impl IntoIterator<Item = &'a Event>) -> Vec<Vec<u8>> {
+        bodies.into_iter().enumerate().map(|(i, e)| self.encode(session, first + i as u64, e)).collect()
     }
 
     /// Starts an append of envelopes the caller encoded itself (with [`Log::encode`] or
