@@ -392,6 +392,76 @@ fn streamed_import_writes_what_the_whole_file_import_writes() {
     assert!(last.diagnostics.len() >= 3, "{:?}", last.diagnostics);
 }
 
+/// Files imported together are read ahead (one hashed and parsed while the one before is written), and
+/// the store ends as it ends when they are imported one at a time: the same results in the same order,
+/// the same sessions holding the same events. Among the files: every corpus line-format session, files of
+/// document formats (read whole), a damaged file, one that does not exist, two files under one name (the
+/// second is refused), a session imported before (left as it is) and one created empty (imported into).
+#[test]
+fn files_read_ahead_end_as_files_imported_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = condense_tests::corpus_dir();
+    let mut files: Vec<(std::path::PathBuf, String)> = condense_tests::corpus_sessions().into_iter().enumerate().map(|(i, f)| (f, format!("s{i}"))).collect();
+    let mut documents = Vec::new();
+    condense_tests::walk_files(&corpus.join("gemini-cli"), &["json"], &mut documents);
+    condense_tests::walk_files(&corpus.join("openhands"), &["jsonl", "json"], &mut documents);
+    documents.sort();
+    assert!(documents.len() >= 2, "document-format files in the corpus");
+    let damaged = dir.path().join("damaged.jsonl");
+    std::fs::write(&damaged, "{\"type\":\"session\",\"version\":3,\"id\":\"s\"}\nnot json\n{\"type\":\"message\",\"id\":\"a\",\"parentId\":\"zz\",\"message\":{\"role\":\"user\",\"content\":\"hi\"}}").unwrap();
+    let pi = condense_tests::corpus_sessions().into_iter().filter(|f| f.starts_with(corpus.join("pi"))).collect::<Vec<_>>();
+    let extra = [
+        (documents[0].clone(), "doc0".to_string()),
+        (damaged.clone(), "damaged".into()),
+        (dir.path().join("missing.jsonl"), "missing".into()),
+        (pi[0].clone(), "twice".into()),
+        (pi[1].clone(), "twice".into()),
+        (pi[2].clone(), "before".into()),
+        (pi[3].clone(), "empty".into()),
+        (documents[1].clone(), "doc1".into()),
+    ];
+    // Spread among the corpus files, so files read ahead come before and after each of them.
+    for (k, e) in extra.into_iter().enumerate() {
+        files.insert((k * 7).min(files.len()), e);
+    }
+    let open = |name: &str| {
+        let store = condense_engine::Store::open(dir.path().join(name)).unwrap();
+        store.import_file(&pi[2], "before").unwrap();
+        store.create_session("empty").unwrap();
+        store
+    };
+    let shown = |r: condense_engine::Result<Vec<condense_engine::ImportOutcome>>| match r {
+        Ok(outcomes) => outcomes.iter().map(|o| format!("{} {:?} {:?} {} {} {:?}", o.name, o.action, o.format, o.events, o.bytes, o.diagnostics)).collect::<Vec<_>>().join("; "),
+        Err(e) => format!("error: {e}"),
+    };
+    let together = open("together");
+    let mut results = Vec::new();
+    together.import_files_deferred(&files, &mut |i, r| results.push((i, shown(r))));
+    together.sync().unwrap();
+    let alone = open("alone");
+    let expected: Vec<(usize, String)> = files.iter().enumerate().map(|(i, (f, name))| (i, shown(alone.import_file_all_deferred(f, name)))).collect();
+    alone.sync().unwrap();
+    assert_eq!(results, expected);
+    // The cases the files were chosen for.
+    let result = |name: &str| &results[files.iter().position(|(_, n)| n == name).unwrap()].1;
+    assert!(result("missing").starts_with("error: "), "{}", result("missing"));
+    assert!(results.iter().filter(|(_, r)| r.contains("twice ")).count() == 1 && results.iter().any(|(_, r)| r.starts_with("error: ") && r.contains("twice")), "{results:?}");
+    assert!(result("before").contains("Unchanged"), "{}", result("before"));
+    assert!(result("empty").contains("Resumed"), "{}", result("empty"));
+    assert!(result("damaged").contains("Imported") && result("damaged").contains("line: 2"), "{}", result("damaged"));
+    assert!(result("doc0").contains("Imported") && result("doc1").contains("Imported"), "{} / {}", result("doc0"), result("doc1"));
+    let sessions = |s: &condense_engine::Store| s.sessions().unwrap().into_iter().map(|i| i.name).collect::<Vec<_>>();
+    assert_eq!(sessions(&together), sessions(&alone));
+    assert!(sessions(&together).len() > files.len() - 3, "{} sessions from {} files", sessions(&together).len(), files.len());
+    for name in sessions(&together) {
+        let events = |s: &condense_engine::Store| {
+            let session = s.session(&name).unwrap();
+            s.log().read(session.id(), 1, session.head().unwrap()).unwrap().into_iter().map(|e| e.body).collect::<Vec<_>>()
+        };
+        assert_eq!(events(&together), events(&alone), "{name}");
+    }
+}
+
 /// A reader that counts the bytes consumed from it.
 struct Counted<'a> {
     inner: &'a [u8],

@@ -317,9 +317,16 @@ fn best_of_on_fresh_store<T>(runs: usize, dir: &Path, mut input: impl FnMut() ->
 /// The best of `runs` imports of `files` into a fresh store at `dir` as `condense import` does them, from
 /// the first import to the return of the sync after the last one (everything durable).
 fn timed_imports(runs: usize, dir: &Path, files: &[PathBuf]) -> Result<Duration> {
+    let named: Vec<(PathBuf, String)> = files.iter().enumerate().map(|(i, f)| (f.clone(), format!("s{i}"))).collect();
     best_of_on_fresh_store(runs, dir, || (), |store, ()| {
-        for (i, f) in files.iter().enumerate() {
-            store.import_file_all_deferred(f, &format!("s{i}"))?;
+        let mut failed = None;
+        store.import_files_deferred(&named, &mut |_, r| {
+            if let Err(e) = r {
+                failed.get_or_insert(e);
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e.into());
         }
         Ok(store.sync()?)
     })

@@ -809,16 +809,18 @@ fn import(store: &Store, paths: &[PathBuf], json_out: bool) -> Result<ExitCode> 
     let mut reports = Vec::new();
     let mut failed = false;
     let (mut imported, mut skipped, mut diags) = (0u64, 0u64, 0u64);
-    for (i, (file, named)) in files.iter().enumerate() {
+    // The files are read ahead, one while the one before is written; what each gave is reported as it is
+    // imported. Every new session is made durable at once after the last file (one flush, not one per file).
+    let named: Vec<(PathBuf, String)> = files.iter().map(|(f, _)| (f.clone(), name_of(f))).collect();
+    let mut report = |i: usize, result: Result<Vec<condense_engine::ImportOutcome>, condense_engine::EngineError>| -> Result<()> {
+        let (file, named) = (&files[i].0, files[i].1);
         if progress {
             let width = 30;
             let done = (i + 1) * width / files.len();
             eprint!("\r[{}{}] {}/{} ", "#".repeat(done), " ".repeat(width - done), i + 1, files.len());
             let _ = std::io::stderr().flush();
         }
-        let name = name_of(file);
-        // Every new session is made durable at once after the last file (one flush, not one per file).
-        match store.import_file_all_deferred(file, &name) {
+        match result {
             Ok(outcomes) => {
                 for o in outcomes {
                     let name = &o.name;
@@ -866,11 +868,22 @@ fn import(store: &Store, paths: &[PathBuf], json_out: bool) -> Result<ExitCode> 
                 reports.push(json!({"file": file.display().to_string(), "status": "failed", "reason": e.to_string()}));
             }
         }
-    }
+        Ok(())
+    };
+    // Output that cannot be written (a closed pipe) ends the command once the import is done and durable.
+    let mut unwritten = None;
+    store.import_files_deferred(&named, &mut |i, result| {
+        if unwritten.is_none() {
+            unwritten = report(i, result).err();
+        }
+    });
     if progress {
         eprintln!();
     }
     store.sync()?;
+    if let Some(e) = unwritten {
+        return Err(e);
+    }
     if json_out {
         outln!("{}", serde_json::to_string_pretty(&json!({"imported": imported, "skipped": skipped, "diagnostics": diags, "files": reports}))?);
     } else {

@@ -21,7 +21,7 @@ use condense_summarize::{Extractive, Summarizer};
 use condense_log::{Log, LogError, SessionInfo};
 use condense_render::{Projection, Rendered};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub use condense_formats::{Diagnostic, Format};
@@ -333,11 +333,222 @@ impl Store {
     }
 
     fn import_file_all_with(&self, path: &Path, name: &str, durable: bool) -> Result<Vec<ImportOutcome>> {
-        if self.inner.log.session_id(name)?.is_none()
-            && let Some(done) = self.import_streaming(path, name, durable)?
-        {
-            return Ok(vec![done]);
+        let mut out = None;
+        self.import_files_with(&[(path, name)], durable, &mut |_, r| out = Some(r));
+        out.expect("one result per file")
+    }
+
+    /// [`Store::import_file_all_deferred`] for several files at once, each with the name of its session:
+    /// `done` is given each file's index and result as it is imported, in order. New sessions of a line format are read ahead: a file is hashed and
+    /// parsed while the one before it is written, so a folder of small files keeps both cores busy (one
+    /// file at a time, a file of a megabyte is read before its first write and written after its last
+    /// read). Files are imported in the order given, and a file whose session exists, or whose name an
+    /// earlier file took, waits for the files before it.
+    pub fn import_files_deferred(&self, files: &[(PathBuf, String)], done: &mut dyn FnMut(usize, Result<Vec<ImportOutcome>>)) {
+        let files: Vec<(&Path, &str)> = files.iter().map(|(p, n)| (p.as_path(), n.as_str())).collect();
+        self.import_files_with(&files, false, done)
+    }
+
+    fn import_files_with(&self, files: &[(&Path, &str)], durable: bool, done: &mut dyn FnMut(usize, Result<Vec<ImportOutcome>>)) {
+        // Which files stream: a file of a session that does not exist yet, named by no earlier file.
+        let mut named = std::collections::BTreeSet::new();
+        let plans: Vec<Result<Option<Ahead>>> = files
+            .iter()
+            .map(|&(path, name)| {
+                let first = named.insert(name);
+                if !first || self.inner.log.session_id(name)?.is_some() {
+                    return Ok(None);
+                }
+                let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
+                let len = std::fs::metadata(path).map_err(io)?.len();
+                let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
+                Ok(Some(Ahead { path: path.to_path_buf(), len, canonical }))
+            })
+            .collect();
+        let ahead: Vec<(PathBuf, u64)> = plans.iter().filter_map(|p| p.as_ref().ok()?.as_ref()).map(|a| (a.path.clone(), a.len)).collect();
+        let (hash_tx, hash_rx) = crossbeam_channel::unbounded::<std::io::Result<String>>();
+        let (tx, rx) = crossbeam_channel::bounded::<Parsed>(4);
+        std::thread::scope(|scope| {
+            // The import markers name a file's content before its first event, so each file is hashed
+            // whole before its events are written: a thread of its own does it, ahead of the parser.
+            let hashing = ahead.clone();
+            let hasher = std::thread::Builder::new().name("condense-import-hash".into()).spawn_scoped(scope, move || {
+                for (path, len) in hashing {
+                    let hashed = std::fs::File::open(&path).and_then(|f| {
+                        let mut hasher = blake3::Hasher::new();
+                        // Exactly the bytes the markers name, should the file grow meanwhile.
+                        hasher.update_reader(std::io::Read::take(f, len))?;
+                        Ok(hasher.finalize().to_hex().to_string())
+                    });
+                    if hash_tx.send(hashed).is_err() {
+                        return;
+                    }
+                }
+            });
+            let parsing: Vec<PathBuf> = ahead.into_iter().map(|(p, _)| p).collect();
+            let parser = std::thread::Builder::new().name("condense-import".into()).spawn_scoped(scope, move || {
+                for path in parsing {
+                    let read = std::fs::File::open(&path).and_then(|file| {
+                        let read_bytes = std::rc::Rc::new(std::cell::Cell::new(0u64));
+                        let reader = Consumed { inner: std::io::BufReader::with_capacity(1 << 20, file), consumed: read_bytes.clone() };
+                        let mut chunk = Vec::with_capacity(IMPORT_CHUNK);
+                        let mut handed = 0;
+                        let read = condense_formats::import_stream(&path.display().to_string(), reader, &mut |e| {
+                            chunk.push(e);
+                            if chunk.len() == IMPORT_CHUNK || read_bytes.get() - handed >= IMPORT_CHUNK_BYTES {
+                                handed = read_bytes.get();
+                                // A writer that stopped has its error already; what is parsed after is dropped.
+                                drop(tx.send(Parsed::Chunk(std::mem::replace(&mut chunk, Vec::with_capacity(IMPORT_CHUNK)))));
+                            }
+                        });
+                        if !chunk.is_empty() {
+                            drop(tx.send(Parsed::Chunk(chunk)));
+                        }
+                        read
+                    });
+                    if tx.send(Parsed::End(read)).is_err() {
+                        return;
+                    }
+                }
+            });
+            let (hasher, parser) = match (hasher, parser) {
+                (Ok(h), Ok(p)) => (h, p),
+                (h, p) => {
+                    // Without a thread the files are not read ahead: each is imported on its own below.
+                    drop((hash_rx, rx));
+                    let _ = h.map(|h| h.join());
+                    let _ = p.map(|p| p.join());
+                    for (i, &(path, name)) in files.iter().enumerate() {
+                        done(i, self.import_whole(path, name));
+                    }
+                    return;
+                }
+            };
+            for (i, (&(path, name), plan)) in files.iter().zip(plans).enumerate() {
+                done(i, match plan {
+                    Err(e) => Err(e),
+                    Ok(None) => self.import_whole(path, name),
+                    Ok(Some(a)) => match self.write_streamed(&a, name, &hash_rx, &rx, durable) {
+                        Ok(Some(outcome)) => Ok(vec![outcome]),
+                        // Not a line format: nothing was written.
+                        Ok(None) => self.import_whole(path, name),
+                        Err(e) => Err(e),
+                    },
+                });
+            }
+            drop((hash_rx, rx));
+            // A thread that panicked closed its channel early: the file it was on, and those after, say so.
+            let _ = (hasher.join(), parser.join());
+        })
+    }
+
+    /// Writes one file read ahead by [`Store::import_files_with`]'s threads as a new session: its hash,
+    /// then what the parser hands over up to the file's end, every part of it taken even after a failed
+    /// write, so the next file starts where its own stream does. `None` when the file is not a line
+    /// format (nothing is written).
+    fn write_streamed(&self, a: &Ahead, name: &str, hashes: &crossbeam_channel::Receiver<std::io::Result<String>>, parsed: &crossbeam_channel::Receiver<Parsed>, durable: bool) -> Result<Option<ImportOutcome>> {
+        let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: a.path.clone(), source });
+        let panicked = || EngineError::Format(condense_formats::FormatError::Unrecognized { path: a.path.clone(), reason: "the importer panicked".into() });
+        let log = &self.inner.log;
+        // Until the hash is known, what is parsed waits here (at most `IMPORT_HELD` events).
+        let mut held = Vec::new();
+        let mut held_events = 0;
+        let mut end = None;
+        let hash = loop {
+            match hashes.try_recv() {
+                Ok(h) => break h,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(panicked()),
+                Err(crossbeam_channel::TryRecvError::Empty) if end.is_none() && held_events < IMPORT_HELD => match parsed.recv() {
+                    Ok(Parsed::Chunk(c)) => {
+                        held_events += c.len();
+                        held.push(c);
+                    }
+                    Ok(Parsed::End(r)) => end = Some(r),
+                    Err(_) => return Err(panicked()),
+                },
+                Err(crossbeam_channel::TryRecvError::Empty) => break hashes.recv().map_err(|_| panicked())?,
+            }
+        };
+        let mut session: Option<(SessionId, Seq)> = None;
+        let mut written = 0u64;
+        let mut failed: Option<EngineError> = None;
+        let mut in_flight: Option<crossbeam_channel::Receiver<condense_log::Result<Seq>>> = None;
+        let mut held = held.into_iter();
+        let end = loop {
+            let chunk = match held.next() {
+                Some(c) => c,
+                None => match end.take() {
+                    Some(r) => break r,
+                    None => match parsed.recv() {
+                        Ok(Parsed::Chunk(c)) => c,
+                        Ok(Parsed::End(r)) => break r,
+                        Err(_) => return Err(panicked()),
+                    },
+                },
+            };
+            if failed.is_some() {
+                continue;
+            }
+            let hash = match &hash {
+                Ok(h) => h,
+                Err(e) => {
+                    failed = Some(io(std::io::Error::new(e.kind(), e.to_string())));
+                    continue;
+                }
+            };
+            let mut write = |mut chunk: Vec<SourceEvent>| -> Result<()> {
+                let (id, head) = match &mut session {
+                    Some(x) => x,
+                    None => {
+                        chunk.insert(1.min(chunk.len()), SourceEvent::ImportStarted { path: a.canonical.clone(), bytes: a.len, hash: hash.clone() });
+                        session.insert((log.create_session_deferred(name)?, 0))
+                    }
+                };
+                let events: Vec<Event> = chunk.into_iter().map(Event::Source).collect();
+                let n = events.len() as u64;
+                // Packed into few values where the log packs: one key per event is most of sled's cost.
+                let values = log.encode_packed(*id, *head + 1, &events);
+                // This chunk is encoded while the writer writes the one before.
+                let sent = log.append_encoded(*id, *head, values, false)?;
+                *head += n;
+                written += n;
+                if let Some(before) = in_flight.replace(sent) {
+                    before.recv().map_err(|_| LogError::Closed)??;
+                }
+                Ok(())
+            };
+            if let Err(e) = write(chunk) {
+                failed = Some(e);
+            }
+        };
+        if let Some(before) = in_flight {
+            before.recv().map_err(|_| LogError::Closed)??;
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let hash = hash.map_err(io)?;
+        let Some(streamed) = end.map_err(io)? else { return Ok(None) };
+        let (id, head) = match session {
+            Some(x) => x,
+            None => (log.create_session_deferred(name)?, 0),
+        };
+        let s = Session { store: self.clone(), id, name: name.to_string() };
+        let completed = SourceEvent::ImportCompleted { path: a.canonical.clone(), bytes: a.len, hash };
+        s.write_unfolded(head, vec![Event::Source(completed)], durable && !self.inner.defer_durability)?;
+        Ok(Some(ImportOutcome {
+            action: ImportAction::Imported,
+            name: name.to_string(),
+            format: streamed.format,
+            events: written + 1,
+            bytes: a.len,
+            diagnostics: streamed.diagnostics,
+        }))
+    }
+
+    /// A file read whole: the formats that are not JSON lines, and a session that exists already (an
+    /// import to finish, a file that grew, or one imported as it is).
+    fn import_whole(&self, path: &Path, name: &str) -> Result<Vec<ImportOutcome>> {
         let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
         let bytes = std::fs::read(path).map_err(io)?;
         let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
@@ -353,117 +564,6 @@ impl Store {
             out.push(self.import_one(&canonical, &hash, &bytes, imported, &name)?);
         }
         Ok(out)
-    }
-
-    /// A new session from a JSON-lines file (pi, Claude Code, Codex), read as a stream: one thread parses
-    /// while this one encodes and the log writer writes, and the file is never held whole, nor is the
-    /// session folded into a projection (the first render folds it from the log). The events are those
-    /// the whole-file path writes. `None` when the file is not one of these formats (nothing is written).
-    fn import_streaming(&self, path: &Path, name: &str, durable: bool) -> Result<Option<ImportOutcome>> {
-        let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
-        let open = || std::fs::File::open(path).map_err(io);
-        let len = std::fs::metadata(path).map_err(io)?.len();
-        let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
-        let shown = path.display().to_string();
-        let (hash_file, parse_file) = (open()?, open()?);
-        let (tx, rx) = crossbeam_channel::bounded::<Vec<SourceEvent>>(4);
-        let log = &self.inner.log;
-        std::thread::scope(|scope| {
-            // The import markers name the file's content before its first event, so the whole file is
-            // hashed first: a thread of its own does it while the parser starts.
-            let hasher = std::thread::Builder::new()
-                .name("condense-import-hash".into())
-                .spawn_scoped(scope, move || -> std::io::Result<String> {
-                    let mut hasher = blake3::Hasher::new();
-                    // Exactly the bytes the markers name, should the file grow meanwhile.
-                    hasher.update_reader(std::io::Read::take(hash_file, len))?;
-                    Ok(hasher.finalize().to_hex().to_string())
-                })
-                .map_err(io)?;
-            let parser = std::thread::Builder::new()
-                .name("condense-import".into())
-                .spawn_scoped(scope, move || {
-                    let read_bytes = std::rc::Rc::new(std::cell::Cell::new(0u64));
-                    let reader = Consumed { inner: std::io::BufReader::with_capacity(1 << 20, parse_file), consumed: read_bytes.clone() };
-                    let mut chunk = Vec::with_capacity(IMPORT_CHUNK);
-                    let mut handed = 0;
-                    let read = condense_formats::import_stream(&shown, reader, &mut |e| {
-                        chunk.push(e);
-                        if chunk.len() == IMPORT_CHUNK || read_bytes.get() - handed >= IMPORT_CHUNK_BYTES {
-                            handed = read_bytes.get();
-                            // A writer that stopped has its error already; what is parsed after is dropped.
-                            drop(tx.send(std::mem::replace(&mut chunk, Vec::with_capacity(IMPORT_CHUNK))));
-                        }
-                    });
-                    if !chunk.is_empty() {
-                        drop(tx.send(chunk));
-                    }
-                    read
-                })
-                .map_err(io)?;
-            let mut session: Option<(SessionId, Seq)> = None;
-            let mut written = 0u64;
-            // Writes what is parsed; the file's hash.
-            let wrote = || -> Result<String> {
-                let mut chunks = rx.iter();
-                // Until the hash is known, what is parsed waits here (at most `IMPORT_HELD` events).
-                let mut held = Vec::new();
-                let mut held_events = 0;
-                while !hasher.is_finished() && held_events < IMPORT_HELD {
-                    let Some(chunk) = chunks.next() else { break };
-                    held_events += chunk.len();
-                    held.push(chunk);
-                }
-                let hash = hasher.join().map_err(|_| io(std::io::Error::other("the hashing thread panicked")))?.map_err(io)?;
-                let mut in_flight: Option<crossbeam_channel::Receiver<condense_log::Result<Seq>>> = None;
-                for mut chunk in held.into_iter().chain(chunks) {
-                    let (id, head) = match &mut session {
-                        Some(x) => x,
-                        None => {
-                            chunk.insert(1.min(chunk.len()), SourceEvent::ImportStarted { path: canonical.clone(), bytes: len, hash: hash.clone() });
-                            session.insert((log.create_session_deferred(name)?, 0))
-                        }
-                    };
-                    let events: Vec<Event> = chunk.into_iter().map(Event::Source).collect();
-                    let n = events.len() as u64;
-                    // Packed into few values where the log packs: one key per event is most of sled's cost.
-                    let values = log.encode_packed(*id, *head + 1, &events);
-                    // This chunk is encoded while the writer writes the one before.
-                    let sent = log.append_encoded(*id, *head, values, false)?;
-                    *head += n;
-                    written += n;
-                    if let Some(before) = in_flight.replace(sent) {
-                        before.recv().map_err(|_| LogError::Closed)??;
-                    }
-                }
-                if let Some(before) = in_flight {
-                    before.recv().map_err(|_| LogError::Closed)??;
-                }
-                Ok(hash)
-            };
-            let wrote = wrote();
-            // A writer that failed left the loop above: dropping the receiver unblocks the parser, which
-            // reads on to the end of the file unheard.
-            drop(rx);
-            let read = parser.join().map_err(|_| EngineError::Format(condense_formats::FormatError::Unrecognized { path: path.to_path_buf(), reason: "the importer panicked".into() }))?;
-            let hash = wrote?;
-            let Some(streamed) = read.map_err(io)? else { return Ok(None) };
-            let (id, head) = match session {
-                Some(x) => x,
-                None => (log.create_session_deferred(name)?, 0),
-            };
-            let s = Session { store: self.clone(), id, name: name.to_string() };
-            let completed = SourceEvent::ImportCompleted { path: canonical.clone(), bytes: len, hash };
-            s.write_unfolded(head, vec![Event::Source(completed)], durable && !self.inner.defer_durability)?;
-            Ok(Some(ImportOutcome {
-                action: ImportAction::Imported,
-                name: name.to_string(),
-                format: streamed.format,
-                events: written + 1,
-                bytes: len,
-                diagnostics: streamed.diagnostics,
-            }))
-        })
     }
 
     /// Imports one session read from a file (see [`Store::import_file`]).
@@ -1339,6 +1439,19 @@ impl Session {
     pub fn stats(&self) -> Result<Stats> {
         Ok(Stats::of(&self.projection()?))
     }
+}
+
+/// A new session's file that an import reads ahead.
+struct Ahead {
+    path: PathBuf,
+    len: u64,
+    canonical: String,
+}
+
+/// What the import's parser hands over for a file read ahead: its events in chunks, then how the read ended.
+enum Parsed {
+    Chunk(Vec<SourceEvent>),
+    End(std::io::Result<Option<condense_formats::Streamed>>),
 }
 
 /// A reader that counts the bytes its user consumed (not those it buffered ahead).
