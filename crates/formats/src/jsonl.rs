@@ -157,6 +157,22 @@ impl<R: std::io::BufRead> Iterator for ReadLines<R> {
 
     fn next(&mut self) -> Option<Line> {
         while self.queue.is_empty() {
+            // A line whole in the reader's buffer is parsed where it lies; one that runs past it is copied out.
+            match self.reader.fill_buf() {
+                Ok(ahead) => {
+                    if let Some(end) = memchr::memchr(b'\n', ahead) {
+                        self.n += 1;
+                        take_line(&self.file, self.n, &ahead[..end], self.fast, &mut self.queue, &mut self.diagnostics);
+                        self.reader.consume(end + 1);
+                        continue;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.error = Some(e);
+                    return None;
+                }
+            }
             self.buf.clear();
             match self.reader.read_until(b'\n', &mut self.buf) {
                 Ok(0) => return None,
