@@ -1226,10 +1226,10 @@ impl Session {
         let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
         let log = &self.store.inner.log;
         let Live { proj: p, stages } = &mut *proj;
-        // A spilled output is durable before the decision naming it is: at once, or (a store that defers
-        // durability) with the flush that makes that decision durable.
-        let deferred = self.store.inner.defer_durability;
-        let put = |bytes: &[u8]| if deferred { log.put_blob_deferred(bytes) } else { log.put_blob(bytes) };
+        // A spilled output is durable before the decision naming it is: with the flush that makes that
+        // decision durable (the log syncs a blob file first; a small blob is in the database itself, written
+        // before the decision, so that one flush covers both), never with a wait of its own.
+        let put = |bytes: &[u8]| log.put_blob_deferred(bytes);
         let planned = stages.plan(p, summarizer.as_ref(), trigger, &mut |bytes| put(bytes).map(|h| h.0).map_err(|e| e.to_string()));
         // Requests answered so far: the assistant messages on the branch, as the stages counted them.
         let requests = u64::from(stages.turns());

@@ -1,7 +1,10 @@
-//! Content-addressed blob files beside the database: `blobs/<2 hex>/<64 hex>`, written to a temp file,
-//! synced, then renamed into place so a reader never sees half a blob. A blob put for a host that defers
-//! durability is synced later instead, by the log writer before its next flush: it is durable before any
-//! event naming it is.
+//! Content-addressed blobs. One of at most [`INLINE_BLOB_BYTES`] is kept in the database's `blobs` tree,
+//! in values of at most [`BLOB_CHUNK_BYTES`] keyed by its hash and their index (written in one batch),
+//! durable with the database's next flush. A larger one is a file beside the
+//! database, `blobs/<2 hex>/<64 hex>`, written to a temp file, synced, then renamed into place so a reader
+//! never sees half a blob. A blob put without a sync (a spilled output, whose decision is appended next) is
+//! made durable later instead, by the log writer before or with its next flush: it is durable before any
+//! event naming it is, since sled makes its log durable in order.
 
 use crate::{LogError, Result};
 use std::io::Write;
@@ -31,19 +34,61 @@ impl std::fmt::Display for BlobHash {
     }
 }
 
+/// Blobs of at most this many bytes live in the database (the `blobs` tree) instead of a file of their
+/// own: the flush that makes a spill's decision durable makes its blob durable too, where a file needs an
+/// fsync of its own first (a second journal commit, 2–5 ms, on the request that spills).
+pub const INLINE_BLOB_BYTES: usize = 1 << 20;
+/// A blob in the database is stored in values of at most this many bytes: sled keeps a leaf's values in
+/// the leaf and rewrites it whole, and writes a leaf over a quarter segment to a file of its own.
+pub const BLOB_CHUNK_BYTES: usize = 8 * 1024;
+
+/// The key of chunk `i` of blob `hash` in the `blobs` tree: the hash's 64 hex digits, then `i` big-endian.
+fn chunk_key(hash: &BlobHash, i: u32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(68);
+    k.extend_from_slice(hash.0.as_bytes());
+    k.extend_from_slice(&i.to_be_bytes());
+    k
+}
+
 #[derive(Clone)]
 pub(crate) struct BlobStore {
     dir: PathBuf,
+    /// The database's `blobs` tree, and the database's path for errors.
+    tree: sled::Tree,
+    db_path: PathBuf,
     /// Blobs written without a sync, for [`sync_pending`] before the next flush of the log.
     pending: Pending,
 }
 
-/// Blob files in place but not synced yet.
-pub(crate) type Pending = std::sync::Arc<std::sync::Mutex<Vec<PathBuf>>>;
+/// Blobs in place but not durable yet: files not synced, and whether the `blobs` tree holds any that
+/// the database has not flushed.
+#[derive(Default)]
+pub(crate) struct PendingBlobs {
+    files: Vec<PathBuf>,
+    pub(crate) in_db: bool,
+}
 
-/// Syncs the blobs written without a sync so far; the log writer calls it before every flush.
+impl PendingBlobs {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.files.is_empty() && !self.in_db
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.files.len() + usize::from(self.in_db)
+    }
+}
+
+pub(crate) type Pending = std::sync::Arc<std::sync::Mutex<PendingBlobs>>;
+
+/// Syncs the blob files written without a sync so far; the log writer calls it before every flush, which
+/// makes the blobs in the database durable.
 pub(crate) fn sync_pending(pending: &Pending) -> std::io::Result<()> {
-    let paths = std::mem::take(&mut *pending.lock().expect("pending blobs lock"));
+    let paths = {
+        let mut p = pending.lock().expect("pending blobs lock");
+        p.in_db = false;
+        std::mem::take(&mut p.files)
+    };
     for p in &paths {
         std::fs::File::open(p)?.sync_all()?;
     }
@@ -55,8 +100,12 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LogError + '_ {
 }
 
 impl BlobStore {
-    pub(crate) fn new(dir: PathBuf, pending: Pending) -> BlobStore {
-        BlobStore { dir, pending }
+    pub(crate) fn new(dir: PathBuf, tree: sled::Tree, db_path: PathBuf, pending: Pending) -> BlobStore {
+        BlobStore { dir, tree, db_path, pending }
+    }
+
+    fn sled(&self) -> impl FnOnce(sled::Error) -> LogError + '_ {
+        crate::sled_store::sled_err(&self.db_path)
     }
 
     fn path_of(&self, hash: &BlobHash) -> PathBuf {
@@ -67,9 +116,34 @@ impl BlobStore {
     pub(crate) fn put(&self, bytes: &[u8], sync: bool) -> Result<BlobHash> {
         let hash = BlobHash::of(bytes);
         let path = self.path_of(&hash);
+        if bytes.len() <= INLINE_BLOB_BYTES && !path.exists() {
+            let present = self.tree.contains_key(chunk_key(&hash, 0)).map_err(self.sled())?;
+            if !present {
+                // One batch: after a crash the blob is there whole or not at all.
+                let mut batch = sled::Batch::default();
+                for (i, chunk) in bytes.chunks(BLOB_CHUNK_BYTES).enumerate() {
+                    batch.insert(chunk_key(&hash, i as u32), chunk);
+                }
+                if bytes.is_empty() {
+                    batch.insert(chunk_key(&hash, 0), &[][..]);
+                }
+                crate::quietly(|| self.tree.apply_batch(batch))
+                    .unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))))
+                    .map_err(self.sled())?;
+            }
+            if sync {
+                // Put earlier without a sync (or just now): a caller that needs it durable flushes.
+                if !present || self.pending.lock().expect("pending blobs lock").in_db {
+                    self.tree.flush().map_err(self.sled())?;
+                }
+            } else if !present {
+                self.pending.lock().expect("pending blobs lock").in_db = true;
+            }
+            return Ok(hash);
+        }
         if path.exists() {
             // Put earlier without a sync: a caller that needs it durable now syncs it now.
-            if sync && self.pending.lock().expect("pending blobs lock").contains(&path) {
+            if sync && self.pending.lock().expect("pending blobs lock").files.contains(&path) {
                 std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io(&path))?;
             }
             return Ok(hash);
@@ -85,14 +159,23 @@ impl BlobStore {
         drop(f);
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
         if !sync {
-            self.pending.lock().expect("pending blobs lock").push(path);
+            self.pending.lock().expect("pending blobs lock").files.push(path);
         }
         Ok(hash)
     }
 
     pub(crate) fn get(&self, hash: &BlobHash) -> Result<Vec<u8>> {
         let path = self.path_of(hash);
-        let bytes = match std::fs::read(&path) {
+        let mut inline: Option<Vec<u8>> = None;
+        for (i, item) in self.tree.scan_prefix(hash.0.as_bytes()).enumerate() {
+            let (key, chunk) = item.map_err(self.sled())?;
+            if key[..] != chunk_key(hash, i as u32)[..] {
+                // A chunk missing between others: what is there cannot match the hash.
+                return Err(LogError::BlobCorrupt { hash: hash.0.clone(), actual: format!("chunk {i} missing") });
+            }
+            inline.get_or_insert_with(Vec::new).extend_from_slice(&chunk);
+        }
+        let bytes = match inline.ok_or(()).or_else(|()| std::fs::read(&path)) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(LogError::BlobMissing(hash.0.clone())),
             Err(source) => return Err(LogError::Io { path, source }),
@@ -105,6 +188,21 @@ impl BlobStore {
     }
 
     pub(crate) fn list(&self) -> Result<Vec<BlobHash>> {
+        let mut out = Vec::new();
+        for key in self.tree.iter().keys() {
+            let key = key.map_err(self.sled())?;
+            // Each blob once, by its first chunk; `get` of what is listed checks the rest.
+            if key.len() == 68 && key[64..] == [0, 0, 0, 0][..] && let Some(h) = std::str::from_utf8(&key[..64]).ok().and_then(BlobHash::parse) {
+                out.push(h);
+            }
+        }
+        out.extend(self.files()?);
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    fn files(&self) -> Result<Vec<BlobHash>> {
         let mut out = Vec::new();
         let Ok(dirs) = std::fs::read_dir(&self.dir) else { return Ok(out) };
         for d in dirs {
@@ -120,7 +218,6 @@ impl BlobStore {
                 }
             }
         }
-        out.sort();
         Ok(out)
     }
 }

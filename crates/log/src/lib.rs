@@ -24,7 +24,7 @@ use crossbeam_channel::Receiver;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use blob::BlobHash;
+pub use blob::{BlobHash, BLOB_CHUNK_BYTES, INLINE_BLOB_BYTES};
 pub use codec::{decode_envelope, encode_envelope, encode_event, encode_event_compressed, encode_packed, events_in, FORMAT_LZ4, FORMAT_PACKED, FORMAT_VERSION, MAX_VALUE_BYTES, PACK_BYTES};
 pub use export::ExportSummary;
 

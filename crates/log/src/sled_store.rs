@@ -84,6 +84,7 @@ impl SledStore {
         };
         let events = db.open_tree("events").map_err(sled_err(&path))?;
         let sessions = db.open_tree("sessions").map_err(sled_err(&path))?;
+        let blob_tree = db.open_tree("blobs").map_err(sled_err(&path))?;
         let heads = quietly(|| -> Result<BTreeMap<SessionId, Seq>> {
             let mut heads = BTreeMap::new();
             for item in sessions.iter() {
@@ -129,7 +130,7 @@ impl SledStore {
             pending_blobs: blob::Pending::default(),
         });
         let writer = writer::WriterHandle::spawn(shared.clone());
-        let blobs = blob::BlobStore::new(dir.join("blobs"), shared.pending_blobs.clone());
+        let blobs = blob::BlobStore::new(dir.join("blobs"), blob_tree, shared.path.clone(), shared.pending_blobs.clone());
         Ok(SledStore { shared, writer, blobs })
     }
 }
@@ -283,29 +284,35 @@ fn remove_partial_snapshots(db: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// For a blob kept in the database and for one kept as a file alike.
     #[test]
     fn a_deferred_blob_reads_at_once_and_is_synced_by_the_next_sync() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
-        let pending = || store.shared.pending_blobs.lock().unwrap().len();
-        let h_twice = || crate::BlobHash::of(b"twice");
-        let h = store.put_blob_deferred(b"a spilled output").unwrap();
-        assert_eq!(store.get_blob(&h).unwrap(), b"a spilled output");
-        assert_eq!(pending(), 1);
-        // A sync with nothing else to write still syncs it.
-        store.sync().unwrap();
-        assert_eq!(pending(), 0);
-        // As does a durable append; a durable put syncs itself.
-        store.put_blob_deferred(b"another").unwrap();
-        let id = store.create_session("s", None).unwrap();
-        assert_eq!(pending(), 0);
-        store.put_blob(b"synced now").unwrap();
-        assert_eq!(pending(), 0);
-        // The same bytes put again durably: found in place (and synced, had they been pending).
-        store.put_blob_deferred(b"twice").unwrap();
-        assert_eq!(store.put_blob(b"twice").unwrap(), h_twice());
-        assert_eq!(pending(), 1, "a durable put of a pending blob syncs it and leaves the list to the flush");
-        assert_eq!(id, 1);
+        for large in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+            let pending = || store.shared.pending_blobs.lock().unwrap().len();
+            let bytes = |text: &[u8]| if large { text.repeat(blob::INLINE_BLOB_BYTES / text.len() + 1) } else { text.to_vec() };
+            let as_file = |h: &BlobHash| dir.path().join("blobs").join(&h.0[..2]).join(&h.0).exists();
+            let h = store.put_blob_deferred(&bytes(b"a spilled output")).unwrap();
+            assert_eq!(store.get_blob(&h).unwrap(), bytes(b"a spilled output"));
+            assert_eq!(as_file(&h), large, "only a blob over {} bytes is a file", blob::INLINE_BLOB_BYTES);
+            assert_eq!(pending(), 1);
+            // A sync with nothing else to write still syncs it.
+            store.sync().unwrap();
+            assert_eq!(pending(), 0);
+            // As does a durable append; a durable put syncs itself.
+            store.put_blob_deferred(&bytes(b"another")).unwrap();
+            let id = store.create_session("s", None).unwrap();
+            assert_eq!(pending(), 0);
+            store.put_blob(&bytes(b"synced now")).unwrap();
+            assert_eq!(pending(), 0);
+            // The same bytes put again durably: found in place (and synced, had they been pending).
+            store.put_blob_deferred(&bytes(b"twice")).unwrap();
+            assert_eq!(store.put_blob(&bytes(b"twice")).unwrap(), BlobHash::of(&bytes(b"twice")));
+            assert_eq!(pending(), 1, "a durable put of a pending blob syncs it and leaves the list to the flush");
+            assert_eq!(id, 1);
+            assert_eq!(store.blob_hashes().unwrap().len(), 4);
+        }
     }
 
     #[test]

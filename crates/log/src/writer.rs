@@ -117,11 +117,15 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
     }
 }
 
-/// Makes everything written so far durable: blobs written without a sync first, so each is durable before
-/// any event naming it, then sled.
+/// Makes everything written so far durable: blob files written without a sync first, so each is durable
+/// before any event naming it, then sled (with the blobs it holds, written before those events).
 fn flush(shared: &Shared) -> sled::Result<()> {
     crate::blob::sync_pending(&shared.pending_blobs)?;
-    shared.db.flush()?;
+    if let Err(e) = shared.db.flush() {
+        // The blobs in the database are not known to be durable: the next flush must not be skipped.
+        shared.pending_blobs.lock().expect("pending blobs lock").in_db = true;
+        return Err(e);
+    }
     Ok(())
 }
 

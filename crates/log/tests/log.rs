@@ -150,18 +150,75 @@ fn subscribers_hear(log: Log) {
     assert_eq!((n.session, n.first, n.last), (s, 1, 2));
 }
 
+/// A blob larger than `INLINE_BLOB_BYTES` is a file beside the database.
+fn large_blob(text: &[u8]) -> Vec<u8> {
+    text.repeat(condense_log::INLINE_BLOB_BYTES / text.len() + 1)
+}
+
 #[test]
 fn blobs_are_content_addressed_and_checked() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path()).unwrap();
-    let h = log.put_blob(b"hello").unwrap();
-    assert_eq!(log.put_blob(b"hello").unwrap(), h);
-    assert_eq!(log.get_blob(&h).unwrap(), b"hello");
+    let hello = large_blob(b"hello");
+    let h = log.put_blob(&hello).unwrap();
+    assert_eq!(log.put_blob(&hello).unwrap(), h);
+    assert_eq!(log.get_blob(&h).unwrap(), hello);
     let file = dir.path().join("blobs").join(&h.0[..2]).join(&h.0);
     std::fs::write(&file, b"tampered").unwrap();
     assert!(matches!(log.get_blob(&h), Err(LogError::BlobCorrupt { .. })));
     assert!(matches!(log.verify(), Err(LogError::BlobCorrupt { .. })));
     assert!(condense_log::BlobHash::parse("../../etc/passwd").is_none());
+}
+
+/// A small blob is a value in the database's `blobs` tree, not a file: read back, listed, checked
+/// against its hash like a file, and found after a reopen; a blob file an older condense wrote for small
+/// bytes is still read.
+#[test]
+fn a_small_blob_lives_in_the_database_and_is_checked_like_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::open(dir.path()).unwrap();
+    let h = log.put_blob(b"a short spilled output").unwrap();
+    let deferred = log.put_blob_deferred(b"another").unwrap();
+    // Several chunks, the last one short.
+    let long: Vec<u8> = (0..condense_log::BLOB_CHUNK_BYTES * 3 + 5).map(|i| (i % 251) as u8).collect();
+    let chunked = log.put_blob_deferred(&long).unwrap();
+    assert_eq!(log.get_blob(&chunked).unwrap(), long);
+    assert!(!dir.path().join("blobs").join(&h.0[..2]).join(&h.0).exists());
+    assert_eq!(log.get_blob(&h).unwrap(), b"a short spilled output");
+    log.sync().unwrap();
+    drop(log);
+    let log = Log::open(dir.path()).unwrap();
+    assert_eq!(log.get_blob(&deferred).unwrap(), b"another");
+    // A small blob written as a file (as every blob was before).
+    let old = condense_log::BlobHash::of(b"an old small blob");
+    let file = dir.path().join("blobs").join(&old.0[..2]).join(&old.0);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, b"an old small blob").unwrap();
+    assert_eq!(log.get_blob(&old).unwrap(), b"an old small blob");
+    assert_eq!(log.put_blob(b"an old small blob").unwrap(), old, "found where it is, not written again");
+    let mut all = vec![h.clone(), deferred.clone(), chunked.clone(), old];
+    all.sort();
+    assert_eq!(log.blob_hashes().unwrap(), all);
+    assert_eq!(log.verify().unwrap().blobs, 4);
+    assert_eq!(log.get_blob(&chunked).unwrap(), long, "read back whole after a reopen");
+    drop(log);
+    // Tampered with in the database itself.
+    {
+        let db = sled::Config::new().path(dir.path().join("db")).segment_size(1 << 20).open().unwrap();
+        let mut key = h.0.as_bytes().to_vec();
+        key.extend_from_slice(&0u32.to_be_bytes());
+        let tree = db.open_tree("blobs").unwrap();
+        tree.insert(key, &b"tampered"[..]).unwrap();
+        // A chunk lost from the middle of a blob.
+        let mut middle = chunked.0.as_bytes().to_vec();
+        middle.extend_from_slice(&1u32.to_be_bytes());
+        assert!(tree.remove(middle).unwrap().is_some());
+        db.flush().unwrap();
+    }
+    let log = Log::open(dir.path()).unwrap();
+    assert!(matches!(log.get_blob(&h), Err(LogError::BlobCorrupt { .. })));
+    assert!(matches!(log.get_blob(&chunked), Err(LogError::BlobCorrupt { .. })));
+    assert!(matches!(log.verify(), Err(LogError::BlobCorrupt { .. })));
 }
 
 fn filled_log(dir: &std::path::Path) -> Log {
@@ -516,9 +573,10 @@ fn encode_event_matches_encode_envelope() {
 fn a_deleted_spill_blob_fails_verify_and_export() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::open(dir.path()).unwrap();
-    let h = log.put_blob(b"the spilled output").unwrap();
+    let output = large_blob(b"the spilled output");
+    let h = log.put_blob(&output).unwrap();
     let s = log.create_session("s").unwrap();
-    let spilled = condense_events::Event::Decision(condense_events::DecisionEvent::OutputSpilled { ref_n: 1, blob: h.0.clone(), bytes: 18, preview: "the".into() });
+    let spilled = condense_events::Event::Decision(condense_events::DecisionEvent::OutputSpilled { ref_n: 1, blob: h.0.clone(), bytes: output.len() as u64, preview: "the".into() });
     log.append(s, 0, vec![spilled]).unwrap();
     assert_eq!(log.verify().unwrap().blobs, 1);
     std::fs::remove_file(dir.path().join("blobs").join(&h.0[..2]).join(&h.0)).unwrap();
