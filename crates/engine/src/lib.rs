@@ -339,11 +339,11 @@ impl Store {
     }
 
     /// [`Store::import_file_all_deferred`] for several files at once, each with the name of its session:
-    /// `done` is given each file's index and result as it is imported, in order. New sessions of a line format are read ahead: a file is hashed and
-    /// parsed while the one before it is written, so a folder of small files keeps both cores busy (one
-    /// file at a time, a file of a megabyte is read before its first write and written after its last
-    /// read). Files are imported in the order given, and a file whose session exists, or whose name an
-    /// earlier file took, waits for the files before it.
+    /// `done` is given each file's index and result as it is imported, in order. New sessions of a line
+    /// format are read ahead: a file is hashed and parsed while the one before it is written, so a folder
+    /// of small files keeps both cores busy (one file at a time, a file of a megabyte is read before its
+    /// first write and written after its last read). Files are imported in the order given, and a file
+    /// whose session exists, or whose name an earlier file took, waits for the files before it.
     pub fn import_files_deferred(&self, files: &[(PathBuf, String)], done: &mut dyn FnMut(usize, Result<Vec<ImportOutcome>>)) {
         let files: Vec<(&Path, &str)> = files.iter().map(|(p, n)| (p.as_path(), n.as_str())).collect();
         self.import_files_with(&files, false, done)
