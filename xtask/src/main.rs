@@ -526,8 +526,8 @@ fn pruning(md: &mut String, scratch: &Path, with_100k: bool) -> Result<()> {
             ms(first), ms(median(pipe.clone())), ms(percentile(pipe, 0.99)), ms(median(rend.clone())), ms(percentile(rend.clone(), 0.99)),
             ms(median(ctl.clone())), ms(percentile(ctl, 0.99)), ms(median(prepare.clone())), ms(percentile(prepare, 0.99)), rend.len())?;
         // The same on a store that defers durability, as `condense serve` opens it (the client resends
-        // what a crash would lose): `prepare` without waiting for the log's fsync (a spill still syncs
-        // its blob file).
+        // what a crash would lose): `prepare` without waiting for the log's fsync, a spill's blob
+        // included.
         let served = Store::open_with(dir.join("served"), condense_engine::StoreOptions { defer_durability: true, ..Default::default() })?;
         let (_, pipe, _, _, prepare) = live_tail(&served, &file)?;
         writeln!(md, "\nThe same on a store opened as `condense serve` opens it (`defer_durability`: appends return once written, before they are durable; the client resends what a crash would lose): `prepare` p50 {:.1} ms, p99 {:.1} ms; pipeline p99 {:.1} ms.",

@@ -811,7 +811,7 @@ fn import(store: &Store, paths: &[PathBuf], json_out: bool) -> Result<ExitCode> 
     let (mut imported, mut skipped, mut diags) = (0u64, 0u64, 0u64);
     // The files are read ahead, one while the one before is written; what each gave is reported as it is
     // imported. Every new session is made durable at once after the last file (one flush, not one per file).
-    let named: Vec<(PathBuf, String)> = files.iter().map(|(f, _)| (f.clone(), name_of(f))).collect();
+    let to_import: Vec<(PathBuf, String)> = files.iter().map(|(f, _)| (f.clone(), name_of(f))).collect();
     let mut report = |i: usize, result: Result<Vec<condense_engine::ImportOutcome>, condense_engine::EngineError>| -> Result<()> {
         let (file, named) = (&files[i].0, files[i].1);
         if progress {
@@ -872,7 +872,7 @@ fn import(store: &Store, paths: &[PathBuf], json_out: bool) -> Result<ExitCode> 
     };
     // Output that cannot be written (a closed pipe) ends the command once the import is done and durable.
     let mut unwritten = None;
-    store.import_files_deferred(&named, &mut |i, result| {
+    store.import_files_deferred(&to_import, &mut |i, result| {
         if unwritten.is_none() {
             unwritten = report(i, result).err();
         }

@@ -127,9 +127,7 @@ impl BlobStore {
                 if bytes.is_empty() {
                     batch.insert(chunk_key(&hash, 0), &[][..]);
                 }
-                crate::quietly(|| self.tree.apply_batch(batch))
-                    .unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))))
-                    .map_err(self.sled())?;
+                crate::sled_quietly(|| self.tree.apply_batch(batch)).map_err(self.sled())?;
             }
             if sync {
                 // Put earlier without a sync (or just now): a caller that needs it durable flushes.
@@ -175,7 +173,11 @@ impl BlobStore {
             }
             inline.get_or_insert_with(Vec::new).extend_from_slice(&chunk);
         }
-        let bytes = match inline.ok_or(()).or_else(|()| std::fs::read(&path)) {
+        let read = match inline {
+            Some(joined) => Ok(joined),
+            None => std::fs::read(&path),
+        };
+        let bytes = match read {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(LogError::BlobMissing(hash.0.clone())),
             Err(source) => return Err(LogError::Io { path, source }),
@@ -192,7 +194,7 @@ impl BlobStore {
         for key in self.tree.iter().keys() {
             let key = key.map_err(self.sled())?;
             // Each blob once, by its first chunk; `get` of what is listed checks the rest.
-            if key.len() == 68 && key[64..] == [0, 0, 0, 0][..] && let Some(h) = std::str::from_utf8(&key[..64]).ok().and_then(BlobHash::parse) {
+            if let Some(hex) = key.strip_suffix(&0u32.to_be_bytes()[..]) && let Some(h) = std::str::from_utf8(hex).ok().and_then(BlobHash::parse) {
                 out.push(h);
             }
         }

@@ -593,6 +593,11 @@ pub(crate) fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String
     })
 }
 
+/// A sled write run under [`quietly`]: a panic inside sled is its `ReportableBug` error.
+pub(crate) fn sled_quietly<T>(f: impl FnOnce() -> sled::Result<T>) -> sled::Result<T> {
+    quietly(f).unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))))
+}
+
 /// The blob an event refers to (a spilled output), if any.
 pub(crate) fn blob_of(e: &Event) -> Option<&str> {
     match e {

@@ -232,7 +232,7 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
     }
     // Nothing written and nothing pending: a sync or an empty durable append costs no flush.
     let flush = flush && (wrote || !unflushed.is_empty() || !shared.pending_blobs.lock().expect("pending blobs lock").is_empty());
-    let durable = crate::quietly(|| {
+    let durable = crate::sled_quietly(|| {
         if wrote {
             shared.events.apply_batch(batch)?;
         }
@@ -240,8 +240,7 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
             self::flush(shared)?;
         }
         Ok::<(), sled::Error>(())
-    })
-    .unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))));
+    });
     if let Err(e) = durable {
         // Nothing of this group is acknowledged; the in-memory heads stay as they were.
         let msg = format!("group commit failed: {e}");
