@@ -287,7 +287,7 @@ fn import_bench(md: &mut String, scratch: &Path) -> Result<()> {
     let file = generated_file(scratch, 100_000)?;
     let t_write = timed_writes(&scratch.join("write-100000"), std::slice::from_ref(&file))?;
     let bytes = std::fs::read(&file)?;
-    let (t_bare, t_import, ratio) = paired_import(3, &scratch.join("import-100000"), std::slice::from_ref(&file), std::slice::from_ref(&bytes))?;
+    let (t_bare, t_import, ratio) = paired_import(3, &scratch.join("import-100000"), std::slice::from_ref(&file), &[bytes.as_slice()])?;
     println!("100k: bare parse {:.0} ms, store write alone {:.0} ms, import into store {:.0} ms (medians of 3 paired rounds), ratio {ratio:.2} (median of the rounds' ratios)", ms(t_bare), ms(t_write), ms(t_import));
     Ok(())
 }
@@ -314,11 +314,11 @@ fn best_of_on_fresh_store<T>(runs: usize, dir: &Path, mut input: impl FnMut() ->
     Ok(best)
 }
 
-/// The best of `runs` imports of `files` into a fresh store at `dir` as `condense import` does them, from
-/// the first import to the return of the sync after the last one (everything durable).
-fn timed_imports(runs: usize, dir: &Path, files: &[PathBuf]) -> Result<Duration> {
+/// One import of `files` into a fresh store at `dir` as `condense import` does it, from the first file's
+/// import to the return of the sync after the last one (everything durable).
+fn timed_import(dir: &Path, files: &[PathBuf]) -> Result<Duration> {
     let named: Vec<(PathBuf, String)> = files.iter().enumerate().map(|(i, f)| (f.clone(), format!("s{i}"))).collect();
-    best_of_on_fresh_store(runs, dir, || (), |store, ()| {
+    best_of_on_fresh_store(1, dir, || (), |store, ()| {
         let mut failed = None;
         store.import_files_deferred(&named, &mut |_, r| {
             if let Err(e) = r {
@@ -337,11 +337,11 @@ fn timed_imports(runs: usize, dir: &Path, files: &[PathBuf]) -> Result<Duration>
 /// between runs minutes apart (the corpus pi sessions' bare parse measured 184 to 292 MB/s in one
 /// afternoon), so the ratio is taken within each round, and its median reported: the medians of the
 /// bare parse and of the import, and the median of the rounds' ratios (bare time over import time).
-fn paired_import(rounds: usize, dir: &Path, files: &[PathBuf], data: &[Vec<u8>]) -> Result<(Duration, Duration, f64)> {
+fn paired_import(rounds: usize, dir: &Path, files: &[PathBuf], data: &[&[u8]]) -> Result<(Duration, Duration, f64)> {
     let (mut bare, mut import, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let (b, _) = best_of(3, || data.iter().map(|d| bare_parse(d)).sum::<usize>());
-        let i = timed_imports(1, dir, files)?;
+        let i = timed_import(dir, files)?;
         ratios.push(b.as_secs_f64() / i.as_secs_f64());
         bare.push(b);
         import.push(i);
@@ -390,7 +390,7 @@ fn corpus_import(md: &mut String, scratch: &Path) -> Result<()> {
             data.iter().map(|(f, d)| condense_formats::import_bytes(&f.display().to_string(), d).map_or(0, |i| i.events.len())).sum::<usize>()
         });
         let t_write = timed_writes(&scratch.join(format!("write-{fmt}")), &files)?;
-        let bytes: Vec<Vec<u8>> = data.iter().map(|(_, d)| d.clone()).collect();
+        let bytes: Vec<&[u8]> = data.iter().map(|(_, d)| d.as_slice()).collect();
         let (t_bare, t_store, ratio) = paired_import(7, &scratch.join(format!("import-{fmt}")), &files, &bytes)?;
         let tp = |t: Duration| mb / t.as_secs_f64();
         writeln!(md, "| {fmt} | {} | {mb:.1} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {ratio:.2} |", files.len(), tp(t_bare), tp(t_events),
