@@ -11,11 +11,10 @@ pub const IMAGE_CHARS: usize = 4800;
 
 /// Length in UTF-16 code units, which is what pi (JavaScript `String.length`) counts.
 pub fn js_len(s: &str) -> usize {
-    // ASCII is the common case and one unit per byte.
-    if s.is_ascii() {
-        return s.len();
-    }
-    s.chars().map(char::len_utf16).sum()
+    // Counted from the bytes, without decoding: every character has one leading byte (a byte that is
+    // not 0b10xxxxxx), and a character of four bytes (leading byte 0b11110xxx) is two UTF-16 units. The
+    // loop has no branch, so it runs as fast on text that is not ASCII as on text that is.
+    s.bytes().map(|b| usize::from((b as i8) >= -0x40) + usize::from(b >= 0xF0)).sum()
 }
 
 /// Characters of one message as pi's estimator counts them: text and thinking, tool names and the JSON
@@ -113,6 +112,13 @@ impl Exact {
 mod tests {
     use super::*;
     use condense_events::UserOrigin;
+
+    #[test]
+    fn js_len_counts_utf16_units() {
+        for s in ["", "abc", "é", "naïve café", "→ ✓", "𝄞", "a😀b", "日本語のテキスト", "mixed é 😀 ok\n"] {
+            assert_eq!(js_len(s), s.encode_utf16().count(), "{s:?}");
+        }
+    }
 
     #[test]
     fn estimate_follows_pi_rules() {
