@@ -282,34 +282,29 @@ struct Meter {
     prev: Vec<Arc<Message>>,
     /// `sums[i]`: tokens of `prev[..i]`.
     sums: Vec<u64>,
-    /// Whether retention is searched in these requests (the raw meter's never are).
-    searched: bool,
-    /// Text of `prev` as `retention` searches it, and where each message's text starts.
-    hay: String,
-    hay_at: Vec<usize>,
-    /// Requests metered so far.
-    requests: u64,
-    /// The hay kept from one request to the next, as suffix minima: `(request, kept)` with both
-    /// increasing, so the hay prefix unchanged since request `r` is the `kept` of the first entry after `r`.
-    kept: Vec<(u64, usize)>,
-    /// Each fact searched: the request it was searched at, and where it was first found (`Ok`) or the hay
-    /// length it was absent from (`Err`). A later search starts where the unchanged prefix ends.
-    searches: HashMap<String, (u64, std::result::Result<usize, usize>)>,
-    // Keyed by the message's address; the map keeps every message it saw alive, so an address is never
-    // reused for another message while it is a key.
-    tokens: HashMap<usize, (Arc<Message>, u64)>,
     /// Messages the last request shared with the one before it.
     same: usize,
     /// The violations of the last request's context (see [`Meter::violations`]).
     violations: Vec<condense_render::Violation>,
 }
 
-impl Meter {
-    fn tokens(&mut self, m: &Arc<Message>) -> u64 {
-        let key = Arc::as_ptr(m) as usize;
-        self.tokens.entry(key).or_insert_with(|| (m.clone(), estimate(m))).1
-    }
+/// The contexts of the rendered requests as `retention` searches them, kept from one request to the next.
+#[derive(Default)]
+struct Hay {
+    /// The last context's text, and where each of its messages' text starts.
+    text: String,
+    at: Vec<usize>,
+    /// Requests taken in so far.
+    requests: u64,
+    /// The text kept from one request to the next, as suffix minima: `(request, kept)` with both
+    /// increasing, so the text prefix unchanged since request `r` is the `kept` of the first entry after `r`.
+    kept: Vec<(u64, usize)>,
+    /// Each fact searched: the request it was searched at, and where it was first found (`Ok`) or the text
+    /// length it was absent from (`Err`). A later search starts where the unchanged prefix ends.
+    searches: HashMap<String, (u64, std::result::Result<usize, usize>)>,
+}
 
+impl Meter {
     /// Total tokens, cached-prefix tokens, and whether the cache broke. Only what follows the prefix this
     /// request shares with the last one is counted (and kept) anew.
     fn request(&mut self, msgs: &[Arc<Message>]) -> (u64, u64, bool) {
@@ -344,23 +339,10 @@ impl Meter {
         if self.sums.is_empty() {
             self.sums.push(0);
         }
-        let keep = self.hay_at.get(same).copied().unwrap_or(self.hay.len());
-        self.hay.truncate(keep);
-        self.hay_at.truncate(same);
-        self.requests += 1;
-        while self.kept.last().is_some_and(|&(_, k)| k >= keep) {
-            self.kept.pop();
-        }
-        self.kept.push((self.requests, keep));
         for m in &msgs[same..] {
-            let t = self.tokens(m);
             let last = *self.sums.last().expect("sums start at 0");
-            self.sums.push(last + t);
+            self.sums.push(last + estimate(m));
             self.prev.push(m.clone());
-            if self.searched {
-                self.hay_at.push(self.hay.len());
-                self.hay.push_str(&crate::retention::shown_text(m));
-            }
         }
         (*self.sums.last().expect("sums start at 0"), cached, broke)
     }
@@ -372,20 +354,34 @@ impl Meter {
         condense_render::recheck(&mut self.violations, msgs, self.same);
         self.violations.len()
     }
+}
 
-    /// A meter whose requests retention is searched in.
-    fn searched() -> Self {
-        Meter { searched: true, ..Meter::default() }
+impl Hay {
+    /// Takes in a request's context, whose first `same` messages are the last request's (as
+    /// [`Meter::request`] found them).
+    fn request(&mut self, msgs: &[Arc<Message>], same: usize) {
+        let keep = self.at.get(same).copied().unwrap_or(self.text.len());
+        self.text.truncate(keep);
+        self.at.truncate(same);
+        self.requests += 1;
+        while self.kept.last().is_some_and(|&(_, k)| k >= keep) {
+            self.kept.pop();
+        }
+        self.kept.push((self.requests, keep));
+        for m in &msgs[same..] {
+            self.at.push(self.text.len());
+            self.text.push_str(&crate::retention::shown_text(m));
+        }
     }
 
     /// How many of `needed` the last request's context holds (see [`crate::retention::retained`]). A fact
-    /// searched before is looked for only past the hay prefix that has not changed since.
+    /// searched before is looked for only past the text prefix that has not changed since.
     fn retained(&mut self, needed: &[String]) -> u64 {
         let mut n = 0;
         for f in needed {
             let len = f.len();
             let searched = self.searches.get(f.as_str()).map(|&(at, result)| {
-                // The hay prefix unchanged since request `at`.
+                // The text prefix unchanged since request `at`.
                 let i = self.kept.partition_point(|&(r, _)| r <= at);
                 let same = self.kept.get(i).map_or(usize::MAX, |&(_, k)| k);
                 match result {
@@ -394,7 +390,7 @@ impl Meter {
                     Err(absent) => Err(absent.min(same)),
                 }
             });
-            let hay = self.hay.as_bytes();
+            let hay = self.text.as_bytes();
             let result = match searched {
                 Some(Ok(p)) => Ok(p),
                 Some(Err(absent)) => {
@@ -411,6 +407,38 @@ impl Meter {
         }
         n
     }
+}
+
+/// Work the retention thread may have queued before the replay waits for it (a request's context is a
+/// list of shared messages, so a full queue holds little).
+const RETENTION_QUEUE: usize = 256;
+
+/// What the retention thread is given, in the session's order.
+enum Retain {
+    /// A user message or tool output of the session (what [`crate::retention::Seen`] takes in).
+    Message(Arc<Message>),
+    /// A rendered request: its context, how many of its messages the request before it had (as
+    /// [`Meter::request`] found them), and the assistant message that answered it.
+    Request { context: Arc<Vec<Arc<Message>>>, same: usize, answer: Arc<Message> },
+}
+
+/// The retention thread: the needed facts of each request's answer and how many of them its context held,
+/// summed over the replay (`(needed, retained)`).
+fn retention(work: &crossbeam_channel::Receiver<Retain>) -> (u64, u64) {
+    let (mut seen, mut hay) = (crate::retention::Seen::default(), Hay::default());
+    let (mut needed, mut retained) = (0, 0);
+    for w in work {
+        match w {
+            Retain::Message(m) => seen.add(&m),
+            Retain::Request { context, same, answer } => {
+                hay.request(&context, same);
+                let facts = seen.needed(&answer);
+                needed += facts.len() as u64;
+                retained += hay.retained(&facts);
+            }
+        }
+    }
+    (needed, retained)
 }
 
 /// pi's native compaction, the host baseline of `simulate --window`: its reserve for the reply.
@@ -546,10 +574,17 @@ pub fn replay_with(
     let mut raw_meter = Meter::default();
     let mut host = Host::at_window(window);
     let mut checkpoints = 0;
-    let mut meter = Meter::searched();
+    let mut meter = Meter::default();
     let mut f = Figures::default();
     let mut switched = false;
-    let mut seen = crate::retention::Seen::default();
+    // Retention is measured on a thread of its own, given the session's messages and the rendered
+    // requests in order: its figures are the same as measured in line, and the replay does not wait on it.
+    let (to_retention, work) = crossbeam_channel::bounded(RETENTION_QUEUE);
+    let retention = std::thread::Builder::new()
+        .name("condense-retention".into())
+        .spawn(move || retention(&work))
+        .map_err(|e| crate::EngineError::Pipeline { name: name.to_string(), reason: format!("cannot start the retention thread: {e}") })?;
+    let gone = || crate::EngineError::Pipeline { name: name.to_string(), reason: "the retention thread stopped".into() };
     for (i, ev) in events.into_iter().enumerate() {
         let is_request = matches!(&ev, SourceEvent::EntryAppended { entry: Entry::Message(Message::Assistant { .. }), .. });
         if let Some(sw) = switch.filter(|sw| is_request && !switched && f.turns + 1 >= sw.at) {
@@ -582,9 +617,8 @@ pub fn replay_with(
             };
             let (total, cached, broke) = meter.request(&rendered.messages);
             if let SourceEvent::EntryAppended { entry: Entry::Message(answer), .. } = &ev {
-                let needed = seen.needed(answer);
-                f.facts_needed += needed.len() as u64;
-                f.facts_retained += meter.retained(&needed);
+                let request = Retain::Request { context: rendered.messages.clone(), same: meter.same, answer: Arc::new(answer.clone()) };
+                to_retention.send(request).map_err(|_| gone())?;
             }
             let violations = meter.violations(&rendered.messages[..]);
             debug_assert_eq!(violations, check(&rendered.messages[..]).len());
@@ -624,9 +658,6 @@ pub fn replay_with(
             });
             checkpoints = committed;
         }
-        if let SourceEvent::EntryAppended { entry: Entry::Message(m), .. } = &ev {
-            seen.add(m);
-        }
         // A message goes into the raw projection as the session's projection holds it: one copy for both.
         let shared = match &ev {
             SourceEvent::EntryAppended { id, parent, entry: Entry::Message(_) } => Some((id.clone(), parent.clone())),
@@ -640,9 +671,14 @@ pub fn replay_with(
             let m = session
                 .with_projection(|p| p.entry_message(&id).cloned())?
                 .ok_or_else(|| crate::EngineError::Pipeline { name: name.to_string(), reason: format!("entry {id} was appended and is not in the projection") })?;
+            if !matches!(*m, Message::Assistant { .. }) {
+                to_retention.send(Retain::Message(m.clone())).map_err(|_| gone())?;
+            }
             raw.push_message(i as u64 + 1, id, parent.as_deref(), m);
         }
     }
+    drop(to_retention);
+    (f.facts_needed, f.facts_retained) = retention.join().map_err(|_| gone())?;
     let proj = session.projection()?;
     let idx = proj.index();
     f.tool_calls = proj.branch_messages().iter().map(|m| m.tool_calls().count() as u64).sum();
@@ -736,15 +772,16 @@ mod tests {
             vec![a.clone(), b.clone(), c.clone(), d.clone()],
         ];
         let needed = vec!["src/alpha_one.rs".to_string(), "12345".to_string(), "src/beta_two.rs".to_string()];
-        let mut meter = Meter::searched();
+        let (mut meter, mut hay) = (Meter::default(), Hay::default());
         let mut prev: Vec<Arc<Message>> = Vec::new();
         for r in &requests {
             let (total, cached, broke) = meter.request(r);
+            hay.request(r, meter.same);
             assert_eq!(total, r.iter().map(|m| estimate(m)).sum::<u64>());
             let same = r.iter().zip(&prev).take_while(|(x, y)| Arc::ptr_eq(x, y)).count();
             assert_eq!(cached, r[..same].iter().map(|m| estimate(m)).sum::<u64>());
             assert_eq!(broke, !prev.is_empty() && same < prev.len());
-            assert_eq!(meter.retained(&needed), crate::retention::retained(&needed, r));
+            assert_eq!(hay.retained(&needed), crate::retention::retained(&needed, r));
             prev = r.clone();
         }
     }
@@ -758,7 +795,7 @@ mod tests {
             .map(|i| Arc::new(Message::user_text(format!("f{} middle text f{} and end f{}", i % 7, (i * 5) % 11, (i * 3) % 13), UserOrigin::Prompt)))
             .collect();
         let facts: Vec<String> = (0..14).map(|i| format!("f{i}")).chain(["middle text f1".to_string(), "end f1".to_string()]).collect();
-        let mut meter = Meter::searched();
+        let (mut meter, mut hay) = (Meter::default(), Hay::default());
         let mut ctx: Vec<Arc<Message>> = Vec::new();
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
@@ -775,9 +812,10 @@ mod tests {
                 ctx.push(pool[(next() % pool.len() as u64) as usize].clone());
             }
             meter.request(&ctx);
+            hay.request(&ctx, meter.same);
             let needed: Vec<String> = (0..next() % 4).map(|_| facts[(next() % facts.len() as u64) as usize].clone()).collect();
             let whole = crate::retention::retained(&needed, &ctx);
-            assert_eq!(meter.retained(&needed), whole, "{needed:?} in {} messages", ctx.len());
+            assert_eq!(hay.retained(&needed), whole, "{needed:?} in {} messages", ctx.len());
             found += whole;
             missed += needed.len() as u64 - whole;
         }
