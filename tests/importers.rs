@@ -768,3 +768,36 @@ fn a_call_id_a_trajectory_uses_again_is_renamed_with_its_result() {
     let diags = sessions[0].1.events.iter().filter(|e| matches!(e, SourceEvent::ImportDiagnostic { message, .. } if message.contains("used again"))).count();
     assert_eq!(diags, 2);
 }
+
+/// `simulate` reads a file on a thread of its own and replays its events as they are parsed: every corpus
+/// file gives the events the whole-file import gives, in order, or fails before its first event as that
+/// import does; a folder fails at once and names itself.
+#[test]
+fn a_file_read_beside_the_replay_gives_the_events_of_the_whole_file_import() {
+    use condense_engine::simulate::Reading;
+    let corpus = condense_tests::corpus_dir();
+    let mut files = Vec::new();
+    condense_tests::walk_files(&corpus, &["jsonl", "json", "traj"], &mut files);
+    files.sort();
+    let (mut streamed, mut failed) = (0, 0);
+    for f in &files {
+        match (condense_formats::import_file(f), Reading::start(f)) {
+            (Ok(whole), Ok(reading)) => {
+                let mut reading = reading;
+                let events: Vec<SourceEvent> = reading.by_ref().collect();
+                assert!(reading.finish().is_none(), "{}", f.display());
+                assert!(events == whole.events, "{}: {} events read beside, {} whole", f.display(), events.len(), whole.events.len());
+                streamed += 1;
+            }
+            (Err(whole), Err(beside)) => {
+                assert_eq!(beside.to_string(), whole.to_string());
+                failed += 1;
+            }
+            (whole, beside) => panic!("{}: whole {:?}, beside {:?}", f.display(), whole.err(), beside.err()),
+        }
+    }
+    assert!(streamed >= 180 && failed >= 1, "{streamed} read, {failed} failed");
+    let folder = corpus.join("pi");
+    let err = Reading::start(&folder).err().expect("a folder is not a session file").to_string();
+    assert!(err.contains(&folder.display().to_string()), "{err}");
+}

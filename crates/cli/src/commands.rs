@@ -567,8 +567,9 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
     let (mut host_token_ratios, mut host_cost_ratios) = (Vec::new(), Vec::new());
     let mut plot = Vec::new();
     for file in &files {
-        let imported = match condense_formats::import_file(file) {
-            Ok(i) => i,
+        // Read on a thread of its own, the file's events are replayed as they are parsed.
+        let mut reading = match condense_engine::simulate::Reading::start(file) {
+            Ok(r) => r,
             Err(e) => {
                 errln!("condense: skipped {e}");
                 continue;
@@ -581,7 +582,13 @@ fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Resu
             }
             target.remove_session(&name)?;
         }
-        let mut f = condense_engine::simulate::replay_with(target, &name, imported.events, config.clone(), prices, window, o.switch)?;
+        let mut f = condense_engine::simulate::replay_with(target, &name, &mut reading, config.clone(), prices, window, o.switch)?;
+        if let Some(e) = reading.finish() {
+            // A file that fails part way is skipped as one that fails at once: what was replayed goes.
+            target.remove_session(&name)?;
+            errln!("condense: skipped {e}");
+            continue;
+        }
         if !o.json {
             let recovery = match o.switch {
                 Some(_) => format!(

@@ -525,8 +525,100 @@ impl Host {
 /// Replays `events` (a session's source events) into a new session `name` of `store` with `config`,
 /// preparing a request before each assistant message, and measures both the raw and the rendered
 /// requests.
-pub fn replay(store: &Store, name: &str, events: Vec<SourceEvent>, config: PruneConfig, prices: Prices) -> Result<Figures> {
+pub fn replay(store: &Store, name: &str, events: impl IntoIterator<Item = SourceEvent>, config: PruneConfig, prices: Prices) -> Result<Figures> {
     replay_with(store, name, events, config, prices, None, None)
+}
+
+/// Events handed from the reading thread to the replay at a time.
+const READ_CHUNK: usize = 256;
+
+/// A session file read on a thread of its own: its events come out (as an iterator) while the rest of
+/// the file is still being parsed, so a replay runs beside the parse instead of after it. The events are
+/// those [`condense_formats::import_file`] gives: a line-format file is streamed
+/// ([`condense_formats::import_stream`]), any other is read whole.
+pub struct Reading {
+    chunks: crossbeam_channel::Receiver<std::result::Result<Vec<SourceEvent>, condense_formats::FormatError>>,
+    current: std::vec::IntoIter<SourceEvent>,
+    failed: Option<condense_formats::FormatError>,
+    path: std::path::PathBuf,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Reading {
+    /// Starts reading `path`. Fails as [`condense_formats::import_file`] does when the file cannot be read
+    /// or is of no known format, before any event.
+    pub fn start(path: &std::path::Path) -> std::result::Result<Reading, condense_formats::FormatError> {
+        let (tx, chunks) = crossbeam_channel::bounded(16);
+        let owned = path.to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("condense-read".into())
+            .spawn(move || read_events(&owned, &tx))
+            .map_err(|source| condense_formats::FormatError::Io { path: path.to_path_buf(), source })?;
+        // The first chunk, or why there is none: a file that fails before its first event fails here.
+        let current = match chunks.recv() {
+            Ok(Ok(first)) => first.into_iter(),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => Vec::new().into_iter(),
+        };
+        Ok(Reading { chunks, current, failed: None, path: path.to_path_buf(), thread })
+    }
+
+    /// Why the file stopped being read before its end, once every event is taken (`None`: it was read
+    /// whole). The events taken before a failure are not the session's.
+    pub fn finish(mut self) -> Option<condense_formats::FormatError> {
+        self.by_ref().for_each(drop);
+        let panicked = self.thread.join().is_err();
+        let path = self.path;
+        self.failed.or_else(|| panicked.then(|| condense_formats::FormatError::Unrecognized { path, reason: "the importer panicked".into() }))
+    }
+}
+
+impl Iterator for Reading {
+    type Item = SourceEvent;
+
+    fn next(&mut self) -> Option<SourceEvent> {
+        loop {
+            if let Some(e) = self.current.next() {
+                return Some(e);
+            }
+            match self.chunks.recv() {
+                Ok(Ok(chunk)) => self.current = chunk.into_iter(),
+                Ok(Err(e)) => {
+                    self.failed = Some(e);
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+/// The reading thread of [`Reading`]: `path`'s events in chunks, then its failure if it fails. It stops
+/// handing over when the replay is gone.
+fn read_events(path: &std::path::Path, tx: &crossbeam_channel::Sender<std::result::Result<Vec<SourceEvent>, condense_formats::FormatError>>) {
+    let io = |source| condense_formats::FormatError::Io { path: path.to_path_buf(), source };
+    let streamed = std::fs::File::open(path).map_err(io).and_then(|file| {
+        let mut chunk = Vec::with_capacity(READ_CHUNK);
+        let mut open = true;
+        let read = condense_formats::import_stream(&path.display().to_string(), std::io::BufReader::with_capacity(1 << 20, file), &mut |e| {
+            chunk.push(e);
+            if open && chunk.len() == READ_CHUNK {
+                open = tx.send(Ok(std::mem::replace(&mut chunk, Vec::with_capacity(READ_CHUNK)))).is_ok();
+            }
+        })
+        .map_err(io)?;
+        if open && !chunk.is_empty() {
+            drop(tx.send(Ok(chunk)));
+        }
+        Ok(read.is_some())
+    });
+    let whole = match streamed {
+        Ok(true) => return,
+        // Not a line format: read whole.
+        Ok(false) => condense_formats::import_file(path).map(|i| i.events),
+        Err(e) => Err(e),
+    };
+    drop(tx.send(whole));
 }
 
 /// A model switch in a replay: from request `at` (1-based) on, the model has a window of `window` tokens.
@@ -551,7 +643,7 @@ pub const SWITCHED_MODEL: &str = "switched";
 pub fn replay_with(
     store: &Store,
     name: &str,
-    events: Vec<SourceEvent>,
+    events: impl IntoIterator<Item = SourceEvent>,
     config: PruneConfig,
     prices: Prices,
     window: Option<u64>,
@@ -559,16 +651,15 @@ pub fn replay_with(
 ) -> Result<Figures> {
     let session = store.create_session(name)?;
     session.configure(config)?;
+    if let Some(w) = window {
+        session.append(vec![SourceEvent::ModelChanged { provider: None, model: "simulated".into(), context_window: Some(w), max_output: None }])?;
+    }
     // Usage recorded in a session describes the original host's requests, not the pruned ones replayed
-    // here: it must not anchor the controller's estimate.
-    let events: Vec<SourceEvent> = events.into_iter().filter(|e| !matches!(e, SourceEvent::ProviderUsage(_))).collect();
-    let events: Vec<SourceEvent> = match window {
-        None => events,
-        Some(w) => {
-            session.append(vec![SourceEvent::ModelChanged { provider: None, model: "simulated".into(), context_window: Some(w), max_output: None }])?;
-            events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. })).collect()
-        }
-    };
+    // here: it must not anchor the controller's estimate. At a simulated window, the session's own model
+    // changes are left out.
+    let events = events
+        .into_iter()
+        .filter(|e| !matches!(e, SourceEvent::ProviderUsage(_)) && !(window.is_some() && matches!(e, SourceEvent::ModelChanged { .. })));
     let mut budget = window.map(|w| condense_checkpoint::Budget::of_model(w, None));
     let mut raw = Projection::new();
     let mut raw_meter = Meter::default();
