@@ -674,7 +674,7 @@ fn simulate_bench(md: &mut String, scratch: &Path, sizes: &[u64]) -> Result<()> 
         writeln!(md, "| {n} | {} | {best:.2} | {med:.2} | {growth} | {:.1} | {rss:.0} | {:.1} | {:.1} | {} | {:.3} | {ps} | {pf} |", f["turns"], best * 1e3 / mb, num("token_ratio") * 100.0, num("cost_ratio") * 100.0, f["cache_breaks"], num("retention"))?;
         println!("simulate {n}: best {best:.2} s, median {med:.2} s");
     }
-    writeln!(md, "\nTargets (issue 10): 10k entries < 10 s, 100k < 2 min, growth from 1k to 10k ≤ 12×. Most of the work is per byte of the session (parsing, fact extraction, hashing, summaries), and the 10k file is 13.2× the 1k file's bytes (the entries 10×): the ms-per-MB column separates the files' growth from the cost per byte. A fresh process pays for first touching every page it allocates, which a process that ran the replay before does not: earlier runs of this table timed the replay inside the benchmark's own process, best of 7, and gave 0.66–0.85 s at 10k where the command takes 0.8–1.4 s.")?;
+    writeln!(md, "\nTargets (issue 10): 10k entries < 10 s, 100k < 2 min, growth from 1k to 10k ≤ 12×. Most of the work is per byte of the session (parsing, fact extraction, hashing, summaries), and the 10k file is 13.2× the 1k file's bytes (the entries 10×, the tool outputs' bytes 15×): the ms-per-MB column separates the files' growth from the cost per byte. Parsing and the retention scan run beside the replay, on the second core. A fresh process pays for first touching every page it allocates, which a process that ran the replay before does not: earlier runs of this table timed the replay inside the benchmark's own process, best of 7, and gave 0.66–0.85 s at 10k where the command takes 0.8–1.4 s.")?;
     Ok(())
 }
 
