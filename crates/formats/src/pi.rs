@@ -6,7 +6,6 @@ use crate::jsonl::{json_text, str_of, take_str, Diagnostic, Line};
 use crate::Output;
 use condense_events::{Block, Entry, Message, SourceEvent, StopReason, Usage, UserOrigin};
 use serde_json::Value;
-use std::collections::BTreeSet;
 
 pub(crate) fn import(file: &str, lines: impl Iterator<Item = Line>) -> Output {
     let mut events = Vec::new();
@@ -48,7 +47,8 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
             max_output: None,
         });
     }
-    let mut known: BTreeSet<String> = BTreeSet::new();
+    // Ids seen so far: looked up only, never iterated (three lookups a line, in a session of any length).
+    let mut known: rustc_hash::FxHashSet<String> = rustc_hash::FxHashSet::default();
     let mut previous: Option<String> = None;
     // Position among parsed objects, header included, as pi's version-1 `firstKeptEntryIndex` counts.
     let offset = u64::from(header.is_some());
