@@ -92,16 +92,20 @@ fn compress_plain(plain: Vec<u8>) -> Vec<u8> {
     if raw.len() < COMPRESS_FROM || raw.len() > MAX_VALUE_BYTES {
         return plain;
     }
-    let mut packed = vec![0u8; 5 + lz4_flex::block::get_maximum_output_size(raw.len())];
-    packed[0] = FORMAT_LZ4;
-    packed[1..5].copy_from_slice(&(raw.len() as u32).to_le_bytes());
-    match lz4_flex::block::compress_into(raw, &mut packed[5..]) {
-        Ok(n) if 5 + n < plain.len() => {
-            packed.truncate(5 + n);
-            packed
-        }
-        _ => plain,
+    let body = lz4_flex::block::compress(raw);
+    if 5 + body.len() >= plain.len() {
+        return plain;
     }
+    with_header(&[&[FORMAT_LZ4], &(raw.len() as u32).to_le_bytes()], &body)
+}
+
+/// `header`'s parts, then `body`, in one value of its size. LZ4 writes into a buffer of the largest
+/// size it may need without setting it first (`compress`), and only what it wrote is copied here.
+fn with_header(header: &[&[u8]], body: &[u8]) -> Vec<u8> {
+    let mut value = Vec::with_capacity(header.iter().map(|h| h.len()).sum::<usize>() + body.len());
+    header.iter().for_each(|h| value.extend_from_slice(h));
+    value.extend_from_slice(body);
+    value
 }
 
 /// The values that store `bodies`, the events of `session` from seq `first` on: runs of consecutive
@@ -149,13 +153,7 @@ pub fn encode_packed<'a>(session: SessionId, first: Seq, bodies: impl IntoIterat
 
 /// A packed value of the `count` events whose lengths and plain values `run` holds.
 fn pack(count: u32, run: &[u8]) -> Vec<u8> {
-    let mut packed = vec![0u8; 9 + lz4_flex::block::get_maximum_output_size(run.len())];
-    packed[0] = FORMAT_PACKED;
-    packed[1..5].copy_from_slice(&count.to_le_bytes());
-    packed[5..9].copy_from_slice(&(run.len() as u32).to_le_bytes());
-    let n = lz4_flex::block::compress_into(run, &mut packed[9..]).expect("the buffer has the maximum output size");
-    packed.truncate(9 + n);
-    packed
+    with_header(&[&[FORMAT_PACKED], &count.to_le_bytes(), &(run.len() as u32).to_le_bytes()], &lz4_flex::block::compress(run))
 }
 
 /// How many events a stored value holds: the count of a packed value, 1 for any other.
