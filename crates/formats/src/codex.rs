@@ -129,6 +129,142 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
     diags
 }
 
+/// The fast reader of Codex lines: a line's value with only what [`import_to`] reads of it. Half a
+/// rollout's bytes are telemetry the importer takes a field or two from (token counts, turn contexts,
+/// command ends, agent messages): their other fields are skipped by the parser instead of built into
+/// maps. A `response_item` or `compacted` payload, which the importer reads through, is built whole.
+/// `None` (the line is then parsed as a value) for any line whose fields are not of the types read
+/// here, so what the importer sees is what the value path gives it.
+pub(crate) fn fast(text: &str) -> Option<Value> {
+    use fast_shape::*;
+    let line: Line<'_> = serde_json::from_str(text).ok()?;
+    let raw = line.payload?.get();
+    let mut payload = serde_json::Map::new();
+    let mut put = |key: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            payload.insert(key.to_string(), v);
+        }
+    };
+    let text_of = |s: Option<std::borrow::Cow<'_, str>>| s.map(|s| Value::String(s.into_owned()));
+    match line.kind.as_ref() {
+        "session_meta" => {
+            let p: Meta<'_> = serde_json::from_str(raw).ok()?;
+            put("id", text_of(p.id));
+            put("cwd", text_of(p.cwd));
+            put("timestamp", text_of(p.timestamp));
+        }
+        "turn_context" => {
+            let p: TurnContext<'_> = serde_json::from_str(raw).ok()?;
+            put("model", text_of(p.model));
+        }
+        "event_msg" => {
+            let p: Event<'_> = serde_json::from_str(raw).ok()?;
+            let number = |n: Option<u64>| n.map(Value::from);
+            match p.kind.as_deref() {
+                Some("task_started") => put("model_context_window", number(p.model_context_window)),
+                Some("user_message") => put("message", text_of(p.message)),
+                Some("token_count") => {
+                    if let Some(info) = p.info {
+                        let mut i = serde_json::Map::new();
+                        if let Some(w) = info.model_context_window {
+                            i.insert("model_context_window".into(), Value::from(w));
+                        }
+                        match info.last_token_usage {
+                            // Present as `null`, it still gives a usage (of zeros), as in the value.
+                            Some(None) => drop(i.insert("last_token_usage".into(), Value::Null)),
+                            Some(Some(u)) => {
+                                let mut usage = serde_json::Map::new();
+                                for (key, n) in [("input_tokens", u.input_tokens), ("cached_input_tokens", u.cached_input_tokens), ("output_tokens", u.output_tokens)] {
+                                    if let Some(n) = n {
+                                        usage.insert(key.into(), Value::from(n));
+                                    }
+                                }
+                                i.insert("last_token_usage".into(), Value::Object(usage));
+                            }
+                            None => {}
+                        }
+                        put("info", Some(Value::Object(i)));
+                    }
+                }
+                _ => {}
+            }
+            put("type", text_of(p.kind));
+        }
+        // Read through by the importer: built whole.
+        _ => payload = match serde_json::from_str(raw).ok()? {
+            Value::Object(m) => m,
+            _ => return None,
+        },
+    }
+    let mut value = serde_json::Map::new();
+    value.insert("type".into(), Value::String(line.kind.into_owned()));
+    value.insert("payload".into(), Value::Object(payload));
+    Some(Value::Object(value))
+}
+
+/// The fields [`fast`] reads; serde skips every other without building it. A field of another type than
+/// declared fails the read (the line is then parsed as a value).
+mod fast_shape {
+    use serde::Deserialize;
+    use std::borrow::Cow;
+
+    #[derive(Deserialize)]
+    pub(super) struct Line<'a> {
+        #[serde(rename = "type", borrow)]
+        pub kind: Cow<'a, str>,
+        #[serde(default, borrow)]
+        pub payload: Option<&'a serde_json::value::RawValue>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Meta<'a> {
+        #[serde(default, borrow)]
+        pub id: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub cwd: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub timestamp: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct TurnContext<'a> {
+        #[serde(default, borrow)]
+        pub model: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Event<'a> {
+        #[serde(rename = "type", default, borrow)]
+        pub kind: Option<Cow<'a, str>>,
+        #[serde(default)]
+        pub model_context_window: Option<u64>,
+        #[serde(default, borrow)]
+        pub message: Option<Cow<'a, str>>,
+        #[serde(default)]
+        pub info: Option<Info>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Info {
+        #[serde(default)]
+        pub model_context_window: Option<u64>,
+        /// `Some(None)`: present as `null`.
+        #[serde(default, deserialize_with = "crate::jsonl::present")]
+        pub last_token_usage: Option<Option<TokenUsage>>,
+    }
+
+
+    #[derive(Deserialize)]
+    pub(super) struct TokenUsage {
+        #[serde(default)]
+        pub input_tokens: Option<u64>,
+        #[serde(default)]
+        pub cached_input_tokens: Option<u64>,
+        #[serde(default)]
+        pub output_tokens: Option<u64>,
+    }
+}
+
 #[derive(Default)]
 struct History {
     /// Entries not handed to the chain yet (the first is the chain's next).
@@ -334,4 +470,67 @@ pub(crate) fn output_text(output: Option<Value>) -> (String, bool) {
         None
     };
     (text, exit.is_some_and(|c| c != 0))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every corpus Codex rollout, and lines of every shape the fast reader takes or refuses, give the
+    /// events and diagnostics the value path gives.
+    #[test]
+    fn the_fast_reader_gives_the_events_the_value_path_gives() {
+        let both = |name: &str, bytes: &[u8]| {
+            let fast = crate::import_bytes_with(name, bytes, true).unwrap();
+            let slow = crate::import_bytes_with(name, bytes, false).unwrap();
+            assert_eq!(fast.events, slow.events, "{name}");
+            assert_eq!(fast.diagnostics, slow.diagnostics, "{name}");
+        };
+        let mut files = Vec::new();
+        crate::pi::tests::jsonl_files(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/codex"), &mut files);
+        assert!(files.len() >= 10, "the corpus Codex rollouts: {files:?}");
+        let mut fast_lines = 0;
+        for f in &files {
+            let bytes = std::fs::read(f).unwrap();
+            fast_lines += bytes.split(|&b| b == b'\n').filter(|l| std::str::from_utf8(l).ok().and_then(super::fast).is_some()).count();
+            both(&f.display().to_string(), &bytes);
+        }
+        assert!(fast_lines > 3_000, "{fast_lines} corpus lines read fast");
+        let odd = [
+            (true, r#"{"type":"event_msg","payload":{"type":"token_count","info":{"last_token_usage":null,"model_context_window":null}}}"#),
+            (true, r#"{"type":"event_msg","payload":{"type":"token_count","info":{"last_token_usage":{"input_tokens":9,"output_tokens":null},"total":{"x":[1]}}}}"#),
+            (true, r#"{"type":"event_msg","payload":{"type":"token_count","info":null,"rate_limits":{"primary":{"used_percent":1.5}}}}"#),
+            (true, r#"{"type":"event_msg","payload":{"type":"token_count","info":{"model_context_window":64000,"last_token_usage":{"input_tokens":100,"cached_input_tokens":40,"output_tokens":7}}}}"#),
+            (true, r#"{"type":"event_msg","payload":{"type":"task_started","model_context_window":200000}}"#),
+            (true, r#"{"type":"event_msg","payload":{"type":"user_message","message":"only here \u00e9","images":[]}}"#),
+            (true, r#"{"type":"event_msg","payload":{"type":"exec_command_end","stdout":"a lot","exit_code":0,"duration":{"secs":1}}}"#),
+            (true, r#"{"type":"event_msg","payload":{"message":"no type"}}"#),
+            (true, r#"{"type":"turn_context","payload":{"model":"gpt-5","cwd":"/w","sandbox_policy":{"mode":"x"}}}"#),
+            (true, r#"{"type":"turn_context","payload":{"model":null}}"#),
+            (true, r#"{"type":"mystery","payload":{"a":1}}"#),
+            (true, r#"{"timestamp":"t","type":"response_item","payload":{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}}"#),
+            (false, r#"{"type":"event_msg","payload":{"type":"task_started","model_context_window":1.5e5}}"#),
+            (false, r#"{"type":"event_msg","payload":{"type":"token_count","info":{"last_token_usage":7}}}"#),
+            (false, r#"{"type":"event_msg","payload":{"type":"token_count","info":{"last_token_usage":{"input_tokens":-1}}}}"#),
+            (false, r#"{"type":"event_msg","payload":{"type":"error","message":{"code":1}}}"#),
+            (false, r#"{"type":"event_msg","payload":{"type":5}}"#),
+            (false, r#"{"type":"event_msg","payload":"a string"}"#),
+            (false, r#"{"type":"event_msg"}"#),
+            (false, r#"{"type":"turn_context","payload":{"model":["a"]}}"#),
+            (false, r#"{"type":7,"payload":{}}"#),
+            (false, r#"{"type":"turn_context","type":"event_msg","payload":{}}"#),
+            (false, r#"{"type":"response_item","payload":[1,2]}"#),
+            (false, r#"{"type":"event_msg","payload":{"type":"token_count"}} trailing"#),
+        ];
+        let mut text = String::from("{\"type\":\"session_meta\",\"payload\":{\"id\":\"s\",\"cwd\":\"/w\",\"instructions\":\"long\"}}\n");
+        for i in 0..60 {
+            text.push_str(&format!("{{\"type\":\"event_msg\",\"payload\":{{\"type\":\"agent_message\",\"message\":\"line {i}\"}}}}\n"));
+        }
+        for (is_fast, line) in odd {
+            assert_eq!(super::fast(line).is_some(), is_fast, "{line}");
+            text.push_str(line);
+            text.push('\n');
+            text.push_str(r#"{"type":"response_item","payload":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"ok"}]}}"#);
+            text.push('\n');
+        }
+        both("odd.jsonl", text.as_bytes());
+    }
 }

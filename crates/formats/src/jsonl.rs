@@ -39,9 +39,22 @@ pub struct Line {
     pub(crate) fast: Option<crate::pi::Fast>,
 }
 
-/// A format's reader of its most common line shape that skips building a `serde_json::Value`: `None`
-/// when the line is not of that shape, which is then parsed into a `Value` as any other.
-pub(crate) type FastRead = fn(&str) -> Option<crate::pi::Fast>;
+/// A format's reader of its most common line shapes that skips building all of a `serde_json::Value`:
+/// `None` when the line is not of those shapes, which is then parsed into a `Value` as any other.
+pub(crate) type FastRead = fn(&str) -> Option<Fast>;
+
+/// A field that is present: `Some` of what it holds, `null` included (with `default`, absent is `None`).
+pub(crate) fn present<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// What a fast reader made of a line.
+pub(crate) enum Fast {
+    /// The line's entry itself (pi's message lines).
+    Entry(crate::pi::Fast),
+    /// The line's value holding only what the importer reads of it, the rest skipped unbuilt (Codex).
+    Value(Value),
+}
 
 /// Parses every line of `bytes` at once (the tests' view of [`Lines`]).
 #[cfg(test)]
@@ -102,9 +115,16 @@ fn take_line(file: &str, n: u64, raw: &[u8], fast: Option<FastRead>, queue: &mut
             String::from_utf8_lossy(raw)
         }
     };
-    if let Some(read) = fast.and_then(|read| read(&text)) {
-        queue.push_back(Line { line: n, value: Value::Null, fast: Some(read) });
-        return true;
+    match fast.and_then(|read| read(&text)) {
+        Some(Fast::Entry(read)) => {
+            queue.push_back(Line { line: n, value: Value::Null, fast: Some(read) });
+            return true;
+        }
+        Some(Fast::Value(value)) => {
+            queue.push_back(Line { line: n, value, fast: None });
+            return true;
+        }
+        None => {}
     }
     let before = queue.len();
     match parse_line(&text) {

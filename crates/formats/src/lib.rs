@@ -255,7 +255,8 @@ fn import_bytes_with(file: &str, bytes: &[u8], fast: bool) -> Result<Imported, S
 /// are parsed into a `Value` as before, and the events are the same either way.
 fn fast_reader(format: Format) -> Option<jsonl::FastRead> {
     match format {
-        Format::Pi => Some(pi::fast),
+        Format::Pi => Some(|text| pi::fast(text).map(jsonl::Fast::Entry)),
+        Format::Codex => Some(|text| codex::fast(text).map(jsonl::Fast::Value)),
         _ => None,
     }
 }

@@ -401,7 +401,7 @@ mod fast_shape {
         #[serde(rename = "stopReason", default, borrow)]
         pub stop_reason: Option<Cow<'a, str>>,
         /// Present, even as `null`, it gives a usage (of zeros where a count is missing).
-        #[serde(default, deserialize_with = "present")]
+        #[serde(default, deserialize_with = "crate::jsonl::present")]
         pub usage: Option<Option<Usage>>,
         #[serde(rename = "toolCallId", default, borrow)]
         pub tool_call_id: Option<Cow<'a, str>>,
@@ -438,7 +438,7 @@ mod fast_shape {
         #[serde(default, borrow)]
         pub name: Option<Cow<'a, str>>,
         /// Present, even as `null`, the arguments are its JSON text.
-        #[serde(default, deserialize_with = "present")]
+        #[serde(default, deserialize_with = "crate::jsonl::present")]
         pub arguments: Option<serde_json::Value>,
         #[serde(rename = "mimeType", default, borrow)]
         pub mime_type: Option<Cow<'a, str>>,
@@ -478,18 +478,14 @@ mod fast_shape {
         }
     }
 
-    /// A field that is present: `Some` of what it holds, `null` included (with `default`, absent is `None`).
-    fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-        T::deserialize(d).map(Some)
-    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Every `.jsonl` file under `dir`, sorted.
-    fn jsonl_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    pub(crate) fn jsonl_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
         let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
         entries.sort();
