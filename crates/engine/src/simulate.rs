@@ -357,9 +357,9 @@ impl Meter {
 }
 
 impl Hay {
-    /// Takes in a request's context, whose first `same` messages are the last request's (as
-    /// [`Meter::request`] found them).
-    fn request(&mut self, msgs: &[Arc<Message>], same: usize) {
+    /// Takes in a request's context: the first `same` messages of the last request's (as
+    /// [`Meter::request`] found them), then `new`.
+    fn request(&mut self, same: usize, new: &[Arc<Message>]) {
         let keep = self.at.get(same).copied().unwrap_or(self.text.len());
         self.text.truncate(keep);
         self.at.truncate(same);
@@ -368,7 +368,7 @@ impl Hay {
             self.kept.pop();
         }
         self.kept.push((self.requests, keep));
-        for m in &msgs[same..] {
+        for m in new {
             self.at.push(self.text.len());
             self.text.push_str(&crate::retention::shown_text(m));
         }
@@ -417,9 +417,10 @@ const RETENTION_QUEUE: usize = 256;
 enum Retain {
     /// A user message or tool output of the session (what [`crate::retention::Seen`] takes in).
     Message(Arc<Message>),
-    /// A rendered request: its context, how many of its messages the request before it had (as
-    /// [`Meter::request`] found them), and the assistant message that answered it.
-    Request { context: Arc<Vec<Arc<Message>>>, same: usize, answer: Arc<Message> },
+    /// A rendered request: how many of its messages the request before it had (as [`Meter::request`]
+    /// found them), the messages after those, and the assistant message that answered it. Only what is
+    /// new: the render itself stays the session's alone, which extends it in place for the next request.
+    Request { same: usize, new: Vec<Arc<Message>>, answer: Arc<Message> },
 }
 
 /// The retention thread: the needed facts of each request's answer and how many of them its context held,
@@ -430,8 +431,8 @@ fn retention(work: &crossbeam_channel::Receiver<Retain>) -> (u64, u64) {
     for w in work {
         match w {
             Retain::Message(m) => seen.add(&m),
-            Retain::Request { context, same, answer } => {
-                hay.request(&context, same);
+            Retain::Request { same, new, answer } => {
+                hay.request(same, &new);
                 let facts = seen.needed(&answer);
                 needed += facts.len() as u64;
                 retained += hay.retained(&facts);
@@ -708,7 +709,7 @@ pub fn replay_with(
             };
             let (total, cached, broke) = meter.request(&rendered.messages);
             if let SourceEvent::EntryAppended { entry: Entry::Message(answer), .. } = &ev {
-                let request = Retain::Request { context: rendered.messages.clone(), same: meter.same, answer: Arc::new(answer.clone()) };
+                let request = Retain::Request { same: meter.same, new: rendered.messages[meter.same..].to_vec(), answer: Arc::new(answer.clone()) };
                 to_retention.send(request).map_err(|_| gone())?;
             }
             let violations = meter.violations(&rendered.messages[..]);
@@ -867,7 +868,7 @@ mod tests {
         let mut prev: Vec<Arc<Message>> = Vec::new();
         for r in &requests {
             let (total, cached, broke) = meter.request(r);
-            hay.request(r, meter.same);
+            hay.request(meter.same, &r[meter.same..]);
             assert_eq!(total, r.iter().map(|m| estimate(m)).sum::<u64>());
             let same = r.iter().zip(&prev).take_while(|(x, y)| Arc::ptr_eq(x, y)).count();
             assert_eq!(cached, r[..same].iter().map(|m| estimate(m)).sum::<u64>());
@@ -903,7 +904,7 @@ mod tests {
                 ctx.push(pool[(next() % pool.len() as u64) as usize].clone());
             }
             meter.request(&ctx);
-            hay.request(&ctx, meter.same);
+            hay.request(meter.same, &ctx[meter.same..]);
             let needed: Vec<String> = (0..next() % 4).map(|_| facts[(next() % facts.len() as u64) as usize].clone()).collect();
             let whole = crate::retention::retained(&needed, &ctx);
             assert_eq!(hay.retained(&needed), whole, "{needed:?} in {} messages", ctx.len());
