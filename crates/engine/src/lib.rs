@@ -1229,8 +1229,7 @@ impl Session {
         // A spilled output is durable before the decision naming it is: with the flush that makes that
         // decision durable (the log syncs a blob file first; a small blob is in the database itself, written
         // before the decision, so that one flush covers both), never with a wait of its own.
-        let put = |bytes: &[u8]| log.put_blob_deferred(bytes);
-        let planned = stages.plan(p, summarizer.as_ref(), trigger, &mut |bytes| put(bytes).map(|h| h.0).map_err(|e| e.to_string()));
+        let planned = stages.plan(p, summarizer.as_ref(), trigger, &mut |bytes| log.put_blob_deferred(bytes).map(|h| h.0).map_err(|e| e.to_string()));
         // Requests answered so far: the assistant messages on the branch, as the stages counted them.
         let requests = u64::from(stages.turns());
         let decisions = planned.map_err(|e| EngineError::Pipeline { name: self.name.clone(), reason: e.to_string() })?;
