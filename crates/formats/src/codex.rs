@@ -129,83 +129,43 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
     diags
 }
 
-/// The fast reader of Codex lines: a line's value with only what [`import_to`] reads of it. Half a
-/// rollout's bytes are telemetry the importer takes a field or two from (token counts, turn contexts,
-/// command ends, agent messages): their other fields are skipped by the parser instead of built into
-/// maps. A `response_item` or `compacted` payload, which the importer reads through, is built whole.
+/// The fast reader of Codex lines: a line's value with only the fields [`import_to`] reads of lines of its
+/// kind. Half a rollout's bytes are telemetry the importer takes a field or two from (token counts, turn
+/// contexts, command ends, agent messages): their other fields are skipped by the parser instead of built
+/// into maps. A `response_item` or `compacted` payload, which the importer reads through, is built whole.
 /// `None` (the line is then parsed as a value) for any line whose fields are not of the types read
 /// here, so what the importer sees is what the value path gives it.
 pub(crate) fn fast(text: &str) -> Option<Value> {
     use fast_shape::*;
     let line: Line<'_> = serde_json::from_str(text).ok()?;
     let raw = line.payload?.get();
-    let mut payload = serde_json::Map::new();
-    let mut put = |key: &str, v: Option<Value>| {
-        if let Some(v) = v {
-            payload.insert(key.to_string(), v);
-        }
-    };
-    let text_of = |s: Option<std::borrow::Cow<'_, str>>| s.map(|s| Value::String(s.into_owned()));
-    match line.kind.as_ref() {
-        "session_meta" => {
-            let p: Meta<'_> = serde_json::from_str(raw).ok()?;
-            put("id", text_of(p.id));
-            put("cwd", text_of(p.cwd));
-            put("timestamp", text_of(p.timestamp));
-        }
-        "turn_context" => {
-            let p: TurnContext<'_> = serde_json::from_str(raw).ok()?;
-            put("model", text_of(p.model));
-        }
-        "event_msg" => {
-            let p: Event<'_> = serde_json::from_str(raw).ok()?;
-            let number = |n: Option<u64>| n.map(Value::from);
-            match p.kind.as_deref() {
-                Some("task_started") => put("model_context_window", number(p.model_context_window)),
-                Some("user_message") => put("message", text_of(p.message)),
-                Some("token_count") => {
-                    if let Some(info) = p.info {
-                        let mut i = serde_json::Map::new();
-                        if let Some(w) = info.model_context_window {
-                            i.insert("model_context_window".into(), Value::from(w));
-                        }
-                        match info.last_token_usage {
-                            // Present as `null`, it still gives a usage (of zeros), as in the value.
-                            Some(None) => drop(i.insert("last_token_usage".into(), Value::Null)),
-                            Some(Some(u)) => {
-                                let mut usage = serde_json::Map::new();
-                                for (key, n) in [("input_tokens", u.input_tokens), ("cached_input_tokens", u.cached_input_tokens), ("output_tokens", u.output_tokens)] {
-                                    if let Some(n) = n {
-                                        usage.insert(key.into(), Value::from(n));
-                                    }
-                                }
-                                i.insert("last_token_usage".into(), Value::Object(usage));
-                            }
-                            None => {}
-                        }
-                        put("info", Some(Value::Object(i)));
-                    }
-                }
-                _ => {}
-            }
-            put("type", text_of(p.kind));
-        }
+    let payload = match line.kind.as_ref() {
+        "session_meta" => reduced::<Meta<'_>>(raw)?,
+        "turn_context" => reduced::<TurnContext<'_>>(raw)?,
+        "event_msg" => reduced::<Event<'_>>(raw)?,
         // Read through by the importer: built whole.
-        _ => payload = match serde_json::from_str(raw).ok()? {
-            Value::Object(m) => m,
-            _ => return None,
-        },
+        _ => serde_json::from_str(raw).ok()?,
+    };
+    if !payload.is_object() {
+        return None;
     }
+    // Built by hand: `json!` would serialize (copy) the payload into the value.
     let mut value = serde_json::Map::new();
     value.insert("type".into(), Value::String(line.kind.into_owned()));
-    value.insert("payload".into(), Value::Object(payload));
+    value.insert("payload".into(), payload);
     Some(Value::Object(value))
+}
+
+/// The fields of `raw` that `T` declares, as a value holding those present (`null` included where `T`
+/// keeps it apart from absent).
+fn reduced<'a, T: serde::Deserialize<'a> + serde::Serialize>(raw: &'a str) -> Option<Value> {
+    serde_json::to_value(serde_json::from_str::<T>(raw).ok()?).ok()
 }
 
 /// The fields [`fast`] reads; serde skips every other without building it. A field of another type than
 /// declared fails the read (the line is then parsed as a value).
 mod fast_shape {
-    use serde::Deserialize;
+    use serde::{Deserialize, Serialize};
     use std::borrow::Cow;
 
     #[derive(Deserialize)]
@@ -216,51 +176,51 @@ mod fast_shape {
         pub payload: Option<&'a serde_json::value::RawValue>,
     }
 
-    #[derive(Deserialize)]
+    #[derive(Deserialize, Serialize)]
     pub(super) struct Meta<'a> {
-        #[serde(default, borrow)]
+        #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
         pub id: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
         pub cwd: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
         pub timestamp: Option<Cow<'a, str>>,
     }
 
-    #[derive(Deserialize)]
+    #[derive(Deserialize, Serialize)]
     pub(super) struct TurnContext<'a> {
-        #[serde(default, borrow)]
+        #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
         pub model: Option<Cow<'a, str>>,
     }
 
-    #[derive(Deserialize)]
+    /// Every field any event the importer reads has (each event reads its own).
+    #[derive(Deserialize, Serialize)]
     pub(super) struct Event<'a> {
-        #[serde(rename = "type", default, borrow)]
+        #[serde(rename = "type", default, borrow, skip_serializing_if = "Option::is_none")]
         pub kind: Option<Cow<'a, str>>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub model_context_window: Option<u64>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
         pub message: Option<Cow<'a, str>>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub info: Option<Info>,
     }
 
-    #[derive(Deserialize)]
+    #[derive(Deserialize, Serialize)]
     pub(super) struct Info {
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub model_context_window: Option<u64>,
-        /// `Some(None)`: present as `null`.
-        #[serde(default, deserialize_with = "crate::jsonl::present")]
+        /// `Some(None)`: present as `null`, which still gives a usage (of zeros), as in the value.
+        #[serde(default, deserialize_with = "crate::jsonl::present", skip_serializing_if = "Option::is_none")]
         pub last_token_usage: Option<Option<TokenUsage>>,
     }
 
-
-    #[derive(Deserialize)]
+    #[derive(Deserialize, Serialize)]
     pub(super) struct TokenUsage {
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub input_tokens: Option<u64>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub cached_input_tokens: Option<u64>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         pub output_tokens: Option<u64>,
     }
 }
