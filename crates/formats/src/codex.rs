@@ -434,18 +434,13 @@ pub(crate) fn output_text(output: Option<Value>) -> (String, bool) {
 
 #[cfg(test)]
 mod tests {
+    use crate::fast_tests::{both, corpus_files};
+
     /// Every corpus Codex rollout, and lines of every shape the fast reader takes or refuses, give the
     /// events and diagnostics the value path gives.
     #[test]
     fn the_fast_reader_gives_the_events_the_value_path_gives() {
-        let both = |name: &str, bytes: &[u8]| {
-            let fast = crate::import_bytes_with(name, bytes, true).unwrap();
-            let slow = crate::import_bytes_with(name, bytes, false).unwrap();
-            assert_eq!(fast.events, slow.events, "{name}");
-            assert_eq!(fast.diagnostics, slow.diagnostics, "{name}");
-        };
-        let mut files = Vec::new();
-        crate::pi::tests::jsonl_files(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/codex"), &mut files);
+        let files = corpus_files("codex");
         assert!(files.len() >= 10, "the corpus Codex rollouts: {files:?}");
         let mut fast_lines = 0;
         for f in &files {

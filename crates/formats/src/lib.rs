@@ -347,3 +347,36 @@ pub(crate) struct Output {
     pub(crate) events: Vec<SourceEvent>,
     pub(crate) diagnostics: Vec<Diagnostic>,
 }
+
+/// What the fast readers' tests share.
+#[cfg(test)]
+pub(crate) mod fast_tests {
+    use std::path::{Path, PathBuf};
+
+    /// Every `.jsonl` file of the corpus folder of `format` (`../shared/corpus/<format>`), sorted.
+    pub(crate) fn corpus_files(format: &str) -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            let Ok(entries) = std::fs::read_dir(dir) else { return };
+            let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+            entries.sort();
+            for p in entries {
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|e| e == "jsonl") {
+                    out.push(p);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus").join(format), &mut out);
+        out
+    }
+
+    /// `bytes` (named `name`) give the same events and diagnostics with the fast readers as through values.
+    pub(crate) fn both(name: &str, bytes: &[u8]) {
+        let fast = crate::import_bytes_with(name, bytes, true).unwrap();
+        let slow = crate::import_bytes_with(name, bytes, false).unwrap();
+        assert_eq!(fast.events, slow.events, "{name}");
+        assert_eq!(fast.diagnostics, slow.diagnostics, "{name}");
+    }
+}

@@ -481,35 +481,14 @@ mod fast_shape {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// Every `.jsonl` file under `dir`, sorted.
-    pub(crate) fn jsonl_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
-        let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
-        entries.sort();
-        for p in entries {
-            if p.is_dir() {
-                jsonl_files(&p, out);
-            } else if p.extension().is_some_and(|e| e == "jsonl") {
-                out.push(p);
-            }
-        }
-    }
-
-    fn both(name: &str, bytes: &[u8]) {
-        let fast = crate::import_bytes_with(name, bytes, true).unwrap();
-        let slow = crate::import_bytes_with(name, bytes, false).unwrap();
-        assert_eq!(fast.events, slow.events, "{name}");
-        assert_eq!(fast.diagnostics, slow.diagnostics, "{name}");
-    }
+    use crate::fast_tests::{both, corpus_files};
 
     #[test]
     fn the_fast_reader_gives_the_events_the_value_path_gives() {
         // The corpus pi sessions, whole.
-        let mut files = Vec::new();
-        jsonl_files(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus/pi"), &mut files);
+        let files = corpus_files("pi");
         assert!(files.len() >= 5, "the corpus pi sessions: {files:?}");
         let mut fast_lines = 0;
         for f in &files {
