@@ -674,12 +674,8 @@ fn every_corpus_session_of_the_document_formats_imports_valid_or_is_named_with_a
 
 #[test]
 fn every_corpus_file_imports_or_says_what_it_looks_like() {
-    let corpus = condense_tests::corpus_dir();
-    let mut files = Vec::new();
-    condense_tests::walk_files(&corpus, &["jsonl", "json", "traj"], &mut files);
-    files.sort();
     let (mut ok, mut skipped) = (0, Vec::new());
-    for f in &files {
+    for f in &condense_tests::corpus_files() {
         let name = condense_tests::corpus_name(f);
         match condense_formats::import_sessions(&name, &std::fs::read(f).unwrap()) {
             Ok(_) => ok += 1,
@@ -775,12 +771,8 @@ fn a_call_id_a_trajectory_uses_again_is_renamed_with_its_result() {
 #[test]
 fn a_file_read_beside_the_replay_gives_the_events_of_the_whole_file_import() {
     use condense_engine::simulate::Reading;
-    let corpus = condense_tests::corpus_dir();
-    let mut files = Vec::new();
-    condense_tests::walk_files(&corpus, &["jsonl", "json", "traj"], &mut files);
-    files.sort();
     let (mut streamed, mut failed) = (0, 0);
-    for f in &files {
+    for f in &condense_tests::corpus_files() {
         match (condense_formats::import_file(f), Reading::start(f)) {
             (Ok(whole), Ok(reading)) => {
                 let mut reading = reading;
@@ -797,7 +789,7 @@ fn a_file_read_beside_the_replay_gives_the_events_of_the_whole_file_import() {
         }
     }
     assert!(streamed >= 180 && failed >= 1, "{streamed} read, {failed} failed");
-    let folder = corpus.join("pi");
+    let folder = condense_tests::corpus_dir().join("pi");
     let err = Reading::start(&folder).err().expect("a folder is not a session file").to_string();
     assert!(err.contains(&folder.display().to_string()), "{err}");
 }

@@ -30,6 +30,14 @@ pub fn corpus_sessions() -> Vec<PathBuf> {
     out
 }
 
+/// Every file of the corpus that could hold a session (`.jsonl`, `.json`, `.traj`), any folder, sorted.
+pub fn corpus_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    walk_files(&corpus_dir(), &["jsonl", "json", "traj"], &mut out);
+    out.sort();
+    out
+}
+
 /// Every file under `dir` whose extension is one of `extensions`.
 pub fn walk_files(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
