@@ -2,7 +2,7 @@
 //! (`e<index>`, the header being index 0) and each follows the one before, which is how pi itself migrates
 //! them. Versions 2 and 3 are trees (`id`/`parentId`); the active branch is the path to the last entry.
 
-use crate::jsonl::{json_text, str_of, take_str, Diagnostic, Line};
+use crate::jsonl::{json_text, json_text_of_raw, str_of, take_str, Diagnostic, Line};
 use crate::Output;
 use condense_events::{Block, Entry, Message, SourceEvent, StopReason, Usage, UserOrigin};
 use serde_json::Value;
@@ -323,7 +323,10 @@ pub(crate) fn fast(text: &str) -> Option<Fast> {
                         "toolCall" => Block::ToolCall {
                             id: owned(b.id),
                             name: owned(b.name),
-                            arguments: b.arguments.map_or_else(|| "{}".to_string(), |a| json_text(&a)),
+                            arguments: match b.arguments {
+                                None => "{}".to_string(),
+                                Some(a) => json_text_of_raw(a.get())?,
+                            },
                         },
                         _ => return None,
                     });
@@ -437,9 +440,10 @@ mod fast_shape {
         pub id: Option<Cow<'a, str>>,
         #[serde(default, borrow)]
         pub name: Option<Cow<'a, str>>,
-        /// Present, even as `null`, the arguments are its JSON text.
-        #[serde(default, deserialize_with = "crate::jsonl::present")]
-        pub arguments: Option<serde_json::Value>,
+        /// Present, even as `null`, the arguments are its JSON text (as written when that is the
+        /// value's compact text, which it most often is: no value is built for them then).
+        #[serde(default, borrow, deserialize_with = "crate::jsonl::present")]
+        pub arguments: Option<&'a serde_json::value::RawValue>,
         #[serde(rename = "mimeType", default, borrow)]
         pub mime_type: Option<Cow<'a, str>>,
         #[serde(default, borrow)]
@@ -505,6 +509,7 @@ mod tests {
             (true, r#"{"type":"message","id":"a2","parentId":"a1","message":{"role":"assistant","content":"a string is no content here","usage":{"input":5,"output":null}}}"#),
             (true, r#"{"type":"message","id":"a3","parentId":"a2","message":{"role":"assistant","content":[{"type":"thinking","thinking":"hm","thinkingSignature":""},{"type":"text","text":"caf\u00e9 \"q\""}],"stopReason":"sideways","model":null}}"#),
             (true, r#"{"type":"message","id":"a4","parentId":"nowhere","message":{"role":"toolResult","toolCallId":"c","content":[{"type":"image","data":"AAAA"},{"type":"text","text":null}],"isError":null}}"#),
+            (true, r#"{"type":"message","id":"a45","parentId":"a4","message":{"role":"assistant","content":[{"type":"toolCall","id":"e","name":"bash","arguments":{"command": "ls",  "timeout":1.5e1}},{"type":"toolCall","id":"f","name":"edit","arguments":{"k":1,"k":{"z":"caf\u00e9\/x","y":[-0,1]}}},{"type":"toolCall","id":"g","name":"x","arguments":"raw text"},{"type":"toolCall","id":"h","name":"y","arguments":[1,{"a":"b\n"}]}]}}"#),
             (true, r#"{"type":"message","id":"a4","parentId":"a4","message":{"role":"user","content":null,"extra":{"deep":[1,2,{"x":null}]}}}"#),
             (true, r#"  {"type":"message","message":{"role":"user","content":"no id"},"parentId":null}  "#),
             (false, r#"{"type":"message","id":"a5","message":{"role":"user","content":"a number for a parent"},"parentId":5.5e300}"#),
