@@ -36,6 +36,9 @@ const APPEND_CHUNK: usize = 4096;
 /// instead of 64 KiB made the corpus pi import about a third faster.
 const IMPORT_CHUNK: usize = 2048;
 const IMPORT_CHUNK_BYTES: u64 = 512 * 1024;
+/// The most chunks a streaming import has handed to the log writer and not yet seen written: it encodes
+/// the next while the writer writes these.
+const IMPORT_IN_FLIGHT: usize = 4;
 /// The most events a streaming import holds while the file's hash is still being computed.
 const IMPORT_HELD: usize = 16 * 1024;
 
@@ -472,7 +475,7 @@ impl Store {
         let mut session: Option<(SessionId, Seq)> = None;
         let mut written = 0u64;
         let mut failed: Option<EngineError> = None;
-        let mut in_flight: Option<crossbeam_channel::Receiver<condense_log::Result<Seq>>> = None;
+        let mut in_flight: std::collections::VecDeque<crossbeam_channel::Receiver<condense_log::Result<Seq>>> = std::collections::VecDeque::new();
         let mut held = held.into_iter();
         let end = loop {
             let chunk = match held.next() {
@@ -508,11 +511,13 @@ impl Store {
                 let n = events.len() as u64;
                 // Packed into few values where the log packs: one key per event is most of sled's cost.
                 let values = log.encode_packed(*id, *head + 1, &events);
-                // This chunk is encoded while the writer writes the one before.
+                // This chunk is encoded while the writer writes the ones before it.
                 let sent = log.append_encoded(*id, *head, values, false)?;
                 *head += n;
                 written += n;
-                if let Some(before) = in_flight.replace(sent) {
+                in_flight.push_back(sent);
+                if in_flight.len() > IMPORT_IN_FLIGHT {
+                    let before = in_flight.pop_front().expect("more than one in flight");
                     before.recv().map_err(|_| LogError::Closed)??;
                 }
                 Ok(())
@@ -521,8 +526,12 @@ impl Store {
                 failed = Some(e);
             }
         };
-        if let Some(before) = in_flight {
-            before.recv().map_err(|_| LogError::Closed)??;
+        // Every chunk handed over is waited for; the first failure is the one reported (an append after
+        // a failed one fails too, at a head it no longer finds).
+        for before in in_flight {
+            if let Err(e) = before.recv().map_err(|_| LogError::Closed).and_then(|r| r) {
+                failed.get_or_insert(e.into());
+            }
         }
         if let Some(e) = failed {
             return Err(e);
