@@ -793,3 +793,58 @@ fn a_file_read_beside_the_replay_gives_the_events_of_the_whole_file_import() {
     let err = Reading::start(&folder).err().expect("a folder is not a session file").to_string();
     assert!(err.contains(&folder.display().to_string()), "{err}");
 }
+
+/// A streaming import keeps several appends in flight. When another writer appends to the session
+/// meanwhile, the import's next append fails at a head it no longer finds, and so do those queued
+/// behind it: the error reported is the first, naming the head the other writer took, and what the
+/// session held stays (the events imported until then, and the other writer's).
+#[test]
+fn an_import_cut_into_by_another_writer_reports_the_first_append_that_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_engine::Store::open(dir.path().join("s")).unwrap();
+    // 40,000 entries of about 1 KB: about 20 hand-overs of 2,048 events.
+    let mut text = String::from("{\"type\":\"session\",\"version\":3,\"id\":\"s\"}\n");
+    let filler = "lorem ipsum dolor sit amet ".repeat(40);
+    for i in 0..40_000 {
+        let parent = if i == 0 { "null".to_string() } else { format!("\"m{}\"", i - 1) };
+        text.push_str(&format!("{{\"type\":\"message\",\"id\":\"m{i}\",\"parentId\":{parent},\"message\":{{\"role\":\"user\",\"content\":\"{i} {filler}\"}}}}\n"));
+    }
+    let file = dir.path().join("big.jsonl");
+    std::fs::write(&file, text).unwrap();
+    let log = store.log().clone();
+    let other = std::thread::spawn(move || {
+        // Once the import has written two hand-overs, append to its session at the head it has then.
+        loop {
+            let Some(id) = log.session_id("big").unwrap() else {
+                std::thread::yield_now();
+                continue;
+            };
+            // The name is there before the session's head is (its creation is not flushed yet).
+            let head = match log.head(id) {
+                Ok(h) => h,
+                Err(condense_log::LogError::UnknownSession(_)) => continue,
+                Err(e) => panic!("{e}"),
+            };
+            if head < 4096 {
+                std::thread::yield_now();
+                continue;
+            }
+            let event = condense_events::Event::Source(SourceEvent::TurnEnded);
+            match log.append(id, head, vec![event]) {
+                Ok(_) => return (id, head),
+                Err(condense_log::LogError::HeadMismatch { .. }) => continue,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    let result = store.import_file(&file, "big");
+    let (id, taken) = other.join().unwrap();
+    match result {
+        Err(condense_engine::EngineError::Log(condense_log::LogError::HeadMismatch { session, expected, actual })) => {
+            assert_eq!((session, expected, actual), (id, taken, taken + 1));
+        }
+        other => panic!("the import should fail at the head the other writer took ({taken}): {other:?}"),
+    }
+    assert!((4096..40_000).contains(&taken), "the other writer appended mid-import, at {taken}");
+    assert_eq!(store.log().head(id).unwrap(), taken + 1, "nothing written before is lost");
+}
