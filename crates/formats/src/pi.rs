@@ -325,7 +325,7 @@ pub(crate) fn fast(text: &str) -> Option<Fast> {
                             name: owned(b.name),
                             arguments: match b.arguments {
                                 None => "{}".to_string(),
-                                Some(a) => json_text_of_raw(a.get())?,
+                                Some(a) => json_text_of_raw(a)?,
                             },
                         },
                         _ => return None,
