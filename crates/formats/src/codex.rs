@@ -434,20 +434,13 @@ pub(crate) fn output_text(output: Option<Value>) -> (String, bool) {
 
 #[cfg(test)]
 mod tests {
-    use crate::fast_tests::{both, corpus_files};
+    use crate::fast_tests::{both, corpus};
 
     /// Every corpus Codex rollout, and lines of every shape the fast reader takes or refuses, give the
     /// events and diagnostics the value path gives.
     #[test]
     fn the_fast_reader_gives_the_events_the_value_path_gives() {
-        let files = corpus_files("codex");
-        assert!(files.len() >= 10, "the corpus Codex rollouts: {files:?}");
-        let mut fast_lines = 0;
-        for f in &files {
-            let bytes = std::fs::read(f).unwrap();
-            fast_lines += bytes.split(|&b| b == b'\n').filter(|l| std::str::from_utf8(l).ok().and_then(super::fast).is_some()).count();
-            both(&f.display().to_string(), &bytes);
-        }
+        let fast_lines = corpus("codex", 10, |l| super::fast(l).is_some());
         assert!(fast_lines > 3_000, "{fast_lines} corpus lines read fast");
         let odd = [
             (true, r#"{"type":"event_msg","payload":{"type":"token_count","info":{"last_token_usage":null,"model_context_window":null}}}"#),

@@ -354,7 +354,7 @@ pub(crate) mod fast_tests {
     use std::path::{Path, PathBuf};
 
     /// Every `.jsonl` file of the corpus folder of `format` (`../shared/corpus/<format>`), sorted.
-    pub(crate) fn corpus_files(format: &str) -> Vec<PathBuf> {
+    fn corpus_files(format: &str) -> Vec<PathBuf> {
         fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
             let Ok(entries) = std::fs::read_dir(dir) else { return };
             let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
@@ -370,6 +370,20 @@ pub(crate) mod fast_tests {
         let mut out = Vec::new();
         walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus").join(format), &mut out);
         out
+    }
+
+    /// Every corpus file of `format` (at least `min_files` of them) gives the same events and diagnostics
+    /// with the fast readers as through values ([`both`]); how many of their lines `fast` reads.
+    pub(crate) fn corpus(format: &str, min_files: usize, fast: impl Fn(&str) -> bool) -> usize {
+        let files = corpus_files(format);
+        assert!(files.len() >= min_files, "the corpus {format} sessions: {files:?}");
+        let mut fast_lines = 0;
+        for f in &files {
+            let bytes = std::fs::read(f).unwrap();
+            fast_lines += bytes.split(|&b| b == b'\n').filter(|l| std::str::from_utf8(l).is_ok_and(&fast)).count();
+            both(&f.display().to_string(), &bytes);
+        }
+        fast_lines
     }
 
     /// `bytes` (named `name`) give the same events and diagnostics with the fast readers as through values.

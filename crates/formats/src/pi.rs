@@ -487,19 +487,12 @@ mod fast_shape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fast_tests::{both, corpus_files};
+    use crate::fast_tests::{both, corpus};
 
     #[test]
     fn the_fast_reader_gives_the_events_the_value_path_gives() {
         // The corpus pi sessions, whole.
-        let files = corpus_files("pi");
-        assert!(files.len() >= 5, "the corpus pi sessions: {files:?}");
-        let mut fast_lines = 0;
-        for f in &files {
-            let bytes = std::fs::read(f).unwrap();
-            fast_lines += bytes.split(|&b| b == b'\n').filter(|l| std::str::from_utf8(l).ok().and_then(fast).is_some()).count();
-            both(&f.display().to_string(), &bytes);
-        }
+        let fast_lines = corpus("pi", 5, |l| fast(l).is_some());
         assert!(fast_lines > 2000, "{fast_lines} corpus lines read fast");
         // Lines of unusual shapes, after enough ordinary ones that the format is known (the first lines
         // decide it and are always read as values): each is read fast or not as listed, and either way
