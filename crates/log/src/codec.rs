@@ -17,6 +17,62 @@ pub const FORMAT_LZ4: u8 = 2;
 /// in order, its length (little-endian `u32`) and its value as [`encode_event`] writes it.
 pub const FORMAT_PACKED: u8 = 3;
 
+/// The format byte that starts a value kept in its session's value file (`values/<session>` beside the
+/// database) instead of in sled: what sled stores is only where to find it. After the byte: the number of
+/// events the value holds (`u32`), its offset in the file (`u64`), its length (`u32`) and the CRC-32 of
+/// its bytes (`u32`), all little-endian. The bytes there are a value of any other format. Only the sled
+/// store writes such a value (for an append made without a flush, see `values`); [`crate::Log::append_encoded`]
+/// refuses one from a caller.
+pub const FORMAT_EXTERNAL: u8 = 4;
+
+/// The length of a [`FORMAT_EXTERNAL`] value.
+pub(crate) const EXTERNAL_LEN: usize = 21;
+
+/// Where a value kept in a value file is: what a [`FORMAT_EXTERNAL`] value says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct External {
+    /// How many events the value holds.
+    pub(crate) count: u32,
+    /// Where the value starts in the session's value file.
+    pub(crate) offset: u64,
+    /// Its length in bytes.
+    pub(crate) len: u32,
+    /// The CRC-32 of those bytes.
+    pub(crate) crc: u32,
+}
+
+impl External {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(EXTERNAL_LEN);
+        out.push(FORMAT_EXTERNAL);
+        out.extend_from_slice(&self.count.to_le_bytes());
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&self.crc.to_le_bytes());
+        out
+    }
+
+    /// The value's pointer, if it is a [`FORMAT_EXTERNAL`] value of the right length.
+    pub(crate) fn decode(value: &[u8]) -> Option<External> {
+        let [FORMAT_EXTERNAL, rest @ ..] = value else { return None };
+        let rest: &[u8; EXTERNAL_LEN - 1] = rest.try_into().ok()?;
+        let (count, rest) = rest.split_first_chunk::<4>()?;
+        let (offset, rest) = rest.split_first_chunk::<8>()?;
+        let (len, crc) = rest.split_first_chunk::<4>()?;
+        Some(External {
+            count: u32::from_le_bytes(*count),
+            offset: u64::from_le_bytes(*offset),
+            len: u32::from_le_bytes(*len),
+            crc: u32::from_le_bytes(crc.try_into().ok()?),
+        })
+    }
+
+    /// Where the value ends in its file.
+    pub(crate) fn end(&self) -> u64 {
+        self.offset + u64::from(self.len)
+    }
+}
+
 /// A packed value's run of bytes (its events' lengths and plain values) holds no more than this
 /// (32 KiB; a session's text compresses to 10–15 KB of it). sled splits a leaf of its tree at 17 values
 /// and writes any item over a quarter of its log segment (1 MiB for a new store) to a file of its own,
@@ -156,10 +212,11 @@ fn pack(count: u32, run: &[u8]) -> Vec<u8> {
     with_header(&[&[FORMAT_PACKED], &count.to_le_bytes(), &(run.len() as u32).to_le_bytes()], &lz4_flex::block::compress(run))
 }
 
-/// How many events a stored value holds: the count of a packed value, 1 for any other.
+/// How many events a stored value holds: the count of a packed value or of one kept in a value file, 1
+/// for any other.
 pub fn events_in(value: &[u8]) -> u64 {
     match value {
-        [FORMAT_PACKED, a, b, c, d, ..] => u64::from(u32::from_le_bytes([*a, *b, *c, *d])).max(1),
+        [FORMAT_PACKED | FORMAT_EXTERNAL, a, b, c, d, ..] => u64::from(u32::from_le_bytes([*a, *b, *c, *d])).max(1),
         _ => 1,
     }
 }

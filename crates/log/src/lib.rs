@@ -17,6 +17,7 @@ mod memory;
 mod pg;
 mod sled_store;
 pub mod testing;
+mod values;
 mod writer;
 
 use condense_events::{Envelope, Event, Seq, SessionId};
@@ -25,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use blob::{BlobHash, BLOB_CHUNK_BYTES, INLINE_BLOB_BYTES};
-pub use codec::{decode_envelope, encode_envelope, encode_event, encode_event_compressed, encode_packed, events_in, FORMAT_LZ4, FORMAT_PACKED, FORMAT_VERSION, MAX_VALUE_BYTES, PACK_BYTES};
+pub use codec::{decode_envelope, encode_envelope, encode_event, encode_event_compressed, encode_packed, events_in, FORMAT_EXTERNAL, FORMAT_LZ4, FORMAT_PACKED, FORMAT_VERSION, MAX_VALUE_BYTES, PACK_BYTES};
 pub use export::ExportSummary;
 
 /// Errors of the log. Every message names the session, sequence number, file or offset involved.
@@ -415,6 +416,9 @@ impl Log {
             last += events_in(v);
             if v.len() > codec::MAX_VALUE_BYTES + 1 {
                 return Err(LogError::Oversized { session, seq: last, bytes: v.len() as u64, max: codec::MAX_VALUE_BYTES as u64 });
+            }
+            if v.first() == Some(&FORMAT_EXTERNAL) {
+                return Err(LogError::Corrupt { session, seq: last, reason: "a value that points into a value file, which only the store itself writes".into() });
             }
             if !packs && v.first() == Some(&FORMAT_PACKED) {
                 return Err(LogError::Corrupt { session, seq: last, reason: format!("a packed value, which {} does not store", self.backend.describe()) });

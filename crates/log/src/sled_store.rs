@@ -2,7 +2,7 @@
 //! last seq), one writer thread that group-commits,
 //! a heads manifest that detects a database which lost acknowledged events, and blob files beside it.
 
-use crate::{blob, codec, manifest, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
+use crate::{blob, codec, manifest, values, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
 use condense_events::{Seq, SessionId};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::BTreeMap;
@@ -19,6 +19,8 @@ pub(crate) struct Shared {
     pub(crate) manifest: Mutex<manifest::Manifest>,
     /// Blobs written without a sync: the writer syncs them before each flush.
     pub(crate) pending_blobs: blob::Pending,
+    /// The folder of the value files (`values`).
+    pub(crate) values_dir: PathBuf,
 }
 
 /// The sled backend of [`crate::Log`].
@@ -99,6 +101,13 @@ impl SledStore {
             Ok(heads)
         })
         .map_err(|p| damaged(format!("sled cannot read its files ({p})")))??;
+        // Events at the end of a session whose values are past the end of its value file (sled kept their
+        // pointers through a power cut that the file's last writes did not survive): they are dropped below
+        // unless they were acknowledged.
+        let values_dir = dir.join(values::DIR);
+        let mut heads = heads;
+        let cuts = quietly(|| lost_tails(&events, &path, &values_dir, &mut heads))
+            .map_err(|p| damaged(format!("sled cannot read its files ({p})")))??;
         // A session holding fewer events than were acknowledged means the database lost data.
         let (acknowledged, manifest_size) = manifest::read(dir)?;
         if let Some((session, have, ack)) = manifest::check(&acknowledged, &heads) {
@@ -108,11 +117,26 @@ impl SledStore {
                 .flatten()
                 .map(|v| format!(" (`{}`)", String::from_utf8_lossy(&v)))
                 .unwrap_or_default();
+            let cut = match cuts.iter().find(|(s, _)| *s == session) {
+                Some(_) => format!(" (the values of the rest are past the end of {})", values::path(&values_dir, session).display()),
+                None => String::new(),
+            };
             return Err(damaged(format!(
-                "session {session}{name} holds {have} of its {ack} acknowledged events (to open what is left anyway, move {} aside)",
+                "session {session}{name} holds {have} of its {ack} acknowledged events{cut} (to open what is left anyway, move {} aside)",
                 dir.join(manifest::FILE).display()
             )));
         }
+        if !cuts.is_empty() {
+            let mut batch = sled::Batch::default();
+            for (_, keys) in &cuts {
+                for k in keys {
+                    batch.remove(k.clone());
+                }
+            }
+            events.apply_batch(batch).map_err(sled_err(&path))?;
+            db.flush().map_err(sled_err(&path))?;
+        }
+        values::remove_orphans(&values_dir, &heads.keys().copied().collect())?;
         let mut merged = acknowledged;
         for (s, h) in &heads {
             let e = merged.entry(*s).or_insert(0);
@@ -128,6 +152,7 @@ impl SledStore {
             heads: Mutex::new(heads),
             manifest: Mutex::new(manifest),
             pending_blobs: blob::Pending::default(),
+            values_dir,
         });
         let writer = writer::WriterHandle::spawn(shared.clone());
         let blobs = blob::BlobStore::new(dir.join("blobs"), blob_tree, shared.path.clone(), shared.pending_blobs.clone());
@@ -192,6 +217,7 @@ impl Backend for SledStore {
         let lo = codec::key(session, from);
         let hi = codec::key(session, Seq::MAX);
         let mut range = self.shared.events.range(lo..=hi);
+        let mut external = values::Reader::new(&self.shared.values_dir, session);
         loop {
             let next = quietly(|| range.next()).map_err(|p| LogError::Damaged {
                 path: self.shared.path.clone(),
@@ -203,7 +229,10 @@ impl Backend for SledStore {
             if s != session {
                 return Err(LogError::Corrupt { session, seq, reason: format!("stored under session {s}") });
             }
-            codec::unpack(session, seq, &v, from, to, f)?;
+            match external.resolve(seq, &v)? {
+                Some(value) => codec::unpack(session, seq, &value, from, to, f)?,
+                None => codec::unpack(session, seq, &v, from, to, f)?,
+            }
             if seq >= to {
                 return Ok(());
             }
@@ -235,6 +264,35 @@ impl Backend for SledStore {
     fn close(&self) {
         self.writer.stop();
     }
+}
+
+/// For each session in `heads`, the keys at its end whose values are value-file pointers past the end of
+/// its file, which come off its head in `heads`.
+fn lost_tails(events: &sled::Tree, db: &Path, values_dir: &Path, heads: &mut BTreeMap<SessionId, Seq>) -> Result<Vec<(SessionId, Vec<sled::IVec>)>> {
+    let mut cuts = Vec::new();
+    for (&session, head) in heads.iter_mut() {
+        if *head == 0 {
+            continue;
+        }
+        let len = values::file_len(values_dir, session)?;
+        let mut lost = Vec::new();
+        let mut kept = 0;
+        for item in events.scan_prefix(session.to_be_bytes()).rev() {
+            let (k, v) = item.map_err(sled_err(db))?;
+            match codec::External::decode(&v) {
+                Some(at) if at.end() > len => lost.push(k),
+                _ => {
+                    kept = codec::split_key(&k).1;
+                    break;
+                }
+            }
+        }
+        if !lost.is_empty() {
+            *head = kept;
+            cuts.push((session, lost));
+        }
+    }
+    Ok(cuts)
 }
 
 /// Key (in sled's default tree) of the lowest id a new session may take: one above every removed one.
@@ -352,6 +410,168 @@ mod tests {
         let (acknowledged, _) = manifest::read(dir.path()).unwrap();
         assert_eq!(acknowledged.get(&1), Some(&2));
         assert_eq!(crate::Log::open(dir.path()).unwrap().head(1).unwrap(), 2);
+    }
+
+    /// `n` events of about 300 bytes each, which pack into values well over [`values::EXTERNAL_FROM`].
+    fn events(n: usize, tag: &str) -> Vec<condense_events::Event> {
+        (0..n).map(|i| event(&format!("{tag} {i} {}", "lorem ipsum dolor ".repeat(12 + i % 7)))).collect()
+    }
+
+    /// Imports `events` into a new session `name` as an import does: packed, in deferred appends of 500.
+    fn import(log: &crate::Log, name: &str, events: &[condense_events::Event]) -> SessionId {
+        let s = log.create_session(name).unwrap();
+        let mut head = 0;
+        for chunk in events.chunks(500) {
+            let values = log.encode_packed(s, head + 1, chunk);
+            head = log.append_encoded(s, head, values, false).unwrap().recv().unwrap().unwrap();
+        }
+        s
+    }
+
+    fn bodies(log: &crate::Log, s: SessionId) -> Vec<condense_events::Event> {
+        log.read(s, 1, Seq::MAX).unwrap().into_iter().map(|e| e.body).collect()
+    }
+
+    #[test]
+    fn an_imports_values_live_in_its_value_file_and_read_back_through_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = events(3000, "imported");
+        let file = dir.path().join(values::DIR).join("1");
+        {
+            let log = crate::Log::open(dir.path()).unwrap();
+            let s = import(&log, "big", &all);
+            assert_eq!(s, 1);
+            // Readable at once, before any flush.
+            assert_eq!(bodies(&log, s), all);
+            // A durable append (a request's events) stays in sled, whatever its size.
+            let before = std::fs::metadata(&file).unwrap().len();
+            let large = event(&"a large request event ".repeat(100));
+            log.append(s, 3000, vec![large.clone()]).unwrap();
+            assert_eq!(std::fs::metadata(&file).unwrap().len(), before);
+            assert_eq!(log.read(s, 3001, 3001).unwrap()[0].body, large);
+        }
+        // sled holds only pointers for the imported events: its values are small, the file holds the rest.
+        let bytes: usize = all.iter().map(|e| crate::encode_event(1, 1, e).len()).sum();
+        let file_len = std::fs::metadata(&file).unwrap().len() as usize;
+        assert!(file_len > bytes / 20 && file_len < bytes, "value file of {file_len} bytes for {bytes} bytes of events");
+        let stored: Vec<usize> = raw_values(dir.path(), 1).iter().map(|v| v.len()).collect();
+        assert!(stored.len() > 10 && stored[..stored.len() - 1].iter().all(|&n| n == codec::EXTERNAL_LEN), "{stored:?}");
+        let last = &raw_values(dir.path(), 1)[stored.len() - 1];
+        assert_ne!(last[0], codec::FORMAT_EXTERNAL, "the durable append's value is in sled");
+        let log = crate::Log::open(dir.path()).unwrap();
+        assert_eq!(bodies(&log, 1)[..3000], all[..]);
+        // Reads of a range that starts and ends inside packs.
+        let some: Vec<Seq> = log.read(1, 777, 1234).unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(some, (777..=1234).collect::<Vec<_>>());
+        assert_eq!(log.verify().unwrap().events, 3001);
+        // Appending goes on after what the file holds.
+        let more = events(600, "more");
+        let values = log.encode_packed(1, 3002, &more);
+        log.append_encoded(1, 3001, values, false).unwrap().recv().unwrap().unwrap();
+        assert_eq!(bodies(&log, 1)[3001..], more[..]);
+        assert!(std::fs::metadata(&file).unwrap().len() as usize > file_len);
+        // A value a caller made to look like a pointer is refused before anything is written.
+        let forged = codec::External { count: 1, offset: 0, len: 600, crc: 0 }.encode();
+        let err = log.append_encoded(1, 3601, vec![forged], false).unwrap_err().to_string();
+        assert!(err.contains("event 1:3602") && err.contains("value file"), "{err}");
+        assert_eq!(log.head(1).unwrap(), 3601);
+    }
+
+    /// The raw values sled holds for session `s` of the closed store in `dir`.
+    fn raw_values(dir: &Path, s: SessionId) -> Vec<sled::IVec> {
+        let db = sled::Config::new().path(dir.join("db")).segment_size(SEGMENT_BYTES).open().unwrap();
+        db.open_tree("events").unwrap().scan_prefix(s.to_be_bytes()).values().map(|v| v.unwrap()).collect()
+    }
+
+    #[test]
+    fn a_damaged_value_file_is_a_corrupt_event_naming_the_file_and_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(values::DIR).join("1");
+        {
+            let log = crate::Log::open(dir.path()).unwrap();
+            import(&log, "big", &events(2000, "e"));
+        }
+        // One byte changed in the middle of the file.
+        let mut data = std::fs::read(&file).unwrap();
+        let mid = data.len() / 2;
+        data[mid] ^= 0x55;
+        std::fs::write(&file, &data).unwrap();
+        let log = crate::Log::open(dir.path()).unwrap();
+        let err = log.verify().unwrap_err().to_string();
+        assert!(err.starts_with("event 1:") && err.contains(&file.display().to_string()) && err.contains("CRC-32"), "{err}");
+        assert!(err.contains("at offset "), "{err}");
+        // The events before the damaged value still read.
+        let seq: Seq = err["event 1:".len()..].split(' ').next().unwrap().trim_end_matches(':').parse().unwrap();
+        assert!(seq > 1 && log.read(1, 1, 1).is_ok(), "{err}");
+        drop(log);
+        // The file gone altogether.
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(dir.path().join(manifest::FILE), b"").unwrap();
+        let log = crate::Log::open(dir.path()).unwrap();
+        // (With the manifest emptied the open drops what it cannot read: here, everything.)
+        assert_eq!(log.head(1).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_value_file_cut_short_drops_unacknowledged_events_and_refuses_to_lose_acknowledged_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(values::DIR).join("1");
+        let all = events(2000, "e");
+        {
+            let log = crate::Log::open(dir.path()).unwrap();
+            import(&log, "big", &all);
+        }
+        let full = std::fs::read(&file).unwrap();
+        // As a power cut can leave it: sled kept the pointers, the file lost its last writes.
+        std::fs::write(&file, &full[..full.len() - 100]).unwrap();
+        let err = crate::Log::open(dir.path()).err().expect("acknowledged events lost").to_string();
+        assert!(err.contains("is damaged") && err.contains("acknowledged events") && err.contains(&file.display().to_string()), "{err}");
+        // Not acknowledged (the manifest, which is written after each flush, never learned them): the events
+        // whose values are gone are dropped and the session ends at the last whole one.
+        std::fs::write(dir.path().join(manifest::FILE), b"").unwrap();
+        let log = crate::Log::open(dir.path()).unwrap();
+        let head = log.head(1).unwrap();
+        assert!(head > 1500 && head < 2000, "head {head}");
+        assert_eq!(bodies(&log, 1), all[..head as usize]);
+        assert_eq!(log.verify().unwrap().events, head);
+        // The session goes on from there.
+        let values = log.encode_packed(1, head + 1, &all[head as usize..]);
+        log.append_encoded(1, head, values, false).unwrap().recv().unwrap().unwrap();
+        // A durable append after them: the flush that made it durable synced the value file first, so the
+        // file losing values before it is damage, not a power cut, and the read that meets it says where.
+        log.append(1, 2000, vec![event("a request's event")]).unwrap();
+        drop(log);
+        let log = crate::Log::open(dir.path()).unwrap();
+        assert_eq!(bodies(&log, 1)[..2000], all[..]);
+        drop(log);
+        let full = std::fs::read(&file).unwrap();
+        std::fs::write(&file, &full[..full.len() - 100]).unwrap();
+        let log = crate::Log::open(dir.path()).unwrap();
+        assert_eq!(log.head(1).unwrap(), 2001);
+        let err = log.verify().unwrap_err().to_string();
+        assert!(err.contains("is cut short: the file holds") && err.contains(&file.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn a_removed_sessions_value_file_goes_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let values_dir = dir.path().join(values::DIR);
+        {
+            let log = crate::Log::open(dir.path()).unwrap();
+            let gone = import(&log, "gone", &events(800, "g"));
+            let kept = import(&log, "kept", &events(800, "k"));
+            assert!(values_dir.join(gone.to_string()).exists());
+            log.remove_session(gone).unwrap();
+            assert!(!values_dir.join(gone.to_string()).exists());
+            assert!(values_dir.join(kept.to_string()).exists());
+        }
+        // What a removal cut short leaves behind is deleted by the next open; files of other names stay.
+        std::fs::write(values_dir.join("77"), b"left by a removal").unwrap();
+        std::fs::write(values_dir.join("notes"), b"not ours").unwrap();
+        let log = crate::Log::open(dir.path()).unwrap();
+        assert!(!values_dir.join("77").exists());
+        assert!(values_dir.join("notes").exists());
+        assert_eq!(bodies(&log, 2), events(800, "k"));
     }
 
     #[test]

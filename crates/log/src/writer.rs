@@ -2,7 +2,7 @@
 
 use crate::codec::key;
 use crate::sled_store::{id_floor, Shared, ID_FLOOR_KEY};
-use crate::{Appended, LogError, Result};
+use crate::{values, Appended, LogError, Result};
 use condense_events::{Seq, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use std::collections::BTreeMap;
@@ -88,6 +88,7 @@ impl Drop for WriterHandle {
 }
 
 fn run(shared: &Shared, rx: &Receiver<Request>) {
+    let mut files = values::Files::new(shared.values_dir.clone());
     // Heads written by deferred appends and not yet flushed: the manifest learns them at the next flush.
     let mut unflushed: BTreeMap<SessionId, Seq> = BTreeMap::new();
     let mut names: BTreeMap<String, SessionId> = BTreeMap::new();
@@ -101,26 +102,28 @@ fn run(shared: &Shared, rx: &Receiver<Request>) {
             match r {
                 Request::Remove { session, reply } => {
                     if !pending.is_empty() {
-                        commit(shared, &mut names, &mut unflushed, std::mem::take(&mut pending));
+                        commit(shared, &mut files, &mut names, &mut unflushed, std::mem::take(&mut pending));
                     }
-                    let _ = reply.send(remove(shared, &mut names, &mut unflushed, session));
+                    let _ = reply.send(remove(shared, &mut files, &mut names, &mut unflushed, session));
                 }
                 other => pending.push(other),
             }
         }
         if !pending.is_empty() {
-            commit(shared, &mut names, &mut unflushed, pending);
+            commit(shared, &mut files, &mut names, &mut unflushed, pending);
         }
     }
-    if flush(shared).is_ok() {
+    if flush(shared, &mut files).is_ok() {
         record_flushed(shared, &mut unflushed);
     }
 }
 
-/// Makes everything written so far durable: blob files written without a sync first, so each is durable
-/// before any event naming it, then sled (with the blobs it holds, written before those events).
-fn flush(shared: &Shared) -> sled::Result<()> {
+/// Makes everything written so far durable: blob files and value files written without a sync first, so
+/// each is durable before any event naming it, then sled (with the blobs it holds, written before those
+/// events).
+fn flush(shared: &Shared, files: &mut values::Files) -> sled::Result<()> {
     crate::blob::sync_pending(&shared.pending_blobs)?;
+    files.sync().map_err(|e| sled::Error::Io(std::io::Error::other(e.to_string())))?;
     if let Err(e) = shared.db.flush() {
         // The blobs in the database are not known to be durable: the next flush must not be skipped.
         shared.pending_blobs.lock().expect("pending blobs lock").in_db = true;
@@ -142,9 +145,11 @@ enum Reply {
     Appended(Sender<Result<Seq>>, Result<Seq>),
 }
 
-/// Checks an append against the session's head and adds its values to the group's batch.
+/// Checks an append against the session's head and adds its values to the group's batch; the large values
+/// of an append made without a flush go to the session's value file first, their pointers to the batch.
 #[allow(clippy::too_many_arguments)]
 fn stage(
+    files: &mut values::Files,
     heads: &mut BTreeMap<SessionId, Seq>,
     batch: &mut sled::Batch,
     wrote: &mut bool,
@@ -153,6 +158,7 @@ fn stage(
     session: SessionId,
     expected: Seq,
     values: Vec<Vec<u8>>,
+    durable: bool,
     reply: Sender<Result<Seq>>,
 ) {
     let Some(&head) = heads.get(&session) else {
@@ -168,9 +174,18 @@ fn stage(
         return;
     }
     let mut seq = head;
+    let mut keyed: Vec<(Seq, Vec<u8>)> = Vec::with_capacity(values.len());
     for v in values {
         // A packed value goes under the seq of its last event.
         seq += crate::codec::events_in(&v);
+        keyed.push((seq, v));
+    }
+    // A durable append (a request's events) stays in sled: its flush would otherwise sync a file too.
+    if !durable && let Err(e) = files.externalize(session, &mut keyed) {
+        replies.push(Reply::Appended(reply, Err(e)));
+        return;
+    }
+    for (seq, v) in keyed {
         batch.insert(&key(session, seq)[..], v);
     }
     *wrote = true;
@@ -182,7 +197,13 @@ fn stage(
 /// Applies one group as a single sled batch and flushes when any request in it needs durability (a
 /// durable append, a new session, a sync); replies go out only after that flush. A group of deferred
 /// appends only is acknowledged once written: the next flush makes it durable.
-fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &mut BTreeMap<SessionId, Seq>, group: Vec<Request>) {
+fn commit(
+    shared: &Shared,
+    files: &mut values::Files,
+    names: &mut BTreeMap<String, SessionId>,
+    unflushed: &mut BTreeMap<SessionId, Seq>,
+    group: Vec<Request>,
+) {
     let mut heads = shared.heads.lock().expect("heads lock").clone();
     let mut batch = sled::Batch::default();
     let mut replies = Vec::with_capacity(group.len());
@@ -222,7 +243,7 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
             Request::Remove { .. } => unreachable!("removals are committed on their own"),
             Request::Prepared { session, expected, values, durable, reply } => {
                 flush |= durable;
-                stage(&mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
+                stage(files, &mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, durable, reply);
             }
             Request::Sync { reply } => {
                 flush = true;
@@ -237,7 +258,7 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
             shared.events.apply_batch(batch)?;
         }
         if flush {
-            self::flush(shared)?;
+            self::flush(shared, files)?;
         }
         Ok::<(), sled::Error>(())
     });
@@ -287,8 +308,15 @@ fn commit(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
 
 /// Deletes a session. The manifest learns first (synced), so a crash part-way never reads as lost events,
 /// and no later flush names the session again; then the id floor and the name go (flushed), then the
-/// events. A crash after the name is gone leaves only unreachable events behind.
-fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &mut BTreeMap<SessionId, Seq>, session: SessionId) -> Result<()> {
+/// events, then its value file. A crash after the name is gone leaves only unreachable events behind (and
+/// a value file that the next open deletes).
+fn remove(
+    shared: &Shared,
+    files: &mut values::Files,
+    names: &mut BTreeMap<String, SessionId>,
+    unflushed: &mut BTreeMap<SessionId, Seq>,
+    session: SessionId,
+) -> Result<()> {
     let sled = |source| LogError::Sled { path: shared.path.clone(), source };
     if !shared.heads.lock().expect("heads lock").contains_key(&session) {
         return Err(LogError::UnknownSession(session.to_string()));
@@ -300,7 +328,7 @@ fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
     let floor = id_floor(shared).max(session + 1);
     shared.db.insert(ID_FLOOR_KEY, &floor.to_be_bytes()).map_err(sled)?;
     shared.sessions.remove(session.to_be_bytes()).map_err(sled)?;
-    flush(shared).map_err(sled)?;
+    flush(shared, files).map_err(sled)?;
     record_flushed(shared, unflushed);
     names.retain(|_, id| *id != session);
     shared.heads.lock().expect("heads lock").remove(&session);
@@ -310,5 +338,5 @@ fn remove(shared: &Shared, names: &mut BTreeMap<String, SessionId>, unflushed: &
     }
     shared.events.apply_batch(batch).map_err(sled)?;
     shared.db.flush().map_err(sled)?;
-    Ok(())
+    files.remove(session)
 }

@@ -1,0 +1,238 @@
+//! Value files: where the sled store keeps the large values of appends made without a flush (an
+//! import's packs), one append-only file per session, `values/<session>` beside the database. sled then
+//! stores only where each value is ([`External`], 21 bytes), so its tree stays small: sled rewrites a
+//! leaf whole with every split and consolidation and again when it cleans a segment, and with the values
+//! in its leaves an import wrote each of its bytes about four times (docs/storage.md).
+//!
+//! Order of writes: a value is written to its file before its pointer goes into sled's batch, so a reader
+//! that finds the pointer finds the bytes (they are in the operating system's cache even before a sync).
+//! Every flush of the log first syncs the value files written since the last one (and the folder, for a
+//! file it created): an acknowledged durable head never names a value that is not durable. A file is only
+//! ever appended to; bytes no pointer names (a group that failed, a crash) are dead space, and a removed
+//! session's file is deleted once its events are.
+//!
+//! A value's CRC-32 is in its pointer: a read that finds other bytes, or too few, is
+//! [`LogError::Corrupt`] naming the session, seq, file and offset, never a wrong event.
+
+use crate::codec::{External, EXTERNAL_LEN};
+use crate::{LogError, Result};
+use condense_events::{Seq, SessionId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// The folder of the value files, inside the log folder.
+pub const DIR: &str = "values";
+
+/// A value of an append made without a flush goes to a value file when it is at least this long; a
+/// shorter one costs sled little more than its pointer would.
+pub const EXTERNAL_FROM: usize = 512;
+
+/// The value file of `session` in the folder `dir`.
+pub(crate) fn path(dir: &Path, session: SessionId) -> PathBuf {
+    dir.join(session.to_string())
+}
+
+/// The writer thread's value files: the open ones, with the length each has, and the ones written since
+/// the last sync.
+pub(crate) struct Files {
+    dir: PathBuf,
+    open: BTreeMap<SessionId, (File, u64)>,
+    dirty: BTreeSet<SessionId>,
+    /// A file (or the folder) was created since the last sync: the folder is synced too.
+    created: bool,
+}
+
+impl Files {
+    pub(crate) fn new(dir: PathBuf) -> Files {
+        Files { dir, open: BTreeMap::new(), dirty: BTreeSet::new(), created: false }
+    }
+
+    fn io(&self, path: PathBuf) -> impl FnOnce(std::io::Error) -> LogError {
+        move |source| LogError::Io { path, source }
+    }
+
+    /// Writes each value of `values` (`(seq, value)` of one append to `session`) that is at least
+    /// [`EXTERNAL_FROM`] long to the session's file and puts its pointer in its place. On an error nothing
+    /// of the append may be stored: what was written is dead space, and the file's length is read again
+    /// before its next write.
+    pub(crate) fn externalize(&mut self, session: SessionId, values: &mut [(Seq, Vec<u8>)]) -> Result<()> {
+        if values.iter().all(|(_, v)| v.len() < EXTERNAL_FROM) {
+            return Ok(());
+        }
+        let path = path(&self.dir, session);
+        if !self.open.contains_key(&session) {
+            if !self.dir.exists() {
+                std::fs::create_dir_all(&self.dir).map_err(self.io(self.dir.clone()))?;
+            }
+            let existed = path.exists();
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(self.io(path.clone()))?;
+            let len = file.metadata().map_err(self.io(path.clone()))?.len();
+            self.created |= !existed;
+            self.open.insert(session, (file, len));
+        }
+        let (file, len) = self.open.get_mut(&session).expect("opened above");
+        let start = *len;
+        let mut end = start;
+        let mut written = Ok(());
+        for (_, v) in values.iter_mut() {
+            if v.len() < EXTERNAL_FROM {
+                continue;
+            }
+            if let Err(e) = file.write_all(v) {
+                written = Err(e);
+                break;
+            }
+            let external = External {
+                count: crate::codec::events_in(v) as u32,
+                offset: end,
+                len: v.len() as u32,
+                crc: crc32fast::hash(v),
+            };
+            end += v.len() as u64;
+            *v = external.encode();
+        }
+        self.dirty.insert(session);
+        if let Err(source) = written {
+            self.open.remove(&session);
+            return Err(LogError::Io { path, source });
+        }
+        *len = end;
+        Ok(())
+    }
+
+    /// Syncs the files written since the last sync (and their folder, where one was created); the log's
+    /// flush calls it before sled's. A file that fails stays to be synced by the next flush.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        while let Some(&session) = self.dirty.first() {
+            if let Some((file, _)) = self.open.get(&session) {
+                file.sync_data().map_err(self.io(path(&self.dir, session)))?;
+            } else {
+                // Closed after a failed write: what it holds is synced through a fresh handle.
+                let p = path(&self.dir, session);
+                match File::open(&p) {
+                    Ok(f) => f.sync_data().map_err(self.io(p))?,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(source) => return Err(LogError::Io { path: p, source }),
+                }
+            }
+            self.dirty.remove(&session);
+        }
+        if self.created {
+            sync_dir(&self.dir).map_err(self.io(self.dir.clone()))?;
+            if let Some(parent) = self.dir.parent() {
+                sync_dir(parent).map_err(self.io(parent.to_path_buf()))?;
+            }
+            self.created = false;
+        }
+        Ok(())
+    }
+
+    /// Deletes the value file of a session whose events are gone.
+    pub(crate) fn remove(&mut self, session: SessionId) -> Result<()> {
+        self.open.remove(&session);
+        self.dirty.remove(&session);
+        remove_file(&path(&self.dir, session))
+    }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn remove_file(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(LogError::Io { path: path.to_path_buf(), source: e }),
+        _ => Ok(()),
+    }
+}
+
+/// Reads the values of one session kept in its value file, opening the file at the first.
+pub(crate) struct Reader<'a> {
+    dir: &'a Path,
+    session: SessionId,
+    file: Option<File>,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(dir: &'a Path, session: SessionId) -> Reader<'a> {
+        Reader { dir, session, file: None }
+    }
+
+    /// The value that `value` (stored under `seq`) points to, or `None` when `value` is not a pointer.
+    pub(crate) fn resolve(&mut self, seq: Seq, value: &[u8]) -> Result<Option<Vec<u8>>> {
+        if value.first() != Some(&crate::codec::FORMAT_EXTERNAL) {
+            return Ok(None);
+        }
+        let session = self.session;
+        let path = path(self.dir, session);
+        let corrupt = |reason: String| LogError::Corrupt { session, seq, reason };
+        let at = External::decode(value).ok_or_else(|| corrupt(format!("a value file pointer of {} bytes, not {EXTERNAL_LEN}", value.len())))?;
+        if at.len as usize > crate::codec::MAX_VALUE_BYTES {
+            return Err(corrupt(format!("a value of {} bytes in {}, over the {}-byte bound", at.len, path.display(), crate::codec::MAX_VALUE_BYTES)));
+        }
+        if self.file.is_none() {
+            self.file = Some(match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(corrupt(format!("its value file {} is missing", path.display()))),
+                Err(source) => return Err(LogError::Io { path, source }),
+            });
+        }
+        let file = self.file.as_ref().expect("opened above");
+        let mut bytes = vec![0u8; at.len as usize];
+        if let Err(e) = file.read_exact_at(&mut bytes, at.offset) {
+            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                return Err(LogError::Io { path, source: e });
+            }
+            let have = file.metadata().map(|m| m.len()).unwrap_or(0);
+            return Err(corrupt(format!(
+                "its value ({} bytes at offset {} of {}) is cut short: the file holds {have} bytes",
+                at.len,
+                at.offset,
+                path.display()
+            )));
+        }
+        let crc = crc32fast::hash(&bytes);
+        if crc != at.crc {
+            return Err(corrupt(format!(
+                "its value ({} bytes at offset {} of {}) has CRC-32 {crc:08x}, not {:08x}",
+                at.len,
+                at.offset,
+                path.display(),
+                at.crc
+            )));
+        }
+        Ok(Some(bytes))
+    }
+}
+
+/// The length of `session`'s value file in `dir` (0 when there is none).
+pub(crate) fn file_len(dir: &Path, session: SessionId) -> Result<u64> {
+    let p = path(dir, session);
+    match std::fs::metadata(&p) {
+        Ok(m) => Ok(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(source) => Err(LogError::Io { path: p, source }),
+    }
+}
+
+/// Deletes the value files in `dir` of sessions not in `sessions` (left by a removal cut short).
+pub(crate) fn remove_orphans(dir: &Path, sessions: &BTreeSet<SessionId>) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(LogError::Io { path: dir.to_path_buf(), source }),
+    };
+    for e in entries {
+        let e = e.map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
+        let name = e.file_name();
+        let Some(id) = name.to_str().and_then(|n| n.parse::<SessionId>().ok()) else { continue };
+        // Only names this module writes: a number as `to_string` gives it.
+        if name.to_str() == Some(&id.to_string()) && !sessions.contains(&id) {
+            remove_file(&e.path())?;
+        }
+    }
+    Ok(())
+}
