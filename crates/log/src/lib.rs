@@ -7,7 +7,8 @@
 //! they expect; it gathers whatever requests are waiting into one group, writes them as one sled batch,
 //! flushes, and only then acknowledges them. A process killed at any point therefore reopens with a
 //! gap-free prefix of each session that holds every acknowledged event. Large bodies live beside the
-//! database as content-addressed blob files (blake3, written to a temp file and renamed into place).
+//! database as content-addressed blob files (blake3, written to a temp file and renamed into place), and
+//! an import's values in one value file per session that sled points into (`values`).
 
 mod blob;
 mod codec;
@@ -242,7 +243,7 @@ pub trait Backend: Send + Sync {
 /// Where a log lives: a folder for the embedded sled store, or a PostgreSQL database.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Location {
-    /// A folder: the sled database in `DIR/db`, blobs in `DIR/blobs`.
+    /// A folder: the sled database in `DIR/db`, value files in `DIR/values`, blobs in `DIR/blobs`.
     Dir(PathBuf),
     /// A PostgreSQL connection string (`postgres://user[:password]@host[:port]/database[?options]`).
     Postgres(String),
