@@ -1,6 +1,7 @@
 //! The embedded backend: sled, keyed by big-endian `(session, seq)` (a packed run of events under its
 //! last seq), one writer thread that group-commits,
-//! a heads manifest that detects a database which lost acknowledged events, and blob files beside it.
+//! a heads manifest that detects a database which lost acknowledged events, and blob files and value
+//! files (`values`) beside it.
 
 use crate::{blob, codec, manifest, values, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
 use condense_events::{Seq, SessionId};

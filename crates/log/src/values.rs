@@ -130,7 +130,7 @@ impl Files {
         Ok(())
     }
 
-    /// Deletes the value file of a session whose events are gone.
+    /// Forgets the value file of a session whose events are gone, and deletes it.
     pub(crate) fn remove(&mut self, session: SessionId) -> Result<()> {
         self.open.remove(&session);
         self.dirty.remove(&session);

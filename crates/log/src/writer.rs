@@ -338,5 +338,8 @@ fn remove(
     }
     shared.events.apply_batch(batch).map_err(sled)?;
     shared.db.flush().map_err(sled)?;
-    files.remove(session)
+    // The session is gone whatever happens to its file: one that cannot be deleted now is dead space
+    // that the next open deletes.
+    let _ = files.remove(session);
+    Ok(())
 }
