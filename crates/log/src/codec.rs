@@ -21,7 +21,7 @@ pub const FORMAT_PACKED: u8 = 3;
 /// database) instead of in sled: what sled stores is only where to find it. After the byte: the number of
 /// events the value holds (`u32`), its offset in the file (`u64`), its length (`u32`) and the CRC-32 of
 /// its bytes (`u32`), all little-endian. The bytes there are a value of any other format. Only the sled
-/// store writes such a value (for an append made without a flush, see `values`); [`crate::Log::append_encoded`]
+/// store writes such a value (for an import's append, see `values`); [`crate::Log::append_encoded`]
 /// refuses one from a caller.
 pub const FORMAT_EXTERNAL: u8 = 4;
 

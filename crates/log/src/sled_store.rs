@@ -444,38 +444,45 @@ mod tests {
             assert_eq!(s, 1);
             // Readable at once, before any flush.
             assert_eq!(bodies(&log, s), all);
-            // A durable append (a request's events) stays in sled, whatever its size.
+            // Appends other than an import's (a request's events, with a flush or without) stay in sled,
+            // whatever their size.
             let before = std::fs::metadata(&file).unwrap().len();
             let large = event(&"a large request event ".repeat(100));
             log.append(s, 3000, vec![large.clone()]).unwrap();
+            // Numbers that compress little: values well over `EXTERNAL_FROM` once compressed.
+            let deferred: Vec<_> = (0..3u64).map(|i| event(&(0..300u64).map(|k| ((k * 7919 + i) % 100_003).to_string()).collect::<Vec<_>>().join(" "))).collect();
+            let values: Vec<Vec<u8>> = deferred.iter().enumerate().map(|(i, e)| log.encode(s, 3002 + i as u64, e)).collect();
+            assert!(values.iter().all(|v| v.len() > values::EXTERNAL_FROM));
+            log.append_encoded(s, 3001, values, false).unwrap().recv().unwrap().unwrap();
             assert_eq!(std::fs::metadata(&file).unwrap().len(), before);
             assert_eq!(log.read(s, 3001, 3001).unwrap()[0].body, large);
+            assert_eq!(bodies(&log, s)[3001..], deferred[..]);
         }
         // sled holds only pointers for the imported events: its values are small, the file holds the rest.
         let bytes: usize = all.iter().map(|e| crate::encode_event(1, 1, e).len()).sum();
         let file_len = std::fs::metadata(&file).unwrap().len() as usize;
         assert!(file_len > bytes / 20 && file_len < bytes, "value file of {file_len} bytes for {bytes} bytes of events");
-        let stored: Vec<usize> = raw_values(dir.path(), 1).iter().map(|v| v.len()).collect();
-        assert!(stored.len() > 10 && stored[..stored.len() - 1].iter().all(|&n| n == codec::EXTERNAL_LEN), "{stored:?}");
-        let last = &raw_values(dir.path(), 1)[stored.len() - 1];
-        assert_ne!(last[0], codec::FORMAT_EXTERNAL, "the durable append's value is in sled");
+        let raw = raw_values(dir.path(), 1);
+        let (imported, rest) = raw.split_at(raw.len() - 4);
+        assert!(imported.len() > 10 && imported.iter().all(|v| v.len() == codec::EXTERNAL_LEN && v[0] == codec::FORMAT_EXTERNAL));
+        assert!(rest.iter().all(|v| v[0] != codec::FORMAT_EXTERNAL), "the other appends' values are in sled");
         let log = crate::Log::open(dir.path()).unwrap();
         assert_eq!(bodies(&log, 1)[..3000], all[..]);
         // Reads of a range that starts and ends inside packs.
         let some: Vec<Seq> = log.read(1, 777, 1234).unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(some, (777..=1234).collect::<Vec<_>>());
-        assert_eq!(log.verify().unwrap().events, 3001);
+        assert_eq!(log.verify().unwrap().events, 3004);
         // Appending goes on after what the file holds.
         let more = events(600, "more");
-        let values = log.encode_packed(1, 3002, &more);
-        log.append_encoded(1, 3001, values, false).unwrap().recv().unwrap().unwrap();
-        assert_eq!(bodies(&log, 1)[3001..], more[..]);
+        let values = log.encode_packed(1, 3005, &more);
+        log.append_encoded(1, 3004, values, false).unwrap().recv().unwrap().unwrap();
+        assert_eq!(bodies(&log, 1)[3004..], more[..]);
         assert!(std::fs::metadata(&file).unwrap().len() as usize > file_len);
         // A value a caller made to look like a pointer is refused before anything is written.
         let forged = codec::External { count: 1, offset: 0, len: 600, crc: 0 }.encode();
-        let err = log.append_encoded(1, 3601, vec![forged], false).unwrap_err().to_string();
-        assert!(err.contains("event 1:3602") && err.contains("value file"), "{err}");
-        assert_eq!(log.head(1).unwrap(), 3601);
+        let err = log.append_encoded(1, 3604, vec![forged], false).unwrap_err().to_string();
+        assert!(err.contains("event 1:3605") && err.contains("value file"), "{err}");
+        assert_eq!(log.head(1).unwrap(), 3604);
     }
 
     /// The raw values sled holds for session `s` of the closed store in `dir`.

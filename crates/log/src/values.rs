@@ -1,5 +1,6 @@
-//! Value files: where the sled store keeps the large values of appends made without a flush (an
-//! import's packs), one append-only file per session, `values/<session>` beside the database. sled then
+//! Value files: where the sled store keeps the large values of an import's appends (those that hold
+//! packs: its packs and the events too large to pack), one append-only file per session,
+//! `values/<session>` beside the database. sled then
 //! stores only where each value is ([`External`], 21 bytes), so its tree stays small: sled rewrites a
 //! leaf whole with every split and consolidation and again when it cleans a segment, and with the values
 //! in its leaves an import wrote each of its bytes about four times (docs/storage.md).
@@ -26,8 +27,8 @@ use std::path::{Path, PathBuf};
 /// The folder of the value files, inside the log folder.
 pub const DIR: &str = "values";
 
-/// A value of an append made without a flush goes to a value file when it is at least this long; a
-/// shorter one costs sled little more than its pointer would.
+/// A value of an import's append goes to a value file when it is at least this long; a shorter one costs
+/// sled little more than its pointer would.
 pub const EXTERNAL_FROM: usize = 512;
 
 /// The value file of `session` in the folder `dir`.

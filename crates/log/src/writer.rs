@@ -146,7 +146,7 @@ enum Reply {
 }
 
 /// Checks an append against the session's head and adds its values to the group's batch; the large values
-/// of an append made without a flush go to the session's value file first, their pointers to the batch.
+/// of an import's append go to the session's value file first, their pointers to the batch.
 #[allow(clippy::too_many_arguments)]
 fn stage(
     files: &mut values::Files,
@@ -158,7 +158,6 @@ fn stage(
     session: SessionId,
     expected: Seq,
     values: Vec<Vec<u8>>,
-    durable: bool,
     reply: Sender<Result<Seq>>,
 ) {
     let Some(&head) = heads.get(&session) else {
@@ -180,8 +179,11 @@ fn stage(
         seq += crate::codec::events_in(&v);
         keyed.push((seq, v));
     }
-    // A durable append (a request's events) stays in sled: its flush would otherwise sync a file too.
-    if !durable && let Err(e) = files.externalize(session, &mut keyed) {
+    // An import's append is the one that holds packs. Any other stays in sled: `condense serve` makes a
+    // request's events durable with the flush that records the reply, while the client waits, and that
+    // flush would sync a value file as well as sled's (0.18 → 0.47 ms at the median here).
+    let import = keyed.iter().any(|(_, v)| v.first() == Some(&crate::codec::FORMAT_PACKED));
+    if import && let Err(e) = files.externalize(session, &mut keyed) {
         replies.push(Reply::Appended(reply, Err(e)));
         return;
     }
@@ -243,7 +245,7 @@ fn commit(
             Request::Remove { .. } => unreachable!("removals are committed on their own"),
             Request::Prepared { session, expected, values, durable, reply } => {
                 flush |= durable;
-                stage(files, &mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, durable, reply);
+                stage(files, &mut heads, &mut batch, &mut wrote, &mut notices, &mut replies, session, expected, values, reply);
             }
             Request::Sync { reply } => {
                 flush = true;
