@@ -397,6 +397,33 @@ fn streamed_import_writes_what_the_whole_file_import_writes() {
 /// the same sessions holding the same events. Among the files: every corpus line-format session, files of
 /// document formats (read whole), a damaged file, one that does not exist, two files under one name (the
 /// second is refused), a session imported before (left as it is) and one created empty (imported into).
+/// A folder's sessions are made durable together, by the sync after its last file: files read whole (a
+/// document format) are written without a flush, as streamed ones are. The heads manifest, which learns
+/// heads only at a flush, shows it: empty until the sync, then one record per session.
+#[test]
+fn files_read_whole_in_a_folder_wait_for_the_sync_after_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = condense_tests::corpus_dir();
+    let mut documents = Vec::new();
+    condense_tests::walk_files(&corpus.join("gemini-cli"), &["json"], &mut documents);
+    documents.sort();
+    assert!(documents.len() >= 2, "document-format files in the corpus");
+    let pi = condense_tests::corpus_sessions().into_iter().find(|f| f.starts_with(corpus.join("pi"))).unwrap();
+    let files = vec![(documents[0].clone(), "doc0".to_string()), (pi, "streamed".into()), (documents[1].clone(), "doc1".into())];
+    let store = condense_engine::Store::open(dir.path().join("s")).unwrap();
+    let mut imported = Vec::new();
+    store.import_files_deferred(&files, &mut |_, r| imported.push(r.unwrap()[0].events));
+    assert!(imported.len() == 3 && imported.iter().all(|&n| n > 2), "{imported:?}");
+    let manifest = dir.path().join("s").join("heads");
+    let recorded = || std::fs::metadata(&manifest).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(recorded(), 0, "a flush came before the sync");
+    store.sync().unwrap();
+    assert_eq!(recorded(), 3 * 16, "one record (session, head) per session");
+    for (name, n) in ["doc0", "streamed", "doc1"].iter().zip(&imported) {
+        assert_eq!(store.session(name).unwrap().head().unwrap(), *n, "{name}");
+    }
+}
+
 #[test]
 fn files_read_ahead_end_as_files_imported_one_at_a_time() {
     let dir = tempfile::tempdir().unwrap();

@@ -422,7 +422,7 @@ impl Store {
                     let _ = h.map(|h| h.join());
                     let _ = p.map(|p| p.join());
                     for (i, &(path, name)) in files.iter().enumerate() {
-                        done(i, self.import_whole(path, name));
+                        done(i, self.import_whole(path, name, durable));
                     }
                     return;
                 }
@@ -430,11 +430,11 @@ impl Store {
             for (i, (&(path, name), plan)) in files.iter().zip(plans).enumerate() {
                 done(i, match plan {
                     Err(e) => Err(e),
-                    Ok(None) => self.import_whole(path, name),
+                    Ok(None) => self.import_whole(path, name, durable),
                     Ok(Some(a)) => match self.write_streamed(&a, name, &hash_rx, &rx, durable) {
                         Ok(Some(outcome)) => Ok(vec![outcome]),
                         // Not a line format: nothing was written.
-                        Ok(None) => self.import_whole(path, name),
+                        Ok(None) => self.import_whole(path, name, durable),
                         Err(e) => Err(e),
                     },
                 });
@@ -557,7 +557,7 @@ impl Store {
 
     /// A file read whole: the formats that are not JSON lines, and a session that exists already (an
     /// import to finish, a file that grew, or one imported as it is).
-    fn import_whole(&self, path: &Path, name: &str) -> Result<Vec<ImportOutcome>> {
+    fn import_whole(&self, path: &Path, name: &str, durable: bool) -> Result<Vec<ImportOutcome>> {
         let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: path.to_path_buf(), source });
         let bytes = std::fs::read(path).map_err(io)?;
         let canonical = path.canonicalize().map_err(io)?.to_string_lossy().into_owned();
@@ -570,28 +570,44 @@ impl Store {
                 None => name.to_string(),
                 Some(k) => format!("{name}#{k}"),
             };
-            out.push(self.import_one(&canonical, &hash, &bytes, imported, &name)?);
+            out.push(self.import_one(&canonical, &hash, &bytes, imported, &name, durable)?);
         }
         Ok(out)
     }
 
-    /// Imports one session read from a file (see [`Store::import_file`]).
-    fn import_one(&self, canonical: &str, hash: &str, bytes: &[u8], imported: condense_formats::Imported, name: &str) -> Result<ImportOutcome> {
+    /// Imports one session read from a file (see [`Store::import_file`]). Without `durable` (a folder's
+    /// files, made durable together after the last), a new session and its events are written without a
+    /// flush, as a streamed file's are.
+    fn import_one(&self, canonical: &str, hash: &str, bytes: &[u8], imported: condense_formats::Imported, name: &str, durable: bool) -> Result<ImportOutcome> {
         let len = bytes.len() as u64;
         let started = SourceEvent::ImportStarted { path: canonical.to_string(), bytes: len, hash: hash.to_string() };
         let completed = SourceEvent::ImportCompleted { path: canonical.to_string(), bytes: len, hash: hash.to_string() };
         let condense_formats::Imported { format, events: file_events, diagnostics } = imported;
         let outcome = |action, events| ImportOutcome { action, name: name.to_string(), format, events, bytes: len, diagnostics: diagnostics.clone() };
+        let durable = durable && !self.inner.defer_durability;
+        let write = |session: &Session, events: Vec<SourceEvent>| -> Result<()> {
+            if durable {
+                session.append(events)?;
+            } else {
+                // Folded into the warm projection when next read, as a streamed file's events are.
+                session.write_unfolded(session.head()?, events.into_iter().map(Event::Source).collect(), false)?;
+            }
+            Ok(())
+        };
         // The whole file into a session that holds nothing yet, between its import markers.
         let whole = |session: Session, mut events: Vec<SourceEvent>, action| -> Result<ImportOutcome> {
             events.insert(1.min(events.len()), started.clone());
             events.push(completed.clone());
             let n = events.len() as u64;
-            session.append(events)?;
+            write(&session, events)?;
             Ok(outcome(action, n))
         };
         let Some(id) = self.inner.log.session_id(name)? else {
-            return whole(self.create_session(name)?, file_events, ImportAction::Imported);
+            let session = match durable {
+                true => self.create_session(name)?,
+                false => Session { store: self.clone(), id: self.inner.log.create_session_deferred(name)?, name: name.to_string() },
+            };
+            return whole(session, file_events, ImportAction::Imported);
         };
         let session = Session { store: self.clone(), id, name: name.to_string() };
         let held: Vec<SourceEvent> = self
@@ -649,7 +665,7 @@ impl Store {
         }
         events.push(completed);
         let n = events.len() as u64;
-        session.append(events)?;
+        write(&session, events)?;
         Ok(outcome(if grown { ImportAction::Grown } else { ImportAction::Resumed }, n))
     }
 
