@@ -31,6 +31,10 @@ pub const DIR: &str = "values";
 /// sled little more than its pointer would.
 pub const EXTERNAL_FROM: usize = 512;
 
+/// The most value files the writer keeps open: an import of a folder of thousands of sessions must not
+/// run out of file descriptors. One closed before it was synced is synced through a fresh handle.
+const MAX_OPEN: usize = 32;
+
 /// The value file of `session` in the folder `dir`.
 pub(crate) fn path(dir: &Path, session: SessionId) -> PathBuf {
     dir.join(session.to_string())
@@ -72,6 +76,9 @@ impl Files {
             let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(self.io(path.clone()))?;
             let len = file.metadata().map_err(self.io(path.clone()))?.len();
             self.created |= !existed;
+            if self.open.len() >= MAX_OPEN {
+                self.open.pop_first();
+            }
             self.open.insert(session, (file, len));
         }
         let (file, len) = self.open.get_mut(&session).expect("opened above");
@@ -111,7 +118,7 @@ impl Files {
             if let Some((file, _)) = self.open.get(&session) {
                 file.sync_data().map_err(self.io(path(&self.dir, session)))?;
             } else {
-                // Closed after a failed write: what it holds is synced through a fresh handle.
+                // Closed (to keep few open, or after a failed write): synced through a fresh handle.
                 let p = path(&self.dir, session);
                 match File::open(&p) {
                     Ok(f) => f.sync_data().map_err(self.io(p))?,
@@ -236,4 +243,44 @@ pub(crate) fn remove_orphans(dir: &Path, sessions: &BTreeSet<SessionId>) -> Resu
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values of 600 bytes of one session's text (over `EXTERNAL_FROM`).
+    fn values(session: SessionId, n: u64) -> Vec<(Seq, Vec<u8>)> {
+        (1..=n).map(|seq| (seq, format!("{session}:{seq} ").repeat(200).into_bytes()[..600].to_vec())).collect()
+    }
+
+    #[test]
+    fn an_import_of_many_sessions_keeps_few_files_open_and_syncs_and_reads_them_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Files::new(dir.path().join(DIR));
+        let sessions: Vec<SessionId> = (1..=3 * MAX_OPEN as u64).collect();
+        let mut pointers = Vec::new();
+        for round in 0..2 {
+            for &s in &sessions {
+                let mut v = values(s, 3);
+                files.externalize(s, &mut v).unwrap();
+                assert!(files.open.len() <= MAX_OPEN, "{} files open", files.open.len());
+                if round == 1 {
+                    pointers.push((s, v));
+                }
+            }
+        }
+        assert_eq!(files.dirty.len(), sessions.len());
+        files.sync().unwrap();
+        assert!(files.dirty.is_empty() && !files.created);
+        // Each session's second append went after its first, in a file reopened where it ended.
+        for (s, v) in pointers {
+            let mut reader = Reader::new(&files.dir, s);
+            for ((seq, pointer), (_, plain)) in v.iter().zip(values(s, 3)) {
+                let at = External::decode(pointer).unwrap();
+                assert_eq!(at.offset, 3 * 600 + (seq - 1) * 600, "session {s} seq {seq}");
+                assert_eq!(reader.resolve(*seq, pointer).unwrap(), Some(plain));
+            }
+        }
+    }
 }
