@@ -6,9 +6,9 @@
 //! made durable later instead, by the log writer before or with its next flush: it is durable before any
 //! event naming it is, since sled makes its log durable in order.
 
-use crate::{LogError, Result};
+use crate::{io, LogError, Result};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The blake3 hash of a blob, as 64 lowercase hex digits.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -93,10 +93,6 @@ pub(crate) fn sync_pending(pending: &Pending) -> std::io::Result<()> {
         std::fs::File::open(p)?.sync_all()?;
     }
     Ok(())
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LogError + '_ {
-    move |source| LogError::Io { path: path.to_path_buf(), source }
 }
 
 impl BlobStore {

@@ -571,6 +571,11 @@ pub(crate) fn next_group<T>(rx: &Receiver<T>) -> Option<Vec<T>> {
     Some(group)
 }
 
+/// The error of an I/O operation on `path`, for `map_err`.
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LogError + '_ {
+    move |source| LogError::Io { path: path.to_path_buf(), source }
+}
+
 thread_local! {
     static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }

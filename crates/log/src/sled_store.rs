@@ -88,26 +88,11 @@ impl SledStore {
         let events = db.open_tree("events").map_err(sled_err(&path))?;
         let sessions = db.open_tree("sessions").map_err(sled_err(&path))?;
         let blob_tree = db.open_tree("blobs").map_err(sled_err(&path))?;
-        let heads = quietly(|| -> Result<BTreeMap<SessionId, Seq>> {
-            let mut heads = BTreeMap::new();
-            for item in sessions.iter() {
-                let (k, _) = item.map_err(sled_err(&path))?;
-                let id = codec::session_from_key(&k);
-                let head = match events.scan_prefix(id.to_be_bytes()).next_back() {
-                    Some(last) => codec::split_key(&last.map_err(sled_err(&path))?.0).1,
-                    None => 0,
-                };
-                heads.insert(id, head);
-            }
-            Ok(heads)
-        })
-        .map_err(|p| damaged(format!("sled cannot read its files ({p})")))??;
         // Events at the end of a session whose values are past the end of its value file (sled kept their
-        // pointers through a power cut that the file's last writes did not survive): they are dropped below
-        // unless they were acknowledged.
+        // pointers through a power cut that the file's last writes did not survive) are not counted in its
+        // head: they are dropped below unless they were acknowledged.
         let values_dir = dir.join(values::DIR);
-        let mut heads = heads;
-        let cuts = quietly(|| lost_tails(&events, &path, &values_dir, &mut heads))
+        let (heads, cuts) = quietly(|| heads(&sessions, &events, &path, &values_dir))
             .map_err(|p| damaged(format!("sled cannot read its files ({p})")))??;
         // A session holding fewer events than were acknowledged means the database lost data.
         let (acknowledged, manifest_size) = manifest::read(dir)?;
@@ -230,10 +215,8 @@ impl Backend for SledStore {
             if s != session {
                 return Err(LogError::Corrupt { session, seq, reason: format!("stored under session {s}") });
             }
-            match external.resolve(seq, &v)? {
-                Some(value) => codec::unpack(session, seq, &value, from, to, f)?,
-                None => codec::unpack(session, seq, &v, from, to, f)?,
-            }
+            let resolved = external.resolve(seq, &v)?;
+            codec::unpack(session, seq, resolved.as_deref().unwrap_or(&v), from, to, f)?;
             if seq >= to {
                 return Ok(());
             }
@@ -267,33 +250,38 @@ impl Backend for SledStore {
     }
 }
 
-/// For each session in `heads`, the keys at its end whose values are value-file pointers past the end of
-/// its file, which come off its head in `heads`.
-fn lost_tails(events: &sled::Tree, db: &Path, values_dir: &Path, heads: &mut BTreeMap<SessionId, Seq>) -> Result<Vec<(SessionId, Vec<sled::IVec>)>> {
+/// Per session, the keys to drop from its end (see [`heads`]).
+type Cuts = Vec<(SessionId, Vec<sled::IVec>)>;
+
+/// Each session's head: the seq of its last event whose value is whole. With them, the keys after it, at
+/// the session's end, whose values are value-file pointers past the end of its file (read only for a
+/// session whose last value is such a pointer).
+fn heads(sessions: &sled::Tree, events: &sled::Tree, db: &Path, values_dir: &Path) -> Result<(BTreeMap<SessionId, Seq>, Cuts)> {
+    let mut heads = BTreeMap::new();
     let mut cuts = Vec::new();
-    for (&session, head) in heads.iter_mut() {
-        if *head == 0 {
-            continue;
-        }
-        let len = values::file_len(values_dir, session)?;
+    for item in sessions.iter() {
+        let session = codec::session_from_key(&item.map_err(sled_err(db))?.0);
+        let mut file_len = None;
         let mut lost = Vec::new();
-        let mut kept = 0;
+        let mut head = 0;
         for item in events.scan_prefix(session.to_be_bytes()).rev() {
             let (k, v) = item.map_err(sled_err(db))?;
-            match codec::External::decode(&v) {
-                Some(at) if at.end() > len => lost.push(k),
-                _ => {
-                    kept = codec::split_key(&k).1;
-                    break;
-                }
+            let cut = match codec::External::decode(&v) {
+                Some(at) => at.end() > *file_len.get_or_insert(values::file_len(values_dir, session)?),
+                None => false,
+            };
+            if !cut {
+                head = codec::split_key(&k).1;
+                break;
             }
+            lost.push(k);
         }
+        heads.insert(session, head);
         if !lost.is_empty() {
-            *head = kept;
             cuts.push((session, lost));
         }
     }
-    Ok(cuts)
+    Ok((heads, cuts))
 }
 
 /// Key (in sled's default tree) of the lowest id a new session may take: one above every removed one.

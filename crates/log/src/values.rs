@@ -16,7 +16,7 @@
 //! [`LogError::Corrupt`] naming the session, seq, file and offset, never a wrong event.
 
 use crate::codec::{External, EXTERNAL_LEN};
-use crate::{LogError, Result};
+use crate::{io, LogError, Result};
 use condense_events::{Seq, SessionId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -55,10 +55,6 @@ impl Files {
         Files { dir, open: BTreeMap::new(), dirty: BTreeSet::new(), created: false }
     }
 
-    fn io(&self, path: PathBuf) -> impl FnOnce(std::io::Error) -> LogError {
-        move |source| LogError::Io { path, source }
-    }
-
     /// Writes each value of `values` (`(seq, value)` of one append to `session`) that is at least
     /// [`EXTERNAL_FROM`] long to the session's file and puts its pointer in its place. On an error nothing
     /// of the append may be stored: what was written is dead space, and the file's length is read again
@@ -70,11 +66,11 @@ impl Files {
         let path = path(&self.dir, session);
         if !self.open.contains_key(&session) {
             if !self.dir.exists() {
-                std::fs::create_dir_all(&self.dir).map_err(self.io(self.dir.clone()))?;
+                std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
             }
             let existed = path.exists();
-            let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(self.io(path.clone()))?;
-            let len = file.metadata().map_err(self.io(path.clone()))?.len();
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io(&path))?;
+            let len = file.metadata().map_err(io(&path))?.len();
             self.created |= !existed;
             if self.open.len() >= MAX_OPEN {
                 self.open.pop_first();
@@ -82,8 +78,7 @@ impl Files {
             self.open.insert(session, (file, len));
         }
         let (file, len) = self.open.get_mut(&session).expect("opened above");
-        let start = *len;
-        let mut end = start;
+        let mut end = *len;
         let mut written = Ok(());
         for (_, v) in values.iter_mut() {
             if v.len() < EXTERNAL_FROM {
@@ -103,9 +98,9 @@ impl Files {
             *v = external.encode();
         }
         self.dirty.insert(session);
-        if let Err(source) = written {
+        if let Err(e) = written {
             self.open.remove(&session);
-            return Err(LogError::Io { path, source });
+            return Err(io(&path)(e));
         }
         *len = end;
         Ok(())
@@ -115,23 +110,22 @@ impl Files {
     /// flush calls it before sled's. A file that fails stays to be synced by the next flush.
     pub(crate) fn sync(&mut self) -> Result<()> {
         while let Some(&session) = self.dirty.first() {
-            if let Some((file, _)) = self.open.get(&session) {
-                file.sync_data().map_err(self.io(path(&self.dir, session)))?;
-            } else {
+            let p = path(&self.dir, session);
+            match self.open.get(&session) {
+                Some((file, _)) => file.sync_data().map_err(io(&p))?,
                 // Closed (to keep few open, or after a failed write): synced through a fresh handle.
-                let p = path(&self.dir, session);
-                match File::open(&p) {
-                    Ok(f) => f.sync_data().map_err(self.io(p))?,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(source) => return Err(LogError::Io { path: p, source }),
+                None => {
+                    if let Some(f) = absent_is_none(File::open(&p)).map_err(io(&p))? {
+                        f.sync_data().map_err(io(&p))?;
+                    }
                 }
             }
             self.dirty.remove(&session);
         }
         if self.created {
-            sync_dir(&self.dir).map_err(self.io(self.dir.clone()))?;
+            sync_dir(&self.dir).map_err(io(&self.dir))?;
             if let Some(parent) = self.dir.parent() {
-                sync_dir(parent).map_err(self.io(parent.to_path_buf()))?;
+                sync_dir(parent).map_err(io(parent))?;
             }
             self.created = false;
         }
@@ -150,11 +144,17 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-fn remove_file(path: &Path) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(LogError::Io { path: path.to_path_buf(), source: e }),
-        _ => Ok(()),
+/// `Ok(None)` for a file that is not there.
+fn absent_is_none<T>(r: std::io::Result<T>) -> std::io::Result<Option<T>> {
+    match r {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
+}
+
+fn remove_file(path: &Path) -> Result<()> {
+    absent_is_none(std::fs::remove_file(path)).map(drop).map_err(io(path))
 }
 
 /// Reads the values of one session kept in its value file, opening the file at the first.
@@ -175,31 +175,32 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let session = self.session;
-        let path = path(self.dir, session);
+        // Named in errors only: not built for a value read whole.
+        let file_path = || path(self.dir, session);
         let corrupt = |reason: String| LogError::Corrupt { session, seq, reason };
         let at = External::decode(value).ok_or_else(|| corrupt(format!("a value file pointer of {} bytes, not {EXTERNAL_LEN}", value.len())))?;
         if at.len as usize > crate::codec::MAX_VALUE_BYTES {
-            return Err(corrupt(format!("a value of {} bytes in {}, over the {}-byte bound", at.len, path.display(), crate::codec::MAX_VALUE_BYTES)));
+            return Err(corrupt(format!("a value of {} bytes in {}, over the {}-byte bound", at.len, file_path().display(), crate::codec::MAX_VALUE_BYTES)));
         }
         if self.file.is_none() {
-            self.file = Some(match File::open(&path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(corrupt(format!("its value file {} is missing", path.display()))),
-                Err(source) => return Err(LogError::Io { path, source }),
-            });
+            let p = file_path();
+            match absent_is_none(File::open(&p)).map_err(io(&p))? {
+                Some(f) => self.file = Some(f),
+                None => return Err(corrupt(format!("its value file {} is missing", p.display()))),
+            }
         }
         let file = self.file.as_ref().expect("opened above");
         let mut bytes = vec![0u8; at.len as usize];
         if let Err(e) = file.read_exact_at(&mut bytes, at.offset) {
             if e.kind() != std::io::ErrorKind::UnexpectedEof {
-                return Err(LogError::Io { path, source: e });
+                return Err(io(&file_path())(e));
             }
             let have = file.metadata().map(|m| m.len()).unwrap_or(0);
             return Err(corrupt(format!(
                 "its value ({} bytes at offset {} of {}) is cut short: the file holds {have} bytes",
                 at.len,
                 at.offset,
-                path.display()
+                file_path().display()
             )));
         }
         let crc = crc32fast::hash(&bytes);
@@ -208,7 +209,7 @@ impl<'a> Reader<'a> {
                 "its value ({} bytes at offset {} of {}) has CRC-32 {crc:08x}, not {:08x}",
                 at.len,
                 at.offset,
-                path.display(),
+                file_path().display(),
                 at.crc
             )));
         }
@@ -219,22 +220,14 @@ impl<'a> Reader<'a> {
 /// The length of `session`'s value file in `dir` (0 when there is none).
 pub(crate) fn file_len(dir: &Path, session: SessionId) -> Result<u64> {
     let p = path(dir, session);
-    match std::fs::metadata(&p) {
-        Ok(m) => Ok(m.len()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(source) => Err(LogError::Io { path: p, source }),
-    }
+    Ok(absent_is_none(std::fs::metadata(&p)).map_err(io(&p))?.map_or(0, |m| m.len()))
 }
 
 /// Deletes the value files in `dir` of sessions not in `sessions` (left by a removal cut short).
 pub(crate) fn remove_orphans(dir: &Path, sessions: &BTreeSet<SessionId>) -> Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(LogError::Io { path: dir.to_path_buf(), source }),
-    };
+    let Some(entries) = absent_is_none(std::fs::read_dir(dir)).map_err(io(dir))? else { return Ok(()) };
     for e in entries {
-        let e = e.map_err(|source| LogError::Io { path: dir.to_path_buf(), source })?;
+        let e = e.map_err(io(dir))?;
         let name = e.file_name();
         let Some(id) = name.to_str().and_then(|n| n.parse::<SessionId>().ok()) else { continue };
         // Only names this module writes: a number as `to_string` gives it.
