@@ -353,6 +353,8 @@ impl Store {
     }
 
     fn import_files_with(&self, files: &[(&Path, &str)], durable: bool, done: &mut dyn FnMut(usize, Result<Vec<ImportOutcome>>)) {
+        // A store whose appends return before they are durable writes imports so too.
+        let durable = durable && !self.inner.defer_durability;
         // Which files stream: a file of a session that does not exist yet, named by no earlier file.
         let mut named = std::collections::BTreeSet::new();
         let plans: Vec<Result<Option<Ahead>>> = files
@@ -544,7 +546,7 @@ impl Store {
         };
         let s = Session { store: self.clone(), id, name: name.to_string() };
         let completed = SourceEvent::ImportCompleted { path: a.canonical.clone(), bytes: a.len, hash };
-        s.write_unfolded(head, vec![Event::Source(completed)], durable && !self.inner.defer_durability)?;
+        s.write_unfolded(head, vec![Event::Source(completed)], durable)?;
         Ok(Some(ImportOutcome {
             action: ImportAction::Imported,
             name: name.to_string(),
@@ -584,7 +586,6 @@ impl Store {
         let completed = SourceEvent::ImportCompleted { path: canonical.to_string(), bytes: len, hash: hash.to_string() };
         let condense_formats::Imported { format, events: file_events, diagnostics } = imported;
         let outcome = |action, events| ImportOutcome { action, name: name.to_string(), format, events, bytes: len, diagnostics: diagnostics.clone() };
-        let durable = durable && !self.inner.defer_durability;
         let write = |session: &Session, events: Vec<SourceEvent>| -> Result<()> {
             if durable {
                 session.append(events)?;
@@ -603,11 +604,8 @@ impl Store {
             Ok(outcome(action, n))
         };
         let Some(id) = self.inner.log.session_id(name)? else {
-            let session = match durable {
-                true => self.create_session(name)?,
-                false => Session { store: self.clone(), id: self.inner.log.create_session_deferred(name)?, name: name.to_string() },
-            };
-            return whole(session, file_events, ImportAction::Imported);
+            let id = if durable { self.inner.log.create_session(name)? } else { self.inner.log.create_session_deferred(name)? };
+            return whole(Session { store: self.clone(), id, name: name.to_string() }, file_events, ImportAction::Imported);
         };
         let session = Session { store: self.clone(), id, name: name.to_string() };
         let held: Vec<SourceEvent> = self
