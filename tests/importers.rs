@@ -392,11 +392,6 @@ fn streamed_import_writes_what_the_whole_file_import_writes() {
     assert!(last.diagnostics.len() >= 3, "{:?}", last.diagnostics);
 }
 
-/// Files imported together are read ahead (one hashed and parsed while the one before is written), and
-/// the store ends as it ends when they are imported one at a time: the same results in the same order,
-/// the same sessions holding the same events. Among the files: every corpus line-format session, files of
-/// document formats (read whole), a damaged file, one that does not exist, two files under one name (the
-/// second is refused), a session imported before (left as it is) and one created empty (imported into).
 /// A folder's sessions are made durable together, by the sync after its last file: files read whole (a
 /// document format) are written without a flush, as streamed ones are. The heads manifest, which learns
 /// heads only at a flush, shows it: empty until the sync, then one record per session.
@@ -424,6 +419,12 @@ fn files_read_whole_in_a_folder_wait_for_the_sync_after_the_last() {
     }
 }
 
+/// Files imported together are read ahead (one hashed and parsed while the one before is written), and
+/// the store ends as it ends when they are imported one at a time: the same results in the same order,
+/// the same sessions holding the same events. Among the files: every corpus line-format session, files of
+/// document formats (read whole), a damaged file, one that does not exist, two files under one name (the
+/// second is refused), a session imported before (left as it is), one created empty (imported into),
+/// and one file twice in a row under one name (the second finds the first import complete).
 #[test]
 fn files_read_ahead_end_as_files_imported_one_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
@@ -446,10 +447,15 @@ fn files_read_ahead_end_as_files_imported_one_at_a_time() {
         (pi[2].clone(), "before".into()),
         (pi[3].clone(), "empty".into()),
         (documents[1].clone(), "doc1".into()),
+        // Read whole straight after its first import.
+        (pi[4].clone(), "again".into()),
+        (pi[4].clone(), "again".into()),
     ];
-    // Spread among the corpus files, so files read ahead come before and after each of them.
+    // Spread among the corpus files, so files read ahead come before and after each of them (the two
+    // "again" files next to each other).
     for (k, e) in extra.into_iter().enumerate() {
-        files.insert((k * 7).min(files.len()), e);
+        let at = if k == 9 { files.iter().position(|(_, n)| n == "again").unwrap() + 1 } else { (k * 7).min(files.len()) };
+        files.insert(at, e);
     }
     let open = |name: &str| {
         let store = condense_engine::Store::open(dir.path().join(name)).unwrap();
@@ -474,12 +480,14 @@ fn files_read_ahead_end_as_files_imported_one_at_a_time() {
     assert!(result("missing").starts_with("error: "), "{}", result("missing"));
     assert!(results.iter().filter(|(_, r)| r.contains("twice ")).count() == 1 && results.iter().any(|(_, r)| r.starts_with("error: ") && r.contains("twice")), "{results:?}");
     assert!(result("before").contains("Unchanged"), "{}", result("before"));
+    let again: Vec<&String> = files.iter().zip(&results).filter(|((_, n), _)| n == "again").map(|(_, (_, r))| r).collect();
+    assert!(again.len() == 2 && again[0].contains("Imported") && again[1].contains("Unchanged"), "{again:?}");
     assert!(result("empty").contains("Resumed"), "{}", result("empty"));
     assert!(result("damaged").contains("Imported") && result("damaged").contains("line: 2"), "{}", result("damaged"));
     assert!(result("doc0").contains("Imported") && result("doc1").contains("Imported"), "{} / {}", result("doc0"), result("doc1"));
     let sessions = |s: &condense_engine::Store| s.sessions().unwrap().into_iter().map(|i| i.name).collect::<Vec<_>>();
     assert_eq!(sessions(&together), sessions(&alone));
-    assert!(sessions(&together).len() > files.len() - 3, "{} sessions from {} files", sessions(&together).len(), files.len());
+    assert!(sessions(&together).len() > files.len() - 4, "{} sessions from {} files", sessions(&together).len(), files.len());
     for name in sessions(&together) {
         let events = |s: &condense_engine::Store| {
             let session = s.session(&name).unwrap();
@@ -874,4 +882,52 @@ fn an_import_cut_into_by_another_writer_reports_the_first_append_that_failed() {
     }
     assert!((4096..40_000).contains(&taken), "the other writer appended mid-import, at {taken}");
     assert_eq!(store.log().head(id).unwrap(), taken + 1, "nothing written before is lost");
+}
+
+/// A session's import keeps its first MiB of values in sled, so a folder of small sessions costs no
+/// value file (and no sync of one each); a larger session's values go on to its own file
+/// (`values/<session>`), and both read back the same.
+#[test]
+fn a_small_sessions_values_stay_in_sled_and_a_large_ones_go_to_its_value_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let codex = condense_tests::corpus_sessions().into_iter().find(|f| f.starts_with(condense_tests::corpus_dir().join("codex"))).unwrap();
+    // A pi session of about 3 MB of text that compresses little (numbers): over a MiB of values.
+    let large = dir.path().join("large.jsonl");
+    let mut text = String::from("{\"type\":\"session\",\"version\":3,\"id\":\"large\"}\n");
+    let mut x: u64 = 1;
+    for i in 0..3000 {
+        let words: Vec<String> = (0..120)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (x >> 40).to_string()
+            })
+            .collect();
+        let parent = if i == 0 { "null".to_string() } else { format!("\"m{}\"", i - 1) };
+        text.push_str(&format!("{{\"type\":\"message\",\"id\":\"m{i}\",\"parentId\":{parent},\"message\":{{\"role\":\"user\",\"content\":\"{}\"}}}}\n", words.join(" ")));
+    }
+    std::fs::write(&large, &text).unwrap();
+    let store = condense_engine::Store::open(dir.path().join("s")).unwrap();
+    let files = vec![(codex.clone(), "small".to_string()), (large.clone(), "large".into())];
+    let mut imported = Vec::new();
+    store.import_files_deferred(&files, &mut |_, r| imported.push(r.unwrap()[0].events));
+    store.sync().unwrap();
+    let values = dir.path().join("s").join("values");
+    let small = store.session("small").unwrap().id();
+    let big = store.session("large").unwrap().id();
+    assert!(!values.join(small.to_string()).exists(), "a value file for a small session");
+    let file_len = std::fs::metadata(values.join(big.to_string())).unwrap().len();
+    assert!(file_len > 200_000 && (file_len as usize) < text.len(), "value file of {file_len} bytes for {} of text", text.len());
+    for ((file, name), n) in files.iter().zip(imported) {
+        let s = store.session(name).unwrap();
+        let stored: Vec<_> = store.log().read(s.id(), 1, s.head().unwrap()).unwrap().into_iter().map(|e| e.body).collect();
+        assert_eq!(stored.len() as u64, n, "{name}");
+        let expected: Vec<_> = condense_formats::import_file(file).unwrap().events;
+        let stored_entries: Vec<_> = stored.iter().filter_map(|e| match e {
+            condense_events::Event::Source(s @ SourceEvent::EntryAppended { .. }) => Some(s.clone()),
+            _ => None,
+        }).collect();
+        let expected_entries: Vec<_> = expected.into_iter().filter(|e| matches!(e, SourceEvent::EntryAppended { .. })).collect();
+        assert_eq!(stored_entries, expected_entries, "{name}");
+    }
+    assert!(store.log().verify().unwrap().events > 3000);
 }

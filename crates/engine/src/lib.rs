@@ -429,18 +429,40 @@ impl Store {
                     return;
                 }
             };
+            // A streamed file's last appends are still being written while the next file starts: its
+            // result is given once they are acknowledged, before the next file's, and before any file
+            // is read whole (it may read the session the file before it wrote).
+            let mut behind: Option<(usize, Sent)> = None;
+            let settle = |behind: &mut Option<(usize, Sent)>, done: &mut dyn FnMut(usize, Result<Vec<ImportOutcome>>)| {
+                if let Some((j, sent)) = behind.take() {
+                    done(j, sent.settle().map(|o| vec![o]));
+                }
+            };
             for (i, (&(path, name), plan)) in files.iter().zip(plans).enumerate() {
-                done(i, match plan {
+                let result = match plan {
                     Err(e) => Err(e),
-                    Ok(None) => self.import_whole(path, name, durable),
+                    Ok(None) => {
+                        settle(&mut behind, done);
+                        self.import_whole(path, name, durable)
+                    }
                     Ok(Some(a)) => match self.write_streamed(&a, name, &hash_rx, &rx, durable) {
-                        Ok(Some(outcome)) => Ok(vec![outcome]),
+                        Ok(Some(sent)) => {
+                            settle(&mut behind, done);
+                            behind = Some((i, sent));
+                            continue;
+                        }
                         // Not a line format: nothing was written.
-                        Ok(None) => self.import_whole(path, name, durable),
+                        Ok(None) => {
+                            settle(&mut behind, done);
+                            self.import_whole(path, name, durable)
+                        }
                         Err(e) => Err(e),
                     },
-                });
+                };
+                settle(&mut behind, done);
+                done(i, result);
             }
+            settle(&mut behind, done);
             drop((hash_rx, rx));
             // A thread that panicked closed its channel early: the file it was on, and those after, say so.
             let _ = (hasher.join(), parser.join());
@@ -449,9 +471,10 @@ impl Store {
 
     /// Writes one file read ahead by [`Store::import_files_with`]'s threads as a new session: its hash,
     /// then what the parser hands over up to the file's end, every part of it taken even after a failed
-    /// write, so the next file starts where its own stream does. `None` when the file is not a line
-    /// format (nothing is written).
-    fn write_streamed(&self, a: &Ahead, name: &str, hashes: &crossbeam_channel::Receiver<std::io::Result<String>>, parsed: &crossbeam_channel::Receiver<Parsed>, durable: bool) -> Result<Option<ImportOutcome>> {
+    /// write, so the next file starts where its own stream does. Returns once every append, the
+    /// completion marker last, is handed to the log, without waiting for the last ones ([`Sent`]).
+    /// `None` when the file is not a line format (nothing is written).
+    fn write_streamed(&self, a: &Ahead, name: &str, hashes: &crossbeam_channel::Receiver<std::io::Result<String>>, parsed: &crossbeam_channel::Receiver<Parsed>, durable: bool) -> Result<Option<Sent>> {
         let io = |source| EngineError::Format(condense_formats::FormatError::Io { path: a.path.clone(), source });
         let panicked = || EngineError::Format(condense_formats::FormatError::Unrecognized { path: a.path.clone(), reason: "the importer panicked".into() });
         let log = &self.inner.log;
@@ -528,32 +551,35 @@ impl Store {
                 failed = Some(e);
             }
         };
-        // Every chunk handed over is waited for; the first failure is the one reported (an append after
-        // a failed one fails too, at a head it no longer finds).
-        for before in in_flight {
-            if let Err(e) = before.recv().map_err(|_| LogError::Closed).and_then(|r| r) {
-                failed.get_or_insert(e.into());
+        let (hash, streamed) = match (failed, hash, end) {
+            (None, Ok(hash), Ok(end)) => (hash, end),
+            (failed, hash, end) => {
+                // Every chunk handed over is waited for, and the first failure is the one reported: a
+                // failed write before those of the appends after it (which fail too, at a head they no
+                // longer find), and those before a read's.
+                let drained = first_failure(in_flight);
+                let read = hash.err().or(end.err()).map(io);
+                return Err(failed.or(drained).or(read).expect("the arm above takes the case without a failure"));
             }
-        }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let hash = hash.map_err(io)?;
-        let Some(streamed) = end.map_err(io)? else { return Ok(None) };
+        };
+        let Some(streamed) = streamed else { return Ok(None) };
         let (id, head) = match session {
             Some(x) => x,
             None => (log.create_session_deferred(name)?, 0),
         };
-        let s = Session { store: self.clone(), id, name: name.to_string() };
-        let completed = SourceEvent::ImportCompleted { path: a.canonical.clone(), bytes: a.len, hash };
-        s.write_unfolded(head, vec![Event::Source(completed)], durable)?;
-        Ok(Some(ImportOutcome {
-            action: ImportAction::Imported,
-            name: name.to_string(),
-            format: streamed.format,
-            events: written + 1,
-            bytes: a.len,
-            diagnostics: streamed.diagnostics,
+        let completed = Event::Source(SourceEvent::ImportCompleted { path: a.canonical.clone(), bytes: a.len, hash });
+        // Written, as the session's other events are, without being folded into its warm projection.
+        in_flight.push_back(log.append_encoded(id, head, vec![log.encode(id, head + 1, &completed)], durable)?);
+        Ok(Some(Sent {
+            outcome: ImportOutcome {
+                action: ImportAction::Imported,
+                name: name.to_string(),
+                format: streamed.format,
+                events: written + 1,
+                bytes: a.len,
+                diagnostics: streamed.diagnostics,
+            },
+            acks: in_flight.into(),
         }))
     }
 
@@ -1468,6 +1494,32 @@ struct Ahead {
     path: PathBuf,
     len: u64,
     canonical: String,
+}
+
+/// A streamed file whose appends are all handed to the log: its outcome once every one is acknowledged.
+struct Sent {
+    outcome: ImportOutcome,
+    acks: Vec<crossbeam_channel::Receiver<condense_log::Result<Seq>>>,
+}
+
+impl Sent {
+    fn settle(self) -> Result<ImportOutcome> {
+        match first_failure(self.acks) {
+            Some(e) => Err(e),
+            None => Ok(self.outcome),
+        }
+    }
+}
+
+/// Waits for every append of `acks`; the first failure, in the order they were sent.
+fn first_failure(acks: impl IntoIterator<Item = crossbeam_channel::Receiver<condense_log::Result<Seq>>>) -> Option<EngineError> {
+    let mut failed = None;
+    for ack in acks {
+        if let Err(e) = ack.recv().map_err(|_| LogError::Closed).and_then(|r| r) {
+            failed.get_or_insert(e.into());
+        }
+    }
+    failed
 }
 
 /// What the import's parser hands over for a file read ahead: its events in chunks, then how the read ended.

@@ -31,6 +31,12 @@ pub const DIR: &str = "values";
 /// sled little more than its pointer would.
 pub const EXTERNAL_FROM: usize = 512;
 
+/// A session's import keeps its first values in sled, up to this many bytes: a small session costs no
+/// file, and no sync of its own at the flush (a folder of small sessions: one sync instead of one per
+/// session). The log's own tests keep none there, so that the small sessions they import go to value
+/// files; the budget itself is tested on [`Files`].
+const INLINE_MAX: u64 = if cfg!(test) { 0 } else { 1 << 20 };
+
 /// The most value files the writer keeps open: an import of a folder of thousands of sessions must not
 /// run out of file descriptors. One closed before it was synced is synced through a fresh handle.
 const MAX_OPEN: usize = 32;
@@ -48,21 +54,36 @@ pub(crate) struct Files {
     dirty: BTreeSet<SessionId>,
     /// A file (or the folder) was created since the last sync: the folder is synced too.
     created: bool,
+    /// The bytes of import values each session has kept in sled since the store opened (`u64::MAX` once
+    /// it went on to its file), up to `inline_max`.
+    inline: BTreeMap<SessionId, u64>,
+    inline_max: u64,
 }
 
 impl Files {
     pub(crate) fn new(dir: PathBuf) -> Files {
-        Files { dir, open: BTreeMap::new(), dirty: BTreeSet::new(), created: false }
+        Files { dir, open: BTreeMap::new(), dirty: BTreeSet::new(), created: false, inline: BTreeMap::new(), inline_max: INLINE_MAX }
     }
 
     /// Writes each value of `values` (`(seq, value)` of one append to `session`) that is at least
     /// [`EXTERNAL_FROM`] long to the session's file and puts its pointer in its place. On an error nothing
     /// of the append may be stored: what was written is dead space, and the file's length is read again
     /// before its next write.
+    ///
+    /// A session's first such values stay where they are, in sled, as long as they add up to at most
+    /// [`INLINE_MAX`] bytes since the store opened; from the append that would pass it on, every one goes
+    /// to the file.
     pub(crate) fn externalize(&mut self, session: SessionId, values: &mut [(Seq, Vec<u8>)]) -> Result<()> {
         if values.iter().all(|(_, v)| v.len() < EXTERNAL_FROM) {
             return Ok(());
         }
+        let bytes: u64 = values.iter().map(|(_, v)| v.len() as u64).sum();
+        let inline = self.inline.entry(session).or_insert(0);
+        if inline.saturating_add(bytes) <= self.inline_max {
+            *inline += bytes;
+            return Ok(());
+        }
+        *inline = u64::MAX;
         let path = path(&self.dir, session);
         if !self.open.contains_key(&session) {
             if !self.dir.exists() {
@@ -134,6 +155,7 @@ impl Files {
 
     /// Forgets the value file of a session whose events are gone, and deletes it.
     pub(crate) fn remove(&mut self, session: SessionId) -> Result<()> {
+        self.inline.remove(&session);
         self.open.remove(&session);
         self.dirty.remove(&session);
         remove_file(&path(&self.dir, session))
@@ -245,6 +267,38 @@ mod tests {
     /// Values of 600 bytes of one session's text (over `EXTERNAL_FROM`).
     fn values(session: SessionId, n: u64) -> Vec<(Seq, Vec<u8>)> {
         (1..=n).map(|seq| (seq, format!("{session}:{seq} ").repeat(200).into_bytes()[..600].to_vec())).collect()
+    }
+
+    #[test]
+    fn a_small_sessions_values_stay_in_sled_and_from_the_append_that_passes_the_budget_on_go_to_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Files::new(dir.path().join(DIR));
+        files.inline_max = 3 * 600;
+        let pointed = |v: &[(Seq, Vec<u8>)]| v.iter().filter(|(_, v)| External::decode(v).is_some()).count();
+        // Within the budget: left as they are, no file, nothing to sync.
+        let mut first = values(1, 2);
+        files.externalize(1, &mut first).unwrap();
+        assert_eq!(first, values(1, 2));
+        assert!(!path(&files.dir, 1).exists() && files.dirty.is_empty());
+        // Another session has a budget of its own.
+        let mut other = values(2, 3);
+        files.externalize(2, &mut other).unwrap();
+        assert_eq!(pointed(&other), 0);
+        // The append that would pass it goes to the file, whole; so does every one after it, however small.
+        let mut second = values(1, 2);
+        files.externalize(1, &mut second).unwrap();
+        assert_eq!(pointed(&second), 2);
+        let mut third = values(1, 1);
+        files.externalize(1, &mut third).unwrap();
+        assert_eq!(pointed(&third), 1);
+        assert_eq!(std::fs::metadata(path(&files.dir, 1)).unwrap().len(), 3 * 600);
+        assert!(!path(&files.dir, 2).exists());
+        files.sync().unwrap();
+        let mut reader = Reader::new(&files.dir, 1);
+        assert_eq!(reader.resolve(1, &third[0].1).unwrap(), Some(values(1, 1)[0].1.clone()));
+        // A removed session's budget goes with it.
+        files.remove(2).unwrap();
+        assert!(!files.inline.contains_key(&2));
     }
 
     #[test]
