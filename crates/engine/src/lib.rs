@@ -430,8 +430,8 @@ impl Store {
                 }
             };
             // A streamed file's last appends are still being written while the next file starts: its
-            // result is given once they are acknowledged, before the next file's, and before any file
-            // is read whole (it may read the session the file before it wrote).
+            // result is given once they are acknowledged, after the next file is handed over and before
+            // that file's result, or any file read whole (it may read the session the file before it wrote).
             let mut behind: Option<(usize, Sent)> = None;
             let settle = |behind: &mut Option<(usize, Sent)>, done: &mut dyn FnMut(usize, Result<Vec<ImportOutcome>>)| {
                 if let Some((j, sent)) = behind.take() {
@@ -439,27 +439,20 @@ impl Store {
                 }
             };
             for (i, (&(path, name), plan)) in files.iter().zip(plans).enumerate() {
-                let result = match plan {
-                    Err(e) => Err(e),
-                    Ok(None) => {
-                        settle(&mut behind, done);
-                        self.import_whole(path, name, durable)
-                    }
-                    Ok(Some(a)) => match self.write_streamed(&a, name, &hash_rx, &rx, durable) {
-                        Ok(Some(sent)) => {
-                            settle(&mut behind, done);
-                            behind = Some((i, sent));
-                            continue;
-                        }
-                        // Not a line format: nothing was written.
-                        Ok(None) => {
-                            settle(&mut behind, done);
-                            self.import_whole(path, name, durable)
-                        }
-                        Err(e) => Err(e),
-                    },
+                let streamed = match &plan {
+                    Ok(Some(a)) => Some(self.write_streamed(a, name, &hash_rx, &rx, durable)),
+                    _ => None,
                 };
                 settle(&mut behind, done);
+                let result = match (plan, streamed) {
+                    (_, Some(Ok(Some(sent)))) => {
+                        behind = Some((i, sent));
+                        continue;
+                    }
+                    (Err(e), _) | (_, Some(Err(e))) => Err(e),
+                    // Not read ahead, or not a line format (nothing was written).
+                    (Ok(_), _) => self.import_whole(path, name, durable),
+                };
                 done(i, result);
             }
             settle(&mut behind, done);
@@ -543,7 +536,7 @@ impl Store {
                 in_flight.push_back(sent);
                 if in_flight.len() > IMPORT_IN_FLIGHT {
                     let before = in_flight.pop_front().expect("more than one in flight");
-                    before.recv().map_err(|_| LogError::Closed)??;
+                    acked(&before)?;
                 }
                 Ok(())
             };
@@ -990,7 +983,7 @@ impl Session {
                 Some((chunk, rx))
             };
             if let Some((done, rx)) = in_flight.take() {
-                let acked = rx.recv().map_err(|_| LogError::Closed)??;
+                let acked = acked(&rx)?;
                 let first = acked + 1 - done.len() as u64;
                 for (i, e) in done.into_iter().enumerate() {
                     let seq = first + i as u64;
@@ -1511,11 +1504,16 @@ impl Sent {
     }
 }
 
+/// Waits for an append handed to the log ([`condense_log::Log::append_encoded`]): its new head, or its error.
+fn acked(rx: &crossbeam_channel::Receiver<condense_log::Result<Seq>>) -> condense_log::Result<Seq> {
+    rx.recv().map_err(|_| LogError::Closed)?
+}
+
 /// Waits for every append of `acks`; the first failure, in the order they were sent.
 fn first_failure(acks: impl IntoIterator<Item = crossbeam_channel::Receiver<condense_log::Result<Seq>>>) -> Option<EngineError> {
     let mut failed = None;
     for ack in acks {
-        if let Err(e) = ack.recv().map_err(|_| LogError::Closed).and_then(|r| r) {
+        if let Err(e) = acked(&ack) {
             failed.get_or_insert(e.into());
         }
     }

@@ -146,7 +146,8 @@ enum Reply {
 }
 
 /// Checks an append against the session's head and adds its values to the group's batch; the large values
-/// of an import's append go to the session's value file first, their pointers to the batch.
+/// of an import's append, past the session's first MiB of them, go to the session's value file first,
+/// their pointers to the batch.
 #[allow(clippy::too_many_arguments)]
 fn stage(
     files: &mut values::Files,
