@@ -3,7 +3,7 @@
 //! with calls by `call_id`. A `compacted` line replaces the history with its `replacement_history`.
 //! `event_msg` lines are UI telemetry; only token counts and context windows are taken from them.
 
-use crate::jsonl::{json_text, str_of, take_str, Diagnostic, Line};
+use crate::jsonl::{json_text, present, str_of, take_str, Diagnostic, Fast, Line, Obj};
 use crate::Output;
 use condense_events::{Block, Entry, Message, SourceEvent, Usage, UserOrigin};
 use serde_json::Value;
@@ -27,7 +27,12 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
     let mut window: Option<u64> = None;
     for mut line in lines {
         let n = line.line;
-        let kind = str_of(&line.value, "type").unwrap_or("").to_string();
+        // A `response_item` line the fast reader read brings its payload's fields (its value is `Null`).
+        let fast_item = match line.fast.take() {
+            Some(crate::jsonl::Fast::Item(item)) => Some(item),
+            _ => None,
+        };
+        let kind = if fast_item.is_some() { "response_item" } else { str_of(&line.value, "type").unwrap_or("") }.to_string();
         let mut payload = line.value.get_mut("payload").map(Value::take).unwrap_or(Value::Null);
         let ptype = str_of(&payload, "type").unwrap_or("").to_string();
         let mut model_event = None;
@@ -39,12 +44,15 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                 timestamp: str_of(&payload, "timestamp").map(str::to_string),
             }),
             "session_meta" => {}
-            "response_item" => h.item(&mut payload, n, &mut |m| diags.push(diag(n, m))),
+            "response_item" => {
+                let item = fast_item.map_or_else(|| Item::of_value(payload), |i| *i);
+                h.item(item, n, &mut |m| diags.push(diag(n, m)));
+            }
             "compacted" => {
                 let mut replacement = History::default();
                 if let Some(Value::Array(items)) = payload.get_mut("replacement_history").map(Value::take) {
-                    for mut item in items {
-                        replacement.item(&mut item, n, &mut |m| diags.push(diag(n, m)));
+                    for item in items {
+                        replacement.item(Item::of_value(item), n, &mut |m| diags.push(diag(n, m)));
                     }
                 }
                 let summary = take_str(&mut payload, "message").filter(|s| !s.is_empty());
@@ -135,14 +143,15 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
 /// into maps. A `response_item` or `compacted` payload, which the importer reads through, is built whole.
 /// `None` (the line is then parsed as a value) for any line whose fields are not of the types read
 /// here, so what the importer sees is what the value path gives it.
-pub(crate) fn fast(text: &str) -> Option<Value> {
+pub(crate) fn fast(text: &str) -> Option<Fast> {
     use fast_shape::*;
-    let line: Line<'_> = serde_json::from_str(text).ok()?;
+    let line: Line<'_> = serde_json::from_str::<Obj<_>>(text).ok()?.0;
     let raw = line.payload?.get();
     let payload = match line.kind.as_ref() {
         "session_meta" => reduced::<Meta<'_>>(raw)?,
         "turn_context" => reduced::<TurnContext<'_>>(raw)?,
         "event_msg" => reduced::<Event<'_>>(raw)?,
+        "response_item" => return Some(Fast::Item(Box::new(serde_json::from_str::<Obj<Item>>(raw).ok()?.0))),
         // Read through by the importer: built whole.
         _ => serde_json::from_str(raw).ok()?,
     };
@@ -153,18 +162,20 @@ pub(crate) fn fast(text: &str) -> Option<Value> {
     let mut value = serde_json::Map::new();
     value.insert("type".into(), Value::String(line.kind.into_owned()));
     value.insert("payload".into(), payload);
-    Some(Value::Object(value))
+    Some(Fast::Value(Value::Object(value)))
 }
 
 /// The fields of `raw` that `T` declares, as a value holding those present (`null` included where `T`
 /// keeps it apart from absent).
 fn reduced<'a, T: serde::Deserialize<'a> + serde::Serialize>(raw: &'a str) -> Option<Value> {
-    serde_json::to_value(serde_json::from_str::<T>(raw).ok()?).ok()
+    serde_json::to_value(serde_json::from_str::<Obj<T>>(raw).ok()?).ok()
 }
 
 /// The fields [`fast`] reads; serde skips every other without building it. A field of another type than
-/// declared fails the read (the line is then parsed as a value).
+/// declared fails the read (the line is then parsed as a value), and so does an array where an object
+/// belongs ([`Obj`]).
 mod fast_shape {
+    use crate::jsonl::Obj;
     use serde::{Deserialize, Serialize};
     use std::borrow::Cow;
 
@@ -202,7 +213,7 @@ mod fast_shape {
         #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
         pub message: Option<Cow<'a, str>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub info: Option<Info>,
+        pub info: Option<Obj<Info>>,
     }
 
     #[derive(Deserialize, Serialize)]
@@ -211,7 +222,7 @@ mod fast_shape {
         pub model_context_window: Option<u64>,
         /// `Some(None)`: present as `null`, which still gives a usage (of zeros), as in the value.
         #[serde(default, deserialize_with = "crate::jsonl::present", skip_serializing_if = "Option::is_none")]
-        pub last_token_usage: Option<Option<TokenUsage>>,
+        pub last_token_usage: Option<Option<Obj<TokenUsage>>>,
     }
 
     #[derive(Deserialize, Serialize)]
@@ -309,25 +320,21 @@ impl History {
         self.push(Entry::Message(Message::ToolResult { call_id, tool_name, content: vec![Block::Text { text }], is_error }));
     }
 
-    fn item(&mut self, p: &mut Value, n: u64, diag: &mut dyn FnMut(String)) {
-        let t = str_of(p, "type").unwrap_or("").to_string();
+    fn item(&mut self, it: Item, n: u64, diag: &mut dyn FnMut(String)) {
+        let t = it.kind.unwrap_or_default();
         match t.as_str() {
             "message" => {
-                let role = str_of(p, "role").unwrap_or("").to_string();
+                let role = it.role.unwrap_or_default();
                 let mut blocks = Vec::new();
-                if let Some(Value::Array(items)) = p.get_mut("content").map(Value::take) {
-                    for mut c in items {
-                        match str_of(&c, "type") {
-                            Some("input_text" | "output_text" | "text") => {
-                                blocks.push(Block::Text { text: take_str(&mut c, "text").unwrap_or_default() });
-                            }
-                            Some("input_image") => {
-                                let url = take_str(&mut c, "image_url").unwrap_or_default();
-                                let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
-                                blocks.push(Block::Image { mime, data: url });
-                            }
-                            other => diag(format!("unknown message content type {other:?} dropped")),
+                for Obj(c) in it.content.unwrap_or_default() {
+                    match c.kind.as_deref() {
+                        Some("input_text" | "output_text" | "text") => blocks.push(Block::Text { text: c.text.unwrap_or_default() }),
+                        Some("input_image") => {
+                            let url = c.image_url.unwrap_or_default();
+                            let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
+                            blocks.push(Block::Image { mime, data: url });
                         }
+                        other => diag(format!("unknown message content type {other:?} dropped")),
                     }
                 }
                 if role == "assistant" {
@@ -345,53 +352,47 @@ impl History {
                 }
             }
             "reasoning" => {
-                let mut text = String::new();
-                if let Some(Value::Array(parts)) = p.get("summary") {
-                    for part in parts {
-                        if let Some(s) = str_of(part, "text") {
-                            if !text.is_empty() {
-                                text.push('\n');
-                            }
-                            text.push_str(s);
-                        }
+                let mut thinking = String::new();
+                for text in it.summary.unwrap_or_default().into_iter().filter_map(|Obj(part)| part.text) {
+                    if !thinking.is_empty() {
+                        thinking.push('\n');
                     }
+                    thinking.push_str(&text);
                 }
-                let signature = take_str(p, "encrypted_content");
-                self.assistant_block(Block::Thinking { thinking: text, signature });
+                self.assistant_block(Block::Thinking { thinking, signature: it.encrypted_content });
             }
             "function_call" | "custom_tool_call" | "local_shell_call" | "tool_search_call" => {
-                let id = str_of(p, "call_id").or_else(|| str_of(p, "id")).map_or_else(|| format!("call_line{n}"), str::to_string);
-                let name = str_of(p, "name").map_or_else(|| t.trim_end_matches("_call").to_string(), str::to_string);
-                let arguments = match (p.get("arguments"), p.get("input"), p.get("action")) {
-                    (Some(Value::String(a)), _, _) => a.clone(),
-                    (Some(a), _, _) => json_text(a),
-                    (None, Some(Value::String(i)), _) => i.clone(),
-                    (None, _, Some(action)) => json_text(action),
+                let id = it.call_id.or(it.id).unwrap_or_else(|| format!("call_line{n}"));
+                let name = it.name.unwrap_or_else(|| t.trim_end_matches("_call").to_string());
+                let arguments = match (it.arguments, it.input, it.action) {
+                    (Some(Value::String(a)), _, _) => a,
+                    (Some(a), _, _) => json_text(&a),
+                    (None, Some(Value::String(i)), _) => i,
+                    (None, _, Some(action)) => json_text(&action),
                     _ => "{}".to_string(),
                 };
                 self.assistant_block(Block::ToolCall { id, name, arguments });
             }
             "function_call_output" | "custom_tool_call_output" | "local_shell_call_output" | "tool_search_output" => {
-                let id = str_of(p, "call_id").unwrap_or("").to_string();
+                let id = it.call_id.unwrap_or_default();
                 if !self.names.contains_key(&id) {
                     diag(format!("tool output `{id}` has no matching call"));
                 }
-                let output = p.get_mut("output").map(Value::take).or_else(|| p.get_mut("tools").map(Value::take));
-                self.result(id, output);
+                self.result(id, it.output.or(it.tools));
             }
             "web_search_call" => {
                 // Codex records a web search without a separate output item; condense gives the call a
                 // result that states its status, so the pair stays valid for every provider.
-                let id = str_of(p, "id").map_or_else(|| format!("ws_line{n}"), str::to_string);
-                let arguments = p.get("action").map_or_else(|| "{}".to_string(), json_text);
+                let id = it.id.unwrap_or_else(|| format!("ws_line{n}"));
+                let arguments = it.action.as_ref().map_or_else(|| "{}".to_string(), json_text);
                 self.assistant_block(Block::ToolCall { id: id.clone(), name: "web_search".into(), arguments });
-                let status = str_of(p, "status").unwrap_or("unknown").to_string();
+                let status = it.status.unwrap_or_else(|| "unknown".into());
                 self.result(id, Some(Value::String(format!("web search {status}"))));
             }
             "compaction" | "compaction_summary" => {
                 // A remote compaction's summary is encrypted by the provider; condense keeps a marker in
                 // its place (the encrypted bytes mean nothing to any other model).
-                let len = str_of(p, "encrypted_content").map_or(0, str::len);
+                let len = it.encrypted_content.map_or(0, |c| c.len());
                 self.push(Entry::Message(Message::user_text(
                     format!("[Codex compaction summary, encrypted by the provider ({len} bytes)]"),
                     UserOrigin::Summary,
@@ -399,6 +400,100 @@ impl History {
             }
             "ghost_snapshot" => {}
             other => diag(format!("unknown response item `{other}` skipped")),
+        }
+    }
+}
+
+/// The fields of a `response_item` payload that [`History::item`] reads. The fast reader parses them
+/// from the line's text, without building the payload as a value; a payload read as a value (a line
+/// the fast reader refused, a compaction's replacement history) is taken apart into them by
+/// [`Item::of_value`], which reads a field of another type as absent, as the importer always did.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub(crate) struct Item {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    content: Option<Vec<Obj<Part>>>,
+    #[serde(default)]
+    summary: Option<Vec<Obj<SummaryPart>>>,
+    #[serde(default)]
+    encrypted_content: Option<String>,
+    #[serde(default)]
+    call_id: Option<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
+    // Present, even as `null`, each of these is taken as it is.
+    #[serde(default, deserialize_with = "present")]
+    arguments: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    input: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    action: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    output: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    tools: Option<Value>,
+}
+
+/// A part of a message's content.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct Part {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    image_url: Option<String>,
+}
+
+/// A part of a reasoning item's summary.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(crate) struct SummaryPart {
+    #[serde(default)]
+    text: Option<String>,
+}
+
+impl Item {
+    /// The fields of a payload read as a value: a string field that holds something else is absent, a
+    /// content or summary that is not an array is none, as are a part's fields that are not strings.
+    fn of_value(mut p: Value) -> Item {
+        let s = |v: &Value, key: &str| str_of(v, key).map(str::to_string);
+        let content = match p.get_mut("content").map(Value::take) {
+            Some(Value::Array(parts)) => Some(
+                parts
+                    .into_iter()
+                    .map(|mut c| Obj(Part { kind: s(&c, "type"), text: take_str(&mut c, "text"), image_url: take_str(&mut c, "image_url") }))
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let summary = match p.get("summary") {
+            Some(Value::Array(parts)) => Some(parts.iter().map(|part| Obj(SummaryPart { text: s(part, "text") })).collect()),
+            _ => None,
+        };
+        let mut take = |key: &str| p.get_mut(key).map(Value::take);
+        let (arguments, input, action, output, tools) = (take("arguments"), take("input"), take("action"), take("output"), take("tools"));
+        Item {
+            kind: s(&p, "type"),
+            role: s(&p, "role"),
+            content,
+            summary,
+            encrypted_content: take_str(&mut p, "encrypted_content"),
+            call_id: s(&p, "call_id"),
+            id: s(&p, "id"),
+            name: s(&p, "name"),
+            status: s(&p, "status"),
+            arguments,
+            input,
+            action,
+            output,
+            tools,
         }
     }
 }
@@ -420,16 +515,32 @@ pub(crate) fn output_text(output: Option<Value>) -> (String, bool) {
         Some(Value::Null) | None => String::new(),
         Some(other) => json_text(&other),
     };
-    let exit = if let Some(rest) = text.split("Process exited with code ").nth(1) {
+    const EXITED: &str = "Process exited with code ";
+    let exit = if let Some(at) = memchr::memmem::find(text.as_bytes(), EXITED.as_bytes()) {
+        let rest = &text[at + EXITED.len()..];
         rest.split(|c: char| !c.is_ascii_digit()).next().and_then(|d| d.parse::<i64>().ok())
     } else if text.starts_with('{') {
-        serde_json::from_str::<Value>(&text)
-            .ok()
-            .and_then(|v| v.get("metadata").and_then(|m| m.get("exit_code")).and_then(Value::as_i64))
+        exit_code_of_json(&text)
     } else {
         None
     };
     (text, exit.is_some_and(|c| c != 0))
+}
+
+/// `metadata.exit_code` of a tool output that is a JSON object (Codex's shell output with its metadata):
+/// the output beside it is skipped unbuilt. A text that does not read so (not an object, a key given
+/// twice) is parsed as a value, as before.
+fn exit_code_of_json(text: &str) -> Option<i64> {
+    #[derive(serde::Deserialize)]
+    struct Shell {
+        #[serde(default)]
+        metadata: Option<Value>,
+    }
+    let code = |metadata: Option<&Value>| metadata.and_then(|m| m.get("exit_code")).and_then(Value::as_i64);
+    match serde_json::from_str::<Shell>(text) {
+        Ok(shell) => code(shell.metadata.as_ref()),
+        Err(_) => code(serde_json::from_str::<Value>(text).ok().as_ref().and_then(|v| v.get("metadata"))),
+    }
 }
 
 #[cfg(test)]
@@ -467,6 +578,37 @@ mod tests {
             (false, r#"{"type":"turn_context","type":"event_msg","payload":{}}"#),
             (false, r#"{"type":"response_item","payload":[1,2]}"#),
             (false, r#"{"type":"event_msg","payload":{"type":"token_count"}} trailing"#),
+            // Response items, read into their fields or refused.
+            (true, r#"{"type":"response_item","payload":{"type":"message","role":"user","content":[{"type":"input_image","image_url":"data:image/jpeg;base64,AAAA"},{"type":"refusal","refusal":"no"},{"type":"input_text","text":null},{"text":"no type"}]}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"reasoning","summary":[{"type":"summary_text","text":""},{"text":"b"},{"no":"text"},{"text":"c\u00e9"}],"encrypted_content":"xyz","content":null}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"function_call","name":"shell","arguments":null,"call_id":"c9"}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"custom_tool_call","call_id":"c10","input":"*** Begin Patch"}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"local_shell_call","id":"ls1","action":{"type":"exec","command":["ls"],"env":{"b":1,"a":null}},"status":"completed"}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"function_call","call_id":"c11","arguments":{"b":1,"a":[true,1.5e3]},"input":7}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"tool_search_call","input":[1],"action":{"q":"x"}}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"tool_search_output","call_id":"c9","output":null,"tools":[{"name":"t"}]}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"tool_search_output","call_id":"nowhere","tools":[{"name":"t"}]}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"function_call_output","call_id":"c11","output":[{"type":"input_text","text":"a"},{"x":1}]}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"function_call_output","call_id":"c10","output":"{\"output\":\"boom\",\"metadata\":{\"exit_code\":2}}"}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"function_call_output","call_id":"ls1","output":{"an":"object"}}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"web_search_call","status":null}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"compaction","encrypted_content":"abcd"}}"#),
+            (true, r#"{"type":"response_item","payload":{"type":"mystery_item","extra":{"deep":[1]}}}"#),
+            (true, r#"{"type":"response_item","payload":{"role":"user"}}"#),
+            (false, r#"{"type":"response_item","payload":["function_call","x"]}"#),
+            (false, r#"{"type":"response_item","payload":{"type":"message","role":"user","content":[["input_text","hi"]]}}"#),
+            (false, r#"{"type":"response_item","payload":{"type":"message","role":5,"content":[]}}"#),
+            (false, r#"{"type":"response_item","payload":{"type":"function_call","name":"a","name":"b","arguments":"{}"}}"#),
+            (false, r#"{"type":"response_item","payload":{"type":"reasoning","summary":["plain"]}}"#),
+            (false, r#"{"type":"response_item","payload":{"type":"message","role":"user","content":"just a string"}}"#),
+            (false, r#"{"type":"response_item","payload":{"type":"message","role":"user","content":[{"type":"input_text","text":7}]}}"#),
+            (false, r#"{"type":"response_item","payload":{"type":"function_call","call_id":{"not":"a string"}}}"#),
+            // Arrays where objects belong: a struct is read from an array field by field, never here.
+            (false, r#"["turn_context",{"model":"array-line"}]"#),
+            (false, r#"{"type":"turn_context","payload":["array-payload"]}"#),
+            (false, r#"{"type":"event_msg","payload":["task_started",1000]}"#),
+            (false, r#"{"type":"event_msg","payload":{"type":"token_count","info":[64000,[5,1,2]]}}"#),
+            (false, r#"{"type":"event_msg","payload":{"type":"token_count","info":{"last_token_usage":[100,40,7]}}}"#),
         ];
         let mut text = String::from("{\"type\":\"session_meta\",\"payload\":{\"id\":\"s\",\"cwd\":\"/w\",\"instructions\":\"long\"}}\n");
         for i in 0..60 {
@@ -480,5 +622,23 @@ mod tests {
             text.push('\n');
         }
         both("odd.jsonl", text.as_bytes());
+    }
+
+    /// A tool output's failure: a shell's exit code in its text, or in the metadata of a JSON object
+    /// (the last of a key given twice, as a value keeps it).
+    #[test]
+    fn a_tool_output_fails_by_its_exit_code() {
+        let failed = |text: &str| super::output_text(Some(serde_json::Value::String(text.into()))).1;
+        assert!(failed("ok\nProcess exited with code 1\n"));
+        assert!(!failed("Process exited with code 0"));
+        assert!(!failed("Process exited with code "));
+        assert!(failed(r#"{"output":"boom","metadata":{"exit_code":2,"duration_seconds":0.1}}"#));
+        assert!(!failed(r#"{"output":"fine","metadata":{"exit_code":0}}"#));
+        assert!(failed(r#"{"metadata":{"exit_code":0},"metadata":{"exit_code":3}}"#));
+        assert!(!failed(r#"{"metadata":{"exit_code":3},"metadata":null}"#));
+        assert!(!failed(r#"{"metadata":null}"#));
+        assert!(!failed(r#"{"metadata":{"exit_code":"2"}}"#));
+        assert!(!failed(r#"{"metadata":{"exit_code":2}} and more"#));
+        assert!(!failed("{ not json"));
     }
 }

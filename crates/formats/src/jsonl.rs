@@ -34,14 +34,41 @@ pub struct Line {
     pub line: u64,
     /// The parsed value (`Null` when the line was read by a fast reader instead).
     pub value: Value,
-    /// What a format's fast reader made of the line ([`crate::pi::fast`]), when it read it; `value` is
-    /// then not parsed.
-    pub(crate) fast: Option<crate::pi::Fast>,
+    /// What a format's fast reader made of the line ([`crate::pi::fast`], [`crate::codex::fast`]), when
+    /// it read it as more than a value; `value` is then not parsed.
+    pub(crate) fast: Option<Fast>,
 }
 
 /// A format's reader of its most common line shapes that skips building all of a `serde_json::Value`:
 /// `None` when the line is not of those shapes, which is then parsed into a `Value` as any other.
 pub(crate) type FastRead = fn(&str) -> Option<Fast>;
+
+/// A `T` read only from a JSON object. A struct derived with serde is also read from an array, field by
+/// field in order, which no importer's `Value` path would take for the object it expects.
+#[derive(Debug, Clone)]
+pub(crate) struct Obj<T>(pub T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Map<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Map<T> {
+            type Value = Obj<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Obj)
+            }
+        }
+        d.deserialize_map(Map(std::marker::PhantomData))
+    }
+}
+
+impl<T: serde::Serialize> serde::Serialize for Obj<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
 
 /// A field that is present: `Some` of what it holds, `null` included (with `default`, absent is `None`).
 pub(crate) fn present<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
@@ -49,9 +76,12 @@ pub(crate) fn present<'de, D: serde::Deserializer<'de>, T: serde::Deserialize<'d
 }
 
 /// What a fast reader made of a line.
+#[derive(Debug, Clone)]
 pub(crate) enum Fast {
     /// The line's entry itself (pi's message lines).
     Entry(crate::pi::Fast),
+    /// The fields the importer reads of a Codex `response_item` line's payload.
+    Item(Box<crate::codex::Item>),
     /// The line's value holding only what the importer reads of it, the rest skipped unbuilt (Codex).
     Value(Value),
 }
@@ -116,12 +146,12 @@ fn take_line(file: &str, n: u64, raw: &[u8], fast: Option<FastRead>, queue: &mut
         }
     };
     match fast.and_then(|read| read(&text)) {
-        Some(Fast::Entry(read)) => {
-            queue.push_back(Line { line: n, value: Value::Null, fast: Some(read) });
-            return true;
-        }
         Some(Fast::Value(value)) => {
             queue.push_back(Line { line: n, value, fast: None });
+            return true;
+        }
+        Some(read) => {
+            queue.push_back(Line { line: n, value: Value::Null, fast: Some(read) });
             return true;
         }
         None => {}

@@ -256,7 +256,7 @@ fn import_bytes_with(file: &str, bytes: &[u8], fast: bool) -> Result<Imported, S
 fn fast_reader(format: Format) -> Option<jsonl::FastRead> {
     match format {
         Format::Pi => Some(|text| pi::fast(text).map(jsonl::Fast::Entry)),
-        Format::Codex => Some(|text| codex::fast(text).map(jsonl::Fast::Value)),
+        Format::Codex => Some(codex::fast),
         _ => None,
     }
 }

@@ -57,8 +57,8 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
         let index = i as u64 + offset;
         // A message line read without a `Value` (see [`fast`]) brings its ids and entry.
         let (fast_ids, fast_entry) = match line.fast.take() {
-            Some(f) => (Some((f.id, f.parent)), Some(f.entry)),
-            None => (None, None),
+            Some(crate::jsonl::Fast::Entry(f)) => (Some((f.id, f.parent)), Some(f.entry)),
+            _ => (None, None),
         };
         let (mut id, parent) = if version >= 2 {
             let (id, parent) = fast_ids.unwrap_or_else(|| {
@@ -305,11 +305,11 @@ pub(crate) struct Fast {
 
 /// [`Fast`] of one line's text, or `None` when the line is not of the shapes it reads.
 pub(crate) fn fast(text: &str) -> Option<Fast> {
-    let line: fast_shape::Line<'_> = serde_json::from_str(text).ok()?;
+    let line: fast_shape::Line<'_> = serde_json::from_str::<crate::jsonl::Obj<_>>(text).ok()?.0;
     if line.kind != "message" {
         return None;
     }
-    let m = line.message?;
+    let m = line.message?.0;
     let entry = match m.role.as_deref()? {
         "user" => Entry::Message(Message::User { content: fast_user_blocks(m.content)?, origin: UserOrigin::Prompt }),
         "assistant" => {
@@ -334,7 +334,7 @@ pub(crate) fn fast(text: &str) -> Option<Fast> {
             }
             let stop = stop_reason(m.stop_reason.as_deref());
             let usage = m.usage.map(|u| {
-                let u = u.unwrap_or_default();
+                let u = u.map(|u| u.0).unwrap_or_default();
                 Usage { input: u.input.unwrap_or(0), output: u.output.unwrap_or(0), cache_read: u.cache_read.unwrap_or(0), cache_write: u.cache_write.unwrap_or(0) }
             });
             Entry::Message(Message::Assistant { content, model: m.model.map(String::from), stop, usage })
@@ -374,9 +374,11 @@ fn fast_user_blocks(content: Option<fast_shape::Content<'_>>) -> Option<Vec<Bloc
 }
 
 /// The shapes [`fast`] reads: only the fields the importer uses, strings borrowed from the line where
-/// they hold no escape. A field of another type than the `Value` path accepts without a diagnostic, or a
-/// field given twice, fails the parse, and the line is read as a `Value`.
+/// they hold no escape. A field of another type than the `Value` path accepts without a diagnostic, a
+/// field given twice, or an array where an object belongs ([`Obj`]), fails the parse, and the line is
+/// read as a `Value`.
 mod fast_shape {
+    use crate::jsonl::Obj;
     use serde::de::{Deserializer, SeqAccess, Visitor};
     use serde::Deserialize;
     use std::borrow::Cow;
@@ -390,7 +392,7 @@ mod fast_shape {
         #[serde(rename = "parentId", default, borrow)]
         pub parent: Option<Cow<'a, str>>,
         #[serde(default, borrow)]
-        pub message: Option<Msg<'a>>,
+        pub message: Option<Obj<Msg<'a>>>,
     }
 
     #[derive(Deserialize)]
@@ -405,7 +407,7 @@ mod fast_shape {
         pub stop_reason: Option<Cow<'a, str>>,
         /// Present, even as `null`, it gives a usage (of zeros where a count is missing).
         #[serde(default, deserialize_with = "crate::jsonl::present")]
-        pub usage: Option<Option<Usage>>,
+        pub usage: Option<Option<Obj<Usage>>>,
         #[serde(rename = "toolCallId", default, borrow)]
         pub tool_call_id: Option<Cow<'a, str>>,
         #[serde(rename = "toolName", default, borrow)]
@@ -472,7 +474,7 @@ mod fast_shape {
                 }
                 fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                     let mut blocks = Vec::with_capacity(seq.size_hint().unwrap_or(2));
-                    while let Some(b) = seq.next_element()? {
+                    while let Some(Obj(b)) = seq.next_element()? {
                         blocks.push(b);
                     }
                     Ok(Content::Blocks(blocks))
@@ -518,6 +520,11 @@ mod tests {
             (false, r#"{"type":"message","id":"c1","parentId":"b9","message":{"role":"user","content":"two"}}{"type":"message","id":"c2","parentId":"c1","message":{"role":"user","content":"on a line"}}"#),
             (false, r#"{"type":"message","id":"c3","parentId":"c2","message":{"role":"user","content":"bad \q escape"}}"#),
             (false, r#"{"type":"message","id":"c4","parentId":"c3","message":{"role":"user","content":"cut short"#),
+            // Arrays where objects belong: a struct is read from an array field by field, never here.
+            (false, r#"["message","x1","c4",{"role":"user","content":"an array line"}]"#),
+            (false, r#"{"type":"message","id":"x2","parentId":"x1","message":["user","an array message"]}"#),
+            (false, r#"{"type":"message","id":"x3","parentId":"x2","message":{"role":"user","content":[["text","an array block"]]}}"#),
+            (false, r#"{"type":"message","id":"x4","parentId":"x3","message":{"role":"assistant","content":[],"usage":[1,2]}}"#),
         ];
         let mut text = String::from("{\"type\":\"session\",\"version\":3,\"id\":\"s\"}\n");
         for i in 0..50 {
