@@ -106,13 +106,25 @@ pub fn crash_rounds(bin: &Path, work: &Path, input: &Path, rounds: u32, seed: u6
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("spawning condense: {e}"))?;
-        std::thread::sleep(delay);
-        let finished = child.try_wait().map_err(|e| e.to_string())?.is_some();
+        // Watched until the kill point: a command that ends before it ran faster than the reference (which
+        // may have been timed while the machine was busier), and the later rounds' kill points follow it.
+        let started = Instant::now();
+        let finished = loop {
+            if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+                break Some(started.elapsed());
+            }
+            let left = delay.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                break None;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(1)));
+        };
         let _ = child.kill();
         let _ = child.wait();
         summary.rounds[k] += 1;
-        if !finished {
-            summary.interrupted[k] += 1;
+        match finished {
+            None => summary.interrupted[k] += 1,
+            Some(t) => took[k] = took[k].min(t),
         }
         let what = format!("round {round} ({} killed after {delay:?})", KINDS[k]);
         let (code, text) = run(bin, &store, &args)?;
