@@ -29,7 +29,7 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
         let n = line.line;
         // A `response_item` line the fast reader read brings its payload's fields (its value is `Null`).
         let fast_item = match line.fast.take() {
-            Some(crate::jsonl::Fast::Item(item)) => Some(item),
+            Some(Fast::Item(item)) => Some(item),
             _ => None,
         };
         let kind = if fast_item.is_some() { "response_item" } else { str_of(&line.value, "type").unwrap_or("") }.to_string();
@@ -140,9 +140,9 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
 /// The fast reader of Codex lines: a line's value with only the fields [`import_to`] reads of lines of its
 /// kind. Half a rollout's bytes are telemetry the importer takes a field or two from (token counts, turn
 /// contexts, command ends, agent messages): their other fields are skipped by the parser instead of built
-/// into maps. A `response_item` or `compacted` payload, which the importer reads through, is built whole.
-/// `None` (the line is then parsed as a value) for any line whose fields are not of the types read
-/// here, so what the importer sees is what the value path gives it.
+/// into maps. A `response_item` payload is read into its [`Item`]; a `compacted` payload, which the
+/// importer reads through, is built whole. `None` (the line is then parsed as a value) for any line whose
+/// fields are not of the types read here, so what the importer sees is what the value path gives it.
 pub(crate) fn fast(text: &str) -> Option<Fast> {
     use fast_shape::*;
     let line: Line<'_> = serde_json::from_str::<Obj<_>>(text).ok()?.0;
