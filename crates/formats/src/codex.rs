@@ -145,13 +145,13 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
 /// fields are not of the types read here, so what the importer sees is what the value path gives it.
 pub(crate) fn fast(text: &str) -> Option<Fast> {
     use fast_shape::*;
-    let line: Line<'_> = serde_json::from_str::<Obj<_>>(text).ok()?.0;
+    let line: Line<'_> = crate::jsonl::object(text)?;
     let raw = line.payload?.get();
     let payload = match line.kind.as_ref() {
         "session_meta" => reduced::<Meta<'_>>(raw)?,
         "turn_context" => reduced::<TurnContext<'_>>(raw)?,
         "event_msg" => reduced::<Event<'_>>(raw)?,
-        "response_item" => return Some(Fast::Item(Box::new(serde_json::from_str::<Obj<Item>>(raw).ok()?.0))),
+        "response_item" => return Some(Fast::Item(Box::new(crate::jsonl::object(raw)?))),
         // Read through by the importer: built whole.
         _ => serde_json::from_str(raw).ok()?,
     };
@@ -168,7 +168,7 @@ pub(crate) fn fast(text: &str) -> Option<Fast> {
 /// The fields of `raw` that `T` declares, as a value holding those present (`null` included where `T`
 /// keeps it apart from absent).
 fn reduced<'a, T: serde::Deserialize<'a> + serde::Serialize>(raw: &'a str) -> Option<Value> {
-    serde_json::to_value(serde_json::from_str::<Obj<T>>(raw).ok()?).ok()
+    serde_json::to_value(crate::jsonl::object::<T>(raw)?).ok()
 }
 
 /// The fields [`fast`] reads; serde skips every other without building it. A field of another type than
@@ -408,7 +408,7 @@ impl History {
 /// from the line's text, without building the payload as a value; a payload read as a value (a line
 /// the fast reader refused, a compaction's replacement history) is taken apart into them by
 /// [`Item::of_value`], which reads a field of another type as absent, as the importer always did.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 pub(crate) struct Item {
     #[serde(rename = "type", default)]
     kind: Option<String>,

@@ -64,6 +64,11 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Obj<T> {
     }
 }
 
+/// A `T` read from JSON text that holds an object ([`Obj`]); `None` for anything else.
+pub(crate) fn object<'a, T: serde::Deserialize<'a>>(text: &'a str) -> Option<T> {
+    serde_json::from_str::<Obj<T>>(text).ok().map(|o| o.0)
+}
+
 impl<T: serde::Serialize> serde::Serialize for Obj<T> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.0.serialize(s)

@@ -305,7 +305,7 @@ pub(crate) struct Fast {
 
 /// [`Fast`] of one line's text, or `None` when the line is not of the shapes it reads.
 pub(crate) fn fast(text: &str) -> Option<Fast> {
-    let line: fast_shape::Line<'_> = serde_json::from_str::<crate::jsonl::Obj<_>>(text).ok()?.0;
+    let line: fast_shape::Line<'_> = crate::jsonl::object(text)?;
     if line.kind != "message" {
         return None;
     }
