@@ -112,7 +112,18 @@ fn crash(args: &[String]) -> Result<()> {
 /// Builds the release `condense` binary and returns its path.
 pub(crate) fn release_binary() -> Result<PathBuf> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let st = std::process::Command::new(cargo).args(["build", "--release", "-p", "condense-cli", "--bin", "condense"]).current_dir(root()).status()?;
+    // `cargo run` gave this process xtask's package variables (CARGO_MANIFEST_DIR, CARGO_PKG_NAME, ...); ring's
+    // build script tracks some of them, so passing them on would rebuild the TLS stack (minutes, inside the
+    // measurements) whenever `condense` was last built from a shell, and back again.
+    let mut build = std::process::Command::new(cargo);
+    build.args(["build", "--release", "-p", "condense-cli", "--bin", "condense"]).current_dir(root());
+    for (key, _) in std::env::vars_os() {
+        let k = key.to_string_lossy();
+        if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_MANIFEST_") || ["CARGO_PRIMARY_PACKAGE", "CARGO_CRATE_NAME", "CARGO_BIN_NAME"].contains(&&*k) {
+            build.env_remove(&key);
+        }
+    }
+    let st = build.status()?;
     if !st.success() {
         bail!("building condense failed");
     }
