@@ -119,7 +119,7 @@ pub(crate) fn release_binary() -> Result<PathBuf> {
     build.args(["build", "--release", "-p", "condense-cli", "--bin", "condense"]).current_dir(root());
     for (key, _) in std::env::vars_os() {
         let k = key.to_string_lossy();
-        if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_MANIFEST_") || ["CARGO_PRIMARY_PACKAGE", "CARGO_CRATE_NAME", "CARGO_BIN_NAME"].contains(&&*k) {
+        if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_MANIFEST_") || matches!(&*k, "CARGO_PRIMARY_PACKAGE" | "CARGO_CRATE_NAME" | "CARGO_BIN_NAME") {
             build.env_remove(&key);
         }
     }
