@@ -1,4 +1,15 @@
 //! Helpers shared by the cross-crate tests: where the corpus is, and the rendered *shape* of a context.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_events::{Message, UserOrigin};
+//!
+//! let context = vec![Message::user_text("hello", UserOrigin::Prompt), Message::user_text("again", UserOrigin::Prompt)];
+//! // One line per message: what a snapshot of a rendered context records.
+//! let shape = condense_tests::shape(&context.iter().collect::<Vec<_>>());
+//! assert_eq!(shape.lines().count(), 2);
+//! ```
 
 use condense_events::{Block, Message};
 use std::path::{Path, PathBuf};

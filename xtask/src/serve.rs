@@ -43,24 +43,25 @@ fn body_of(messages: &[Value]) -> String {
     json!({"model": "gpt-4o", "messages": messages, "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]}).to_string()
 }
 
-fn post(agent: &ureq::Agent, addr: &str, session: &str, messages: &[Value]) -> Result<Value> {
+fn post(agent: &reqwest::blocking::Client, addr: &str, session: &str, messages: &[Value]) -> Result<Value> {
     post_body(agent, addr, session, &body_of(messages))
 }
 
-fn post_body(agent: &ureq::Agent, addr: &str, session: &str, body: &str) -> Result<Value> {
-    let mut r = agent
-        .post(&format!("http://{addr}/v1/chat/completions"))
+fn post_body(agent: &reqwest::blocking::Client, addr: &str, session: &str, body: &str) -> Result<Value> {
+    let r = agent
+        .post(format!("http://{addr}/v1/chat/completions"))
         .header("authorization", "Bearer bench")
         .header("x-condense-session", session)
         .header("content-type", "application/json")
-        .send(body.as_bytes())?;
-    let text = r.body_mut().read_to_string()?;
+        .body(body.to_string())
+        .send()?;
+    let text = r.text()?;
     let v: Value = serde_json::from_str(&text).with_context(|| format!("serve answered {text}"))?;
     Ok(v["choices"][0]["message"].clone())
 }
 
-fn status(agent: &ureq::Agent, addr: &str) -> Result<Value> {
-    let text = agent.get(&format!("http://{addr}/condense/status")).call()?.body_mut().read_to_string()?;
+fn status(agent: &reqwest::blocking::Client, addr: &str) -> Result<Value> {
+    let text = agent.get(format!("http://{addr}/condense/status")).send()?.text()?;
     Ok(serde_json::from_str(&text)?)
 }
 
@@ -83,7 +84,7 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).context("serve's address")?.to_string();
     let pid = child.id();
-    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(120))).build());
+    let agent = reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build()?;
     writeln!(md, "\n## condense serve\n")?;
     writeln!(md, "The release `condense serve` in its own process, a client and a fake upstream that answers at once on loopback (Chat Completions, JSON). *Serve's own* latency is what the server reports in `/condense/status` (`latency_ms`, its last 100 requests): from the request read in to the rewritten request handed to the HTTP client — recording, pipeline, checkpoint check, render, rewriting. *With both loopback transfers* adds reading the request and forwarding it: from the client starting to send (its body already serialized) to the fake upstream having received the whole rewritten request. Each measured request is an agent's next request in an active conversation: the server holds half as many conversations as requests measured, each recorded whole beforehand by an unmeasured request; after a 3-second pause (recording them wrote tens of megabytes; the store's background writes settle, as they do between an agent's requests, which are seconds apart), the measured requests go round-robin over them, each adding a prompt (a conversation grows by two messages between its two measured requests). Messages are coding-agent shaped: prompts, `bash` calls, outputs of about 1 KB each (pruned as the defaults decide), text replies.\n")?;
     writeln!(md, "| conversation | requests measured | request body | serve's own p50 | serve's own p99 | with both loopback transfers p50 | p99 | target |")?;

@@ -3,6 +3,25 @@
 //! A batch is the results of one turn (`batchingMode: turn`) or of one agent message
 //! (`agent-message`: every turn up to a final text-only reply). A result is protected when its tool is in
 //! `protectedTools` or one of its call's string arguments matches a `protectedPaths` glob.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_capture::Capture;
+//! use condense_events::{DecisionEvent, PruneConfig};
+//! use condense_stage::testing::{calls, prompt, result, Recorded};
+//! use condense_stage::Trigger;
+//!
+//! let mut log = Recorded::new(PruneConfig::default());
+//! let mut capture = Capture;
+//! log.message("u1", prompt("what is in src?"), &mut [&mut capture]);
+//! log.message("a1", calls(&[("c1", "bash", r#"{"command":"ls src"}"#)]), &mut [&mut capture]);
+//! log.message("r1", result("c1", "bash", "lib.rs\nmain.rs", false), &mut [&mut capture]);
+//! let decisions = log.run(&mut [&mut capture], Trigger::Request).unwrap();
+//! assert!(matches!(&decisions[0], DecisionEvent::OutputCaptured(r) if r.ref_n == 1 && r.tool == "bash" && r.occurrence == "c1@r1"));
+//! // A read of a skill file is protected: it is never pruned.
+//! assert!(condense_capture::is_protected(&PruneConfig::default(), "read", r#"{"path":"/w/skills/git/SKILL.md"}"#));
+//! ```
 
 use condense_events::PruneConfig;
 

@@ -4,6 +4,21 @@
 //! names (or, when none were summarized, a deterministic digest: call count, tool histogram, first and
 //! last arguments). Protected outputs are relocated into
 //! the block verbatim.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_chain::{block_body, closed_chains, CallInfo, Span};
+//!
+//! // prompt, a tool-using turn, its result, the final reply; then a prompt answered without tools.
+//! let kinds = ["prompt", "calls", "result", "final", "prompt", "final"];
+//! let spans = closed_chains(kinds.len(), |i| kinds[i] == "prompt", |i| kinds[i] == "final", |i| kinds[i] == "calls");
+//! assert_eq!(spans, vec![Span { first: 0, last: 3 }]);
+//! // The block that stands for the chain names each output by its ref, one line each.
+//! let calls = [CallInfo { ref_n: Some(4), tool: "read", arguments: r#"{"path":"src/lib.rs"}"#, summary: Some("t4 read (src/lib.rs): 120 lines"), protected_output: None }];
+//! let body = block_body(2, &calls);
+//! assert!(body.contains("b2") && body.contains("t4"), "{body}");
+//! ```
 
 use std::collections::BTreeMap;
 

@@ -6,6 +6,28 @@
 //! model's output allowance capped at 25% of the window, and 5% of the window; the hard budget is the
 //! window minus headroom. The retained tail is recent user messages only, capped at 20,000 tokens and at
 //! half of the hard budget that remains after the summary.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_checkpoint::{handoff, Budget};
+//! use condense_events::{Block, Message, UserOrigin};
+//! use std::sync::Arc;
+//!
+//! // A 200k-token model with 32k of output: the output allowance is the headroom.
+//! let budget = Budget::of_model(200_000, Some(32_000));
+//! assert_eq!((budget.headroom, budget.hard), (32_000, 168_000));
+//! // The handoff that stands in for the history before a cut.
+//! let read = Message::Assistant {
+//!     content: vec![Block::ToolCall { id: "c1".into(), name: "read".into(), arguments: r#"{"path":"src/main.rs"}"#.into() }],
+//!     model: None,
+//!     stop: None,
+//!     usage: None,
+//! };
+//! let history = vec![("u1".to_string(), Arc::new(Message::user_text("fix the parser", UserOrigin::Prompt))), ("a1".to_string(), Arc::new(read))];
+//! let text = handoff(1, &history, &[1], 4_000);
+//! assert!(text.contains("fix the parser") && text.contains("src/main.rs"), "{text}");
+//! ```
 
 use condense_events::{Block, Message, UserOrigin};
 use condense_tokens::estimate;

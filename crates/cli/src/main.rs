@@ -10,5 +10,5 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     // Arguments are taken as the OS gives them: paths need not be UTF-8.
-    condense_cli::commands::main(std::env::args_os().skip(1).collect())
+    condense_cli::run::main(std::env::args_os().skip(1).collect())
 }

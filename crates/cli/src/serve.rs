@@ -2,15 +2,16 @@
 //! the server, which is the one process that may open the sled database.
 
 use crate::cli::ServeArgs;
-use crate::commands::{load_config, shown, store_folder, summarizer_of};
+use crate::shared::{load_config, shown, store_folder, summarizer_of};
 use std::ffi::OsString;
 use anyhow::{anyhow, bail, Context as _, Result};
 use condense_serve::{lock, ServeConfig};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Runs the server until Ctrl-C or SIGTERM.
-pub fn serve(store_dir: &Path, a: &ServeArgs) -> Result<ExitCode> {
+/// Runs the server until Ctrl-C or SIGTERM; `run_captured` runs the commands other processes route
+/// through it (the dispatcher's, handed down so this module does not call back up into it).
+pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine::Store, Vec<String>) -> (Vec<u8>, Vec<u8>, i32)) -> Result<ExitCode> {
     let mut cfg = ServeConfig::new(store_dir);
     cfg.listen = a.listen;
     if let Some(u) = &a.anthropic_upstream {
@@ -28,7 +29,7 @@ pub fn serve(store_dir: &Path, a: &ServeArgs) -> Result<ExitCode> {
     let file = load_config(a.config.as_deref(), store_dir)?;
     cfg.summarizer = summarizer_of(&file, true);
     cfg.file = file;
-    cfg.cli = Some(std::sync::Arc::new(crate::commands::run_captured));
+    cfg.cli = Some(std::sync::Arc::new(run_captured));
     if !cfg.listen.ip().is_loopback() {
         eprintln!("condense serve: warning: listening on {}, reachable from other machines; requests carry API keys", cfg.listen);
     }
@@ -109,21 +110,22 @@ pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) ->
     let argv = &utf8;
     let url = format!("http://{}/condense/cli", announced.addr);
     let body = serde_json::json!({"argv": absolute_args(argv, takes_paths)}).to_string();
-    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(false).timeout_global(None).build());
-    let resp = agent.post(&url).header("x-condense-token", &announced.token).header("content-type", "application/json").send(body.as_bytes());
-    let mut resp = match resp {
+    // No overall timeout: a command (an import of a large folder) runs as long as it needs.
+    let client = reqwest::blocking::Client::builder().timeout(None).build().context("starting the HTTP client")?;
+    let resp = client.post(&url).header("x-condense-token", &announced.token).header("content-type", "application/json").body(body).send();
+    let resp = match resp {
         Ok(r) => r,
         // A server that announced itself and is gone (killed): the store is free again.
         Err(_) => return Ok(None),
     };
     let status = resp.status().as_u16();
-    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    let text = resp.text().unwrap_or_default();
     if status != 200 {
         bail!("the condense serve holding {} refused the command ({status}): {}", store_dir.display(), text.trim());
     }
     let v: serde_json::Value = serde_json::from_str(&text).context("reading the server's answer")?;
-    crate::commands::out_write(format_args!("{}", v["stdout"].as_str().unwrap_or("")))?;
-    crate::commands::err_write(format_args!("{}", v["stderr"].as_str().unwrap_or("")));
+    crate::output::out_write(format_args!("{}", v["stdout"].as_str().unwrap_or("")))?;
+    crate::output::err_write(format_args!("{}", v["stderr"].as_str().unwrap_or("")));
     Ok(Some(match v["code"].as_i64().unwrap_or(2) {
         0 => ExitCode::SUCCESS,
         1 => ExitCode::from(1),

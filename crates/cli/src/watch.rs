@@ -3,7 +3,7 @@
 //! moment. Each import is an ordinary `condense import` (through a running `condense serve` when one holds
 //! the store), so new files become sessions and grown files append what they grew by; one line per change.
 
-use crate::commands::{capture, is_session_file};
+use crate::commands::import::is_session_file;
 use anyhow::{anyhow, bail, Context as _, Result};
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use std::collections::BTreeSet;
@@ -12,8 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Follows `paths` until the process is stopped.
-pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<ExitCode> {
+/// Runs a command with its output captured: `(stdout, stderr, exit code)`.
+pub type Capture = fn(Vec<OsString>, Option<&condense_engine::Store>) -> (Vec<u8>, Vec<u8>, i32);
+
+/// Follows `paths` until the process is stopped; `capture` runs each import as a command with its output
+/// captured (the dispatcher's, handed down so this module does not call back up into it).
+pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration, capture: Capture) -> Result<ExitCode> {
     for p in paths {
         if !p.exists() {
             bail!("{}: no such file or folder", p.display());
@@ -21,7 +25,7 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<Ex
     }
     // The store may lie inside a watched folder: its own writes are not session changes.
     // (A PostgreSQL store has no folder to leave out.)
-    let store = match crate::commands::store_folder(store_dir) {
+    let store = match crate::shared::store_folder(store_dir) {
         Some(dir) => {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             Some(dir.canonicalize().with_context(|| format!("reading {}", dir.display()))?)
@@ -52,7 +56,7 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<Ex
         watcher.watch(p, RecursiveMode::Recursive).with_context(|| format!("watching {}", p.display()))?;
     }
     // What is there already, then every change.
-    import(store_dir, paths.to_vec())?;
+    import(store_dir, paths.to_vec(), capture)?;
     let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     outln!("watching {} (Ctrl-C to stop)", names.join(", "));
     loop {
@@ -66,7 +70,7 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<Ex
                 }
             }
             Ok(_) => {}
-            Err(e) => crate::commands::err_write(format_args!("condense watch: {e}\n")),
+            Err(e) => crate::output::err_write(format_args!("condense watch: {e}\n")),
         };
         let Ok(first) = rx.recv() else { return Ok(ExitCode::SUCCESS) };
         note(first);
@@ -80,14 +84,14 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration) -> Result<Ex
         }
         let files: Vec<PathBuf> = changed.into_iter().filter(|p| p.is_file()).collect();
         if !files.is_empty() {
-            import(store_dir, files)?;
+            import(store_dir, files, capture)?;
         }
     }
 }
 
 /// Imports `files` (or folders) with `condense import --json` and prints one line per session that
 /// changed, and one per file that could not be imported.
-fn import(store_dir: &Path, files: Vec<PathBuf>) -> Result<()> {
+fn import(store_dir: &Path, files: Vec<PathBuf>, capture: Capture) -> Result<()> {
     let mut argv: Vec<OsString> = vec!["--store".into(), store_dir.as_os_str().to_owned(), "import".into(), "--json".into()];
     argv.extend(files.into_iter().map(PathBuf::into_os_string));
     let (out, err, code) = capture(argv, None);
@@ -97,7 +101,7 @@ fn import(store_dir: &Path, files: Vec<PathBuf>) -> Result<()> {
         if code == 2 && text.contains("in use by another condense process") {
             return Err(anyhow!("{}", text.trim().trim_start_matches("condense: ")));
         }
-        crate::commands::err_write(format_args!("{}", text));
+        crate::output::err_write(format_args!("{}", text));
         return Ok(());
     };
     for f in v["files"].as_array().into_iter().flatten() {

@@ -350,19 +350,19 @@ fn assert_no_secret(dir: &Path, needle: &str) {
     }
 }
 
-/// A chat request through serve with ureq; `(status, body)`.
+/// A chat request through serve; `(status, body)`.
 fn chat(addr: &str, messages: &serde_json::Value) -> Result<(u16, serde_json::Value), String> {
     let body = serde_json::json!({"model": "fake-model", "messages": messages, "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]});
-    let agent = ureq::Agent::new_with_config(ureq::Agent::config_builder().http_status_as_error(false).build());
-    let mut r = agent
-        .post(&format!("http://{addr}/v1/chat/completions"))
+    let r = reqwest::blocking::Client::new()
+        .post(format!("http://{addr}/v1/chat/completions"))
         .header("authorization", "Bearer dummy")
         .header("x-condense-session", "kill-test")
         .header("content-type", "application/json")
-        .send(body.to_string().as_bytes())
+        .body(body.to_string())
+        .send()
         .map_err(|e| e.to_string())?;
     let status = r.status().as_u16();
-    let text = r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+    let text = r.text().map_err(|e| e.to_string())?;
     Ok((status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)))
 }
 

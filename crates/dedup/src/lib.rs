@@ -3,6 +3,29 @@
 //!
 //! The dedup stage ([`Dedup`]) keeps the first ref captured with each key, folded from the log's
 //! captures, and aliases every later capture with a key seen before (`OutputAliased`).
+//!
+//! # Example
+//!
+//! The dedup stage over a recorded log, fed two captures with the same key (the capture stage stood in
+//! for by [`condense_stage::testing::Given`]):
+//!
+//! ```
+//! use condense_dedup::{key, Dedup};
+//! use condense_events::{DecisionEvent, PruneConfig};
+//! use condense_stage::testing::{record, Given, Recorded};
+//! use condense_stage::Trigger;
+//!
+//! // Line endings and trailing blanks do not make two outputs differ.
+//! assert_eq!(key("bash", "a\r\nb  \n"), key("bash", "a\nb"));
+//! let captures = vec![
+//!     (record(1, 1, "r1", "a1", "c1", "bash", "a\nb", &key("bash", "a\nb")), "a\nb".to_string()),
+//!     (record(2, 1, "r2", "a1", "c2", "bash", "a\r\nb", &key("bash", "a\r\nb")), "a\r\nb".to_string()),
+//! ];
+//! let mut log = Recorded::new(PruneConfig::default());
+//! let mut dedup = Dedup::default();
+//! let decisions = log.run(&mut [&mut Given(captures), &mut dedup], Trigger::Request).unwrap();
+//! assert_eq!(decisions.last(), Some(&DecisionEvent::OutputAliased { ref_n: 2, original: 1 }));
+//! ```
 
 use condense_events::{DecisionEvent, Event};
 use condense_stage::{Pass, Stage, StageError};

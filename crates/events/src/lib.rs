@@ -5,6 +5,27 @@
 //! Everything here is plain data. Stored types avoid `flatten`, `skip` and `untagged` so that bincode's
 //! positional encoding stays valid; new variants are only ever appended at the end of an enum, so older
 //! logs keep decoding.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_events::{Block, Entry, Event, Message, SourceEvent, UserOrigin};
+//!
+//! let call = Message::Assistant {
+//!     content: vec![Block::ToolCall { id: "c1".into(), name: "bash".into(), arguments: r#"{"command":"ls"}"#.into() }],
+//!     model: None,
+//!     stop: None,
+//!     usage: None,
+//! };
+//! assert_eq!(call.tool_calls().collect::<Vec<_>>(), vec![("c1", "bash", r#"{"command":"ls"}"#)]);
+//! // What a host reports is a source event; the log stores it as an `Event`.
+//! let appended = Event::Source(SourceEvent::EntryAppended {
+//!     id: "u1".into(),
+//!     parent: None,
+//!     entry: Entry::Message(Message::user_text("list the files", UserOrigin::Prompt)),
+//! });
+//! assert!(matches!(appended, Event::Source(SourceEvent::EntryAppended { .. })));
+//! ```
 
 mod config;
 mod message;

@@ -3,7 +3,8 @@
 //! `parentUuid` (parallel calls make that graph a tree). Progress, snapshot, queue and title lines carry no
 //! model context and are skipped. The context after a `compact_boundary` is what follows it.
 
-use crate::jsonl::{json_text, str_of, take_str, Diagnostic, Line};
+use crate::json::{json_text, str_of, take_str};
+use crate::jsonl::{Diagnostic, Line};
 use crate::Output;
 use condense_events::{Block, Entry, Message, SourceEvent, StopReason, Usage, UserOrigin};
 use serde_json::Value;

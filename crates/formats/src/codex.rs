@@ -3,7 +3,9 @@
 //! with calls by `call_id`. A `compacted` line replaces the history with its `replacement_history`.
 //! `event_msg` lines are UI telemetry; only token counts and context windows are taken from them.
 
-use crate::jsonl::{json_text, present, str_of, take_str, Diagnostic, Fast, Line, Obj};
+use crate::codex_item::Item;
+use crate::json::{json_text, str_of, take_str, Obj};
+use crate::jsonl::{Diagnostic, Fast, Line};
 use crate::Output;
 use condense_events::{Block, Entry, Message, SourceEvent, Usage, UserOrigin};
 use serde_json::Value;
@@ -145,13 +147,13 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
 /// fields are not of the types read here, so what the importer sees is what the value path gives it.
 pub(crate) fn fast(text: &str) -> Option<Fast> {
     use fast_shape::*;
-    let line: Line<'_> = crate::jsonl::object(text)?;
+    let line: Line<'_> = crate::json::object(text)?;
     let raw = line.payload?.get();
     let payload = match line.kind.as_ref() {
         "session_meta" => reduced::<Meta<'_>>(raw)?,
         "turn_context" => reduced::<TurnContext<'_>>(raw)?,
         "event_msg" => reduced::<Event<'_>>(raw)?,
-        "response_item" => return Some(Fast::Item(Box::new(crate::jsonl::object(raw)?))),
+        "response_item" => return Some(Fast::Item(Box::new(crate::json::object(raw)?))),
         // Read through by the importer: built whole.
         _ => serde_json::from_str(raw).ok()?,
     };
@@ -168,14 +170,14 @@ pub(crate) fn fast(text: &str) -> Option<Fast> {
 /// The fields of `raw` that `T` declares, as a value holding those present (`null` included where `T`
 /// keeps it apart from absent).
 fn reduced<'a, T: serde::Deserialize<'a> + serde::Serialize>(raw: &'a str) -> Option<Value> {
-    serde_json::to_value(crate::jsonl::object::<T>(raw)?).ok()
+    serde_json::to_value(crate::json::object::<T>(raw)?).ok()
 }
 
 /// The fields [`fast`] reads; serde skips every other without building it. A field of another type than
 /// declared fails the read (the line is then parsed as a value), and so does an array where an object
 /// belongs ([`Obj`]).
 mod fast_shape {
-    use crate::jsonl::Obj;
+    use crate::json::Obj;
     use serde::{Deserialize, Serialize};
     use std::borrow::Cow;
 
@@ -221,7 +223,7 @@ mod fast_shape {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub model_context_window: Option<u64>,
         /// `Some(None)`: present as `null`, which still gives a usage (of zeros), as in the value.
-        #[serde(default, deserialize_with = "crate::jsonl::present", skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "crate::json::present", skip_serializing_if = "Option::is_none")]
         pub last_token_usage: Option<Option<Obj<TokenUsage>>>,
     }
 
@@ -400,100 +402,6 @@ impl History {
             }
             "ghost_snapshot" => {}
             other => diag(format!("unknown response item `{other}` skipped")),
-        }
-    }
-}
-
-/// The fields of a `response_item` payload that [`History::item`] reads. The fast reader parses them
-/// from the line's text, without building the payload as a value; a payload read as a value (a line
-/// the fast reader refused, a compaction's replacement history) is taken apart into them by
-/// [`Item::of_value`], which reads a field of another type as absent, as the importer always did.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub(crate) struct Item {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    role: Option<String>,
-    #[serde(default)]
-    content: Option<Vec<Obj<Part>>>,
-    #[serde(default)]
-    summary: Option<Vec<Obj<SummaryPart>>>,
-    #[serde(default)]
-    encrypted_content: Option<String>,
-    #[serde(default)]
-    call_id: Option<String>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    status: Option<String>,
-    // Present, even as `null`, each of these is taken as it is.
-    #[serde(default, deserialize_with = "present")]
-    arguments: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    input: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    action: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    output: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
-    tools: Option<Value>,
-}
-
-/// A part of a message's content.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub(crate) struct Part {
-    #[serde(rename = "type", default)]
-    kind: Option<String>,
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    image_url: Option<String>,
-}
-
-/// A part of a reasoning item's summary.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub(crate) struct SummaryPart {
-    #[serde(default)]
-    text: Option<String>,
-}
-
-impl Item {
-    /// The fields of a payload read as a value: a string field that holds something else is absent, a
-    /// content or summary that is not an array is none, as are a part's fields that are not strings.
-    fn of_value(mut p: Value) -> Item {
-        let s = |v: &Value, key: &str| str_of(v, key).map(str::to_string);
-        let content = match p.get_mut("content").map(Value::take) {
-            Some(Value::Array(parts)) => Some(
-                parts
-                    .into_iter()
-                    .map(|mut c| Obj(Part { kind: s(&c, "type"), text: take_str(&mut c, "text"), image_url: take_str(&mut c, "image_url") }))
-                    .collect(),
-            ),
-            _ => None,
-        };
-        let summary = match p.get("summary") {
-            Some(Value::Array(parts)) => Some(parts.iter().map(|part| Obj(SummaryPart { text: s(part, "text") })).collect()),
-            _ => None,
-        };
-        let mut take = |key: &str| p.get_mut(key).map(Value::take);
-        let (arguments, input, action, output, tools) = (take("arguments"), take("input"), take("action"), take("output"), take("tools"));
-        Item {
-            kind: s(&p, "type"),
-            role: s(&p, "role"),
-            content,
-            summary,
-            encrypted_content: take_str(&mut p, "encrypted_content"),
-            call_id: s(&p, "call_id"),
-            id: s(&p, "id"),
-            name: s(&p, "name"),
-            status: s(&p, "status"),
-            arguments,
-            input,
-            action,
-            output,
-            tools,
         }
     }
 }

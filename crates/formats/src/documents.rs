@@ -6,7 +6,8 @@
 //! Each importer keeps every record it can read and reports the rest; a tool call whose result never came
 //! is left to the render's pairing repair, like in the other formats.
 
-use crate::jsonl::{json_text, str_of, Diagnostic};
+use crate::json::{json_text, str_of};
+use crate::jsonl::Diagnostic;
 use crate::{linear_chain, Format, Output};
 use condense_events::{Block, Entry, Message, SourceEvent, UserOrigin};
 use serde_json::Value;

@@ -5,11 +5,41 @@
 //! escape, a dangling parent id, a missing header, calls whose results never came): each is reported as a
 //! [`Diagnostic`] naming file and line, every good line is kept, and nothing panics. The diagnostics are
 //! also returned as `ImportDiagnostic` events so they stay in the log beside the session.
+//!
+//! # Example
+//!
+//! Importing a pi session (the format is detected) and writing its messages as an OpenAI request's:
+//!
+//! ```
+//! use condense_events::{Entry, SourceEvent};
+//! use condense_formats::Format;
+//!
+//! let file = br#"{"type":"session","version":3,"id":"s1","timestamp":"2026-01-01T00:00:00Z","cwd":"/w"}
+//! {"type":"message","id":"m1","parentId":null,"message":{"role":"user","content":"hello"}}
+//! {"type":"message","id":"m2","parentId":"m1","message":{"role":"assistant","content":[{"type":"text","text":"hi"}]}}
+//! "#;
+//! let imported = condense_formats::import_bytes("session.jsonl", file)?;
+//! assert_eq!(imported.format, Format::Pi);
+//! assert!(imported.diagnostics.is_empty());
+//! let messages: Vec<_> = imported
+//!     .events
+//!     .iter()
+//!     .filter_map(|e| match e {
+//!         SourceEvent::EntryAppended { entry: Entry::Message(m), .. } => Some(m),
+//!         _ => None,
+//!     })
+//!     .collect();
+//! let request = condense_formats::export::openai(&messages);
+//! assert_eq!(request[1]["role"], "assistant");
+//! # Ok::<(), String>(())
+//! ```
 
 mod claude;
 mod codex;
+mod codex_item;
 mod documents;
 pub mod export;
+mod json;
 mod jsonl;
 mod pi;
 pub mod wire;

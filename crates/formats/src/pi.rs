@@ -2,7 +2,8 @@
 //! (`e<index>`, the header being index 0) and each follows the one before, which is how pi itself migrates
 //! them. Versions 2 and 3 are trees (`id`/`parentId`); the active branch is the path to the last entry.
 
-use crate::jsonl::{json_text, json_text_of_raw, str_of, take_str, Diagnostic, Line};
+use crate::json::{json_text, json_text_of_raw, str_of, take_str};
+use crate::jsonl::{Diagnostic, FastEntry, Line};
 use crate::Output;
 use condense_events::{Block, Entry, Message, SourceEvent, StopReason, Usage, UserOrigin};
 use serde_json::Value;
@@ -292,20 +293,12 @@ pub(crate) fn user_blocks(content: Value, diag: &mut dyn FnMut(String)) -> Vec<B
 }
 
 /// A message line of a pi session read without building a `serde_json::Value` (issue 10, item 4: most of
-/// an import's parsing is building values for fields nobody reads). [`fast`] gives one for the common
-/// shapes only (a `message` entry whose message is a user, assistant or tool-result message with the
-/// usual field types and block types), and `None` for anything else, which is then read as a `Value`
-/// by [`import_to`] as before; the entry is the one that path builds from the same line.
-#[derive(Debug, Clone)]
-pub(crate) struct Fast {
-    id: Option<String>,
-    parent: Option<String>,
-    entry: Entry,
-}
-
-/// [`Fast`] of one line's text, or `None` when the line is not of the shapes it reads.
-pub(crate) fn fast(text: &str) -> Option<Fast> {
-    let line: fast_shape::Line<'_> = crate::jsonl::object(text)?;
+/// an import's parsing is building values for fields nobody reads): the common shapes only (a `message`
+/// entry whose message is a user, assistant or tool-result message with the usual field types and block
+/// types), and `None` for anything else, which is then read as a `Value` by [`import_to`] as before; the
+/// entry is the one that path builds from the same line.
+pub(crate) fn fast(text: &str) -> Option<FastEntry> {
+    let line: fast_shape::Line<'_> = crate::json::object(text)?;
     if line.kind != "message" {
         return None;
     }
@@ -347,7 +340,7 @@ pub(crate) fn fast(text: &str) -> Option<Fast> {
         }),
         _ => return None,
     };
-    Some(Fast { id: line.id.map(String::from), parent: line.parent.map(String::from), entry })
+    Some(FastEntry { id: line.id.map(String::from), parent: line.parent.map(String::from), entry })
 }
 
 fn owned(s: Option<std::borrow::Cow<'_, str>>) -> String {
@@ -378,7 +371,7 @@ fn fast_user_blocks(content: Option<fast_shape::Content<'_>>) -> Option<Vec<Bloc
 /// field given twice, or an array where an object belongs ([`Obj`]), fails the parse, and the line is
 /// read as a `Value`.
 mod fast_shape {
-    use crate::jsonl::Obj;
+    use crate::json::Obj;
     use serde::de::{Deserializer, SeqAccess, Visitor};
     use serde::Deserialize;
     use std::borrow::Cow;
@@ -406,7 +399,7 @@ mod fast_shape {
         #[serde(rename = "stopReason", default, borrow)]
         pub stop_reason: Option<Cow<'a, str>>,
         /// Present, even as `null`, it gives a usage (of zeros where a count is missing).
-        #[serde(default, deserialize_with = "crate::jsonl::present")]
+        #[serde(default, deserialize_with = "crate::json::present")]
         pub usage: Option<Option<Obj<Usage>>>,
         #[serde(rename = "toolCallId", default, borrow)]
         pub tool_call_id: Option<Cow<'a, str>>,
@@ -444,7 +437,7 @@ mod fast_shape {
         pub name: Option<Cow<'a, str>>,
         /// Present, even as `null`, the arguments are its JSON text (as written when that is the
         /// value's compact text, which it most often is: no value is built for them then).
-        #[serde(default, borrow, deserialize_with = "crate::jsonl::present")]
+        #[serde(default, borrow, deserialize_with = "crate::json::present")]
         pub arguments: Option<&'a serde_json::value::RawValue>,
         #[serde(rename = "mimeType", default, borrow)]
         pub mime_type: Option<Cow<'a, str>>,

@@ -10,7 +10,7 @@
 //! context it sends.
 
 use crate::claude::{assistant_blocks, result_blocks};
-use crate::jsonl::{json_text, str_of};
+use crate::json::{json_text, str_of};
 use condense_events::{Block, Message, Usage, UserOrigin};
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;

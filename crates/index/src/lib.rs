@@ -2,6 +2,36 @@
 //! frontier, spills, aliases, purges and compressed chains, folded from decision events. Lookups take a
 //! ref (`t12`, `b3`) or a raw tool-call id. Ref numbers are given in capture order, so they depend only
 //! on the events.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_events::{DecisionEvent, Record};
+//! use condense_index::{Index, Target};
+//!
+//! let mut index = Index::default();
+//! let record = Record {
+//!     ref_n: index.next_ref(),
+//!     batch: 1,
+//!     entry: "r1".into(),
+//!     call_entry: "a1".into(),
+//!     call_id: "call_7".into(),
+//!     occurrence: "call_7@r1".into(),
+//!     tool: "bash".into(),
+//!     arguments: r#"{"command":"ls"}"#.into(),
+//!     is_error: false,
+//!     chars: 12,
+//!     hash: "k".into(),
+//!     turn: 1,
+//!     utg: 1,
+//!     protected: false,
+//! };
+//! index.apply(&DecisionEvent::OutputCaptured(record));
+//! // A ref, or the provider's own call id, finds the output.
+//! assert_eq!(index.lookup("t1"), Some(Target::Output(1)));
+//! assert_eq!(index.lookup("call_7"), Some(Target::Output(1)));
+//! assert_eq!(index.next_ref(), 2);
+//! ```
 
 use condense_events::{BatchOutcome, DecisionEvent, Record};
 use std::collections::BTreeMap;

@@ -101,7 +101,7 @@ impl BlobStore {
     }
 
     fn sled(&self) -> impl FnOnce(sled::Error) -> LogError + '_ {
-        crate::sled_store::sled_err(&self.db_path)
+        crate::sled_err(&self.db_path)
     }
 
     fn path_of(&self, hash: &BlobHash) -> PathBuf {

@@ -9,6 +9,32 @@
 //! gap-free prefix of each session that holds every acknowledged event. Large bodies live beside the
 //! database as content-addressed blob files (blake3, written to a temp file and renamed into place), and
 //! an import's values in one value file per session that sled points into (`values`).
+//!
+//! # Example
+//!
+//! Appending events to a session and reading them back (in memory here; [`Log::open`] takes a folder,
+//! and a `postgres://` URL through [`Log::open_location`]):
+//!
+//! ```
+//! use condense_events::{Entry, Event, Message, SourceEvent, UserOrigin};
+//! use condense_log::Log;
+//!
+//! let log = Log::in_memory();
+//! let session = log.create_session("demo")?;
+//! let prompt = SourceEvent::EntryAppended {
+//!     id: "u1".into(),
+//!     parent: None,
+//!     entry: Entry::Message(Message::user_text("hello", UserOrigin::Prompt)),
+//! };
+//! // An append names the head it expects, so two writers never interleave a session.
+//! let head = log.append(session, 0, vec![Event::Source(prompt.clone()), Event::Source(SourceEvent::TurnEnded)])?;
+//! assert_eq!(head, 2);
+//! assert!(log.append(session, 0, vec![Event::Source(SourceEvent::TurnEnded)]).is_err());
+//! let back = log.read(session, 1, head)?;
+//! assert_eq!(back[0].seq, 1);
+//! assert_eq!(back[0].body, Event::Source(prompt));
+//! # Ok::<(), condense_log::LogError>(())
+//! ```
 
 mod blob;
 mod codec;
@@ -16,6 +42,7 @@ mod export;
 mod manifest;
 mod memory;
 mod pg;
+mod sled_shared;
 mod sled_store;
 pub mod testing;
 mod values;
@@ -606,6 +633,17 @@ pub(crate) fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String
 /// A sled write run under [`quietly`]: a panic inside sled is its `ReportableBug` error.
 pub(crate) fn sled_quietly<T>(f: impl FnOnce() -> sled::Result<T>) -> sled::Result<T> {
     quietly(f).unwrap_or_else(|p| Err(sled::Error::ReportableBug(format!("sled panicked: {p}"))))
+}
+
+/// A sled error as the log's: files sled finds corrupted are [`LogError::Damaged`], naming the database.
+pub(crate) fn sled_err(path: &Path) -> impl FnOnce(sled::Error) -> LogError + '_ {
+    move |source| match source {
+        sled::Error::Corruption { .. } => LogError::Damaged {
+            path: path.to_path_buf(),
+            detail: format!("sled finds its files corrupted ({source})"),
+        },
+        source => LogError::Sled { path: path.to_path_buf(), source },
+    }
 }
 
 /// The blob an event refers to (a spilled output), if any.

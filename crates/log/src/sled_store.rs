@@ -3,42 +3,19 @@
 //! a heads manifest that detects a database which lost acknowledged events, and blob files and value
 //! files (`values`) beside it.
 
-use crate::{blob, codec, manifest, values, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
+use crate::sled_shared::Shared;
+use crate::{blob, codec, manifest, sled_err, values, writer, quietly, Appended, Backend, BlobHash, LogError, Result, SessionInfo};
 use condense_events::{Seq, SessionId};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-
-pub(crate) struct Shared {
-    pub(crate) path: PathBuf,
-    pub(crate) db: sled::Db,
-    pub(crate) events: sled::Tree,
-    pub(crate) sessions: sled::Tree,
-    pub(crate) subscribers: Mutex<Vec<Sender<Appended>>>,
-    pub(crate) heads: Mutex<BTreeMap<SessionId, Seq>>,
-    pub(crate) manifest: Mutex<manifest::Manifest>,
-    /// Blobs written without a sync: the writer syncs them before each flush.
-    pub(crate) pending_blobs: blob::Pending,
-    /// The folder of the value files (`values`).
-    pub(crate) values_dir: PathBuf,
-}
 
 /// The sled backend of [`crate::Log`].
 pub(crate) struct SledStore {
     shared: Arc<Shared>,
     writer: writer::WriterHandle,
     blobs: blob::BlobStore,
-}
-
-pub(crate) fn sled_err(path: &Path) -> impl FnOnce(sled::Error) -> LogError + '_ {
-    move |source| match source {
-        sled::Error::Corruption { .. } => LogError::Damaged {
-            path: path.to_path_buf(),
-            detail: format!("sled finds its files corrupted ({source})"),
-        },
-        source => LogError::Sled { path: path.to_path_buf(), source },
-    }
 }
 
 impl SledStore {
@@ -282,16 +259,6 @@ fn heads(sessions: &sled::Tree, events: &sled::Tree, db: &Path, values_dir: &Pat
         }
     }
     Ok((heads, cuts))
-}
-
-/// Key (in sled's default tree) of the lowest id a new session may take: one above every removed one.
-pub(crate) const ID_FLOOR_KEY: &[u8] = b"condense/session-id-floor";
-
-pub(crate) fn id_floor(shared: &Shared) -> SessionId {
-    match shared.db.get(ID_FLOOR_KEY) {
-        Ok(Some(v)) if v.len() == 8 => u64::from_be_bytes(v.as_ref().try_into().expect("8 bytes")),
-        _ => 1,
-    }
 }
 
 /// sled's segment size for a new store (1 MiB instead of sled's 512 KiB). sled writes any item larger

@@ -1,7 +1,7 @@
 //! The single writer thread: owns every sequence, group-commits appends, acknowledges after flush.
 
 use crate::codec::key;
-use crate::sled_store::{id_floor, Shared, ID_FLOOR_KEY};
+use crate::sled_shared::{id_floor, Shared, ID_FLOOR_KEY};
 use crate::{values, Appended, LogError, Result};
 use condense_events::{Seq, SessionId};
 use crossbeam_channel::{bounded, Receiver, Sender};

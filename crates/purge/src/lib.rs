@@ -7,6 +7,43 @@
 //! outputs that can never be purged on this branch under this limit (purged already, on no call of the
 //! branch, or with short arguments), so a pass looks only at those after it; it is dropped when the
 //! branch's shape is rebuilt or `purgeMinChars` changes.
+//!
+//! # Example
+//!
+//! Against a recorded log: a failed call's long arguments are purged once the call is two turns old and
+//! a prune closes a batch (here a stand-in stage closes one in every pass).
+//!
+//! ```
+//! use condense_events::{BatchOutcome, DecisionEvent, PruneConfig};
+//! use condense_purge::Purge;
+//! use condense_stage::testing::{calls, record, reply, result, Given, Recorded};
+//! use condense_stage::{Pass, Stage, StageError, Trigger};
+//!
+//! struct Closes;
+//! impl Stage for Closes {
+//!     fn name(&self) -> &'static str {
+//!         "closes"
+//!     }
+//!     fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
+//!         pass.push(DecisionEvent::BatchClosed { batch: 1, refs: vec![], outcome: BatchOutcome::SkippedTrivial, summaries: vec![] });
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let long = format!(r#"{{"command":"{}"}}"#, "x".repeat(600));
+//! let mut log = Recorded::new(PruneConfig::default());
+//! let mut purge = Purge::default();
+//! log.message("a1", calls(&[("c1", "bash", &long)]), &mut []);
+//! log.message("r1", result("c1", "bash", "boom", true), &mut []);
+//! let mut failed = record(1, 1, "r1", "a1", "c1", "bash", "boom", "h");
+//! failed.is_error = true;
+//! log.run(&mut [&mut Given(vec![(failed, "boom".into())]), &mut purge], Trigger::Request).unwrap();
+//! log.message("a2", calls(&[("c2", "bash", "{}")]), &mut []);
+//! log.message("a3", reply("done"), &mut []);
+//! let decisions = log.run(&mut [&mut Closes, &mut purge], Trigger::Request).unwrap();
+//! let chars = long.chars().count() as u64;
+//! assert_eq!(&decisions[1..], &[DecisionEvent::ErrorArgsPurged { entry: "a1".into(), call_id: "c1".into(), chars }]);
+//! ```
 
 use condense_events::{DecisionEvent, Event};
 use condense_stage::{Pass, Stage, StageError};

@@ -5,6 +5,21 @@
 //! tool text, existing summaries as summaries, tool calls as their name and arguments; thinking, signatures
 //! and images are left out. It is built once and indexed by word, so [`Archive::search`] answers from
 //! posting lists and [`Archive::read`] pages an entry in 2,048-byte pieces.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_events::{Message, UserOrigin};
+//! use condense_recovery::Archive;
+//!
+//! let prompt = Message::user_text("the build fails with E0425 in parser.rs", UserOrigin::Prompt);
+//! let archive = Archive::build("a1", [("u1", &prompt, None)])?;
+//! let hits = archive.search(&["E0425"], 20)?;
+//! assert_eq!(hits[0].id, "u1");
+//! let page = archive.read("u1", 0)?;
+//! assert!(page.text.contains("parser.rs") && page.next_offset.is_none());
+//! # Ok::<(), condense_recovery::RecoveryError>(())
+//! ```
 
 use condense_events::{Block, Message, UserOrigin};
 use std::collections::BTreeMap;

@@ -8,12 +8,48 @@
 //! server and runs on blocking threads.
 //!
 //! See `docs/serve.md` for identity, diffing, tool interception, caching and failure behaviour.
+//!
+//! # Example
+//!
+//! A server in front of a scripted fake provider, both on loopback; a client sends a Chat Completions
+//! request with `OPENAI_BASE_URL` pointed at the server, as an agent would:
+//!
+//! ```
+//! use condense_serve::fake::{Fake, Step};
+//! use condense_serve::{start, ServeConfig};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let fake = Fake::start(vec![Step::Text("hello back".into())]).await;
+//! let dir = tempfile::tempdir().unwrap();
+//! let mut config = ServeConfig::new(dir.path().join("store"));
+//! config.listen = "127.0.0.1:0".parse().unwrap();
+//! (config.openai_upstream, config.anthropic_upstream) = (fake.url(), fake.url());
+//! let running = start(config).await.unwrap();
+//! let reply: serde_json::Value = reqwest::Client::new()
+//!     .post(format!("http://{}/v1/chat/completions", running.addr))
+//!     .bearer_auth("the client's own key, passed through")
+//!     .header("content-type", "application/json")
+//!     .body(r#"{"model": "gpt-5", "messages": [{"role": "user", "content": "hello"}]}"#)
+//!     .send()
+//!     .await
+//!     .unwrap()
+//!     .bytes()
+//!     .await
+//!     .map(|b| serde_json::from_slice(&b).unwrap())
+//!     .unwrap();
+//! assert_eq!(reply["choices"][0]["message"]["content"], "hello back");
+//! // The conversation is a session of the store now.
+//! assert_eq!(running.state.store().sessions().unwrap().len(), 1);
+//! running.stop().await.unwrap();
+//! # });
+//! ```
 
 pub mod api;
 pub mod conv;
 pub mod fake;
 pub mod lock;
-mod proxy;
+mod request;
+mod state;
 pub mod stream;
 pub mod track;
 
@@ -23,7 +59,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use proxy::State;
+pub use request::rounds::ROUND_LIMIT_NOTE;
+pub use state::State;
 
 /// The public Anthropic API.
 pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com";
@@ -168,8 +205,8 @@ pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
     }
     let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;
     let addr = listener.local_addr().map_err(ServeError::Io)?;
-    let state = proxy::State::new(store, config).await?;
-    let app = proxy::router(state.clone());
+    let state = state::State::new(store, config).await?;
+    let app = request::routes::router(state.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         axum::serve(listener, app)

@@ -3,6 +3,16 @@
 //!
 //! The spill stage ([`Spill`]) keeps no state: each capture of the pass that is large enough and not
 //! protected is stored as a blob (`OutputSpilled`).
+//!
+//! # Example
+//!
+//! ```
+//! // An output of 65,536 characters or more is spilled; its stub shows a head that ends on a character.
+//! assert!(condense_spill::should_spill(70_000, 65_536));
+//! assert!(!condense_spill::should_spill(1_000, 65_536));
+//! let head = condense_spill::preview("héllo world", 2);
+//! assert!("héllo world".starts_with(&head) && head.len() <= 2);
+//! ```
 
 use condense_events::DecisionEvent;
 use condense_stage::{Pass, Stage, StageError};

@@ -16,6 +16,60 @@
 //! them back into every stage (and the render projection) like any other event. A stage depends only on
 //! this crate, the event model and the index, so it can be embedded and tested alone against a recorded
 //! log (`testing::Recorded`, with the feature `testing`).
+//!
+//! # Example
+//!
+//! A stage of one's own, run against a recorded log ([`testing::Recorded`], feature `testing`): its
+//! state is folded from the log, so a copy folded afresh from the same events decides the same.
+//!
+//! ```
+//! use condense_events::{DecisionEvent, Entry, Event, PruneConfig, SourceEvent};
+//! use condense_stage::testing::{prompt, reply, Recorded};
+//! use condense_stage::{Pass, Stage, StageError, Trigger};
+//!
+//! /// Notes how many prompts the session holds whenever that changed since its last note.
+//! #[derive(Default)]
+//! struct Prompts {
+//!     seen: usize,
+//!     noted: usize,
+//! }
+//!
+//! impl Stage for Prompts {
+//!     fn name(&self) -> &'static str {
+//!         "prompts"
+//!     }
+//!
+//!     fn fold(&mut self, event: &Event) {
+//!         match event {
+//!             Event::Source(SourceEvent::EntryAppended { entry: Entry::Message(m), .. }) if m.role() == "user" => self.seen += 1,
+//!             Event::Decision(DecisionEvent::Note { stage, text }) if stage == "prompts" => self.noted = text.parse().unwrap_or(0),
+//!             _ => {}
+//!         }
+//!     }
+//!
+//!     fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
+//!         if self.seen != self.noted {
+//!             pass.push(DecisionEvent::Note { stage: "prompts".into(), text: self.seen.to_string() });
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let mut log = Recorded::new(PruneConfig::default());
+//! let mut live = Prompts::default();
+//! log.message("u1", prompt("hello"), &mut [&mut live]);
+//! log.message("a1", reply("hi"), &mut [&mut live]);
+//! assert_eq!(log.run(&mut [&mut live], Trigger::Request).unwrap().len(), 1);
+//! log.message("u2", prompt("again"), &mut [&mut live]);
+//! // The same stage folded from the log as it stands decides what the live one decides.
+//! let mut folded = Prompts::default();
+//! log.events().iter().for_each(|e| folded.fold(e));
+//! let mut twin = Recorded::new(PruneConfig::default());
+//! log.events().iter().for_each(|e| twin.append(e.clone(), &mut []));
+//! let (a, b) = (log.run(&mut [&mut live], Trigger::Request).unwrap(), twin.run(&mut [&mut folded], Trigger::Request).unwrap());
+//! assert_eq!(a, b);
+//! assert_eq!(a, vec![DecisionEvent::Note { stage: "prompts".into(), text: "2".into() }]);
+//! ```
 
 use condense_events::{DecisionEvent, Event, Message, PruneConfig, Record, UserOrigin};
 use condense_index::Index;

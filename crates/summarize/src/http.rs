@@ -1,7 +1,9 @@
 //! A summarizer that asks an OpenAI-compatible chat-completions endpoint. One request per batch; each
 //! output is labelled with its ref and tool, and the model is asked for one block per ref starting with
-//! `tN:`, so every bullet carries its ref. Timeouts: `idle` bounds each phase of the exchange (connect,
-//! send, wait for the response, each read of the body), `total` the whole call. Any failure or a reply
+//! `tN:`, so every bullet carries its ref. Timeouts: `idle` bounds connecting and every wait for the
+//! server (for its response, and between reads of the body), `total` the whole call. The request goes
+//! through the workspace's one HTTP client (reqwest), on a runtime of the call's own: the summarizer is
+//! called from synchronous code (the pipeline, on a blocking thread in `condense serve`). Any failure or a reply
 //! that misses a ref is an error; wrap it in [`crate::WithFallback`] to fall back to the extractive
 //! summarizer.
 
@@ -42,7 +44,6 @@ impl HttpConfig {
 /// The HTTP summarizer.
 pub struct HttpSummarizer {
     cfg: HttpConfig,
-    agent: ureq::Agent,
 }
 
 const SYSTEM: &str = "You summarize tool outputs for a coding agent whose context is being pruned. For each \
@@ -66,17 +67,7 @@ fn clip_middle(text: &str, max: usize) -> String {
 impl HttpSummarizer {
     /// A summarizer with these settings.
     pub fn new(cfg: HttpConfig) -> HttpSummarizer {
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(cfg.total))
-            .timeout_connect(Some(cfg.idle))
-            .timeout_send_request(Some(cfg.idle))
-            .timeout_send_body(Some(cfg.idle))
-            .timeout_recv_response(Some(cfg.idle))
-            .timeout_recv_body(Some(cfg.idle))
-            .http_status_as_error(false)
-            .build()
-            .new_agent();
-        HttpSummarizer { cfg, agent }
+        HttpSummarizer { cfg }
     }
 
     fn batch_text(&self, batch: &[Item<'_>]) -> String {
@@ -129,19 +120,31 @@ impl HttpSummarizer {
     fn chat(&self, system: &str, user: &str) -> Result<String, SummarizeError> {
         let fail = |reason: String| SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason };
         let url = format!("{}/chat/completions", self.cfg.base_url);
-        let mut req = self.agent.post(&url).header("content-type", "application/json");
-        if let Some(key) = &self.cfg.api_key {
-            req = req.header("authorization", &format!("Bearer {key}"));
-        }
         let body = serde_json::json!({
             "model": self.cfg.model,
             "temperature": 0,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
         });
         let body = serde_json::to_vec(&body).map_err(|e| fail(e.to_string()))?;
-        let mut resp = req.send(&body[..]).map_err(|e| fail(e.to_string()))?;
-        let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().map_err(|e| fail(e.to_string()))?;
+        // A runtime and a client per call: both live and end inside this synchronous call, so neither is
+        // ever dropped inside another runtime (serve's), and no connection outlives the runtime it runs on.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| fail(format!("starting the HTTP client: {e}")))?;
+        let (status, text) = rt
+            .block_on(async {
+                let client = reqwest::Client::builder()
+                    .connect_timeout(self.cfg.idle)
+                    .read_timeout(self.cfg.idle)
+                    .timeout(self.cfg.total)
+                    .build()?;
+                let mut req = client.post(&url).header("content-type", "application/json").body(body);
+                if let Some(key) = &self.cfg.api_key {
+                    req = req.header("authorization", format!("Bearer {key}"));
+                }
+                let resp = req.send().await?;
+                let status = resp.status().as_u16();
+                Ok::<_, reqwest::Error>((status, resp.text().await?))
+            })
+            .map_err(|e| fail(error_chain(e)))?;
         if status != 200 {
             return Err(fail(format!("status {status}: {}", clip_middle(&text, 200))));
         }
@@ -151,6 +154,24 @@ impl HttpSummarizer {
             .map(str::to_string)
             .ok_or_else(|| fail("reply has no message content".into()))
     }
+}
+
+/// An HTTP error with its causes on one line (reqwest's own text leaves out why: a timeout, a refused
+/// connection), the URL left out.
+fn error_chain(e: reqwest::Error) -> String {
+    let timed_out = e.is_timeout();
+    let e = e.without_url();
+    let mut text = if timed_out { "timed out".to_string() } else { e.to_string() };
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text.push_str(": ");
+            text.push_str(&c_text);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 impl Summarizer for HttpSummarizer {

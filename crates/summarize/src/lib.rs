@@ -2,6 +2,19 @@
 //! embedded default, [`Extractive`], needs no network and no model: it keeps a header naming the ref,
 //! tool and size, the lines that report errors, the paths mentioned, and the head and tail of the text.
 //! Its output depends only on its input, so a replay writes the same summaries.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_summarize::{Extractive, Item, Summarizer};
+//!
+//! let batch = [Item { ref_n: 3, tool: "bash", arguments: r#"{"command":"cargo test"}"#, text: "running 2 tests\nerror: test failed, src/lib.rs:12\n", is_error: true }];
+//! let summaries = Extractive::default().summarize(&batch)?;
+//! // One summary per output, naming its ref, keeping the error line and the path.
+//! assert!(summaries[0].starts_with("t3 bash"));
+//! assert!(summaries[0].contains("error: test failed") && summaries[0].contains("src/lib.rs"));
+//! # Ok::<(), condense_summarize::SummarizeError>(())
+//! ```
 
 pub mod close;
 pub mod http;

@@ -1,6 +1,16 @@
 //! Token counting. [`estimate`] is pi's heuristic (characters / 4, rounded up), which the figures in the
 //! issues and in `PEERS.md` are defined by; [`Exact`] counts real BPE tokens with a tiktoken encoding and
 //! caches the count of each text by its blake3 hash, so a context rendered every turn is counted once.
+//!
+//! # Example
+//!
+//! ```
+//! use condense_events::{Message, UserOrigin};
+//!
+//! let m = Message::user_text("twelve chars", UserOrigin::Prompt);
+//! // pi's heuristic: characters / 4, rounded up.
+//! assert_eq!(condense_tokens::estimate(&m), 3);
+//! ```
 
 use condense_events::{Block, Message};
 use std::collections::BTreeMap;

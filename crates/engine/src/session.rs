@@ -1,0 +1,550 @@
+//! A session's API: appending what the host saw, rendering, `prepare` (the pipeline, the cost guard and
+//! the checkpoint controller before a model request), queries of originals and checkpoints.
+
+use crate::store::{Live, Store};
+use crate::{controller, pipeline, query, recover, EngineError, Result, Stats};
+use condense_events::{DecisionEvent, Event, PruneConfig, Seq, SessionId, SourceEvent};
+use condense_log::LogError;
+use condense_render::{Projection, Rendered};
+use std::sync::Arc;
+
+/// Events are written in chunks of this many, one durable group each.
+const APPEND_CHUNK: usize = 4096;
+
+/// A handle to one session of a store.
+#[derive(Clone)]
+pub struct Session {
+    pub(crate) store: Store,
+    pub(crate) id: SessionId,
+    pub(crate) name: String,
+}
+
+thread_local! {
+    /// The store, session and seq this thread's `prepare` knows its warm projection to be current at.
+    static CURRENT: std::cell::Cell<Option<(usize, SessionId, Seq)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Ends a `prepare`'s trust in its projection (on every way out).
+struct ClearCurrent;
+
+impl Drop for ClearCurrent {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(None));
+    }
+}
+
+/// Whether a decision prunes (changes what the model reads of an output it has seen) rather than captures.
+fn is_prune(d: &DecisionEvent) -> bool {
+    matches!(
+        d,
+        DecisionEvent::BatchClosed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. } | DecisionEvent::ChainReplyCut { .. }
+    )
+}
+
+/// Whether `prunes` shrink the context of `proj` (which holds this request's captures already) by at least
+/// `minPruneTokens`, and by more than re-sending the rewritten suffix costs over the requests expected
+/// (`requests`: those answered so far). Captures always stay.
+/// The candidate projection (`proj` with the prunes applied, at the seqs they will have, its render
+/// kept) comes back when the prunes go ahead, so the session takes it instead of rendering again.
+fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Option<Projection> {
+    let min = proj.config().min_prune_tokens;
+    // The context now, rendered before the copy is made, so the copy knows it as its last render.
+    let b = (min > 0).then(|| proj.render().messages);
+    // Only the prunes' maps are copied for the candidate: the captures are in `proj` already.
+    let mut after = proj.clone();
+    let base = proj.seq();
+    for (i, d) in prunes.iter().enumerate() {
+        after.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
+    }
+    let Some(b) = b else { return Some(after) };
+    // Folding the prunes patched the candidate's kept render where it could (see `Projection::apply`),
+    // and it says how far the render it started from is unchanged.
+    let (a, known) = after.render_since();
+    let a = a.messages;
+    debug_assert!(a[..known].iter().zip(b.iter()).all(|(x, y)| Arc::ptr_eq(x, y)), "the kept prefix is the current context's");
+    let count = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| proj.estimate(m)).sum::<u64>();
+    // The candidate's messages are remembered: it is usually taken.
+    let count_candidate = |ms: &[Arc<condense_events::Message>]| ms.iter().map(|m| after.estimate(m)).sum::<u64>();
+    // What the prunes save is what differs: the prefix and the suffix both contexts share count the same.
+    let same_as = |x: &Arc<condense_events::Message>, y: &Arc<condense_events::Message>| Arc::ptr_eq(x, y) || x == y;
+    let same = known + b[known..].iter().zip(&a[known..]).take_while(|(x, y)| same_as(x, y)).count();
+    let tail = b[same..].iter().rev().zip(a[same..].iter().rev()).take_while(|(x, y)| same_as(x, y)).count();
+    let saved = count(&b[same..b.len() - tail]).saturating_sub(count_candidate(&a[same..a.len() - tail]));
+    // Everything after the first changed message is sent uncached once more: the prune must save more
+    // than that, or it costs more than it brings back.
+    // What came after the last assistant message is new to the model and goes uncached either way.
+    let fresh_from = a.iter().rposition(|m| matches!(**m, condense_events::Message::Assistant { .. })).map_or(0, |i| i + 1);
+    let resent = count_candidate(&a[same.min(fresh_from)..fresh_from]);
+    // Expected requests still to come: as many as there were so far (a session that has run long tends
+    // to run on). The prune pays when the cached-price savings over them beat re-sending at full price.
+    let horizon = (requests / 2).max(1);
+    (saved >= min && saved * horizon * 10 >= resent * 115).then_some(after)
+}
+
+impl Session {
+    /// The session's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The session's numeric id.
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
+    /// The newest sequence number.
+    pub fn head(&self) -> Result<Seq> {
+        Ok(self.store.inner.log.head(self.id)?)
+    }
+
+    /// Makes every append so far durable (see [`StoreOptions::defer_durability`]).
+    pub fn sync(&self) -> Result<()> {
+        self.store.sync()
+    }
+
+    /// Appends source events at the current head and returns the new head once they are durable (once
+    /// written, with [`StoreOptions::defer_durability`]).
+    ///
+    /// Large batches go in chunks, pipelined: while the log writer makes one chunk durable, this thread
+    /// encodes the next. The warm projection takes each chunk's events (moving their bodies, not copying
+    /// them) only after the chunk is acknowledged.
+    pub fn append(&self, events: Vec<SourceEvent>) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let before = proj.model().and_then(|m| m.context_window);
+        let switched = events.iter().any(|e| matches!(e, SourceEvent::ModelChanged { .. }));
+        let head = self.append_locked(&mut proj, events.into_iter().map(Event::Source).collect())?;
+        // Only a model change can make a route unsupported: other appends (every request) skip the check.
+        match recover::route_unsupported(&proj, before.filter(|_| switched)) {
+            Some(text) => self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::Note { stage: "recovery".into(), text })]),
+            None => Ok(head),
+        }
+    }
+
+    pub(crate) fn append_locked(&self, proj: &mut Live, events: Vec<Event>) -> Result<Seq> {
+        self.append_applied(proj, events, 0)
+    }
+
+    /// Appends `events`, of which the first `applied` are in `proj` already (at the seqs they are written
+    /// under); the rest go into it once acknowledged. Should the log refuse them, a projection ahead of the
+    /// log is cleared, to be folded again from the log when next read.
+    fn append_applied(&self, proj: &mut Live, events: Vec<Event>, applied: usize) -> Result<Seq> {
+        let written_from = proj.seq() - applied as u64;
+        let result = self.write_chunks(proj, written_from, events, written_from + applied as u64, !self.store.inner.defer_durability);
+        if result.is_err() && applied > 0 {
+            *proj = Live::default();
+        }
+        result
+    }
+
+    /// Writes `events` after `head`, pipelined in chunks, and applies to `proj` those acknowledged past
+    /// `known` (the projection's seq).
+    fn write_chunks(&self, proj: &mut Live, mut head: Seq, events: Vec<Event>, known: Seq, durable: bool) -> Result<Seq> {
+        let log = &self.store.inner.log;
+        let mut in_flight: Option<(Vec<Event>, crossbeam_channel::Receiver<condense_log::Result<Seq>>)> = None;
+        let mut events = events.into_iter().peekable();
+        loop {
+            let chunk: Vec<Event> = events.by_ref().take(APPEND_CHUNK).collect();
+            let sent = if chunk.is_empty() {
+                None
+            } else {
+                let values = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(i, body)| log.encode(self.id, head + 1 + i as u64, body))
+                    .collect();
+                // One flush at the end covers every chunk before it: only the last waits for the disk.
+                let last = events.peek().is_none();
+                let rx = log.append_encoded(self.id, head, values, last && durable)?;
+                head += chunk.len() as u64;
+                Some((chunk, rx))
+            };
+            if let Some((done, rx)) = in_flight.take() {
+                let acked = acked(&rx)?;
+                let first = acked + 1 - done.len() as u64;
+                for (i, e) in done.into_iter().enumerate() {
+                    let seq = first + i as u64;
+                    if seq > known {
+                        proj.apply_owned(seq, e);
+                    }
+                }
+            }
+            match sent {
+                Some(x) => in_flight = Some(x),
+                None => break,
+            }
+        }
+        CURRENT.with(|c| {
+            if c.get().is_some_and(|(k, id, _)| k == self.store.key() && id == self.id) {
+                c.set(Some((self.store.key(), self.id, head)));
+            }
+        });
+        Ok(head)
+    }
+
+    /// Writes `events` after `head` without folding them into the warm projection (which folds them from
+    /// the log when next read); `durable`: the last chunk waits for the disk.
+    pub(crate) fn write_unfolded(&self, head: Seq, events: Vec<Event>, durable: bool) -> Result<Seq> {
+        self.write_chunks(&mut Live::default(), head, events, Seq::MAX, durable)
+    }
+
+    fn catch_up(&self, proj: &mut Live) -> Result<()> {
+        // Inside one `prepare`, a projection this thread caught up (or appended to) itself is current:
+        // the log is asked for the head once per request, not at every step (a round trip on PostgreSQL).
+        if CURRENT.with(|c| c.get()) == Some((self.store.key(), self.id, proj.seq())) {
+            return Ok(());
+        }
+        let head = self.store.inner.log.head(self.id)?;
+        if proj.seq() < head {
+            self.store.inner.log.for_each(self.id, proj.seq() + 1, head, |env| {
+                proj.apply(env.seq, &env.body);
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Renders the context to send next, from the warm projection.
+    pub fn render(&self) -> Result<Rendered> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        Ok(proj.render())
+    }
+
+    /// Runs `f` on the warm projection, caught up with the log, without copying it.
+    pub fn with_projection<R>(&self, f: impl FnOnce(&Projection) -> R) -> Result<R> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        Ok(f(&proj))
+    }
+
+    /// A copy of the warm projection, caught up with the log.
+    pub fn projection(&self) -> Result<Projection> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        Ok(proj.clone())
+    }
+
+    /// Folds a fresh projection from the log up to `at` (inclusive).
+    pub fn projection_at(&self, at: Seq) -> Result<Projection> {
+        let head = self.head()?;
+        if at > head {
+            return Err(EngineError::PastHead { name: self.name.clone(), head, at });
+        }
+        let mut proj = Projection::new();
+        self.store.inner.log.for_each(self.id, 1, at, |env| {
+            proj.apply(env.seq, &env.body);
+            Ok(())
+        })?;
+        Ok(proj)
+    }
+
+    /// Renders the context as it was after event `at`.
+    pub fn render_at(&self, at: Seq) -> Result<Rendered> {
+        Ok(self.projection_at(at)?.render())
+    }
+
+    /// Sets the pruning configuration from here on (written as an event, so a replay uses it too).
+    pub fn configure(&self, config: PruneConfig) -> Result<Seq> {
+        self.append(vec![SourceEvent::PruneConfigured(config)])
+    }
+
+    /// Runs the pruning pipeline as before a model request, stores its decisions, and renders the
+    /// context to send. This is what a host calls before each request.
+    pub fn prepare(&self) -> Result<Rendered> {
+        self.prepare_then(|_, r| r.clone())
+    }
+
+    /// [`Session::prepare`], then `f` on the projection and the prepared context under the same lock (so a
+    /// host can map the rendered messages back to the entries they came from without another fold).
+    pub fn prepare_then<R>(&self, f: impl FnOnce(&Projection, &Rendered) -> R) -> Result<R> {
+        {
+            let warm = self.store.warm(self.id);
+            let mut proj = warm.lock().expect("projection lock");
+            self.catch_up(&mut proj)?;
+            CURRENT.with(|c| c.set(Some((self.store.key(), self.id, proj.seq()))));
+        }
+        let _current = ClearCurrent;
+        self.prune_before_request()?;
+        self.guard_rendered()?;
+        let measured = self.checkpoint(controller::Reason::Threshold)?;
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let rendered = proj.render();
+        // The controller counted the context when it fitted; after a checkpoint it is counted afresh.
+        let notice = match (measured, controller::budget_of(&proj)) {
+            (_, None) => None,
+            (Some(tokens), Some(_)) => controller::notice(&proj, tokens),
+            (None, Some(_)) => controller::notice(&proj, controller::context_tokens(&proj)),
+        };
+        let rendered = match notice {
+            None => rendered,
+            Some(n) => {
+                let mut messages = rendered.messages.to_vec();
+                messages.push(Arc::new(n));
+                Rendered { messages: Arc::new(messages), report: rendered.report }
+            }
+        };
+        Ok(f(&proj, &rendered))
+    }
+
+    /// Reports what each request carries besides the messages (system prompt, tool declarations), in
+    /// estimated tokens: budgets, the checkpoint controller and recovery keep room for it. Recorded only
+    /// when it changes.
+    pub fn set_request_overhead(&self, tokens: u64) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        if proj.request_overhead() == tokens {
+            return Ok(proj.seq());
+        }
+        self.append_locked(&mut proj, vec![Event::Source(SourceEvent::RequestOverhead { tokens })])
+    }
+
+    /// Writes a note into the log for audit (a `Note` decision; never rendered).
+    pub fn note(&self, stage: &str, text: &str) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::Note { stage: stage.to_string(), text: text.to_string() })])
+    }
+
+    /// The payload guard as `prepare` applies it itself (seed 004): after a model change, a context whose
+    /// serialized size (condense's neutral JSON of the rendered messages) is over the new model's limit is
+    /// recorded as a provider overflow before the checkpoint controller runs, so the controller prepares
+    /// the recovery handoff whatever the host does. The host's own [`Session::guard_payload`] on the bytes
+    /// it sends stays as a second check.
+    fn guard_rendered(&self) -> Result<()> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        if !recover::guard_active(&proj) || proj.overflow_pending() {
+            return Ok(());
+        }
+        let Some(limit) = recover::payload_limit(&proj) else { return Ok(()) };
+        let rendered = proj.render();
+        // Text bytes first: a context far below the limit is not serialized at all.
+        let text: u64 = rendered.messages.iter().map(|m| m.content().iter().map(|b| match b {
+            condense_events::Block::Text { text } => text.len(),
+            condense_events::Block::Thinking { thinking, .. } => thinking.len(),
+            condense_events::Block::ToolCall { arguments, .. } => arguments.len(),
+            condense_events::Block::Image { data, .. } => data.len(),
+        }).sum::<usize>() as u64).sum();
+        if text * 2 < limit {
+            return Ok(());
+        }
+        let bytes = serde_json::to_vec(&condense_formats::export::neutral(&rendered.messages[..])).map_or(0, |v| v.len() as u64);
+        drop(rendered);
+        if bytes <= limit {
+            return Ok(());
+        }
+        let message = format!("payload guard: the context is {bytes} bytes, over {limit} for the new model");
+        self.append_locked(&mut proj, vec![Event::Source(SourceEvent::ProviderOverflow { message })])?;
+        Ok(())
+    }
+
+    /// The payload guard (seed 004): after a model change and until the first assistant message on the
+    /// new model, a serialized request of `bytes` over the new model's limit is rejected with
+    /// [`EngineError::ContextOverflow`] and recorded as a provider overflow, which the next `prepare`
+    /// recovers from.
+    pub fn guard_payload(&self, bytes: u64) -> Result<()> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        if !recover::guard_active(&proj) {
+            return Ok(());
+        }
+        let Some(limit) = recover::payload_limit(&proj) else { return Ok(()) };
+        if bytes <= limit {
+            return Ok(());
+        }
+        let message = format!("payload guard: {bytes} bytes over {limit} for the new model");
+        self.append_locked(&mut proj, vec![Event::Source(SourceEvent::ProviderOverflow { message })])?;
+        Err(EngineError::ContextOverflow { name: self.name.clone(), bytes, limit })
+    }
+
+    /// The checkpoint controller: commits a checkpoint when the context is over the model's hard budget,
+    /// or records the failure and returns [`EngineError::CompactionFailed`].
+    pub fn checkpoint_if_due(&self) -> Result<()> {
+        self.checkpoint(controller::Reason::Threshold).map(drop)
+    }
+
+    /// Manual compaction of an idle session (`condense compact`): a checkpoint over everything so far,
+    /// failing fast (no retained-tail recovery) when it cannot be made.
+    pub fn compact_now(&self) -> Result<()> {
+        self.checkpoint(controller::Reason::Manual).map(drop)
+    }
+
+    /// Runs the controller; returns the tokens it measured when the context fitted as it was.
+    pub(crate) fn checkpoint(&self, reason: controller::Reason) -> Result<Option<u64>> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
+        if reason == controller::Reason::Threshold && proj.overflow_pending() && recover::guard_active(&proj) {
+            let started = DecisionEvent::CheckpointStarted { reason: "recovery".into(), tokens: controller::context_tokens(&proj) };
+            return match recover::prepare(&proj, summarizer.as_ref()) {
+                Ok(decisions) => {
+                    let mut events = vec![Event::Decision(started)];
+                    events.extend(decisions.into_iter().map(Event::Decision));
+                    self.append_locked(&mut proj, events).map_err(|e| self.not_stored(e))?;
+                    Ok(None)
+                }
+                Err(why) => {
+                    let failed = DecisionEvent::CheckpointFailed { code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() };
+                    let note = DecisionEvent::Note { stage: "recovery".into(), text: format!("{}: {why}", recover::DIAG_BLOCKED) };
+                    self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(note), Event::Decision(failed)])?;
+                    Err(EngineError::CompactionFailed { name: self.name.clone(), code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() })
+                }
+            };
+        }
+        match controller::decide_for(&proj, reason, summarizer.as_ref()) {
+            controller::Outcome::Fits(tokens) => Ok(tokens),
+            controller::Outcome::Commit(started, d) => {
+                self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)]).map_err(|e| self.not_stored(e))?;
+                Ok(None)
+            }
+            controller::Outcome::Failed(started, d) => {
+                let DecisionEvent::CheckpointFailed { code, reason } = d.clone() else { unreachable!("failure outcome") };
+                self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)])?;
+                Err(EngineError::CompactionFailed { name: self.name.clone(), code, reason })
+            }
+        }
+    }
+
+    /// A checkpoint the log could not store: the loop stops with `CONTEXT_COMPACTION_FAILED` (seed 001:
+    /// a checkpoint that cannot be durably appended), the log's error in the reason; nothing partial is
+    /// visible (a group is appended whole or not at all).
+    fn not_stored(&self, e: EngineError) -> EngineError {
+        EngineError::CompactionFailed {
+            name: self.name.clone(),
+            code: condense_checkpoint::CONTEXT_COMPACTION_FAILED.into(),
+            reason: format!("the checkpoint could not be stored: {e}"),
+        }
+    }
+
+    /// The pipeline half of [`Session::prepare`]: captures, and prunes if `pruneOn`, the budget and the
+    /// cost guard say so. Returns the head after its decisions.
+    pub fn prune_before_request(&self) -> Result<Seq> {
+        self.run_pipeline(pipeline::Trigger::Request)
+    }
+
+    /// Prunes everything the model has read, now (`pruneOn: on-demand`).
+    pub fn prune_now(&self) -> Result<Seq> {
+        self.run_pipeline(pipeline::Trigger::Now)
+    }
+
+    fn run_pipeline(&self, trigger: pipeline::Trigger) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
+        let log = &self.store.inner.log;
+        let Live { proj: p, stages } = &mut *proj;
+        // A spilled output is durable before the decision naming it is: with the flush that makes that
+        // decision durable (the log syncs a blob file first; a small blob is in the database itself, written
+        // before the decision, so that one flush covers both), never with a wait of its own.
+        let planned = stages.plan(p, summarizer.as_ref(), trigger, &mut |bytes| log.put_blob_deferred(bytes).map(|h| h.0).map_err(|e| e.to_string()));
+        // Requests answered so far: the assistant messages on the branch, as the stages counted them.
+        let requests = u64::from(stages.turns());
+        let decisions = planned.map_err(|e| EngineError::Pipeline { name: self.name.clone(), reason: e.to_string() })?;
+        if decisions.is_empty() {
+            return Ok(proj.seq());
+        }
+        // Before a request a prune must pay for itself (`worth_it`). The pipeline puts its captures first;
+        // they stay whatever the prunes turn out, so they go into the projection now, at the seqs they
+        // will have, and the candidate copies only what the prunes change.
+        let split = decisions.iter().position(is_prune).unwrap_or(decisions.len());
+        if trigger != pipeline::Trigger::Request || split == decisions.len() || decisions[split..].iter().any(|d| !is_prune(d)) {
+            return self.append_locked(&mut proj, decisions.into_iter().map(Event::Decision).collect());
+        }
+        let mut decisions = decisions;
+        let prunes = decisions.split_off(split);
+        let base = proj.seq();
+        for (i, d) in decisions.iter().enumerate() {
+            proj.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
+        }
+        let mut applied = decisions.len();
+        if let Some(after) = worth_it(&proj, &prunes, requests) {
+            proj.proj = after;
+            for d in &prunes {
+                proj.stages.fold(&Event::Decision(d.clone()));
+            }
+            decisions.extend(prunes);
+            applied = decisions.len();
+        }
+        self.append_applied(&mut proj, decisions.into_iter().map(Event::Decision).collect(), applied)
+    }
+
+    /// Answers `context_tree_query` for refs (`t12`, `b3`) or raw tool-call ids: the originals, byte for
+    /// byte, from the log or the spill blobs.
+    pub fn query(&self, keys: &[String]) -> Result<query::Answer> {
+        let log = &self.store.inner.log;
+        self.with_projection(|proj| {
+            query::answer(proj, keys, &|hash| {
+                condense_log::BlobHash::parse(hash)
+                    .ok_or_else(|| format!("bad blob hash {hash}"))
+                    .and_then(|h| log.get_blob(&h).map_err(|e| e.to_string()))
+            })
+        })
+    }
+
+    /// Runs the model-facing `context_tree_query` tool on its JSON arguments (`{"refs": [...]}`, with
+    /// `ids` or `toolCallIds` accepted as synonyms).
+    pub fn query_tool(&self, arguments: &str) -> Result<query::Answer> {
+        match query::keys_from_arguments(arguments) {
+            Ok(keys) => self.query(&keys),
+            Err(answer) => Ok(answer),
+        }
+    }
+
+    /// Checkpoint `n` (the newest when `None`) as a pi `compaction` entry line. `timestamp` is the host's
+    /// (the engine reads no clock).
+    pub fn checkpoint_as_pi_line(&self, n: Option<u32>, timestamp: &str) -> Result<String> {
+        let p = self.projection()?;
+        let idx = p.index();
+        let cp = match n {
+            Some(n) => idx.checkpoints.get(&n),
+            None => idx.checkpoints.values().next_back(),
+        }
+        .ok_or_else(|| EngineError::UnknownCheckpoint {
+            name: self.name.clone(),
+            what: match n {
+                Some(n) => format!("no checkpoint c{n} (it has {})", idx.checkpoints.len()),
+                None => "no checkpoints yet (`condense compact` makes one)".into(),
+            },
+        })?;
+        let branch = p.branch_entries();
+        let leaf = branch.last().map_or("", |(id, _)| id);
+        let first_kept = branch.iter().position(|(id, _)| *id == cp.boundary).and_then(|b| branch.get(b + 1)).map(|(id, _)| *id);
+        let kept: Vec<String> = cp.kept.iter().filter_map(|k| p.entry_message(k)).map(|m| m.text()).collect();
+        Ok(condense_formats::export::pi_compaction(&self.name, cp.n, leaf, first_kept, &cp.summary, &kept, cp.tokens_before, timestamp))
+    }
+
+    /// Commits an archive view of the context as it stands now and returns its id (`a<n>`).
+    pub fn archive_now(&self) -> Result<String> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let id = format!("a{}", proj.index().archives.len() + 1);
+        let leaf = proj.path_ids().last().cloned();
+        let seq = proj.seq();
+        self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::ArchiveCommitted { id: id.clone(), seq, leaf })])?;
+        Ok(id)
+    }
+
+    /// Counts of the session (see [`Stats`]).
+    pub fn stats(&self) -> Result<Stats> {
+        Ok(Stats::of(&self.projection()?))
+    }
+}
+
+/// Waits for an append handed to the log ([`condense_log::Log::append_encoded`]): its new head, or its error.
+pub(crate) fn acked(rx: &crossbeam_channel::Receiver<condense_log::Result<Seq>>) -> condense_log::Result<Seq> {
+    rx.recv().map_err(|_| LogError::Closed)?
+}

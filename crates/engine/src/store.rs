@@ -1,0 +1,268 @@
+//! The store: the event log and the warm sessions beside it, opening, creating, removing and forking
+//! sessions. Imports are in `import`, a session's API in `session`.
+
+use crate::pipeline;
+use crate::session::Session;
+use crate::{EngineError, Result};
+use condense_events::{DecisionEvent, Event, Seq, SessionId, SourceEvent};
+use condense_summarize::{Extractive, Summarizer};
+use condense_log::{Log, SessionInfo};
+use condense_render::Projection;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+pub(crate) struct Inner {
+    /// Archive views built lately, by (session, archive id); at most three are kept (two committed views
+    /// plus the one in flight), older ones are rebuilt from the log.
+    pub(crate) archives: Mutex<Vec<((SessionId, String), Arc<condense_recovery::Archive>)>>,
+    pub(crate) log: Log,
+    pub(crate) warm: Mutex<Warm>,
+    pub(crate) summarizer: Mutex<Arc<dyn Summarizer>>,
+    pub(crate) defer_durability: bool,
+}
+
+/// A warm session: its render projection and its pipeline stages, folded from the same events. Every
+/// event goes into both through [`Live::apply`]; readers see the projection.
+#[derive(Default)]
+pub(crate) struct Live {
+    pub(crate) proj: Projection,
+    pub(crate) stages: pipeline::Stages,
+}
+
+impl std::ops::Deref for Live {
+    type Target = Projection;
+    fn deref(&self) -> &Projection {
+        &self.proj
+    }
+}
+
+impl Live {
+    pub(crate) fn apply(&mut self, seq: Seq, event: &Event) {
+        self.stages.fold(event);
+        self.proj.apply(seq, event);
+    }
+
+    pub(crate) fn apply_owned(&mut self, seq: Seq, event: Event) {
+        self.stages.fold(&event);
+        self.proj.apply_owned(seq, event);
+    }
+}
+
+/// The warm projections, bounded: the least recently used one that nobody holds is dropped when there are
+/// more than `limit` (it is folded again from the log when next needed).
+pub(crate) struct Warm {
+    /// Each warm session: its projection and pipeline stages, and when it was last used.
+    pub(crate) map: BTreeMap<SessionId, (Arc<Mutex<Live>>, u64)>,
+    pub(crate) tick: u64,
+    pub(crate) limit: usize,
+}
+
+/// How a store is opened.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreOptions {
+    /// sled's page cache, bytes.
+    pub cache_bytes: u64,
+    /// Warm projections kept in memory at most (the least recently used beyond it are dropped).
+    pub warm_limit: usize,
+    /// Appends return once written, before they are durable; [`Store::sync`] (or any durable write after
+    /// them) makes them durable. For a host whose source resends what a crash would lose (`condense
+    /// serve`: the client sends its whole history with every request). Off by default.
+    pub defer_durability: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { cache_bytes: condense_log::DEFAULT_CACHE_BYTES, warm_limit: 64, defer_durability: false }
+    }
+}
+
+/// An open store: the event log plus the warm projections of the sessions used lately.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Store {
+    /// Opens (or creates) a store in `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(dir, StoreOptions::default())
+    }
+
+    /// Opens (or creates) a store in `dir` with explicit memory bounds.
+    pub fn open_with(dir: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
+        Ok(Store::on_log(Log::open_with(dir, options.cache_bytes)?, options))
+    }
+
+    /// A store held in memory only (see [`Log::in_memory`]): a scratch store nothing needs to survive.
+    pub fn in_memory(options: StoreOptions) -> Store {
+        Store::on_log(Log::in_memory(), options)
+    }
+
+    fn on_log(log: Log, options: StoreOptions) -> Store {
+        Store {
+            inner: Arc::new(Inner {
+                archives: Mutex::new(Vec::new()),
+                log,
+                warm: Mutex::new(Warm { map: BTreeMap::new(), tick: 0, limit: options.warm_limit.max(1) }),
+                summarizer: Mutex::new(Arc::new(Extractive::default())),
+                defer_durability: options.defer_durability,
+            }),
+        }
+    }
+
+    /// Tells stores apart (for the one thread-local of `prepare`): the address of the shared state.
+    pub(crate) fn key(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// Replaces the summarizer the pruning pipeline uses (the embedded default is [`Extractive`]).
+    pub fn set_summarizer(&self, summarizer: Arc<dyn Summarizer>) {
+        *self.inner.summarizer.lock().expect("summarizer lock") = summarizer;
+    }
+
+    /// Makes every append so far durable (a no-op cost when nothing is pending).
+    pub fn sync(&self) -> Result<()> {
+        Ok(self.inner.log.sync()?)
+    }
+
+    /// The underlying log.
+    pub fn log(&self) -> &Log {
+        &self.inner.log
+    }
+
+    /// Every session, in id order.
+    pub fn sessions(&self) -> Result<Vec<SessionInfo>> {
+        Ok(self.inner.log.sessions()?)
+    }
+
+    /// Creates a new, empty session.
+    pub fn create_session(&self, name: &str) -> Result<Session> {
+        let id = self.inner.log.create_session(name)?;
+        Ok(Session { store: self.clone(), id, name: name.to_string() })
+    }
+
+    /// Deletes the session `name` and its events (spilled outputs stay as blobs; they are content-addressed
+    /// and may be shared).
+    pub fn remove_session(&self, name: &str) -> Result<()> {
+        let id = self.inner.log.session_id(name)?.ok_or_else(|| EngineError::UnknownSession(name.to_string()))?;
+        self.inner.log.remove_session(id)?;
+        self.inner.warm.lock().expect("warm lock").map.remove(&id);
+        self.inner.archives.lock().expect("archive cache lock").retain(|((s, _), _)| *s != id);
+        Ok(())
+    }
+
+    /// Opens an existing session by name.
+    pub fn session(&self, name: &str) -> Result<Session> {
+        let id = self.inner.log.session_id(name)?.ok_or_else(|| EngineError::UnknownSession(name.to_string()))?;
+        Ok(Session { store: self.clone(), id, name: name.to_string() })
+    }
+
+    /// Sessions whose last import began and never finished (a killed import): their names.
+    pub fn incomplete_imports(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for info in self.sessions()? {
+            let mut open = false;
+            self.inner.log.for_each(info.id, 1, info.head, |env| {
+                match env.body {
+                    Event::Source(SourceEvent::ImportStarted { .. }) => open = true,
+                    Event::Source(SourceEvent::ImportCompleted { .. }) => open = false,
+                    _ => {}
+                }
+                Ok(())
+            })?;
+            if open {
+                out.push(info.name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forks `source` into a new session `name` that ends at entry `at` (the source's active leaf when
+    /// `None`): the entries on the path to it, the configuration and model in force, and every decision
+    /// about those entries. A checkpoint is copied only when the fork includes its boundary (and every
+    /// prompt it retains); refs keep their numbers, so `tN`, `bN` and `cN` mean the same in both sessions.
+    pub fn fork(&self, source: &str, name: &str, at: Option<&str>) -> Result<Session> {
+        let src = self.session(source)?;
+        let head = src.head()?;
+        let events = self.inner.log.read(src.id, 1, head)?;
+        let mut proj = Projection::new();
+        for env in &events {
+            proj.apply(env.seq, &env.body);
+        }
+        if let Some(at) = at {
+            proj.apply(head + 1, &Event::Source(SourceEvent::LeafMoved { leaf: Some(at.to_string()) }));
+            if proj.path_ids().last().map(String::as_str) != Some(at) {
+                return Err(EngineError::UnknownEntry { name: source.to_string(), entry: at.to_string() });
+            }
+        }
+        let on_path: std::collections::BTreeSet<String> = proj.path_ids().into_iter().collect();
+        let idx = proj.index();
+        let copied_refs: std::collections::BTreeSet<u32> = idx
+            .records
+            .values()
+            .filter(|r| on_path.contains(&r.entry) && on_path.contains(&r.call_entry))
+            .map(|r| r.ref_n)
+            .collect();
+        let mut out: Vec<Event> = Vec::new();
+        for env in events {
+            let keep = match &env.body {
+                Event::Source(SourceEvent::EntryAppended { id, .. }) => on_path.contains(id),
+                Event::Source(SourceEvent::LeafMoved { .. }) => false,
+                Event::Source(_) => true,
+                Event::Decision(d) => match d {
+                    DecisionEvent::Note { .. } => false,
+                    DecisionEvent::OutputCaptured(r) => copied_refs.contains(&r.ref_n),
+                    DecisionEvent::OutputSpilled { ref_n, .. } | DecisionEvent::OutputAliased { ref_n, .. } => copied_refs.contains(ref_n),
+                    DecisionEvent::BatchClosed { refs, .. } => refs.iter().all(|r| copied_refs.contains(r)),
+                    DecisionEvent::FrontierAdvanced { entry } | DecisionEvent::ErrorArgsPurged { entry, .. } => on_path.contains(entry),
+                    DecisionEvent::ChainCompressed { first, last, .. } => on_path.contains(first) && on_path.contains(last),
+                    DecisionEvent::CheckpointCommitted { boundary, kept, .. } => {
+                        on_path.contains(boundary) && kept.iter().all(|k| on_path.contains(k))
+                    }
+                    DecisionEvent::CheckpointStarted { .. } | DecisionEvent::CheckpointFailed { .. } => false,
+                    DecisionEvent::ArchiveCommitted { .. } => false,
+                    DecisionEvent::ChainReplyCut { block, .. } => {
+                        idx.chains.get(block).is_some_and(|c| on_path.contains(&c.first) && on_path.contains(&c.last))
+                    }
+                },
+            };
+            if keep {
+                out.push(env.body);
+            }
+        }
+        let session = self.create_session(name)?;
+        let warm = self.warm(session.id);
+        let mut p = warm.lock().expect("projection lock");
+        session.append_locked(&mut p, out)?;
+        drop(p);
+        Ok(session)
+    }
+
+    pub(crate) fn warm(&self, id: SessionId) -> Arc<Mutex<Live>> {
+        let mut w = self.inner.warm.lock().expect("warm lock");
+        w.tick += 1;
+        let tick = w.tick;
+        let p = {
+            let slot = w.map.entry(id).or_insert_with(|| (Arc::default(), 0));
+            slot.1 = tick;
+            slot.0.clone()
+        };
+        if w.map.len() > w.limit {
+            // Drop the least recently used projections nobody else holds (the one handed out now is held).
+            let mut idle: Vec<(u64, SessionId)> =
+                w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (_, t))| (*t, *id)).collect();
+            idle.sort_unstable();
+            let excess = w.map.len() - w.limit;
+            for (_, id) in idle.into_iter().take(excess) {
+                w.map.remove(&id);
+            }
+        }
+        p
+    }
+
+    /// How many projections are warm in memory now.
+    pub fn warm_count(&self) -> usize {
+        self.inner.warm.lock().expect("warm lock").map.len()
+    }
+}

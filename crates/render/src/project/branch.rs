@@ -1,0 +1,216 @@
+//! The branch walk: the path from the root to the active leaf, kept between calls and extended by new
+//! entries, and the views of the branch the stages and commands read.
+
+use super::*;
+
+impl Projection {
+    /// Entry indices on the path from the root to the leaf.
+    pub(super) fn path(&self) -> Arc<Vec<usize>> {
+        self.kept_path(&self.path_cache, |_| true, |it| it.depth)
+    }
+
+    /// Indices of the message entries on the path from the root to the leaf.
+    pub(super) fn message_path(&self) -> Arc<Vec<usize>> {
+        self.kept_path(&self.message_path_cache, |it| matches!(it.node, Node::Message(..)), |it| it.messages_before)
+    }
+
+    /// The entries on the path from the root to the leaf that `keep`, kept in `cache` from the last call:
+    /// only the entries below the last one the kept list shares are looked at (`at` says where a kept
+    /// entry sits in the list), and the list is extended in place when nothing else holds it.
+    pub(super) fn kept_path(
+        &self,
+        cache: &PathCache,
+        keep: impl Fn(&Item) -> bool,
+        at: impl Fn(&Item) -> u32,
+    ) -> Arc<Vec<usize>> {
+        let Some(leaf) = self.leaf else { return Arc::default() };
+        let mut cache = cache.lock().expect("path cache lock");
+        if let Some((l, p)) = &*cache
+            && *l == leaf
+        {
+            return p.clone();
+        }
+        let mut kept = cache.take().map(|(_, p)| p).unwrap_or_default();
+        let mut tail = Vec::new();
+        let mut common = 0;
+        for i in self.ancestors() {
+            let it = &self.items[i];
+            if !keep(it) {
+                continue;
+            }
+            let pos = at(it) as usize;
+            if kept.get(pos) == Some(&i) {
+                common = pos + 1;
+                break;
+            }
+            tail.push(i);
+        }
+        let path = Arc::make_mut(&mut kept);
+        path.truncate(common);
+        path.extend(tail.into_iter().rev());
+        *cache = Some((leaf, kept.clone()));
+        kept
+    }
+
+    /// The messages on the active branch, root first, as [`Projection::branch_entries`] lists them, without
+    /// building that list: what the pipeline reads before every request.
+    pub fn branch_view(&self) -> BranchView<'_> {
+        BranchView { items: &self.items, ids: &self.index, path: self.message_path() }
+    }
+
+    /// The leaf and its ancestors, leaf first.
+    pub(super) fn ancestors(&self) -> impl Iterator<Item = usize> + '_ {
+        // A cycle cannot be built through `apply`, but never loop forever.
+        std::iter::successors(self.leaf, |&i| self.items[i].parent).take(self.items.len() + 1)
+    }
+
+    /// The id of the current leaf entry (`None` before any entry, or when the leaf is before the root).
+    pub fn leaf_id(&self) -> Option<&str> {
+        self.leaf.map(|i| self.items[i].id.as_str())
+    }
+
+    /// Every entry of the tree in the order it was appended, on every branch: its id, its parent's id and
+    /// its message (`None` for host compactions and markers).
+    pub fn tree(&self) -> impl Iterator<Item = (&str, Option<&str>, Option<&Arc<Message>>)> {
+        self.items.iter().map(|it| {
+            let parent = it.parent.map(|p| self.items[p].id.as_str());
+            let m = match &it.node {
+                Node::Message(m, _) => Some(m),
+                _ => None,
+            };
+            (it.id.as_str(), parent, m)
+        })
+    }
+
+    /// Whether an entry with this id exists (on any branch).
+    pub fn has_entry(&self, id: &str) -> bool {
+        self.index.contains_key(id)
+    }
+
+    /// Whether entry `id` is on the path from the root to the leaf (the active branch).
+    pub fn on_path(&self, id: &str) -> bool {
+        self.index.get(id).is_some_and(|&target| self.ancestors().any(|i| i == target))
+    }
+
+    /// Entry ids on the path from the root to the leaf.
+    pub fn path_ids(&self) -> Vec<String> {
+        self.path().iter().map(|&i| self.items[i].id.clone()).collect()
+    }
+
+    /// The message of entry `id`, on any branch.
+    pub fn entry_message(&self, id: &str) -> Option<&Arc<Message>> {
+        match &self.items[*self.index.get(id)?].node {
+            Node::Message(m, _) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The visible transcript of the active branch, root first: every message, and a divider where each
+    /// compaction happened (ADR 0064): a host compaction where its entry stands, a checkpoint right after
+    /// its boundary entry. Nothing is hidden or rewritten: the dividers only mark where the model's context
+    /// was compacted.
+    pub fn transcript(&self) -> Vec<TranscriptRow<'_>> {
+        let mut after: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for (n, cp) in self.decisions.checkpoints.iter() {
+            if let Some(&b) = self.index.get(&cp.boundary) {
+                after.entry(b).or_default().push(*n);
+            }
+        }
+        let mut out = Vec::new();
+        for &i in self.path().iter() {
+            let id = self.items[i].id.as_str();
+            match &self.items[i].node {
+                Node::Message(m, _) => out.push(TranscriptRow::Message(id, m)),
+                Node::Compaction { .. } => out.push(TranscriptRow::HostCompaction(id)),
+                Node::Marker => {}
+            }
+            for n in after.get(&i).into_iter().flatten() {
+                out.push(TranscriptRow::Checkpoint(*n, id));
+            }
+        }
+        out
+    }
+
+    /// Entry ids and messages on the active branch, root first: the transcript the pipeline works on.
+    pub fn branch_entries(&self) -> Vec<(&str, &Arc<Message>)> {
+        self.entries_on_path(false)
+    }
+
+    /// The newest assistant message on the active branch (found from the leaf up, without building the
+    /// branch).
+    pub fn last_assistant(&self) -> Option<&Arc<Message>> {
+        self.ancestors().find_map(|i| match &self.items[i].node {
+            Node::Message(m, _) if matches!(**m, Message::Assistant { .. }) => Some(m),
+            _ => None,
+        })
+    }
+
+    /// As [`Projection::branch_entries`], without assistant messages whose request overflowed (they stay
+    /// in the transcript but not in the model context).
+    pub fn branch_entries_in_context(&self) -> Vec<(&str, &Arc<Message>)> {
+        self.entries_on_path(true)
+    }
+
+    pub(super) fn entries_on_path(&self, skip_overflowed: bool) -> Vec<(&str, &Arc<Message>)> {
+        self.path()
+            .iter()
+            .copied()
+            .filter(|i| !(skip_overflowed && self.overflowed.contains(i)))
+            .filter_map(|i| match &self.items[i].node {
+                Node::Message(m, _) => Some((self.items[i].id.as_str(), m)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Messages on the active branch before compaction and repair: the whole visible transcript.
+    pub fn branch_messages(&self) -> Context {
+        self.path()
+            .iter()
+            .filter_map(|&i| match &self.items[i].node {
+                Node::Message(m, _) => Some(m.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Entry ids and messages of the active branch, root first (see [`Projection::branch_view`]).
+pub struct BranchView<'a> {
+    items: &'a [Item],
+    ids: &'a HashMap<String, usize>,
+    path: Arc<Vec<usize>>,
+}
+
+impl<'a> BranchView<'a> {
+    /// Messages on the branch.
+    pub fn len(&self) -> usize {
+        self.path.len()
+    }
+
+    /// Whether the branch holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.path.is_empty()
+    }
+
+    /// The `i`th message and its entry id (panics past the end, as indexing does).
+    pub fn at(&self, i: usize) -> (&'a str, &'a Arc<Message>) {
+        let it = &self.items[self.path[i]];
+        match &it.node {
+            Node::Message(m, _) => (it.id.as_str(), m),
+            _ => unreachable!("the message path holds message entries only"),
+        }
+    }
+
+    /// The entry (its index in the tree) of the `i`th message.
+    pub(super) fn item(&self, i: usize) -> usize {
+        self.path[i]
+    }
+
+    /// Where the message of entry `id` sits on the branch, in constant time (`None` when it is not on it).
+    pub fn position(&self, id: &str) -> Option<usize> {
+        let ix = *self.ids.get(id)?;
+        let pos = self.items.get(ix)?.messages_before as usize;
+        (self.path.get(pos) == Some(&ix)).then_some(pos)
+    }
+}

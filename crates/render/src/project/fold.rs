@@ -1,0 +1,283 @@
+//! The tree fold: each event absorbed into the session tree (entries, branch moves, host compactions,
+//! model and usage facts) and each decision marked on the entries it touches.
+
+use super::*;
+
+impl Projection {
+    /// Absorbs one event the caller gives up, moving its message bodies into the projection instead of
+    /// copying them.
+    pub fn apply_owned(&mut self, seq: Seq, event: Event) {
+        match event {
+            Event::Source(SourceEvent::EntryAppended { id, parent, entry: Entry::Message(m) }) => {
+                self.push_message(seq, id, parent.as_deref(), Arc::new(m));
+            }
+            other => self.apply(seq, &other),
+        }
+    }
+
+    /// Folds the `EntryAppended` of message entry `id` at `seq` with a message already shared: another
+    /// projection of the same events (`simulate`'s raw context beside the session's) holds it once for
+    /// both.
+    pub fn push_message(&mut self, seq: Seq, id: String, parent: Option<&str>, m: Arc<Message>) {
+        self.seq = seq;
+        let meta = self.meta(&m);
+        self.push_entry(id, parent, Node::Message(m, meta));
+    }
+
+    pub(super) fn push_entry(&mut self, id: String, parent: Option<&str>, node: Node) {
+        if !matches!(&node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. })) {
+            self.overflow_streak = 0;
+        }
+        let parent = parent.and_then(|p| self.index.get(p).copied());
+        let ix = self.items.len();
+        // A repeated id points at its newest entry; the importers rename duplicates anyway.
+        Arc::make_mut(&mut self.index).insert(id.clone(), ix);
+        let (depth, messages_before) = parent.map_or((0, 0), |p| {
+            let it = &self.items[p];
+            (it.depth + 1, it.messages_before + u32::from(matches!(it.node, Node::Message(..))))
+        });
+        Arc::make_mut(&mut self.items).push(Item { id, parent, node, depth, messages_before });
+        self.leaf = Some(ix);
+        self.extend_render(parent, ix);
+    }
+
+    pub(super) fn mark(&mut self, d: &DecisionEvent) {
+        let at = |id: &str| self.index.get(id).copied();
+        let (a, b) = match d {
+            DecisionEvent::OutputCaptured(r) => (at(&r.entry), at(&r.call_entry)),
+            DecisionEvent::ErrorArgsPurged { entry, .. } => (at(entry), None),
+            DecisionEvent::ChainCompressed { first, last, .. } => (at(first), at(last)),
+            _ => return,
+        };
+        match d {
+            DecisionEvent::OutputCaptured(r) => {
+                if let Some(i) = a {
+                    mark_of(&mut self.marks, i).result_ref = Some(r.ref_n);
+                }
+                if let Some(i) = b {
+                    mark_of(&mut self.marks, i).call_refs.push(r.ref_n);
+                }
+            }
+            DecisionEvent::ErrorArgsPurged { .. } => {
+                if let Some(i) = a {
+                    mark_of(&mut self.marks, i).purged += 1;
+                }
+            }
+            DecisionEvent::ChainCompressed { block, .. } => {
+                if let Some(i) = a {
+                    mark_of(&mut self.marks, i).chain_first = Some(*block);
+                }
+                if let Some(i) = b {
+                    mark_of(&mut self.marks, i).chain_last = Some(*block);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Absorbs one event.
+    pub fn apply(&mut self, seq: Seq, event: &Event) {
+        self.seq = seq;
+        let ev = match event {
+            Event::Source(ev) => ev,
+            Event::Decision(d) => {
+                // Capturing, aliasing and moving the frontier change nothing on screen until a batch closes.
+                let unseen = matches!(
+                    d,
+                    DecisionEvent::Note { .. }
+                        | DecisionEvent::FrontierAdvanced { .. }
+                        | DecisionEvent::OutputCaptured(_)
+                        | DecisionEvent::OutputAliased { .. }
+                        | DecisionEvent::ArchiveCommitted { .. }
+                );
+                // A decision changes what earlier positions render as: the kept render takes the change
+                // in place where it can, else the next render starts over.
+                let patch = if unseen { None } else { self.patch_start(d) };
+                if !unseen {
+                    self.usage_anchor = None;
+                    if patch.is_none() {
+                        self.inc.get_mut().expect("render cache lock").valid = false;
+                    }
+                }
+                self.mark(d);
+                if let DecisionEvent::CheckpointCommitted { n, summary, bounded, .. } = d {
+                    self.overflow_checkpointed = true;
+                    self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
+                    for (entry, text) in bounded {
+                        let Some(&i) = self.index.get(entry) else { continue };
+                        if let Node::Message(m, _) = &self.items[i].node {
+                            let copy = match &**m {
+                                Message::ToolResult { call_id, tool_name, is_error, .. } => Message::ToolResult {
+                                    call_id: call_id.clone(),
+                                    tool_name: tool_name.clone(),
+                                    content: vec![Block::Text { text: text.clone() }],
+                                    is_error: *is_error,
+                                },
+                                // An oversized recent user message during recovery (seed 004).
+                                Message::User { origin, .. } => Message::User { content: vec![Block::Text { text: text.clone() }], origin: *origin },
+                                Message::Assistant { .. } => continue,
+                            };
+                            self.bounded_msgs.insert((*n, i), Arc::new(copy));
+                        }
+                    }
+                }
+                self.decisions.apply(d);
+                if let Some(old) = patch {
+                    self.patch_render(d, old);
+                }
+                return;
+            }
+        };
+        match ev {
+            SourceEvent::SessionStarted { source, .. } => self.source = Some(source.clone()),
+            SourceEvent::EntryAppended { id, parent, entry } => {
+                let node = match entry {
+                    Entry::Message(m) => Node::Message(Arc::new(m.clone()), self.meta(m)),
+                    Entry::HostCompaction { summary, first_kept, replacement, .. } => Node::Compaction {
+                        summary: summary.as_deref().map(summary_message),
+                        first_kept: first_kept.clone(),
+                        replacement: replacement.iter().map(|m| (Arc::new(m.clone()), self.meta(m))).collect(),
+                    },
+                    Entry::BranchSummary { summary, .. } => Node::Message(
+                        Arc::new(Message::user_text(
+                            format!("[Summary of a branch this conversation came back from]\n\n{summary}"),
+                            UserOrigin::Summary,
+                        )),
+                        Meta::User,
+                    ),
+                    Entry::Marker { .. } => Node::Marker,
+                };
+                self.push_entry(id.clone(), parent.as_deref(), node);
+            }
+            SourceEvent::LeafMoved { leaf } => {
+                self.leaf = leaf.as_ref().and_then(|l| self.index.get(l).copied());
+                let inc = self.inc.get_mut().expect("render cache lock");
+                if inc.leaf != self.leaf {
+                    inc.valid = false;
+                }
+            }
+            SourceEvent::ProviderUsage(u) => self.usage_anchor = Some((*u, self.leaf)),
+            SourceEvent::ProviderOverflow { .. } => {
+                if let Some(l) = self.leaf.filter(|&l| matches!(&self.items[l].node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. }))) {
+                    self.overflowed.insert(l);
+                }
+                self.overflow_streak += 1;
+                self.overflow_checkpointed = false;
+                self.inc.get_mut().expect("render cache lock").valid = false;
+            }
+            SourceEvent::PruneConfigured(cfg) => {
+                self.config = cfg.clone();
+                *self.phase_cache.get_mut().expect("phase cache lock") = PhaseCache::default();
+                self.inc.get_mut().expect("render cache lock").valid = false;
+            }
+            SourceEvent::ModelChanged { provider, model, context_window, max_output } => {
+                self.model_change_leaf = Some(self.leaf);
+                self.model = Some(ModelInfo {
+                    provider: provider.clone(),
+                    model: model.clone(),
+                    context_window: *context_window,
+                    max_output: *max_output,
+                });
+            }
+            SourceEvent::RequestOverhead { tokens } => self.overhead = *tokens,
+            _ => {}
+        }
+    }
+
+    /// Extends the kept render with entry `ix` when it follows the leaf that render was made for;
+    /// anything else (a branch switch, a host compaction) leaves the next render to start over.
+    pub(super) fn extend_render(&mut self, parent: Option<usize>, ix: usize) {
+        let inc = self.inc.get_mut().expect("render cache lock");
+        if !inc.valid || parent != inc.leaf {
+            inc.valid = false;
+            return;
+        }
+        inc.leaf = Some(ix);
+        if let Node::Message(m, _) = &self.items[ix].node {
+            // A new prompt ages recovery outputs in their grace window: one may turn back into a stub.
+            if matches!(**m, Message::User { origin: UserOrigin::Prompt, .. })
+                && self.decisions.recoveries > 0
+            {
+                inc.valid = false;
+                return;
+            }
+        }
+        match &self.items[ix].node {
+            Node::Marker => {}
+            Node::Compaction { .. } => inc.valid = false,
+            Node::Message(m, Meta::User) => Arc::make_mut(&mut inc.out).push(m.clone()),
+            Node::Message(_, Meta::Assistant { empty: true, .. }) => inc.report.empty_assistants += 1,
+            Node::Message(m, Meta::Assistant { calls, dedup, .. }) => {
+                let out = Arc::make_mut(&mut inc.out);
+                let m = dedup.as_ref().unwrap_or(m);
+                if dedup.is_some() {
+                    inc.report.duplicate_calls += 1;
+                }
+                out.push(m.clone());
+                for (&c, (id, name, _)) in calls.iter().zip(m.tool_calls()) {
+                    inc.pending.insert(c, out.len());
+                    inc.report.synthetic_results.push(id.to_string());
+                    out.push(synthetic(id, name));
+                }
+            }
+            Node::Message(m, Meta::Result { call }) => match inc.pending.remove(call) {
+                Some(pos) => {
+                    let out = Arc::make_mut(&mut inc.out);
+                    if let Message::ToolResult { call_id, .. } = &*out[pos] {
+                        if let Some(k) = inc.report.synthetic_results.iter().rposition(|s| s == call_id) {
+                            inc.report.synthetic_results.remove(k);
+                        }
+                    }
+                    out[pos] = m.clone();
+                    inc.same = inc.same.min(pos);
+                }
+                None => {
+                    if let Message::ToolResult { call_id, .. } = &**m {
+                        inc.report.orphan_results.push(call_id.clone());
+                    }
+                }
+            },
+        }
+    }
+
+    pub(super) fn intern(&mut self, id: &str) -> u32 {
+        if let Some(&n) = self.call_ids.get(id) {
+            return n;
+        }
+        let n = self.call_ids.len() as u32;
+        Arc::make_mut(&mut self.call_ids).insert(id.to_string(), n);
+        n
+    }
+
+    pub(super) fn meta(&mut self, m: &Message) -> Meta {
+        match m {
+            Message::User { .. } => Meta::User,
+            Message::Assistant { content, model, stop, usage } => {
+                let mut seen: Vec<&str> = Vec::new();
+                let mut kept = Vec::with_capacity(content.len());
+                for b in content {
+                    if let Block::ToolCall { id, .. } = b {
+                        if seen.contains(&id.as_str()) {
+                            continue;
+                        }
+                        seen.push(id);
+                    }
+                    kept.push(b.clone());
+                }
+                let dedup = (kept.len() != content.len()).then(|| {
+                    Arc::new(Message::Assistant { content: kept, model: model.clone(), stop: *stop, usage: *usage })
+                });
+                let calls = seen.iter().map(|id| id.to_string()).collect::<Vec<_>>();
+                Meta::Assistant { calls: calls.iter().map(|id| self.intern(id)).collect(), empty: content.is_empty(), dedup }
+            }
+            Message::ToolResult { call_id, .. } => Meta::Result { call: self.intern(call_id) },
+        }
+    }
+
+    /// Absorbs many events.
+    pub fn apply_all<'a>(&mut self, events: impl IntoIterator<Item = (Seq, &'a Event)>) {
+        for (seq, e) in events {
+            self.apply(seq, e);
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The prune-time views: a decision folded into the kept render in place (only the touched entries'
+//! messages made again, a compressed chain spliced in) instead of the next render starting over.
+
+use super::*;
+
+impl Projection {
+    /// Before decision `d` is folded: the entries whose message it changes, with the message each renders
+    /// as now, when the kept render can take the change in place (see [`Projection::patch_render`]);
+    /// `None` when the next render must start over.
+    pub(super) fn patch_start(&self, d: &DecisionEvent) -> Option<Vec<(usize, Arc<Message>)>> {
+        let inc = self.inc.lock().expect("render cache lock");
+        if !inc.valid || self.decisions.recoveries > 0 || !self.decisions.checkpoints.is_empty() {
+            return None;
+        }
+        let idx = &self.decisions;
+        let entries: Vec<&str> = match d {
+            DecisionEvent::OutputSpilled { ref_n, .. } => idx.records.get(ref_n).map(|r| r.entry.as_str()).into_iter().collect(),
+            DecisionEvent::BatchClosed { refs, .. } => {
+                refs.iter().filter_map(|r| idx.records.get(r)).flat_map(|r| [r.entry.as_str(), r.call_entry.as_str()]).collect()
+            }
+            DecisionEvent::ErrorArgsPurged { entry, .. } => vec![entry.as_str()],
+            // The chain's span is replaced whole, where nothing in the render was repaired.
+            DecisionEvent::ChainCompressed { .. } => {
+                let r = &inc.report;
+                let clean = r.synthetic_results.is_empty() && r.orphan_results.is_empty() && r.empty_assistants == 0 && r.duplicate_calls == 0 && inc.pending.is_empty();
+                return clean.then(Vec::new);
+            }
+            DecisionEvent::ChainReplyCut { block, .. } => idx.chains.get(block).map(|c| c.last.as_str()).into_iter().collect(),
+            _ => return None,
+        };
+        drop(inc);
+        let mut cache = self.phase_cache.lock().expect("phase cache lock");
+        let mut out: Vec<(usize, Arc<Message>)> =
+            entries.iter().filter_map(|id| self.index.get(*id).copied()).filter_map(|i| Some((i, self.phased_at(&mut cache, i)?))).collect();
+        out.sort_unstable_by_key(|(i, _)| *i);
+        out.dedup_by_key(|(i, _)| *i);
+        Some(out)
+    }
+
+    /// What the render phases make of entry `i`'s message now: phases 1 and 2, or, for the final reply
+    /// of a compressed chain, phase 3's (`None`: the entry is no message).
+    pub(super) fn phased_at(&self, cache: &mut PhaseCache, i: usize) -> Option<Arc<Message>> {
+        match (&self.items[i].node, self.marks.get(i)) {
+            (Node::Message(m, _), Some(mk)) if let Some(chain) = mk.chain_last.and_then(|b| self.decisions.chains.get(&b)) => {
+                Some(self.chain_reply(cache, chain, m))
+            }
+            (Node::Message(m, meta), Some(mk)) => Some(self.phase_message(cache, i, m, meta, mk, 3, |_| false)),
+            (Node::Message(m, _), None) => Some(m.clone()),
+            _ => None,
+        }
+    }
+
+    /// After decision `d` is folded: the kept render takes the touched entries' new messages in place of
+    /// the ones `patch_start` saw (and a compressed chain's span becomes its prompt, block and reply), so a
+    /// decision costs the entries it changes, not a render of the branch. Debug builds check the result
+    /// against the full render.
+    pub(super) fn patch_render(&mut self, d: &DecisionEvent, old: Vec<(usize, Arc<Message>)>) {
+        let mut replaced: HashMap<usize, Arc<Message>> = HashMap::default();
+        {
+            let mut cache = self.phase_cache.lock().expect("phase cache lock");
+            for (i, before) in old {
+                let Some(now) = self.phased_at(&mut cache, i) else { continue };
+                if !Arc::ptr_eq(&before, &now) {
+                    replaced.insert(Arc::as_ptr(&before) as usize, now);
+                }
+            }
+        }
+        let mut inc = std::mem::take(self.inc.get_mut().expect("render cache lock"));
+        if !replaced.is_empty() {
+            // From the end, where decisions mostly land, until every message replaced is found (each
+            // entry's message sits in the render once).
+            let (mut first, mut left) = (usize::MAX, replaced.len());
+            for (k, m) in Arc::make_mut(&mut inc.out).iter_mut().enumerate().rev() {
+                if let Some(new) = replaced.get(&(Arc::as_ptr(m) as usize)) {
+                    *m = new.clone();
+                    first = k;
+                    left -= 1;
+                    if left == 0 {
+                        break;
+                    }
+                }
+            }
+            inc.same = inc.same.min(first);
+        }
+        if let DecisionEvent::ChainCompressed { first, last, block, .. } = d {
+            inc.valid = self.splice_chain(&mut inc, first, last, *block);
+        }
+        if cfg!(debug_assertions) && inc.valid {
+            let full = self.render_full();
+            assert_eq!((&inc.out, &inc.report), (&full.out, &full.report), "a decision patched into the kept render is the full render");
+        }
+        *self.inc.get_mut().expect("render cache lock") = inc;
+    }
+
+    /// Replaces, in a render with nothing repaired, the chain's messages from its prompt to its final
+    /// reply by the prompt, its block and the reply (thinking stripped), as phase 3 does; false when the
+    /// chain's messages there are not exactly its own entries' (a result bound across the chain's edge).
+    pub(super) fn splice_chain(&self, inc: &mut Incremental, first: &str, last: &str, block: u32) -> bool {
+        let branch = self.branch_view();
+        let (Some(&fi), Some(&li)) = (self.index.get(first), self.index.get(last)) else { return false };
+        let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };
+        let (Some(bf), Some(bl)) = (branch.position(first), branch.position(last)) else { return false };
+        let Some(chain) = self.decisions.chains.get(&block) else { return false };
+        let Some(pf) = inc.out.iter().rposition(|m| Arc::ptr_eq(m, fm)) else { return false };
+        let Some(pl) = inc.out[pf..].iter().position(|m| Arc::ptr_eq(m, lm)).map(|k| pf + k) else { return false };
+        // With nothing repaired, the render holds each entry's message once: the chain's span in the render
+        // must hold exactly its entries' messages.
+        let own = (bf..=bl).filter(|&k| !self.overflowed.contains(&branch.item(k))).count();
+        if bl < bf || pl - pf + 1 != own {
+            return false;
+        }
+        let (block_msg, reply) = {
+            let mut cache = self.phase_cache.lock().expect("phase cache lock");
+            let PhaseCache { base, own } = &mut *cache;
+            let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
+            (block_msg, self.chain_reply(&mut cache, chain, lm))
+        };
+        Arc::make_mut(&mut inc.out).splice(pf..=pl, [fm.clone(), block_msg, reply]);
+        inc.same = inc.same.min(pf);
+        true
+    }
+}

@@ -1,0 +1,156 @@
+//! The conversation a request belongs to (by the client's id, else by its first prompt), opened or
+//! created, and the engine's work on it: record what is new, prepare the context, write the upstream body.
+
+use crate::state::{identities, ConvRef, State};
+use crate::request::read::Req;
+use crate::request::upstream::upstream_body;
+use crate::api;
+use crate::conv::{Built, Conv, ConvError, Recorded};
+use condense_engine::config::model_limits;
+use condense_engine::{EngineError, Store};
+use condense_events::Message;
+use condense_formats::wire::{self};
+use serde_json::json;
+use std::sync::Arc;
+use tokio::sync::Mutex as AsyncMutex;
+
+/// Runs engine work for a conversation on a blocking thread, with the conversation locked.
+pub(crate) async fn with_conv<R: Send + 'static>(conv: &ConvRef, f: impl FnOnce(&mut Conv) -> R + Send + 'static) -> R {
+    let mut guard = conv.clone().lock_owned().await;
+    tokio::task::spawn_blocking(move || {
+        let r = f(&mut guard);
+        guard.mark_synced();
+        r
+    })
+    .await
+    .expect("engine task")
+}
+
+/// The conversation a request belongs to: by the client's own id, else by its first user message.
+pub(crate) async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, ConvError> {
+    conv_lookup(st, req, true).await.map(|c| c.expect("created when missing"))
+}
+
+/// The conversation a request belongs to; `create` makes one when there is none.
+pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Result<Option<ConvRef>, ConvError> {
+    let first_user = req.raw.units.iter().position(|u| u.role == "user");
+    let first_prompt = match first_user {
+        Some(u) => wire::parse_unit(req.api, &req.raw, u)?
+            .messages
+            .iter()
+            .find(|m| matches!(m.message, Message::User { .. }))
+            .map(|m| m.message.text())
+            .unwrap_or_default(),
+        None => String::new(),
+    };
+    let identity = api::client_conversation_id(&req.headers, &json!({"metadata": req.metadata})).unwrap_or_else(|| {
+        format!("{}:first:{}", req.api.name(), &blake3::hash(first_prompt.as_bytes()).to_hex()[..16])
+    });
+    let mut convs = st.convs.lock().await;
+    if let Some(c) = convs.get(&identity) {
+        return Ok(Some(c.clone()));
+    }
+    let mut known = st.names.lock().expect("names lock").get(&identity).cloned();
+    if known.is_none() {
+        // Another server on a shared store may have started this conversation since the names were read.
+        let s2 = st.store.clone();
+        let after = *st.scanned.lock().expect("scanned lock");
+        let (found, upto) = tokio::task::spawn_blocking(move || identities(&s2, after)).await.expect("identity scan task")?;
+        let mut names = st.names.lock().expect("names lock");
+        names.extend(found);
+        let mut scanned = st.scanned.lock().expect("scanned lock");
+        *scanned = (*scanned).max(upto);
+        known = names.get(&identity).cloned();
+    }
+    if known.is_none() && !create {
+        return Ok(None);
+    }
+    let store = st.store.clone();
+    let internal = req.internal.clone();
+    let client = api::client_kind(req.api, &req.headers).to_string();
+    let prune = st.cfg.file.raw.normalize();
+    let id2 = identity.clone();
+    let conv = tokio::task::spawn_blocking(move || -> Result<(Conv, String), EngineError> {
+        match known {
+            Some(name) => Ok((Conv::open(store.session(&name)?, &internal)?, name)),
+            None => {
+                let name = session_name(&store, &client, &first_prompt, &id2)?;
+                let session = store.create_session(&name)?;
+                Ok((Conv::create(session, &id2, &client, prune)?, name))
+            }
+        }
+    })
+    .await
+    .expect("session task")?;
+    st.names.lock().expect("names lock").insert(identity.clone(), conv.1);
+    let c = Arc::new(AsyncMutex::new(conv.0));
+    convs.insert(identity, c.clone());
+    Ok(Some(c))
+}
+
+/// A name a person recognises: the client, the first words of the first prompt, and a short id.
+fn session_name(store: &Store, client: &str, prompt: &str, identity: &str) -> Result<String, EngineError> {
+    // Text a host injects in tags (`<system-reminder>…`) is not what the user typed.
+    let typed: String = prompt.lines().filter(|l| !l.trim_start().starts_with('<')).collect::<Vec<_>>().join(" ");
+    let mut slug = String::new();
+    for word in typed.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).take(6) {
+        if slug.len() + word.len() > 40 {
+            break;
+        }
+        if !slug.is_empty() {
+            slug.push('-');
+        }
+        slug.push_str(&word.to_lowercase());
+    }
+    if slug.is_empty() {
+        slug.push_str("session");
+    }
+    let id = &blake3::hash(identity.as_bytes()).to_hex()[..8];
+    let base = format!("{client}/{slug}/{id}");
+    let mut name = base.clone();
+    let mut n = 2;
+    while store.log().session_id(&name)?.is_some() {
+        name = format!("{base}-{n}");
+        n += 1;
+    }
+    Ok(name)
+}
+
+/// What preparing a request gave: the request recorded, the context built, the upstream body, and the
+/// time spent waiting for the conversation, recording, building and writing the body.
+type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4]);
+
+/// Records the request in its conversation, prepares the context and writes the upstream body, on a
+/// blocking thread with the conversation locked. The payload guard after a model change runs on the
+/// bytes about to be sent: an oversized request is recorded as an overflow and prepared once more
+/// (recovery).
+pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared, ConvError> {
+    let api = req.api;
+    let queued = std::time::Instant::now();
+    let model = req.model.clone();
+    let limits = model_limits(&st.cfg.file.models, &model);
+    let (raw, internal, overhead) = (req.raw.clone(), req.internal.clone(), req.overhead);
+    let fields = req.fields.clone();
+    with_conv(&conv, move |c| -> Result<(Recorded, Built, Vec<u8>, [std::time::Duration; 4]), ConvError> {
+        let t0 = std::time::Instant::now();
+        let wait = t0 - queued;
+        let rec = c.record_request(api, &raw, &model, limits, overhead, &internal)?;
+        let t1 = std::time::Instant::now();
+        let mut built = c.build(api, &raw, &rec, &internal)?;
+        let t2 = std::time::Instant::now();
+        let mut body = upstream_body(api, &raw.buf, &fields, &built);
+        let t3 = std::time::Instant::now();
+        // The payload guard after a model change, on the bytes about to be sent: an oversized request is
+        // recorded as an overflow and prepared once more (recovery).
+        match c.session.guard_payload(body.len() as u64) {
+            Ok(()) => {}
+            Err(EngineError::ContextOverflow { .. }) => {
+                built = c.build(api, &raw, &rec, &internal)?;
+                body = upstream_body(api, &raw.buf, &fields, &built);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2]))
+    })
+    .await
+}

@@ -1,0 +1,141 @@
+//! Reading a request of one of the three APIs: the body's fields as the client wrote them, its message
+//! list split into units, the tools it declares, and what it carries besides the conversation.
+
+use crate::state::State;
+use crate::request::response::api_error;
+use crate::conv::Internal;
+use axum::extract::Request;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use condense_formats::wire::{self, Api, RawRequest};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// A JSON object's fields in the client's order, each borrowed as the client's JSON text.
+struct Fields<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields<'de>, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
+                    out.push((k, v));
+                }
+                Ok(Fields(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The range of `part` (a slice of `buf`) within `buf`.
+fn range_in(buf: &[u8], part: &str) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    start..start + part.len()
+}
+
+/// The names a request's tools declare, read without the rest of their definitions.
+#[derive(serde::Deserialize)]
+struct ToolName {
+    #[serde(default)]
+    pub(crate) name: Option<String>,
+    #[serde(default)]
+    pub(crate) function: Option<FunctionName>,
+}
+
+#[derive(serde::Deserialize)]
+struct FunctionName {
+    #[serde(default)]
+    pub(crate) name: Option<String>,
+}
+
+/// What a request is, once read.
+pub(crate) struct Req {
+    pub(crate) api: Api,
+    pub(crate) headers: HeaderMap,
+    pub(crate) query: String,
+    /// The client's body, field by field as it wrote them: ranges of the body `raw.buf`.
+    pub(crate) fields: Arc<Vec<(String, std::ops::Range<usize>)>>,
+    /// Its message list, split into units.
+    pub(crate) raw: Arc<RawRequest>,
+    pub(crate) internal: Internal,
+    pub(crate) stream: bool,
+    pub(crate) model: String,
+    /// The body's `metadata` (for the conversation's identity).
+    pub(crate) metadata: Value,
+    /// What it carries besides the conversation (system prompt, instructions, tool declarations), in
+    /// estimated tokens (bytes / 4, rounded up).
+    pub(crate) overhead: u64,
+}
+
+/// Reads a request of one of the three APIs: its body bytes, and the request, or the error response.
+pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(Req, bytes::Bytes, std::time::Instant), Response> {
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, st.cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return Err(api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {}-byte limit", st.cfg.max_body_bytes)))
+        }
+    };
+    let arrived = std::time::Instant::now();
+    let bad = |m: String| api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {m}"));
+    let (fields, items, listed) = {
+        let fields = match serde_json::from_slice::<Fields<'_>>(&bytes) {
+            Ok(f) => f.0,
+            Err(e) if e.is_data() => return Err(bad("the request body must be a JSON object".into())),
+            Err(e) => return Err(bad(format!("the request body is not JSON: {e}"))),
+        };
+        let field = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        let Some(list) = field(api.list_field()) else { return Err(bad(format!("`{}` must be a list", api.list_field()))) };
+        let items: Option<Vec<std::ops::Range<usize>>> =
+            serde_json::from_str::<Vec<&RawValue>>(list.get()).ok().map(|v| v.into_iter().map(|i| range_in(&bytes, i.get())).collect());
+        // Responses takes `input` as a plain string too: one user message.
+        let listed = match (&items, serde_json::from_str::<String>(list.get())) {
+            (None, Ok(text)) if api == Api::Responses => Some(json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])),
+            (None, _) => return Err(bad(format!("`{}` must be a list", api.list_field()))),
+            _ => None,
+        };
+        let ranges: Vec<(String, std::ops::Range<usize>)> = fields.iter().map(|(k, v)| (k.clone(), range_in(&bytes, v.get()))).collect();
+        (ranges, items, listed)
+    };
+    let text_of = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, r)| &bytes[r.clone()]);
+    let tool_names: Vec<String> = text_of("tools")
+        .and_then(|t| serde_json::from_slice::<Vec<ToolName>>(t).ok())
+        .map(|ts| ts.into_iter().filter_map(|t| t.name.or(t.function.and_then(|f| f.name))).collect())
+        .unwrap_or_default();
+    let stream = text_of("stream").and_then(|t| serde_json::from_slice::<bool>(t).ok()).unwrap_or(false);
+    let model = text_of("model").and_then(|t| serde_json::from_slice::<String>(t).ok()).unwrap_or_default();
+    let metadata = text_of("metadata").and_then(|t| serde_json::from_slice::<Value>(t).ok()).unwrap_or(Value::Null);
+    let raw = match (items, listed) {
+        (Some(items), _) => wire::split_units(api, bytes.clone(), items),
+        (None, Some(list)) => wire::split_values(api, list.as_array().expect("a list")),
+        (None, None) => unreachable!("checked above"),
+    };
+    let mut raw = match raw {
+        Ok(r) => r,
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    // The fields' ranges are of the body; a list made from a string input lives in its own buffer.
+    if raw.buf.as_ptr() != bytes.as_ptr() {
+        let mut joined = bytes.to_vec();
+        let offset = joined.len();
+        joined.extend_from_slice(&raw.buf);
+        raw.items = raw.items.iter().map(|r| r.start + offset..r.end + offset).collect();
+        raw.buf = bytes::Bytes::from(joined);
+    }
+    let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    // What every request carries besides the conversation: the system prompt (a field, or the leading
+    // system/developer messages), instructions and tool declarations.
+    let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
+        + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
+    let overhead = overhead_bytes.div_ceil(4) as u64;
+    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, overhead, stream, model, metadata };
+    Ok((req, bytes, arrived))
+}

@@ -1,0 +1,71 @@
+//! Answering the client: JSON and API-shaped error responses, the upstream's headers and body passed
+//! back, and engine errors as the API's errors.
+
+use crate::api::{self, CONTEXT_COMPACTION_FAILED};
+use crate::conv::ConvError;
+use axum::body::Body;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use condense_engine::EngineError;
+use condense_formats::wire::Api;
+use futures_util::StreamExt;
+use serde_json::Value;
+
+/// Headers that describe one hop, not the request.
+pub(crate) fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection" | "keep-alive" | "proxy-authenticate" | "proxy-authorization" | "te" | "trailer" | "trailers"
+            | "transfer-encoding" | "upgrade" | "host" | "content-length" | "accept-encoding"
+    ) || name.starts_with("x-condense-")
+}
+
+pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response {
+    (status, [(axum::http::header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+pub(crate) fn api_error(api: Api, status: StatusCode, kind: &str, message: &str) -> Response {
+    json_response(status, &api::error_body(api, kind, message))
+}
+
+/// The upstream's response headers as they go to the client.
+pub(crate) fn response_headers(h: &reqwest::header::HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    h.iter()
+        .filter(|(k, _)| !hop_by_hop(k.as_str()) && k.as_str() != "content-encoding")
+        .filter_map(|(k, v)| Some((HeaderName::from_bytes(k.as_str().as_bytes()).ok()?, HeaderValue::from_bytes(v.as_bytes()).ok()?)))
+        .collect()
+}
+
+pub(crate) fn with_headers(mut r: Response, h: Vec<(HeaderName, HeaderValue)>) -> Response {
+    for (k, v) in h {
+        r.headers_mut().insert(k, v);
+    }
+    r
+}
+
+/// An upstream response passed to the client as it arrives.
+pub(crate) fn stream_back(resp: reqwest::Response) -> Response {
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response_headers(resp.headers());
+    let body = Body::from_stream(resp.bytes_stream().map(|r| r.map_err(std::io::Error::other)));
+    with_headers((status, body).into_response(), headers)
+}
+
+pub(crate) fn conv_error(api: Api, e: &ConvError) -> Response {
+    match e {
+        ConvError::Engine(e) => engine_error(api, e),
+        ConvError::Wire(w) => api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {w}")),
+    }
+}
+
+pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
+    match e {
+        EngineError::CompactionFailed { code, reason, .. } => api_error(
+            api,
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &format!("{CONTEXT_COMPACTION_FAILED}: {code}: {reason}"),
+        ),
+        other => api_error(api, StatusCode::INTERNAL_SERVER_ERROR, "api_error", &format!("condense serve: {other}")),
+    }
+}

@@ -1,0 +1,151 @@
+//! The routes, where every request enters: the three APIs' handlers walk the request down the path once
+//! (read, conversation, rounds, upstream, response); `count_tokens`, the status page, the CLI route for
+//! other `condense` processes, and the pass-through of every other `/v1/` path.
+
+use crate::state::State;
+use crate::request::read::read_request;
+use crate::request::conversation::{conv_for, conv_lookup, prepare, with_conv};
+use crate::request::rounds::run_rounds;
+use crate::request::upstream::{count_upstream, forward_unchanged, upstream_body, upstream_for, upstream_headers};
+use crate::request::response::{conv_error, json_response, stream_back};
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use condense_formats::wire::Api;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The routes.
+pub fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/v1/messages", post(|s, r| handle(s, Api::Anthropic, r)))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/chat/completions", post(|s, r| handle(s, Api::Chat, r)))
+        .route("/v1/responses", post(|s, r| handle(s, Api::Responses, r)))
+        .route("/condense/status", get(status))
+        .route("/condense/cli", post(cli))
+        .fallback(passthrough)
+        .with_state(state)
+}
+
+type S = axum::extract::State<Arc<State>>;
+
+pub(crate) async fn status(axum::extract::State(st): S) -> Response {
+    json_response(StatusCode::OK, &st.status().await)
+}
+
+/// The three APIs: record, prepare, forward, and answer.
+async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response {
+    // A compressed body (Codex compresses for some providers) cannot be read: it goes to the provider as
+    // it came, so the agent keeps working, only without condense.
+    let compressed = req.headers().get("content-encoding").and_then(|v| v.to_str().ok()).is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
+    if compressed {
+        return passthrough(axum::extract::State(st), req).await;
+    }
+    let (req, bytes, arrived) = match read_request(&st, api, req).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let parsed = arrived.elapsed();
+    if req.raw.units.is_empty() {
+        // Nothing of a conversation to manage: forwarded as it came.
+        return forward_unchanged(&st, &req, bytes.to_vec()).await;
+    }
+    st.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let conv = match conv_for(&st, &req).await {
+        Ok(c) => c,
+        Err(e) => return conv_error(api, &e),
+    };
+    let prepared = prepare(&st, &conv, &req).await;
+    let (rec, built, body, [wait, record, build, write]) = match prepared {
+        Ok(x) => x,
+        Err(e) => return conv_error(api, &e),
+    };
+    st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
+    st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
+    st.record_latency(arrived.elapsed(), [parsed, wait, record, build, write]);
+    run_rounds(st, conv, req, rec, body).await
+}
+
+/// Forwards a request unchanged (method, path, query, headers, body) and streams the answer back.
+pub(crate) async fn passthrough(axum::extract::State(st): S, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    if !parts.uri.path().starts_with("/v1/") {
+        return (StatusCode::NOT_FOUND, "condense serve: unknown path (the provider APIs live under /v1/, the status at /condense/status)\n").into_response();
+    }
+    let bytes = match axum::body::to_bytes(body, st.cfg.max_body_bytes).await {
+        Ok(b) => b,
+        Err(_) => return (StatusCode::PAYLOAD_TOO_LARGE, format!("condense serve: the request body is over the {}-byte limit\n", st.cfg.max_body_bytes)).into_response(),
+    };
+    st.counters.passthrough.fetch_add(1, Ordering::Relaxed);
+    let base = upstream_for(&st, &parts.headers);
+    let url = format!("{base}{}", parts.uri.path_and_query().map_or("", |p| p.as_str()));
+    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(reqwest::Method::GET);
+    let sent = st.http.request(method, url).headers(upstream_headers(&parts.headers)).body(bytes).send().await;
+    match sent {
+        Ok(resp) => stream_back(resp),
+        Err(e) => {
+            st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            (StatusCode::BAD_GATEWAY, format!("condense serve: upstream unreachable: {}\n", e.without_url())).into_response()
+        }
+    }
+}
+
+/// `count_tokens` counts what condense would send: for a conversation serve holds, the request's message
+/// list is replaced by the session's context with the request's new messages after it (a dry run: nothing
+/// is recorded, no pipeline decision is made) and condense's tools are added as a request would add them;
+/// anything else is forwarded unchanged.
+pub(crate) async fn count_tokens(axum::extract::State(st): S, req: Request) -> Response {
+    let api = Api::Anthropic;
+    let (req, bytes, _) = match read_request(&st, api, req).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let conv = match conv_lookup(&st, &req, false).await {
+        Ok(Some(c)) if !req.raw.units.is_empty() => c,
+        Ok(_) => return count_upstream(&st, &req, bytes.to_vec()).await,
+        Err(e) => return conv_error(api, &e),
+    };
+    let (raw, internal) = (req.raw.clone(), req.internal.clone());
+    let fields = req.fields.clone();
+    let body = with_conv(&conv, move |c| c.dry_run(api, &raw, &internal).map(|built| upstream_body(api, &raw.buf, &fields, &built))).await;
+    match body {
+        Ok(b) => count_upstream(&st, &req, b).await,
+        Err(e) => conv_error(api, &e),
+    }
+}
+
+/// Runs a CLI command for another `condense` process (authenticated by the token in the store's
+/// `serve.json`).
+pub(crate) async fn cli(axum::extract::State(st): S, req: Request) -> Response {
+    let Some(handler) = st.cfg.cli.clone() else {
+        return (StatusCode::NOT_FOUND, "this server runs no CLI commands\n").into_response();
+    };
+    let (parts, body) = req.into_parts();
+    let token = parts.headers.get("x-condense-token").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if !crate::lock::token_matches(&st.cfg.store, token) {
+        return (StatusCode::FORBIDDEN, "condense serve: a CLI command needs the token from the store's serve.json\n").into_response();
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return (StatusCode::PAYLOAD_TOO_LARGE, "condense serve: command too long\n").into_response();
+    };
+    let argv: Vec<String> = match serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| v.get("argv").cloned()).and_then(|a| serde_json::from_value(a).ok()) {
+        Some(a) => a,
+        None => return (StatusCode::BAD_REQUEST, "condense serve: expected {\"argv\": [..]}\n").into_response(),
+    };
+    let store = st.store.clone();
+    let (out, err, code) = tokio::task::spawn_blocking(move || {
+        let r = handler(&store, argv);
+        // What a command wrote (an import, a compaction) is durable before it reports done.
+        match store.sync() {
+            Ok(()) => r,
+            Err(e) => (r.0, format!("{}condense: {e}\n", String::from_utf8_lossy(&r.1)).into_bytes(), 2),
+        }
+    })
+    .await
+    .unwrap_or_else(|_| (Vec::new(), b"condense: the command panicked\n".to_vec(), 2));
+    json_response(StatusCode::OK, &json!({"stdout": String::from_utf8_lossy(&out), "stderr": String::from_utf8_lossy(&err), "code": code}))
+}

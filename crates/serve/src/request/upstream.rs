@@ -1,0 +1,122 @@
+//! Sending upstream: the upstream body (the client's fields in its order, its message list replaced,
+//! condense's tools added), the headers that go with it, and the provider a request goes to.
+
+use crate::state::State;
+use crate::request::read::Req;
+use crate::request::response::{api_error, hop_by_hop, stream_back};
+use crate::conv::Built;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::Response;
+use condense_formats::wire::Api;
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+
+/// The client's headers as they go upstream: everything but hop-by-hop ones, untouched (the API key and
+/// authorization included; they are never stored or shown).
+pub(crate) fn upstream_headers(h: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (k, v) in h {
+        if !hop_by_hop(k.as_str()) {
+            out.append(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// Which upstream a request that is not one of the three APIs goes to.
+pub(crate) fn upstream_for(st: &State, h: &HeaderMap) -> String {
+    if h.contains_key("anthropic-version") || h.contains_key("x-api-key") {
+        st.cfg.anthropic_upstream.clone()
+    } else {
+        st.cfg.openai_upstream.clone()
+    }
+}
+
+pub(crate) async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest::Response, Response> {
+    let base = match req.api {
+        Api::Anthropic => &st.cfg.anthropic_upstream,
+        Api::Chat | Api::Responses => &st.cfg.openai_upstream,
+    };
+    let path = match req.api {
+        Api::Anthropic => "/v1/messages",
+        Api::Chat => "/v1/chat/completions",
+        Api::Responses => "/v1/responses",
+    };
+    let mut headers = upstream_headers(&req.headers);
+    headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    st.http.request(Method::POST, format!("{base}{path}{}", req.query)).headers(headers).body(body).send().await.map_err(|e| {
+        st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", e.without_url()))
+    })
+}
+
+pub(crate) async fn forward_unchanged(st: &State, req: &Req, body: Vec<u8>) -> Response {
+    st.counters.passthrough.fetch_add(1, Ordering::Relaxed);
+    match send(st, req, body).await {
+        Ok(resp) => stream_back(resp),
+        Err(r) => r,
+    }
+}
+
+pub(crate) async fn count_upstream(st: &State, req: &Req, body: Vec<u8>) -> Response {
+    let mut headers = upstream_headers(&req.headers);
+    headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let url = format!("{}/v1/messages/count_tokens{}", st.cfg.anthropic_upstream, req.query);
+    match st.http.request(Method::POST, url).headers(headers).body(body).send().await {
+        Ok(resp) => stream_back(resp),
+        Err(e) => {
+            st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", e.without_url()))
+        }
+    }
+}
+
+impl Req {
+    /// The upstream body for what the engine built.
+    pub(crate) fn upstream_body(&self, built: &Built) -> Vec<u8> {
+        upstream_body(self.api, &self.raw.buf, &self.fields, built)
+    }
+}
+
+/// The upstream body: the client's fields in its order and as it wrote them, its message list replaced and
+/// condense's tools added after the client's.
+pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::Range<usize>)], built: &Built) -> Vec<u8> {
+    {
+        let field = api.list_field();
+        let mut out = Vec::with_capacity(built.list.len() + 64 * 1024);
+        out.push(b'{');
+        let ours: Vec<String> = built.tools.iter().map(Value::to_string).collect();
+        let mut tools_written = false;
+        for (i, (k, r)) in fields.iter().enumerate() {
+            let v = std::str::from_utf8(&buf[r.clone()]).unwrap_or("null");
+            if i > 0 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut out, k).expect("JSON of a key");
+            out.push(b':');
+            if k == field {
+                out.extend_from_slice(&built.list);
+            } else if k == "tools" && !ours.is_empty() && v.trim_start().starts_with('[') {
+                let text = v.trim_end();
+                let inner = text[..text.len() - 1].trim_end();
+                out.extend_from_slice(inner.as_bytes());
+                if !inner.ends_with('[') {
+                    out.push(b',');
+                }
+                out.extend_from_slice(ours.join(",").as_bytes());
+                out.push(b']');
+                tools_written = true;
+            } else {
+                out.extend_from_slice(v.as_bytes());
+            }
+        }
+        if !tools_written && !ours.is_empty() {
+            if !fields.is_empty() {
+                out.push(b',');
+            }
+            out.extend_from_slice(format!("\"tools\":[{}]", ours.join(",")).as_bytes());
+        }
+        out.push(b'}');
+        out
+    }
+}

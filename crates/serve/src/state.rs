@@ -1,0 +1,185 @@
+//! The server's shared state: the store, the configuration, the HTTP client to the upstreams, the open
+//! conversations by identity, and the counters `/condense/status` reports.
+
+use crate::conv::Conv;
+use crate::{ServeConfig, ServeError};
+use condense_engine::{EngineError, Store};
+use condense_events::{SessionId, SourceEvent, Usage};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::Mutex as AsyncMutex;
+
+/// Counters of the running server (never anything from a header or a body).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) requests: AtomicU64,
+    pub(crate) tokens_in: AtomicU64,
+    pub(crate) tokens_sent: AtomicU64,
+    pub(crate) input_tokens: AtomicU64,
+    pub(crate) output_tokens: AtomicU64,
+    pub(crate) cache_read_tokens: AtomicU64,
+    pub(crate) cache_write_tokens: AtomicU64,
+    pub(crate) tool_rounds: AtomicU64,
+    pub(crate) round_limits: AtomicU64,
+    pub(crate) overflows: AtomicU64,
+    pub(crate) upstream_errors: AtomicU64,
+    pub(crate) passthrough: AtomicU64,
+    /// serve's own time for each of the last requests, microseconds: from the request read in to its
+    /// rewritten body handed to the HTTP client (first round only).
+    pub(crate) latencies: std::sync::Mutex<std::collections::VecDeque<[u64; PHASES.len() + 1]>>,
+}
+
+/// The phases of serve's own time on a request, as `/condense/status` reports them: reading the body's
+/// structure, waiting for a blocking thread and the conversation, recording the request, the engine's
+/// preparation and the render into the provider's format, and writing the upstream body.
+const PHASES: [&str; 5] = ["parse", "wait", "record", "build", "body"];
+
+/// How many recent requests the latency figures cover.
+const LATENCY_WINDOW: usize = 100;
+
+pub(crate) type ConvRef = Arc<AsyncMutex<Conv>>;
+
+/// The server's shared state.
+pub struct State {
+    pub(crate) store: Store,
+    pub(crate) cfg: ServeConfig,
+    pub(crate) http: reqwest::Client,
+    /// Open conversations by identity.
+    pub(crate) convs: AsyncMutex<BTreeMap<String, ConvRef>>,
+    /// Session name of every identity serve has recorded (read from the log at start, and again for a
+    /// conversation it does not know: another server on a shared store may have started it).
+    pub(crate) names: std::sync::Mutex<BTreeMap<String, String>>,
+    /// The sessions read for `names`: every id up to this one.
+    pub(crate) scanned: std::sync::Mutex<SessionId>,
+    pub(crate) counters: Counters,
+}
+
+impl State {
+    pub(crate) async fn new(store: Store, cfg: ServeConfig) -> Result<Arc<State>, ServeError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(30))
+            .pool_idle_timeout(std::time::Duration::from_secs(60))
+            .build()
+            .map_err(|e| ServeError::Client(e.to_string()))?;
+        let s2 = store.clone();
+        let (names, scanned) = tokio::task::spawn_blocking(move || identities(&s2, 0))
+            .await
+            .expect("identity scan task")
+            .map_err(|source| ServeError::Store { path: cfg.store.clone(), source })?;
+        Ok(Arc::new(State {
+            store,
+            cfg,
+            http,
+            convs: AsyncMutex::new(BTreeMap::new()),
+            names: std::sync::Mutex::new(names),
+            scanned: std::sync::Mutex::new(scanned),
+            counters: Counters::default(),
+        }))
+    }
+
+    /// The store the server owns.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The status figures as JSON.
+    pub async fn status(&self) -> Value {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let convs: Vec<(String, ConvRef)> = self.convs.lock().await.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut sessions = Vec::new();
+        let (mut stubs, mut checkpoints) = (0, 0);
+        for (_, conv) in convs {
+            let c = conv.lock().await;
+            stubs += c.figures.stubs;
+            checkpoints += c.figures.checkpoints;
+            sessions.push(json!({
+                "name": c.session.name(), "requests": c.figures.requests, "stubs": c.figures.stubs,
+                "checkpoints": c.figures.checkpoints, "messages": c.visible_len(),
+            }));
+        }
+        json!({
+            "sessions": self.names.lock().expect("names lock").len(),
+            "active_sessions": sessions,
+            "requests": g(&c.requests),
+            "tokens_in": g(&c.tokens_in),
+            "tokens_sent": g(&c.tokens_sent),
+            "input_tokens": g(&c.input_tokens),
+            "output_tokens": g(&c.output_tokens),
+            "cache_read_tokens": g(&c.cache_read_tokens),
+            "cache_write_tokens": g(&c.cache_write_tokens),
+            "stubs": stubs,
+            "checkpoints": checkpoints,
+            "tool_rounds": g(&c.tool_rounds),
+            "tool_round_limits": g(&c.round_limits),
+            "overflows": g(&c.overflows),
+            "upstream_errors": g(&c.upstream_errors),
+            "passthrough": g(&c.passthrough),
+            "latency_ms": self.latency_json(),
+            "summarizer_fallbacks": self.cfg.summarizer.as_ref().map_or(0, |s| s.fallbacks().count),
+        })
+    }
+
+    pub(crate) fn record_latency(&self, d: std::time::Duration, phases: [std::time::Duration; PHASES.len()]) {
+        let mut l = self.counters.latencies.lock().expect("latency lock");
+        if l.len() == LATENCY_WINDOW {
+            l.pop_front();
+        }
+        let mut row = [d.as_micros() as u64; PHASES.len() + 1];
+        for (i, p) in phases.iter().enumerate() {
+            row[i + 1] = p.as_micros() as u64;
+        }
+        l.push_back(row);
+    }
+
+    fn latency_json(&self) -> Value {
+        let rows: Vec<[u64; PHASES.len() + 1]> = self.counters.latencies.lock().expect("latency lock").iter().copied().collect();
+        let figures = |col: usize| {
+            let mut v: Vec<u64> = rows.iter().map(|r| r[col]).collect();
+            v.sort_unstable();
+            let at = |p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |us| *us as f64 / 1000.0);
+            (at(0.5), at(0.99), at(1.0))
+        };
+        let (p50, p99, max) = figures(0);
+        let mut phases = serde_json::Map::new();
+        for (i, name) in PHASES.iter().enumerate() {
+            let (p50, p99, max) = figures(i + 1);
+            phases.insert((*name).into(), json!({"p50": p50, "p99": p99, "max": max}));
+        }
+        json!({"requests": rows.len(), "p50": p50, "p99": p99, "max": max, "phases": phases})
+    }
+
+    pub(crate) fn count_usage(&self, u: &Option<Usage>) {
+        if let Some(u) = u {
+            let c = &self.counters;
+            c.input_tokens.fetch_add(u.input, Ordering::Relaxed);
+            c.output_tokens.fetch_add(u.output, Ordering::Relaxed);
+            c.cache_read_tokens.fetch_add(u.cache_read, Ordering::Relaxed);
+            c.cache_write_tokens.fetch_add(u.cache_write, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The identity → session name of every session serve started, from each session's first event.
+pub(crate) fn identities(store: &Store, after: SessionId) -> Result<(BTreeMap<String, String>, SessionId), EngineError> {
+    let mut out = BTreeMap::new();
+    let sessions: Vec<_> = store.sessions()?.into_iter().filter(|i| i.id > after).collect();
+    // Read again next time: from the first session created and not written yet (its first event names
+    // its conversation), else from the newest.
+    let upto = sessions.iter().find(|i| i.head == 0).map_or_else(|| sessions.last().map_or(after, |i| i.id), |i| i.id - 1);
+    for info in sessions {
+        if info.head == 0 {
+            continue;
+        }
+        if let Some(env) = store.log().read(info.id, 1, 1)?.into_iter().next() {
+            if let condense_events::Event::Source(SourceEvent::SessionStarted { source, source_id: Some(id), .. }) = env.body {
+                if source.starts_with("serve:") {
+                    out.insert(id, info.name);
+                }
+            }
+        }
+    }
+    Ok((out, upto))
+}
