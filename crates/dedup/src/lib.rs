@@ -7,7 +7,7 @@
 //! # Example
 //!
 //! The dedup stage over a recorded log, fed two captures with the same key (the capture stage stood in
-//! for by [`condense_stage::testing::Given`]):
+//! for by `condense_stage::testing::Given`, feature `testing`):
 //!
 //! ```
 //! use condense_dedup::{key, Dedup};

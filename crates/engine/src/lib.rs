@@ -1,7 +1,7 @@
 //! The embedding facade. A host opens a [`Store`], gets a [`Session`], appends the events it sees and
 //! calls [`Session::render`] before each model request.
 //!
-//! Each session keeps a warm [`Projection`] in memory: appends update it with the events they wrote, and a
+//! Each session keeps a warm [`Projection`](condense_render::Projection) in memory: appends update it with the events they wrote, and a
 //! render that finds the log ahead (another handle appended) folds the missing events first. Rendering at
 //! an earlier point (`render_at`) folds a fresh projection from the log.
 //!

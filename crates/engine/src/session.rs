@@ -97,13 +97,13 @@ impl Session {
         Ok(self.store.inner.log.head(self.id)?)
     }
 
-    /// Makes every append so far durable (see [`StoreOptions::defer_durability`]).
+    /// Makes every append so far durable (see [`StoreOptions::defer_durability`](crate::StoreOptions::defer_durability)).
     pub fn sync(&self) -> Result<()> {
         self.store.sync()
     }
 
     /// Appends source events at the current head and returns the new head once they are durable (once
-    /// written, with [`StoreOptions::defer_durability`]).
+    /// written, with [`StoreOptions::defer_durability`](crate::StoreOptions::defer_durability)).
     ///
     /// Large batches go in chunks, pipelined: while the log writer makes one chunk durable, this thread
     /// encodes the next. The warm projection takes each chunk's events (moving their bodies, not copying

@@ -19,7 +19,7 @@
 //!
 //! # Example
 //!
-//! A stage of one's own, run against a recorded log ([`testing::Recorded`], feature `testing`): its
+//! A stage of one's own, run against a recorded log (`testing::Recorded`, feature `testing`): its
 //! state is folded from the log, so a copy folded afresh from the same events decides the same.
 //!
 //! ```
