@@ -181,3 +181,157 @@ macro_rules! snapshot {
         settings.bind(|| insta::assert_snapshot!(format!("{suite}__{}", $name), $value));
     }};
 }
+
+/// The workspace's layout: no two modules of a crate import each other, directly or in a circle (a
+/// shared helper sits in a module below both; docs/architecture.md). A module is a file under a crate's
+/// `src` (`mod.rs` stands for its folder, the crate root is left out: every module names it); a reference
+/// is a `crate::a::b` path, a name in a `use crate::{…}` group, or a `super::` path, outside test modules.
+#[cfg(test)]
+mod layout {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    fn modules(src: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for p in entries {
+            if p.is_dir() {
+                modules(src, &p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let rel = p.strip_prefix(src).unwrap().with_extension("");
+                let mut parts: Vec<String> = rel.iter().map(|c| c.to_string_lossy().into_owned()).collect();
+                if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                    parts.pop();
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                // Unit tests may reach anywhere in their crate.
+                let text = text.split("#[cfg(test)]\nmod tests {").next().unwrap().to_string();
+                out.insert(parts.join("::"), text);
+            }
+        }
+    }
+
+    /// The identifier path that starts `text` (`a::b::c`).
+    fn path_at(text: &str) -> String {
+        let end = text.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(text.len());
+        text[..end].trim_end_matches(':').to_string()
+    }
+
+    /// The module a path names: its longest prefix that is a module.
+    fn resolve(mods: &BTreeMap<String, String>, path: &str) -> Option<String> {
+        let segs: Vec<&str> = path.split("::").collect();
+        (1..=segs.len()).rev().map(|k| segs[..k].join("::")).find(|m| mods.contains_key(m))
+    }
+
+    /// The module dependency graph of the crate at `src`.
+    fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+        let mut mods = BTreeMap::new();
+        modules(src, src, &mut mods);
+        let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (m, text) in &mods {
+            let mut targets = Vec::new();
+            for (i, _) in text.match_indices("crate::") {
+                let rest = &text[i + "crate::".len()..];
+                if let Some(group) = rest.strip_prefix('{') {
+                    let group = &group[..group.find('}').unwrap_or(group.len())];
+                    targets.extend(group.split(',').map(|n| path_at(n.trim())));
+                } else {
+                    targets.push(path_at(rest));
+                }
+            }
+            let parent = m.rsplit_once("::").map_or("", |(p, _)| p);
+            for (i, _) in text.match_indices("super::") {
+                if text[..i].ends_with("::") {
+                    continue; // the second `super` of a chain, counted with the first
+                }
+                let mut rest = &text[i..];
+                let mut base: Vec<&str> = if m.is_empty() { Vec::new() } else { m.split("::").collect() };
+                while let Some(r) = rest.strip_prefix("super::") {
+                    base.pop();
+                    rest = r;
+                }
+                base.push(&rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len())]);
+                targets.push(path_at(&base.join("::")));
+            }
+            let deps = g.entry(m.clone()).or_default();
+            for t in targets {
+                if let Some(t) = resolve(&mods, &t) {
+                    if !t.is_empty() && &t != m && t != parent {
+                        deps.insert(t);
+                    }
+                }
+            }
+        }
+        g
+    }
+
+    /// A module that reaches itself through the graph, with the way it went, if any.
+    fn cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+        fn walk(g: &BTreeMap<String, BTreeSet<String>>, at: &str, path: &mut Vec<String>, done: &mut BTreeSet<String>) -> Option<Vec<String>> {
+            if let Some(k) = path.iter().position(|p| p == at) {
+                return Some(path[k..].iter().cloned().chain([at.to_string()]).collect());
+            }
+            if !done.insert(at.to_string()) {
+                return None;
+            }
+            path.push(at.to_string());
+            for next in g.get(at).into_iter().flatten() {
+                if let Some(c) = walk(g, next, path, done) {
+                    return Some(c);
+                }
+            }
+            path.pop();
+            None
+        }
+        let mut done = BTreeSet::new();
+        g.keys().find_map(|m| walk(g, m, &mut Vec::new(), &mut done))
+    }
+
+    #[test]
+    fn no_module_imports_another_in_a_circle() {
+        let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
+        let mut checked = 0;
+        for c in std::fs::read_dir(&crates).unwrap().flatten() {
+            let src = c.path().join("src");
+            if src.is_dir() {
+                let g = graph(&src);
+                assert!(cycle(&g).is_none(), "{}: modules import each other in a circle: {:?}", c.path().display(), cycle(&g));
+                checked += g.len();
+            }
+        }
+        assert!(checked > 80, "only {checked} modules found");
+    }
+
+    /// The check reads a crate's sources as they are written: a circle through a `use crate::{…}` group,
+    /// a `crate::` path and a `super::super::` or `crate::` path back is found, and the same modules
+    /// without the back edge (or with it only in a test module) pass.
+    #[test]
+    fn a_circle_between_modules_is_found() {
+        let dir = std::env::temp_dir().join(format!("condense-layout-{}", std::process::id()));
+        let write = |files: &[(&str, &str)]| {
+            let _ = std::fs::remove_dir_all(&dir);
+            for (name, text) in files {
+                let p = dir.join(name);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(p, text).unwrap();
+            }
+        };
+        let base = [
+            ("lib.rs", "mod a;\nmod b;\nmod c;\npub use a::A;\n"),
+            ("a.rs", "use crate::{b, Thing};\npub struct A;\n"),
+            ("b.rs", "pub fn f() -> crate::c::d::D { todo!() }\n"),
+            ("c/mod.rs", "pub mod d;\n"),
+            ("c/d.rs", "pub struct D;\n#[cfg(test)]\nmod tests {\n    use crate::a::A;\n}\n"),
+        ];
+        write(&base);
+        assert_eq!(cycle(&graph(&dir)), None, "a test module's imports are not the module's");
+        let mut back = base.to_vec();
+        back[4] = ("c/d.rs", "use super::super::a::A;\npub struct D;\n");
+        write(&back);
+        assert_eq!(cycle(&graph(&dir)), Some(vec!["a".into(), "b".into(), "c::d".into(), "a".into()]));
+        back[4] = ("c/d.rs", "pub struct D(pub crate::a::A);\n");
+        write(&back);
+        assert_eq!(cycle(&graph(&dir)), Some(vec!["a".into(), "b".into(), "c::d".into(), "a".into()]));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

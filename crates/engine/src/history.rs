@@ -1,7 +1,7 @@
 //! The model-facing recovery tools over archives (`history_archives`, `history_search`, `history_read`):
 //! archive views of the canonical context and the replies the model reads, within the tool-text ceiling.
 
-use crate::session::Session;
+use crate::store::Session;
 use crate::{query, recover, EngineError, Result};
 use condense_events::{Event, SourceEvent};
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! threads of its own (hashing, parsing, encoding while the log writer writes the chunks before), and the
 //! whole-file import for documents and sessions that exist already.
 
-use crate::session::{acked, Session};
-use crate::store::Store;
+use crate::session::acked;
+use crate::store::{Session, Store};
 use crate::{EngineError, Result};
 use condense_events::{Event, Seq, SessionId, SourceEvent};
 use std::path::{Path, PathBuf};

@@ -50,6 +50,7 @@ pub mod simulate;
 mod stats;
 pub mod tools;
 
+mod fork;
 mod history;
 mod import;
 mod session;
@@ -62,8 +63,7 @@ pub use condense_formats::{Diagnostic, Format};
 pub use stats::Stats;
 
 pub use import::{ImportAction, ImportOutcome};
-pub use session::Session;
-pub use store::{Store, StoreOptions};
+pub use store::{Session, Store, StoreOptions};
 
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! A session's API: appending what the host saw, rendering, `prepare` (the pipeline, the cost guard and
 //! the checkpoint controller before a model request), queries of originals and checkpoints.
 
-use crate::store::{Live, Store};
+use crate::store::{Live, Session};
 use crate::{controller, pipeline, query, recover, EngineError, Result, Stats};
 use condense_events::{DecisionEvent, Event, PruneConfig, Seq, SessionId, SourceEvent};
 use condense_log::LogError;
@@ -10,14 +10,6 @@ use std::sync::Arc;
 
 /// Events are written in chunks of this many, one durable group each.
 const APPEND_CHUNK: usize = 4096;
-
-/// A handle to one session of a store.
-#[derive(Clone)]
-pub struct Session {
-    pub(crate) store: Store,
-    pub(crate) id: SessionId,
-    pub(crate) name: String,
-}
 
 thread_local! {
     /// The store, session and seq this thread's `prepare` knows its warm projection to be current at.
