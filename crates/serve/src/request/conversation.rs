@@ -9,7 +9,7 @@ use crate::conv::{Built, Conv, ConvError, Recorded};
 use condense_engine::config::model_limits;
 use condense_engine::{EngineError, Store};
 use condense_events::Message;
-use condense_formats::wire::{self};
+use condense_formats::wire;
 use serde_json::json;
 use std::sync::Arc;
 use tokio::sync::Mutex as AsyncMutex;
