@@ -918,3 +918,35 @@ fn a_small_sessions_values_stay_in_sled_and_a_large_ones_go_to_its_value_file() 
     }
     assert_eq!(store.log().verify().unwrap().events, imported.iter().sum::<u64>());
 }
+
+/// A file that starts with a UTF-8 byte-order mark (as some editors and Windows tools save it) imports as
+/// the same file without one: every corpus format, through the whole-file import and through the store
+/// (a line format's streaming import). The mark used to cost a JSON-lines file its first line (the
+/// session header) and made every JSON-document importer refuse the file (issue 35, item 8).
+#[test]
+fn a_byte_order_mark_changes_nothing() {
+    let corpus = condense_tests::corpus_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_engine::Store::open(dir.path().join("s")).unwrap();
+    for (format, ext) in [("pi", "jsonl"), ("claude-code", "jsonl"), ("codex", "jsonl"), ("opencode", "json"), ("gemini-cli", "json"), ("swe-agent-traj", "traj"), ("mini-swe-agent-traj", "json")] {
+        let mut files = Vec::new();
+        condense_tests::walk_files(&corpus.join(format), &[ext], &mut files);
+        files.sort();
+        let file = files.first().unwrap_or_else(|| panic!("a corpus {format} file"));
+        let bytes = std::fs::read(file).unwrap();
+        let marked = [b"\xEF\xBB\xBF".as_slice(), &bytes].concat();
+        let plain = condense_formats::import_sessions("f", &bytes).unwrap();
+        let with = condense_formats::import_sessions("f", &marked).unwrap_or_else(|e| panic!("{format} with a BOM: {e}"));
+        assert_eq!(with.len(), plain.len(), "{format}");
+        for ((_, a), (_, b)) in plain.iter().zip(&with) {
+            assert_eq!(a.format, b.format, "{format}");
+            assert_eq!(a.events, b.events, "{format}: the events with and without the mark");
+        }
+        let copy = dir.path().join(format!("{format}-bom.{ext}"));
+        std::fs::write(&copy, &marked).unwrap();
+        store.import_file(&copy, &format!("{format}-bom")).unwrap();
+        store.import_file(file, &format!("{format}-plain")).unwrap();
+        let entries = |name: &str| store.session(name).unwrap().projection().unwrap().entries();
+        assert_eq!(entries(&format!("{format}-bom")), entries(&format!("{format}-plain")), "{format} through the store");
+    }
+}

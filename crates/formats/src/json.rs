@@ -158,6 +158,15 @@ fn is_compact(raw: &[u8]) -> bool {
     open.is_empty()
 }
 
+/// `bytes` without a leading UTF-8 byte-order mark, which some editors and Windows tools write at the
+/// start of a text file; JSON parsers refuse it. (A stream's first line loses it in `jsonl`.)
+pub(crate) fn without_bom(bytes: &[u8]) -> &[u8] {
+    bytes.strip_prefix(BOM).unwrap_or(bytes)
+}
+
+/// The UTF-8 byte-order mark.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
 #[cfg(test)]
 mod tests {
     use super::*;

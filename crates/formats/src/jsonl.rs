@@ -112,6 +112,8 @@ impl<'a> Lines<'a> {
 fn take_line(file: &str, n: u64, raw: &[u8], fast: Option<FastRead>, queue: &mut std::collections::VecDeque<Line>, diagnostics: &mut Vec<Diagnostic>) -> bool {
     let mut diag = |message: String| diagnostics.push(Diagnostic { file: file.to_string(), line: n, message });
     let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+    // A file saved with a byte-order mark: the first line without it (as the whole-file import reads it).
+    let raw = if n == 1 { crate::json::without_bom(raw) } else { raw };
     if raw.iter().all(u8::is_ascii_whitespace) {
         return false;
     }

@@ -156,6 +156,7 @@ pub fn import_file(path: &Path) -> Result<Imported, FormatError> {
 /// format, except an OpenHands evaluation output, which holds one trajectory per line (keyed by instance
 /// id).
 pub fn import_sessions(file: &str, bytes: &[u8]) -> Result<Vec<(Option<String>, Imported)>, String> {
+    let bytes = json::without_bom(bytes);
     if let Some(many) = documents::evaluation_output(file, bytes) {
         return many.map(|v| v.into_iter().map(|(k, i)| (Some(k), i)).collect());
     }
@@ -222,6 +223,7 @@ pub fn import_bytes(file: &str, bytes: &[u8]) -> Result<Imported, String> {
 /// [`import_bytes`], with the formats' fast line readers or (`fast: false`, the tests' reference) every
 /// line parsed into a `Value`.
 fn import_bytes_with(file: &str, bytes: &[u8], fast: bool) -> Result<Imported, String> {
+    let bytes = json::without_bom(bytes);
     // A session saved as one JSON document (opencode, Gemini CLI, OpenHands, SWE-agent, mini-swe-agent).
     let mut document = None;
     if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'['))

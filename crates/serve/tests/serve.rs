@@ -476,6 +476,9 @@ async fn upstream_errors_pass_through_and_a_down_upstream_is_502() {
     let (status, body) = agent.turn("hi").await.unwrap_err();
     assert_eq!(status, 502);
     assert!(body.contains("upstream unreachable"), "{body}");
+    // The cause is named (issue 35, item 8), and the upstream's address with it is not repeated.
+    assert!(body.to_lowercase().contains("connection refused"), "the cause is named: {body}");
+    assert!(!body.contains(&closed.to_string()), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,7 +89,7 @@ pub(crate) async fn passthrough(axum::extract::State(st): S, req: Request) -> Re
         Ok(resp) => stream_back(resp),
         Err(e) => {
             st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            (StatusCode::BAD_GATEWAY, format!("condense serve: upstream unreachable: {}\n", e.without_url())).into_response()
+            (StatusCode::BAD_GATEWAY, format!("condense serve: upstream unreachable: {}\n", condense_summarize::http::error_text(e))).into_response()
         }
     }
 }

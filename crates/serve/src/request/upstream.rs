@@ -46,7 +46,7 @@ pub(crate) async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest
     headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     st.http.request(Method::POST, format!("{base}{path}{}", req.query)).headers(headers).body(body).send().await.map_err(|e| {
         st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-        api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", e.without_url()))
+        api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", condense_summarize::http::error_text(e)))
     })
 }
 
@@ -66,7 +66,7 @@ pub(crate) async fn count_upstream(st: &State, req: &Req, body: Vec<u8>) -> Resp
         Ok(resp) => stream_back(resp),
         Err(e) => {
             st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", e.without_url()))
+            api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", condense_summarize::http::error_text(e)))
         }
     }
 }
