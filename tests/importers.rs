@@ -950,3 +950,29 @@ fn a_byte_order_mark_changes_nothing() {
         assert_eq!(entries(&format!("{format}-bom")), entries(&format!("{format}-plain")), "{format} through the store");
     }
 }
+
+/// An OpenHands evaluation output with one damaged line (cut short, as a run killed mid-write leaves the
+/// last; or any other) imports every other instance, and the damaged line is a diagnostic naming it. A
+/// damaged first line used to hide that the file is an evaluation output, and the file was refused whole
+/// (issue 35, item 8).
+#[test]
+fn an_evaluation_output_with_a_damaged_line_keeps_the_other_instances() {
+    let file = condense_tests::corpus_dir().join("openhands/All-Hands-AI__OpenHands/evaluation/benchmarks/multi_swe_bench/examples/output.jsonl");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3);
+    let whole = condense_formats::import_sessions("output.jsonl", text.as_bytes()).unwrap();
+    for damaged in 0..3 {
+        let cut: Vec<String> = lines.iter().enumerate().map(|(i, l)| if i == damaged { l[..l.len() / 2].to_string() } else { l.to_string() }).collect();
+        let sessions = condense_formats::import_sessions("output.jsonl", cut.join("\n").as_bytes())
+            .unwrap_or_else(|e| panic!("line {} damaged: refused whole: {e}", damaged + 1));
+        let kept: Vec<&Option<String>> = sessions.iter().map(|(k, _)| k).collect();
+        let expected: Vec<&Option<String>> = whole.iter().enumerate().filter(|(i, _)| *i != damaged).map(|(_, (k, _))| k).collect();
+        assert_eq!(kept, expected, "line {} damaged", damaged + 1);
+        for ((_, a), (_, b)) in sessions.iter().zip(whole.iter().enumerate().filter(|(i, _)| *i != damaged).map(|(_, s)| s)) {
+            assert_eq!(a.events.iter().filter(|e| matches!(e, SourceEvent::EntryAppended { .. })).count(), b.events.iter().filter(|e| matches!(e, SourceEvent::EntryAppended { .. })).count());
+        }
+        let said = sessions.iter().flat_map(|(_, s)| &s.diagnostics).any(|d| d.line == damaged as u64 + 1 && d.message.contains("not JSON"));
+        assert!(said, "line {} damaged: a diagnostic names it", damaged + 1);
+    }
+}

@@ -44,13 +44,18 @@ fn is_openhands_event(e: &Value) -> bool {
     e.get("source").and_then(Value::as_str).is_some() && (e.get("action").is_some() || e.get("observation").is_some())
 }
 
+/// Lines of an evaluation output looked at for one that shows what the file is.
+const DETECT_LINES: usize = 8;
+
 /// An OpenHands evaluation output (`output.jsonl`: one evaluated instance per line, its trajectory under
 /// `history`): `None` when `bytes` is not one; else each trajectory as a session, keyed by the instance id
 /// (or `line<N>`), or why none could be read. A line that cannot be read is a diagnostic of the first
 /// session, naming its line.
 pub(crate) fn evaluation_output(file: &str, bytes: &[u8]) -> Option<Result<Vec<(String, crate::Imported)>, String>> {
     let lines: Vec<(usize, &[u8])> = bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.trim_ascii().is_empty()).collect();
-    let head: Value = serde_json::from_slice(lines.first()?.1).ok()?;
+    // The first line that parses decides: a damaged first line (a run killed mid-write) does not hide
+    // what the file is.
+    let head: Value = lines.iter().take(DETECT_LINES).find_map(|(_, l)| serde_json::from_slice(l).ok())?;
     if !(head.get("history").is_some_and(Value::is_array) && (head.get("instance_id").is_some() || head.get("instruction").is_some())) {
         return None;
     }
