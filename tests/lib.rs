@@ -245,12 +245,12 @@ mod layout {
                     continue; // the second `super` of a chain, counted with the first
                 }
                 let mut rest = &text[i..];
-                let mut base: Vec<&str> = if m.is_empty() { Vec::new() } else { m.split("::").collect() };
+                let mut base: Vec<&str> = m.split("::").filter(|s| !s.is_empty()).collect();
                 while let Some(r) = rest.strip_prefix("super::") {
                     base.pop();
                     rest = r;
                 }
-                base.push(&rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':')).unwrap_or(rest.len())]);
+                base.push(rest);
                 targets.push(path_at(&base.join("::")));
             }
             let deps = g.entry(m.clone()).or_default();

@@ -34,9 +34,9 @@ fn shell(arguments: &str) -> String {
 fn main() -> Result<(), condense_engine::EngineError> {
     let store = Store::in_memory(StoreOptions::default());
     let session = store.create_session("agent-loop")?;
-    let mut leaf: Option<String> = None;
-    let mut n = 0;
-    let mut append = |m: Message, leaf: &mut Option<String>| -> Result<(), condense_engine::EngineError> {
+    // Each entry follows the one before it.
+    let (mut leaf, mut n): (Option<String>, u32) = (None, 0);
+    let mut append = |m: Message| -> Result<(), condense_engine::EngineError> {
         n += 1;
         let id = format!("e{n}");
         session.append(vec![SourceEvent::EntryAppended { id: id.clone(), parent: leaf.replace(id), entry: Entry::Message(m) }])?;
@@ -45,7 +45,7 @@ fn main() -> Result<(), condense_engine::EngineError> {
     let prompts = ["read build.log and test.log", "now read deploy.log", "and finally audit.log and access.log"];
     let mut request = 0;
     for (turn, prompt) in prompts.iter().enumerate() {
-        append(Message::user_text(*prompt, UserOrigin::Prompt), &mut leaf)?;
+        append(Message::user_text(*prompt, UserOrigin::Prompt))?;
         loop {
             // Before every model request: condense prunes what the model has read and renders the context.
             let context = session.prepare()?;
@@ -55,13 +55,13 @@ fn main() -> Result<(), condense_engine::EngineError> {
             println!("request {request}: the history holds {held} tokens, condense sends {sent}");
             let reply = model(&context.messages, turn);
             let calls: Vec<(String, String)> = reply.tool_calls().map(|(id, _, args)| (id.to_string(), args.to_string())).collect();
-            append(reply, &mut leaf)?;
+            append(reply)?;
             if calls.is_empty() {
                 break;
             }
             for (id, args) in calls {
                 let output = Message::ToolResult { call_id: id, tool_name: "bash".into(), content: vec![Block::Text { text: shell(&args) }], is_error: false };
-                append(output, &mut leaf)?;
+                append(output)?;
             }
         }
     }

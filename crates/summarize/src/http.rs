@@ -144,7 +144,7 @@ impl HttpSummarizer {
                 let status = resp.status().as_u16();
                 Ok::<_, reqwest::Error>((status, resp.text().await?))
             })
-            .map_err(|e| fail(error_text(e)))?;
+            .map_err(|e| fail(describe_error(e)))?;
         if status != 200 {
             return Err(fail(format!("status {status}: {}", clip_middle(&text, 200))));
         }
@@ -158,7 +158,7 @@ impl HttpSummarizer {
 
 /// An HTTP error with its causes on one line (reqwest's own text leaves out why: a timeout, a refused
 /// connection), the URL left out. Serve names an unreachable upstream's cause with it too.
-pub fn error_text(e: reqwest::Error) -> String {
+pub fn describe_error(e: reqwest::Error) -> String {
     let timed_out = e.is_timeout();
     let e = e.without_url();
     let mut text = if timed_out { "timed out".to_string() } else { e.to_string() };

@@ -10,7 +10,7 @@ impl Projection {
     }
 
     /// Indices of the message entries on the path from the root to the leaf.
-    pub(super) fn message_path(&self) -> Arc<Vec<usize>> {
+    fn message_path(&self) -> Arc<Vec<usize>> {
         self.kept_path(&self.message_path_cache, |it| matches!(it.node, Node::Message(..)), |it| it.messages_before)
     }
 
@@ -151,7 +151,7 @@ impl Projection {
         self.entries_on_path(true)
     }
 
-    pub(super) fn entries_on_path(&self, skip_overflowed: bool) -> Vec<(&str, &Arc<Message>)> {
+    fn entries_on_path(&self, skip_overflowed: bool) -> Vec<(&str, &Arc<Message>)> {
         self.path()
             .iter()
             .copied()

@@ -1,6 +1,7 @@
 //! The tree fold: each event absorbed into the session tree (entries, branch moves, host compactions,
 //! model and usage facts) and each decision marked on the entries it touches.
 
+use super::phases::synthetic;
 use super::*;
 
 impl Projection {
@@ -24,7 +25,7 @@ impl Projection {
         self.push_entry(id, parent, Node::Message(m, meta));
     }
 
-    pub(super) fn push_entry(&mut self, id: String, parent: Option<&str>, node: Node) {
+    fn push_entry(&mut self, id: String, parent: Option<&str>, node: Node) {
         if !matches!(&node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. })) {
             self.overflow_streak = 0;
         }
@@ -186,7 +187,7 @@ impl Projection {
 
     /// Extends the kept render with entry `ix` when it follows the leaf that render was made for;
     /// anything else (a branch switch, a host compaction) leaves the next render to start over.
-    pub(super) fn extend_render(&mut self, parent: Option<usize>, ix: usize) {
+    fn extend_render(&mut self, parent: Option<usize>, ix: usize) {
         let inc = self.inc.get_mut().expect("render cache lock");
         if !inc.valid || parent != inc.leaf {
             inc.valid = false;
@@ -240,7 +241,7 @@ impl Projection {
         }
     }
 
-    pub(super) fn intern(&mut self, id: &str) -> u32 {
+    fn intern(&mut self, id: &str) -> u32 {
         if let Some(&n) = self.call_ids.get(id) {
             return n;
         }

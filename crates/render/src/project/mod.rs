@@ -305,7 +305,6 @@ mod patch;
 mod phases;
 
 pub use branch::BranchView;
-use phases::*;
 
 impl Projection {
     /// An empty projection.

@@ -39,7 +39,7 @@ impl Projection {
 
     /// What the render phases make of entry `i`'s message now: phases 1 and 2, or, for the final reply
     /// of a compressed chain, phase 3's (`None`: the entry is no message).
-    pub(super) fn phased_at(&self, cache: &mut PhaseCache, i: usize) -> Option<Arc<Message>> {
+    fn phased_at(&self, cache: &mut PhaseCache, i: usize) -> Option<Arc<Message>> {
         match (&self.items[i].node, self.marks.get(i)) {
             (Node::Message(m, _), Some(mk)) if let Some(chain) = mk.chain_last.and_then(|b| self.decisions.chains.get(&b)) => {
                 Some(self.chain_reply(cache, chain, m))
@@ -95,7 +95,7 @@ impl Projection {
     /// Replaces, in a render with nothing repaired, the chain's messages from its prompt to its final
     /// reply by the prompt, its block and the reply (thinking stripped), as phase 3 does; false when the
     /// chain's messages there are not exactly its own entries' (a result bound across the chain's edge).
-    pub(super) fn splice_chain(&self, inc: &mut Incremental, first: &str, last: &str, block: u32) -> bool {
+    fn splice_chain(&self, inc: &mut Incremental, first: &str, last: &str, block: u32) -> bool {
         let branch = self.branch_view();
         let (Some(&fi), Some(&li)) = (self.index.get(first), self.index.get(last)) else { return false };
         let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };

@@ -86,7 +86,7 @@ impl Projection {
 
     /// The branch's messages after the newest host compaction, each with the entry it came from (none for
     /// a compaction's summary and replacement history).
-    pub(super) fn raw_messages(&self, path: &[usize]) -> Vec<(Option<usize>, &Arc<Message>, &Meta)> {
+    fn raw_messages(&self, path: &[usize]) -> Vec<(Option<usize>, &Arc<Message>, &Meta)> {
         let newest = path.iter().rposition(|&i| matches!(self.items[i].node, Node::Compaction { .. }));
         // Each message with the entry it came from (none for a compaction's summary and replacement).
         let mut raw: Vec<(Option<usize>, &Arc<Message>, &Meta)> = Vec::with_capacity(path.len() + 4);
@@ -126,7 +126,7 @@ impl Projection {
     /// everything up to its boundary by its summary and the prompts it retained. A checkpoint whose
     /// boundary is not on the branch (another branch's) or was already dropped by a newer host compaction
     /// does not apply; older checkpoints never apply once a newer one does.
-    pub(super) fn apply_checkpoint<'a>(
+    fn apply_checkpoint<'a>(
         &'a self,
         path: &[usize],
         raw: Vec<(Option<usize>, &'a Arc<Message>, &'a Meta)>,
@@ -273,7 +273,7 @@ impl Projection {
 }
 
 /// A copy of an assistant message without its thinking blocks.
-pub(super) fn strip_thinking(m: &Arc<Message>) -> Arc<Message> {
+fn strip_thinking(m: &Arc<Message>) -> Arc<Message> {
     match &**m {
         Message::Assistant { content, model, stop, usage } if content.iter().any(|b| matches!(b, Block::Thinking { .. })) => {
             let content: Vec<Block> = content.iter().filter(|b| !matches!(b, Block::Thinking { .. })).cloned().collect();
@@ -310,7 +310,7 @@ pub(super) fn stub(idx: &Index, rec: &condense_events::Record, original: &Messag
 /// the thinking of earlier turns anyway), purged calls marked, and every string value of an argument longer
 /// than `condense_args_chars` replaced by a marker naming the call's ref (the original arguments come back
 /// with `context_tree_query`).
-pub(super) fn condense_turn(idx: &Index, cfg: &PruneConfig, entry: &str, refs: &[u32], m: &Message) -> Message {
+fn condense_turn(idx: &Index, cfg: &PruneConfig, entry: &str, refs: &[u32], m: &Message) -> Message {
     let purged = purge(idx, entry, m);
     let Message::Assistant { content, model, stop, usage } = purged else { return purged };
     let content = content
@@ -334,7 +334,7 @@ pub(super) fn condense_turn(idx: &Index, cfg: &PruneConfig, entry: &str, refs: &
 }
 
 /// A copy of an assistant message whose purged calls show a marker instead of their arguments.
-pub(super) fn purge(idx: &Index, entry: &str, m: &Message) -> Message {
+fn purge(idx: &Index, entry: &str, m: &Message) -> Message {
     let Message::Assistant { content, model, stop, usage } = m else { return m.clone() };
     let content = content
         .iter()

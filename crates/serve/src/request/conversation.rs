@@ -121,9 +121,7 @@ fn session_name(store: &Store, client: &str, prompt: &str, identity: &str) -> Re
 type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4]);
 
 /// Records the request in its conversation, prepares the context and writes the upstream body, on a
-/// blocking thread with the conversation locked. The payload guard after a model change runs on the
-/// bytes about to be sent: an oversized request is recorded as an overflow and prepared once more
-/// (recovery).
+/// blocking thread with the conversation locked.
 pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared, ConvError> {
     let api = req.api;
     let queued = std::time::Instant::now();
@@ -131,7 +129,7 @@ pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Pre
     let limits = model_limits(&st.cfg.file.models, &model);
     let (raw, internal, overhead) = (req.raw.clone(), req.internal.clone(), req.overhead);
     let fields = req.fields.clone();
-    with_conv(&conv, move |c| -> Result<(Recorded, Built, Vec<u8>, [std::time::Duration; 4]), ConvError> {
+    with_conv(conv, move |c| -> Result<Prepared, ConvError> {
         let t0 = std::time::Instant::now();
         let wait = t0 - queued;
         let rec = c.record_request(api, &raw, &model, limits, overhead, &internal)?;

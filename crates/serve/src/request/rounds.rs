@@ -136,7 +136,7 @@ async fn json_rounds(st: Arc<State>, conv: ConvRef, req: Req, mut rec: Recorded,
     loop {
         let bytes = match resp.bytes().await {
             Ok(b) => b,
-            Err(e) => return api_error(api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: the upstream reply broke off: {}", condense_summarize::http::error_text(e))),
+            Err(e) => return api_error(api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: the upstream reply broke off: {}", condense_summarize::http::describe_error(e))),
         };
         let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
             // Not JSON: the client gets it as it came, and nothing is recorded.

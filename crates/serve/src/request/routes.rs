@@ -6,7 +6,7 @@ use crate::state::State;
 use crate::request::read::read_request;
 use crate::request::conversation::{conv_for, conv_lookup, prepare, with_conv};
 use crate::request::rounds::run_rounds;
-use crate::request::upstream::{count_upstream, forward_unchanged, upstream_body, upstream_for, upstream_headers};
+use crate::request::upstream::{count_upstream, forward_unchanged, unreachable, upstream_body, upstream_for, upstream_headers};
 use crate::request::response::{conv_error, json_response, stream_back};
 use axum::extract::Request;
 use axum::http::StatusCode;
@@ -87,10 +87,7 @@ pub(crate) async fn passthrough(axum::extract::State(st): S, req: Request) -> Re
     let sent = st.http.request(method, url).headers(upstream_headers(&parts.headers)).body(bytes).send().await;
     match sent {
         Ok(resp) => stream_back(resp),
-        Err(e) => {
-            st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            (StatusCode::BAD_GATEWAY, format!("condense serve: upstream unreachable: {}\n", condense_summarize::http::error_text(e))).into_response()
-        }
+        Err(e) => (StatusCode::BAD_GATEWAY, format!("{}\n", unreachable(&st, e))).into_response(),
     }
 }
 

@@ -42,12 +42,28 @@ pub(crate) async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest
         Api::Chat => "/v1/chat/completions",
         Api::Responses => "/v1/responses",
     };
+    post(st, req, format!("{base}{path}{}", req.query), body).await
+}
+
+/// POSTs a JSON `body` to `url` with the client's headers; an upstream that cannot be reached is a 502 in
+/// the request's API format.
+async fn post(st: &State, req: &Req, url: String, body: Vec<u8>) -> Result<reqwest::Response, Response> {
     let mut headers = upstream_headers(&req.headers);
     headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    st.http.request(Method::POST, format!("{base}{path}{}", req.query)).headers(headers).body(body).send().await.map_err(|e| {
-        st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-        api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", condense_summarize::http::error_text(e)))
-    })
+    st.http
+        .request(Method::POST, url)
+        .headers(headers)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &unreachable(st, e)))
+}
+
+/// Counts an upstream that could not be reached and says why, as the client reads it (the cause, without
+/// the upstream's address).
+pub(crate) fn unreachable(st: &State, e: reqwest::Error) -> String {
+    st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+    format!("condense serve: upstream unreachable: {}", condense_summarize::http::describe_error(e))
 }
 
 pub(crate) async fn forward_unchanged(st: &State, req: &Req, body: Vec<u8>) -> Response {
@@ -59,15 +75,10 @@ pub(crate) async fn forward_unchanged(st: &State, req: &Req, body: Vec<u8>) -> R
 }
 
 pub(crate) async fn count_upstream(st: &State, req: &Req, body: Vec<u8>) -> Response {
-    let mut headers = upstream_headers(&req.headers);
-    headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     let url = format!("{}/v1/messages/count_tokens{}", st.cfg.anthropic_upstream, req.query);
-    match st.http.request(Method::POST, url).headers(headers).body(body).send().await {
+    match post(st, req, url, body).await {
         Ok(resp) => stream_back(resp),
-        Err(e) => {
-            st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
-            api_error(req.api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: upstream unreachable: {}", condense_summarize::http::error_text(e)))
-        }
+        Err(r) => r,
     }
 }
 
