@@ -484,3 +484,42 @@ fn a_checkpoint_that_cannot_be_stored_is_context_compaction_failed() {
     let reason = compaction_failed(s.prepare().map(drop));
     assert!(reason.contains("could not be stored"), "{reason}");
 }
+
+/// Host context (issue 34): the host's environment message stays verbatim through chain compression and
+/// is sent again after a checkpoint, the newest of each kind once; the goal is what the user typed.
+#[test]
+fn host_context_survives_chains_and_checkpoints() {
+    let mut l = Live::new(12_000);
+    l.s.configure(PruneConfig { min_prune_tokens: 0, ..PruneConfig::default() }).unwrap();
+    let env = |cwd: &str| format!("<environment_context>\n  <cwd>{cwd}</cwd>\n  <shell>bash</shell>\n</environment_context>");
+    let has = |ms: &[std::sync::Arc<Message>], text: &str| ms.iter().filter(|m| m.is_host() && m.text() == text).count();
+    l.add(Message::User {
+        content: vec![Block::Text { text: "<system-reminder>\nAttribution for git commits\n</system-reminder>".into() }, Block::Text { text: "Port the parser to Rust.".into() }],
+        origin: UserOrigin::Prompt,
+    });
+    l.add(Message::user_text(env("/w/one"), UserOrigin::Host));
+    l.turn("c1", lines("a", 30)).unwrap();
+    l.add(Message::Assistant { content: vec![Block::Text { text: "Done with the first part.".into() }], model: None, stop: None, usage: None });
+    l.prompt("Now the lexer.");
+    // The first turn is a chain block now; the environment is still there, right after the prompt.
+    let r = l.s.prepare().unwrap();
+    assert!(!l.s.projection().unwrap().index().chains.is_empty(), "{}", readable(&r.messages[..]));
+    assert_eq!(has(&r.messages, &env("/w/one")), 1, "{}", readable(&r.messages[..]));
+    assert!(r.messages[1].is_host() && r.messages[2].text().starts_with("[Compressed chain"), "{}", readable(&r.messages[..]));
+    // A checkpoint: the environment comes back verbatim after the summary, once.
+    l.turn("c2", lines("b", 40)).unwrap();
+    l.add(Message::Assistant { content: vec![Block::Text { text: "Lexer ported.".into() }], model: None, stop: None, usage: None });
+    l.s.compact_now().unwrap();
+    let r = l.s.prepare().unwrap();
+    assert!(r.messages[0].text().starts_with("[Checkpoint"), "{}", readable(&r.messages[..]));
+    assert!(r.messages[0].text().contains("## Goal\nPort the parser to Rust."), "{}", r.messages[0].text());
+    assert_eq!(has(&r.messages, &env("/w/one")), 1, "{}", readable(&r.messages[..]));
+    // A newer environment replaces the older one at the next checkpoint.
+    l.prompt("And the tests.");
+    l.add(Message::user_text(env("/w/two"), UserOrigin::Host));
+    l.turn("c3", lines("c", 40)).unwrap();
+    l.add(Message::Assistant { content: vec![Block::Text { text: "Tests pass.".into() }], model: None, stop: None, usage: None });
+    l.s.compact_now().unwrap();
+    let r = l.s.prepare().unwrap();
+    assert_eq!((has(&r.messages, &env("/w/one")), has(&r.messages, &env("/w/two"))), (0, 1), "{}", readable(&r.messages[..]));
+}

@@ -121,7 +121,8 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
     let prompts: Vec<String> = messages
         .iter()
         .filter(|(_, m)| matches!(**m, Message::User { origin: UserOrigin::Prompt, .. }))
-        .map(|(_, m)| m.text())
+        .map(|(_, m)| m.typed_text())
+        .filter(|t| !t.trim().is_empty())
         .collect();
     let replies: Vec<String> = messages
         .iter()
@@ -200,13 +201,13 @@ pub fn recovery_handoff(
 ) -> String {
     let one_line = |t: &str, n: usize| clip(&t.split_whitespace().collect::<Vec<_>>().join(" "), n);
     let prompts: Vec<usize> =
-        (0..context.len()).filter(|&k| matches!(*context[k].1, Message::User { origin: UserOrigin::Prompt, .. })).collect();
+        (0..context.len()).filter(|&k| matches!(*context[k].1, Message::User { origin: UserOrigin::Prompt, .. }) && !context[k].1.typed_text().trim().is_empty()).collect();
     let mut task = Vec::new();
     if let Some(&first) = prompts.first() {
-        task.push(format!("- first request [{}]: {}", cite(first), one_line(&context[first].1.text(), 600)));
+        task.push(format!("- first request [{}]: {}", cite(first), one_line(&context[first].1.typed_text(), 600)));
     }
     if let Some(&last) = prompts.last().filter(|&&l| Some(&l) != prompts.first()) {
-        task.push(format!("- latest request [{}]: {}", cite(last), one_line(&context[last].1.text(), 600)));
+        task.push(format!("- latest request [{}]: {}", cite(last), one_line(&context[last].1.typed_text(), 600)));
     }
     for (k, (_, m)) in context.iter().enumerate() {
         if matches!(**m, Message::User { origin: UserOrigin::Summary, .. }) {
@@ -223,7 +224,7 @@ pub fn recovery_handoff(
     };
     let mut constraints = Vec::new();
     for &k in &prompts {
-        for s in sentences(&context[k].1.text()) {
+        for s in sentences(&context[k].1.typed_text()) {
             if has(&s, &[" must ", " never ", " don't ", " do not ", " always ", " only ", " avoid ", " without ", " should not "]) {
                 constraints.push(format!("- [{}] {}", cite(k), one_line(&s, 200)));
             }
@@ -372,8 +373,14 @@ mod tests {
 
     #[test]
     fn handoff_has_the_sections() {
+        // The goal is what the user typed: not the host's environment or the reminder ahead of the words.
+        let first = Message::User {
+            content: vec![Block::Text { text: "<system-reminder>\nAttribution for git commits\n</system-reminder>".into() }, Block::Text { text: "Port the parser to Rust".into() }],
+            origin: UserOrigin::Prompt,
+        };
         let msgs = vec![
-            (String::new(), Arc::new(Message::user_text("Port the parser to Rust", UserOrigin::Prompt))),
+            (String::new(), Arc::new(Message::user_text("<environment_context><cwd>/w</cwd></environment_context>", UserOrigin::Host))),
+            (String::new(), Arc::new(first)),
             (
                 String::new(),
                 Arc::new(Message::Assistant {

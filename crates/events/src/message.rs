@@ -61,6 +61,69 @@ pub enum UserOrigin {
     /// A summary standing in for earlier history (host compaction, branch summary, Claude Code's
     /// continuation summary).
     Summary,
+    /// Host context: what the host tells the model about the world it works in — a system or developer
+    /// message inside the conversation, Claude Code's environment message and `<system-reminder>`s,
+    /// Codex's `<environment_context>`, `<user_instructions>` and AGENTS.md. Never stubbed, chained,
+    /// merged or summarized away; after a checkpoint the newest of each kind (see
+    /// [`Message::host_kind`]) is sent again verbatim (docs/pruning.md, "Host context").
+    Host,
+}
+
+/// Tags a host wraps around an event it reports (a command the user ran, a task that ended): what
+/// happened, not a description of the world, so not host context.
+const EVENT_TAGS: &[&str] = &[
+    "command-name",
+    "command-message",
+    "command-args",
+    "local-command-stdout",
+    "local-command-stderr",
+    "local-command-caveat",
+    "task-notification",
+    "subagent_notification",
+    "turn_aborted",
+    "user_shell_command",
+    "bash-input",
+    "bash-stdout",
+    "bash-stderr",
+];
+
+/// The name of the tag `text` opens with (`<name>` or `<name attr=…>`), when it opens with one.
+fn opening_tag(text: &str) -> Option<&str> {
+    let rest = text.strip_prefix('<')?;
+    let end = rest.find('>')?;
+    let name = rest[..end].split(|c: char| c == '=' || c == '\n').next()?.trim_end();
+    // `<permissions instructions>` is one name; `<tag attr="x">` is `tag`.
+    let name = if rest[..end].contains('=') { name.rsplit_once(' ').map_or(name, |(n, _)| n) } else { name };
+    let wordy = name.starts_with(|c: char| c.is_ascii_alphabetic()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | ' ' | ':'));
+    (wordy && name.len() <= 60).then_some(name)
+}
+
+/// The kind of host context a user-role text is, when it is host context: the tag it is wrapped in
+/// (`system-reminder`, `environment_context`, `user_instructions`, …; not a tag of [`EVENT_TAGS`]), or
+/// `AGENTS.md` for Codex's `# AGENTS.md instructions for …` message.
+pub fn host_context_kind(text: &str) -> Option<&str> {
+    let t = text.trim();
+    if t.starts_with("# AGENTS.md instructions") {
+        return Some("AGENTS.md");
+    }
+    if !t.ends_with('>') {
+        return None;
+    }
+    opening_tag(t).filter(|name| !EVENT_TAGS.contains(name) && t.contains(&format!("</{name}>")))
+}
+
+/// `text` without the host-context blocks a host puts ahead of the user's words in one message
+/// (Claude Code's leading `<system-reminder>…</system-reminder>`).
+fn strip_leading_host_tags(text: &str) -> &str {
+    let mut t = text.trim_start();
+    while let Some(name) = opening_tag(t).filter(|n| !EVENT_TAGS.contains(n)) {
+        let close = format!("</{name}>");
+        match t.find(&close) {
+            Some(at) => t = t[at + close.len()..].trim_start(),
+            None => break,
+        }
+    }
+    t
 }
 
 /// Why an assistant message ended.
@@ -168,6 +231,51 @@ impl Message {
         })
     }
 
+    /// Whether this is host context ([`UserOrigin::Host`]).
+    pub fn is_host(&self) -> bool {
+        matches!(self, Message::User { origin: UserOrigin::Host, .. })
+    }
+
+    /// The kind of a host-context message, which a newer message of the same kind replaces: the tag its
+    /// text opens with (`environment_context`, `system-reminder`), else its first line (`# Environment`),
+    /// at most 80 characters. `None` for any other message.
+    pub fn host_kind(&self) -> Option<String> {
+        if !self.is_host() {
+            return None;
+        }
+        let text = self.text();
+        let t = text.trim_start();
+        if let Some(name) = host_context_kind(t).or_else(|| opening_tag(t)) {
+            return Some(name.to_string());
+        }
+        let line = t.lines().next().unwrap_or("").trim();
+        Some(line.chars().take(80).collect())
+    }
+
+    /// What the user typed in a user message: its text blocks that are not host context, with the
+    /// host-context tags a host puts ahead of the words in the same block taken off (what session names,
+    /// checkpoint goals and handoff tasks are made from). Empty for host context and other roles.
+    pub fn typed_text(&self) -> String {
+        let Message::User { content, origin } = self else { return String::new() };
+        if *origin == UserOrigin::Host {
+            return String::new();
+        }
+        let mut out = String::new();
+        for b in content {
+            if let Block::Text { text } = b {
+                let t = strip_leading_host_tags(text);
+                if t.is_empty() || host_context_kind(t).is_some() {
+                    continue;
+                }
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                out.push_str(t);
+            }
+        }
+        out
+    }
+
     /// Concatenated text of every text block.
     pub fn text(&self) -> String {
         let mut out = String::new();
@@ -188,3 +296,39 @@ pub fn host_summary_text(summary: &str) -> String {
 
 /// A rendered model context: messages shared with the projection that produced them.
 pub type Context = Vec<Arc<Message>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_context_is_told_by_its_tags() {
+        let env = "<environment_context>\n  <cwd>/w</cwd>\n</environment_context>";
+        assert_eq!(host_context_kind(env), Some("environment_context"));
+        assert_eq!(host_context_kind("<system-reminder>\nAttribution…\n</system-reminder>"), Some("system-reminder"));
+        assert_eq!(host_context_kind("<permissions instructions>\nx\n</permissions instructions>"), Some("permissions instructions"));
+        assert_eq!(host_context_kind("# AGENTS.md instructions for /w\n\n<INSTRUCTIONS>x</INSTRUCTIONS>"), Some("AGENTS.md"));
+        // Events the host reports, unclosed tags and words are not host context.
+        assert_eq!(host_context_kind("<command-name>/clear</command-name>"), None);
+        assert_eq!(host_context_kind("<environment_context> never closed >"), None);
+        assert_eq!(host_context_kind("<3 this is great>"), None);
+        assert_eq!(host_context_kind("fix the parser"), None);
+    }
+
+    #[test]
+    fn typed_text_leaves_out_what_the_host_put_before_the_words() {
+        let m = Message::User {
+            content: vec![
+                Block::Text { text: "<system-reminder>\nAttribution for git commits\n</system-reminder>".into() },
+                Block::Text { text: "<system-reminder>a</system-reminder>\n\nCount the numbers with seq".into() },
+            ],
+            origin: UserOrigin::Prompt,
+        };
+        assert_eq!(m.typed_text(), "Count the numbers with seq");
+        let host = Message::user_text("# Environment\nYou have been invoked…", UserOrigin::Host);
+        assert_eq!(host.typed_text(), "");
+        assert_eq!(host.host_kind().as_deref(), Some("# Environment"));
+        assert_eq!(Message::user_text("<environment_context><cwd>/w</cwd></environment_context>", UserOrigin::Host).host_kind().as_deref(), Some("environment_context"));
+        assert_eq!(m.host_kind(), None);
+    }
+}

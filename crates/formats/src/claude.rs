@@ -172,10 +172,13 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
     diags
 }
 
-/// Command wrappers and interrupt markers are sent to the model but are not user prompts.
+/// Command wrappers and interrupt markers are sent to the model but are not user prompts; a
+/// `<system-reminder>` (meta or not) is host context.
 fn refine_origin(origin: UserOrigin, text: &str) -> UserOrigin {
     let t = text.trim_start();
-    if origin == UserOrigin::Prompt
+    if matches!(origin, UserOrigin::Prompt | UserOrigin::Injected) && condense_events::host_context_kind(t).is_some() {
+        UserOrigin::Host
+    } else if origin == UserOrigin::Prompt
         && (t.starts_with("<command-name>")
             || t.starts_with("<command-message>")
             || t.starts_with("<local-command-")

@@ -251,10 +251,13 @@ struct History {
     prompted: bool,
 }
 
-/// Developer messages and the environment, permission and AGENTS.md blocks Codex injects are not prompts.
+/// Developer messages and the environment, permission and AGENTS.md blocks Codex injects are host
+/// context; other tagged messages (`<turn_aborted>`, `<user_shell_command>`) are injected, not prompts.
 pub(crate) fn user_origin(role: &str, text: &str) -> UserOrigin {
     let t = text.trim();
-    if role != "user" || (t.starts_with('<') && t.ends_with('>')) || t.starts_with("# AGENTS.md") {
+    if role != "user" || condense_events::host_context_kind(t).is_some() {
+        UserOrigin::Host
+    } else if t.starts_with('<') && t.ends_with('>') {
         UserOrigin::Injected
     } else {
         UserOrigin::Prompt

@@ -109,10 +109,16 @@ impl WireMessage {
     }
 }
 
-/// Whether a user message's text is only tags a host injects (`<system-reminder>`, `<environment_context>`).
+/// Why a user message is there: host context when every text of it is (`<system-reminder>`,
+/// `<environment_context>`, AGENTS.md), injected when it is only other tags (`<command-name>`), else a
+/// prompt.
 fn origin_of(blocks: &[Block]) -> UserOrigin {
-    let texts: Vec<&str> = blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.trim()), _ => None }).collect();
-    if !texts.is_empty() && texts.iter().all(|t| t.is_empty() || (t.starts_with('<') && t.ends_with('>'))) {
+    let texts: Vec<&str> = blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.trim()), _ => None }).filter(|t| !t.is_empty()).collect();
+    if texts.is_empty() {
+        UserOrigin::Prompt
+    } else if texts.iter().all(|t| condense_events::host_context_kind(t).is_some()) {
+        UserOrigin::Host
+    } else if texts.iter().all(|t| t.starts_with('<') && t.ends_with('>')) {
         UserOrigin::Injected
     } else {
         UserOrigin::Prompt
@@ -358,7 +364,7 @@ fn parse_anthropic(list: Vec<Value>, first: usize) -> Result<WireRequest, WireEr
                         return;
                     }
                     let content = user_blocks(run);
-                    let origin = if role == "system" { UserOrigin::Injected } else { origin_of(&content) };
+                    let origin = if role == "system" { UserOrigin::Host } else { origin_of(&content) };
                     push(req, Message::User { content, origin }, std::mem::take(run));
                 };
                 for b in blocks {
@@ -458,7 +464,7 @@ fn parse_chat(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireReques
                 let origin = origin_of(&content);
                 Message::User { content, origin }
             }
-            "system" | "developer" => Message::User { content: chat_text(obj.get("content")), origin: UserOrigin::Injected },
+            "system" | "developer" => Message::User { content: chat_text(obj.get("content")), origin: UserOrigin::Host },
             "assistant" => {
                 let mut content = chat_text(obj.get("content"));
                 if let Some(calls) = obj.get("tool_calls") {
@@ -591,7 +597,7 @@ fn parse_responses(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireR
                 let content = responses_content(item);
                 let origin = match role {
                     Some("user") => origin_of(&content),
-                    Some("system" | "developer") => UserOrigin::Injected,
+                    Some("system" | "developer") => UserOrigin::Host,
                     Some(other) => return Err(werr(at, format!("unknown role `{other}`"))),
                     None => return Err(werr(at, "a message item needs a `role`")),
                 };
@@ -827,7 +833,7 @@ mod tests {
         let roles: Vec<&str> = r.messages.iter().map(|m| m.message.role()).collect();
         assert_eq!(roles, ["user", "assistant", "tool", "user", "user"]);
         assert!(matches!(&r.messages[2].message, Message::ToolResult { tool_name, .. } if tool_name == "Bash"));
-        assert!(matches!(&r.messages[3].message, Message::User { origin: UserOrigin::Injected, .. }));
+        assert!(matches!(&r.messages[3].message, Message::User { origin: UserOrigin::Host, .. }));
         assert_eq!(r.cache_marks, vec![(3, json!({"type": "ephemeral"}))]);
         assert!(r.messages[3].parts[0].get("cache_control").is_none());
         // Unchanged messages reassemble to the client's own list (the mark taken off).

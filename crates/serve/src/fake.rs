@@ -9,6 +9,7 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use condense_engine::controller::NEW_CONTEXT_TOOL;
 use condense_events::{Block, Message};
 use condense_formats::wire::{self, Api};
 use serde_json::{json, Value};
@@ -25,6 +26,9 @@ pub enum Step {
     QueryNewestStub,
     /// Call a tool by name with these arguments.
     Call(String, Value),
+    /// Call condense's `new_context` (falls through to the next step when the request does not declare
+    /// it, as in a request sent direct).
+    NewContext,
     /// Answer with this text.
     Text(String),
     /// Reject the request as too long for the context window.
@@ -140,12 +144,17 @@ impl Fake {
     }
 }
 
-/// The newest `tN` ref a stub in the messages names.
+/// The newest `tN` ref a stub or a compressed chain's block in the messages names.
 pub fn newest_stub_ref(messages: &[Message]) -> Option<String> {
     let mut best: Option<u32> = None;
     for m in messages {
-        if let Message::ToolResult { content, .. } = m {
-            for b in content {
+        let names_refs = match m {
+            Message::ToolResult { .. } => true,
+            Message::User { .. } => m.text().contains("[Compressed chain"),
+            Message::Assistant { .. } => false,
+        };
+        if names_refs {
+            for b in m.content() {
                 if let Block::Text { text } = b {
                     if !text.contains(condense_events::QUERY_TOOL_NAME) {
                         continue;
@@ -216,6 +225,9 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
             if st == Step::QueryNewestStub && (newest_stub_ref(&messages).is_none() || !tools.iter().any(|t| t == condense_events::QUERY_TOOL_NAME)) {
                 continue;
             }
+            if st == Step::NewContext && !tools.iter().any(|t| t == NEW_CONTEXT_TOOL) {
+                continue;
+            }
             step = Some(st);
             break;
         }
@@ -248,6 +260,7 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
             Reply { text: format!("Let me look at {r} again."), calls: vec![(format!("call_{n}"), condense_events::QUERY_TOOL_NAME.to_string(), json!({"refs": [r]}))] }
         }
         Step::Call(name, args) => Reply { text: String::new(), calls: vec![(format!("call_{n}"), name, args)] },
+        Step::NewContext => Reply { text: String::new(), calls: vec![(format!("call_{n}"), NEW_CONTEXT_TOOL.to_string(), json!({}))] },
         Step::Text(t) => Reply { text: t, calls: Vec::new() },
         Step::Slow(_) => unreachable!("a delay is folded into the step after it"),
         Step::Drop => {

@@ -45,6 +45,7 @@
 //! ```
 
 pub mod api;
+pub mod billing;
 pub mod conv;
 pub mod fake;
 pub mod lock;

@@ -130,6 +130,11 @@ impl Agent {
     /// A user turn: runs tool calls until the model answers with text; returns that text.
     async fn turn(&mut self, prompt: &str) -> Result<String, (u16, String)> {
         self.user(prompt);
+        self.run().await
+    }
+
+    /// Requests until the model answers with text (running its tool calls); returns that text.
+    async fn run(&mut self) -> Result<String, (u16, String)> {
         for _ in 0..50 {
             let reply = self.request().await?;
             for (_, name, _) in reply.tool_calls() {
@@ -175,6 +180,16 @@ fn config_for(store: impl Into<std::path::PathBuf>, fake: &Fake) -> ServeConfig 
     // stubs in place (with the default 0 the turn is folded into a chain block at the next prune).
     cfg.file.raw.rolling_window = Some(1.0);
     cfg
+}
+
+/// A server with the default configuration (the rolling window 0) in front of a fake with `steps`.
+async fn with_defaults(steps: Vec<Step>) -> Setup {
+    let fake = Fake::start(steps).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.file.raw.rolling_window = None;
+    let serve = start(cfg).await.expect("serve starts");
+    Setup { fake, serve, dir }
 }
 
 async fn setup(steps: Vec<Step>, models: Vec<(String, ModelLimits)>) -> Setup {
@@ -737,7 +752,7 @@ async fn two_servers_on_one_postgres_database_serve_a_conversation_as_one() {
 /// the model can query a ref the block names and gets the original back byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_defaults_a_finished_turn_reaches_the_provider_as_a_chain_block() {
-    let fake = Fake::start(vec![
+    let s = with_defaults(vec![
         Step::Shell(BIG.into()),
         Step::Shell("seq 2 30001".into()),
         Step::Shell("seq 3 30002".into()),
@@ -746,11 +761,6 @@ async fn with_the_defaults_a_finished_turn_reaches_the_provider_as_a_chain_block
         Step::Text("still here".into()),
     ])
     .await;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut cfg = config_for(dir.path().join("store"), &fake);
-    cfg.file.raw.rolling_window = None;
-    let serve = start(cfg).await.expect("serve starts");
-    let s = Setup { fake, serve, dir };
     let mut agent = Agent::new(Api::Chat, false, &s.url());
     assert_eq!(agent.turn("count the numbers").await.unwrap(), "turn one done");
     assert_eq!(agent.turn("thanks").await.unwrap(), "noted");
@@ -766,4 +776,59 @@ async fn with_the_defaults_a_finished_turn_reaches_the_provider_as_a_chain_block
     let answer = session.query(&["t3".into()]).unwrap();
     assert!(!answer.is_error);
     assert_eq!(answer.text.split_once('\n').unwrap().1, agent.outputs[2], "byte for byte");
+}
+
+/// Host context (issue 34), as Claude Code sends it: a `<system-reminder>` ahead of the first prompt and
+/// an environment message of role `system` after it. With the defaults the first turn becomes a chain
+/// block; the environment still reaches the provider in every request, verbatim, and the session is
+/// named by what the user typed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hosts_environment_reaches_every_request_and_the_name_is_the_users_words() {
+    let s = with_defaults(vec![
+        Step::Shell(BIG.into()),
+        Step::Shell("seq 2 30001".into()),
+        Step::Text("turn one done".into()),
+        Step::Text("noted".into()),
+        Step::Text("still here".into()),
+    ])
+    .await;
+    let mut agent = Agent::new(Api::Anthropic, true, &s.url());
+    let env = json!({"role": "system", "content": "# Environment\nYou have been invoked in the following environment:\n - Primary working directory: /w"});
+    agent.history.push(json!({"role": "user", "content": [
+        {"type": "text", "text": "<system-reminder>\nAttribution for git commits and pull requests\n</system-reminder>"},
+        {"type": "text", "text": "Count the numbers with seq"}
+    ]}));
+    agent.history.push(env.clone());
+    assert_eq!(agent.run().await.unwrap(), "turn one done");
+    assert_eq!(agent.turn("thanks").await.unwrap(), "noted");
+    assert_eq!(agent.turn("and now?").await.unwrap(), "still here");
+    // The client's cache mark is on its last message; the environment is compared without it.
+    let unmarked = |m: &Value| {
+        let mut m = m.clone();
+        if let Some(Value::Array(blocks)) = m.get_mut("content") {
+            for b in blocks.iter_mut() {
+                b.as_object_mut().map(|o| o.remove("cache_control"));
+            }
+            if let [b] = &blocks[..] {
+                if b["type"] == "text" {
+                    let text = b["text"].clone();
+                    m["content"] = text;
+                }
+            }
+        }
+        m
+    };
+    let log = s.fake.log();
+    assert!(log.len() >= 5, "{} requests", log.len());
+    for (i, l) in log.iter().enumerate() {
+        let messages = l.body["messages"].as_array().unwrap();
+        assert_eq!(messages.iter().filter(|m| unmarked(m) == env).count(), 1, "request {i} holds the environment once, verbatim: {messages:#?}");
+    }
+    let last: Vec<Value> = log.last().unwrap().body["messages"].as_array().unwrap().iter().map(unmarked).collect();
+    assert!(last[0]["content"].to_string().contains("Count the numbers"), "the first message is the prompt: {last:#?}");
+    assert_eq!(last[1], env, "the environment follows it: {last:#?}");
+    assert!(last[2].to_string().contains("[Compressed chain b1"), "then the block: {last:#?}");
+    let (store, _) = store_of(&s);
+    let name = store.sessions().unwrap()[0].name.clone();
+    assert!(name.contains("/count-the-numbers-with-seq/"), "{name}");
 }

@@ -2,7 +2,7 @@
 
 use condense_events::{Block, Context, DecisionEvent, Entry, Event, Message, PruneConfig, Seq, SourceEvent, UserOrigin, QUERY_TOOL_NAME};
 use condense_index::Index;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 // Every hash map here is looked up, never iterated in an order that reaches a rendered byte; the Fx hash
 // is a fast one for such keys (numbers, entry and call ids).
 use rustc_hash::FxHashMap as HashMap;

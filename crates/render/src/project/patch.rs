@@ -93,7 +93,8 @@ impl Projection {
     }
 
     /// Replaces, in a render with nothing repaired, the chain's messages from its prompt to its final
-    /// reply by the prompt, its block and the reply (thinking stripped), as phase 3 does; false when the
+    /// reply by the prompt, the host context between, its block and the reply (thinking stripped), as
+    /// phase 3 does; false when the
     /// chain's messages there are not exactly its own entries' (a result bound across the chain's edge).
     fn splice_chain(&self, inc: &mut Incremental, first: &str, last: &str, block: u32) -> bool {
         let branch = self.branch_view();
@@ -115,7 +116,8 @@ impl Projection {
             let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
             (block_msg, self.chain_reply(&mut cache, chain, lm))
         };
-        Arc::make_mut(&mut inc.out).splice(pf..=pl, [fm.clone(), block_msg, reply]);
+        let host: Vec<Arc<Message>> = inc.out[pf + 1..pl].iter().filter(|m| m.is_host()).cloned().collect();
+        Arc::make_mut(&mut inc.out).splice(pf..=pl, std::iter::once(fm.clone()).chain(host).chain([block_msg, reply]));
         inc.same = inc.same.min(pf);
         true
     }

@@ -123,7 +123,8 @@ impl Projection {
     }
 
     /// The newest checkpoint whose boundary is on this branch and still in the context replaces
-    /// everything up to its boundary by its summary and the prompts it retained. A checkpoint whose
+    /// everything up to its boundary by its summary, the host context it covered (the newest message of
+    /// each kind no later message replaces, verbatim) and the prompts it retained. A checkpoint whose
     /// boundary is not on the branch (another branch's) or was already dropped by a newer host compaction
     /// does not apply; older checkpoints never apply once a newer one does.
     fn apply_checkpoint<'a>(
@@ -142,6 +143,18 @@ impl Projection {
             let Some(summary) = self.checkpoint_msgs.get(n) else { continue };
             let mut out = Vec::with_capacity(raw.len() - pos + cp.kept.len() + 1);
             out.push((None, summary, &Meta::User));
+            // Host context the summary replaced: the newest of each kind, unless a newer one follows.
+            let later: BTreeSet<String> = raw[pos + 1..].iter().filter_map(|(_, m, _)| m.host_kind()).collect();
+            let mut carried: BTreeSet<String> = BTreeSet::new();
+            let mut host = Vec::new();
+            for &(i, m, meta) in raw[..=pos].iter().rev() {
+                if let Some(kind) = m.host_kind() {
+                    if !later.contains(&kind) && carried.insert(kind) {
+                        host.push((i, m, meta));
+                    }
+                }
+            }
+            out.extend(host.into_iter().rev());
             for k in &cp.kept {
                 if let Some(&i) = self.index.get(k) {
                     if let Node::Message(m, meta) = &self.items[i].node {
@@ -164,8 +177,8 @@ impl Projection {
     /// 1. stub replace: a pruned output becomes its stub, unless protected or a `context_tree_query`
     ///    output still in its recovery grace window;
     /// 2. errored-argument purge: purged calls show a marker instead of their arguments;
-    /// 3. chain compression: a compressed chain keeps its prompt, then its block, then its final reply
-    ///    (thinking stripped);
+    /// 3. chain compression: a compressed chain keeps its prompt, then the host context inside it
+    ///    (verbatim), then its block, then its final reply (thinking stripped);
     /// 4. the orphan sweep is `repair`, which runs after these phases.
     pub(super) fn phases<'a>(&'a self, raw: &[(Option<usize>, &'a Arc<Message>, &'a Meta)], upto: u8) -> Vec<(Option<usize>, Arc<Message>, &'a Meta)> {
         let idx = &self.decisions;
@@ -205,6 +218,8 @@ impl Projection {
                 if let (Some(chain), Some(&last)) = (idx.chains.get(&block), last_pos.get(&block)) {
                     if last > k {
                         out.push((item, m.clone(), meta));
+                        // Host context inside the chain stays, verbatim and in order, ahead of the block.
+                        out.extend(raw[k + 1..last].iter().filter(|(_, h, _)| h.is_host()).map(|&(hi, h, hmeta)| (hi, h.clone(), hmeta)));
                         let PhaseCache { base, own } = &mut *cache;
                         let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
                         out.push((None, block_msg, &Meta::User));

@@ -65,6 +65,8 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
     if known.is_none() && !create {
         return Ok(None);
     }
+    // The name comes from the first words the user typed, not from the host context ahead of them.
+    let typed = if known.is_none() { first_typed(req)? } else { String::new() };
     let store = st.store.clone();
     let internal = req.internal.clone();
     let client = api::client_kind(req.api, &req.headers).to_string();
@@ -74,7 +76,7 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
         match known {
             Some(name) => Ok((Conv::open(store.session(&name)?, &internal)?, name)),
             None => {
-                let name = session_name(&store, &client, &first_prompt, &id2)?;
+                let name = session_name(&store, &client, &typed, &id2)?;
                 let session = store.create_session(&name)?;
                 Ok((Conv::create(session, &id2, &client, prune)?, name))
             }
@@ -88,10 +90,23 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
     Ok(Some(c))
 }
 
-/// A name a person recognises: the client, the first words of the first prompt, and a short id.
-fn session_name(store: &Store, client: &str, prompt: &str, identity: &str) -> Result<String, EngineError> {
-    // Text a host injects in tags (`<system-reminder>…`) is not what the user typed.
-    let typed: String = prompt.lines().filter(|l| !l.trim_start().starts_with('<')).collect::<Vec<_>>().join(" ");
+/// What the user typed in the request's first prompt (see [`Message::typed_text`]); empty when no user
+/// message of the request holds typed words.
+fn first_typed(req: &Req) -> Result<String, wire::WireError> {
+    for (u, unit) in req.raw.units.iter().enumerate() {
+        if unit.role != "user" {
+            continue;
+        }
+        let parsed = wire::parse_unit(req.api, &req.raw, u)?;
+        if let Some(t) = parsed.messages.iter().map(|m| m.message.typed_text()).find(|t| !t.trim().is_empty()) {
+            return Ok(t);
+        }
+    }
+    Ok(String::new())
+}
+
+/// A name a person recognises: the client, the first words the user typed, and a short id.
+fn session_name(store: &Store, client: &str, typed: &str, identity: &str) -> Result<String, EngineError> {
     let mut slug = String::new();
     for word in typed.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).take(6) {
         if slug.len() + word.len() > 40 {

@@ -1,0 +1,221 @@
+//! Prompt caching as the providers bill it, simulated over the requests of one conversation (issue 34):
+//! what share of each request's input a provider would have read from its prompt cache, and what the
+//! request costs at cache prices.
+//!
+//! - **Anthropic** caches the prefix of a request up to each `cache_control` mark; a later request reads
+//!   from the cache the longest such prefix that it begins with, byte for byte.
+//! - **OpenAI** (Chat Completions and Responses) caches automatically: a request reads the longest prefix
+//!   it shares with an earlier request.
+//!
+//! A request is measured in the bytes of its input, in a canonical form: the system prompt (or
+//! instructions), the tools, then every message block (Anthropic) or list element (OpenAI), each as
+//! compact JSON with its `cache_control` marks taken off (a mark moving is not a change of input). The
+//! cost unit is the issue's: 0.1 per byte read from the cache, 1.25 per byte not read from it (a cache
+//! write costs 1.25 times an input byte at Anthropic). Time-to-live and minimum cacheable lengths are
+//! not modelled.
+
+use condense_formats::wire::Api;
+use serde_json::Value;
+use std::hash::Hasher;
+
+/// Cost of a byte read from the cache.
+pub const CACHED_BYTE: f64 = 0.1;
+/// Cost of a byte not read from the cache.
+pub const UNCACHED_BYTE: f64 = 1.25;
+
+/// How many earlier prefixes (Anthropic) or requests (OpenAI) a simulation remembers.
+const REMEMBERED: usize = 64;
+
+/// Bytes of input and how many of them were read from the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Billed {
+    /// Input bytes, canonical form.
+    pub bytes: u64,
+    /// Of those, bytes read from the cache.
+    pub cached: u64,
+}
+
+impl Billed {
+    /// Cost at cache prices ([`CACHED_BYTE`], [`UNCACHED_BYTE`]).
+    pub fn cost(&self) -> f64 {
+        CACHED_BYTE * self.cached as f64 + UNCACHED_BYTE * (self.bytes - self.cached) as f64
+    }
+
+    /// Share of the bytes read from the cache (0 when there were none).
+    pub fn hit(&self) -> f64 {
+        if self.bytes == 0 {
+            0.0
+        } else {
+            self.cached as f64 / self.bytes as f64
+        }
+    }
+
+    /// This and `other` summed.
+    pub fn plus(self, other: Billed) -> Billed {
+        Billed { bytes: self.bytes + other.bytes, cached: self.cached + other.cached }
+    }
+}
+
+/// The prompt cache of one conversation at one provider.
+#[derive(Debug, Clone)]
+pub struct CacheSim {
+    api: Api,
+    /// Anthropic: prefixes written to the cache, as (length, hash). OpenAI: earlier requests' canonical
+    /// input.
+    prefixes: Vec<(usize, u64)>,
+    earlier: Vec<Vec<u8>>,
+    /// Every request billed so far, summed.
+    pub total: Billed,
+}
+
+fn hash(bytes: &[u8]) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    h.write(bytes);
+    h.write_usize(bytes.len());
+    h.finish()
+}
+
+/// Removes every `cache_control` key in `v`; whether there was one.
+fn strip(v: &mut Value) -> bool {
+    match v {
+        Value::Object(o) => {
+            let mut found = o.remove("cache_control").is_some();
+            for x in o.values_mut() {
+                found |= strip(x);
+            }
+            found
+        }
+        Value::Array(a) => a.iter_mut().fold(false, |f, x| strip(x) | f),
+        _ => false,
+    }
+}
+
+/// A request body's canonical input and the offsets where a cache mark ends a prefix.
+pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<usize>) {
+    let mut out = Vec::new();
+    let mut marks = Vec::new();
+    let mut put = |v: &Value| {
+        let mut c = v.clone();
+        let marked = strip(&mut c);
+        serde_json::to_writer(&mut out, &c).expect("JSON of a value");
+        out.push(b'\n');
+        if marked {
+            marks.push(out.len());
+        }
+    };
+    let each = |v: Option<&Value>, put: &mut dyn FnMut(&Value)| match v {
+        Some(Value::Array(a)) => a.iter().for_each(|x| put(x)),
+        Some(Value::Null) | None => {}
+        Some(other) => put(other),
+    };
+    match api {
+        Api::Anthropic => {
+            each(body.get("system"), &mut put);
+            each(body.get("tools"), &mut put);
+            for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                put(m.get("role").unwrap_or(&Value::Null));
+                each(m.get("content"), &mut put);
+            }
+        }
+        Api::Chat => {
+            each(body.get("tools"), &mut put);
+            each(body.get("messages"), &mut put);
+        }
+        Api::Responses => {
+            each(body.get("instructions"), &mut put);
+            each(body.get("tools"), &mut put);
+            each(body.get("input"), &mut put);
+        }
+    }
+    (out, marks)
+}
+
+impl CacheSim {
+    /// An empty cache for `api`.
+    pub fn new(api: Api) -> CacheSim {
+        CacheSim { api, prefixes: Vec::new(), earlier: Vec::new(), total: Billed::default() }
+    }
+
+    /// Bills one request body: how many of its input bytes the cache held; then caches what the
+    /// provider would.
+    pub fn bill(&mut self, body: &Value) -> Billed {
+        let (input, marks) = canonical(self.api, body);
+        let cached = match self.api {
+            Api::Anthropic => {
+                let hit = self.prefixes.iter().filter(|(len, h)| *len <= input.len() && hash(&input[..*len]) == *h).map(|(len, _)| *len).max().unwrap_or(0);
+                for m in marks {
+                    let p = (m, hash(&input[..m]));
+                    if !self.prefixes.contains(&p) {
+                        self.prefixes.push(p);
+                    }
+                }
+                if self.prefixes.len() > REMEMBERED {
+                    self.prefixes.drain(..self.prefixes.len() - REMEMBERED);
+                }
+                hit
+            }
+            Api::Chat | Api::Responses => {
+                let hit = self.earlier.iter().map(|e| e.iter().zip(&input).take_while(|(a, b)| a == b).count()).max().unwrap_or(0);
+                self.earlier.push(input.clone());
+                if self.earlier.len() > REMEMBERED {
+                    self.earlier.remove(0);
+                }
+                hit
+            }
+        };
+        let billed = Billed { bytes: input.len() as u64, cached: cached as u64 };
+        self.total = self.total.plus(billed);
+        billed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn anthropic(messages: Value) -> Value {
+        json!({"system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}], "messages": messages})
+    }
+
+    #[test]
+    fn anthropic_reads_the_longest_marked_prefix_it_begins_with() {
+        let mut sim = CacheSim::new(Api::Anthropic);
+        let first = anthropic(json!([{"role": "user", "content": [{"type": "text", "text": "hello there", "cache_control": {"type": "ephemeral"}}]}]));
+        let b1 = sim.bill(&first);
+        assert_eq!(b1.cached, 0, "nothing cached before the first request");
+        // The same conversation one turn on, the mark moved to the new last message: the whole first
+        // request is read from the cache.
+        let second = anthropic(json!([
+            {"role": "user", "content": [{"type": "text", "text": "hello there"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "user", "content": [{"type": "text", "text": "more", "cache_control": {"type": "ephemeral"}}]}
+        ]));
+        let b2 = sim.bill(&second);
+        assert_eq!(b2.cached, b1.bytes);
+        assert!(b2.bytes > b1.bytes);
+        // The first message rewritten: only the system prompt is still a cached prefix.
+        let third = anthropic(json!([{"role": "user", "content": [{"type": "text", "text": "HELLO there"}]}, {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]));
+        let b3 = sim.bill(&third);
+        let (system, _) = canonical(Api::Anthropic, &json!({"system": [{"type": "text", "text": "be brief"}]}));
+        assert_eq!(b3.cached, system.len() as u64);
+        assert_eq!(sim.total, b1.plus(b2).plus(b3));
+        assert!((b2.cost() - (0.1 * b2.cached as f64 + 1.25 * (b2.bytes - b2.cached) as f64)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn openai_reads_the_longest_prefix_shared_with_an_earlier_request() {
+        let mut sim = CacheSim::new(Api::Chat);
+        let a = json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "one"}]});
+        let b = json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]});
+        let ba = sim.bill(&a);
+        let bb = sim.bill(&b);
+        assert_eq!(ba.cached, 0);
+        assert_eq!(bb.cached, ba.bytes, "the whole first request is a prefix of the second");
+        // Unmarked Anthropic requests never read the cache.
+        let mut anth = CacheSim::new(Api::Anthropic);
+        let plain = json!({"messages": [{"role": "user", "content": "one"}]});
+        anth.bill(&plain);
+        assert_eq!(anth.bill(&plain).cached, 0);
+    }
+}
