@@ -643,6 +643,20 @@ fn long_session(c: LongClient) {
         assert!(direct_log.iter().all(has), "{}: the client sends its environment every time", c.name);
         "every request"
     });
+    if let Some(dump) = std::env::var_os("CONDENSE_E2E_DUMP") {
+        let mut sim = condense_serve::billing::CacheSim::new(c.api);
+        let mut out = String::new();
+        let mut prev: Vec<Vec<u8>> = Vec::new();
+        for (i, l) in through_log.iter().enumerate() {
+            let b = sim.bill(&l.body);
+            let list: Vec<Vec<u8>> = l.body[c.api.list_field()].as_array().unwrap().iter().map(|m| serde_json::to_vec(m).unwrap()).collect();
+            let same = list.iter().zip(&prev).take_while(|(a, b)| a == b).count();
+            out.push_str(&format!("{i} {:?} msgs {} same-prefix-msgs {} bytes {} cached {} hit {:.2}\n", l.step, list.len(), same, b.bytes, b.cached, b.hit()));
+            prev = list;
+            std::fs::write(Path::new(&dump).join(format!("{}-{i}.json", c.name.replace(' ', "-"))), serde_json::to_string_pretty(&l.body).unwrap()).unwrap();
+        }
+        std::fs::write(Path::new(&dump).join(format!("{}.txt", c.name.replace(' ', "-"))), out).unwrap();
+    }
     let (t, d) = (bill(c.api, &through_log), bill(c.api, &direct_log));
     let row = format!(
         "| {} | {} / {} | {:.3} | {:.1}% → {:.1}% | {:.3} | {} |\n",

@@ -129,6 +129,15 @@ pub fn needed(p: &Projection) -> Vec<ToolDef> {
         .collect()
 }
 
+/// The tools a proxy declares on every request of a conversation: the query tool and `new_context`
+/// from the first request on, the history tools once an archive exists. A tool list that changes in
+/// the middle of a conversation makes the provider read nothing of it from its prompt cache (tools come
+/// first in what it caches), so the list changes only when an archive first appears.
+pub fn declared(p: &Projection) -> Vec<ToolDef> {
+    let archives = !crate::recover::archives_on_branch(p).is_empty();
+    definitions().into_iter().filter(|d| matches!(d.name, QUERY_TOOL_NAME | NEW_CONTEXT_TOOL) || archives).collect()
+}
+
 impl Session {
     /// Runs one of condense's own tools on its JSON arguments and returns the tool result. Bad arguments
     /// give an error result that says what to pass; `None` for a name that is not condense's.
@@ -161,5 +170,8 @@ mod tests {
     #[test]
     fn a_fresh_context_needs_none() {
         assert!(needed(&Projection::new()).is_empty());
+        // A proxy declares the query tool and new_context from the first request, history tools later.
+        let names: Vec<&str> = declared(&Projection::new()).iter().map(|d| d.name).collect();
+        assert_eq!(names, vec![QUERY_TOOL_NAME, NEW_CONTEXT_TOOL]);
     }
 }

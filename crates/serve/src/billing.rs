@@ -7,9 +7,11 @@
 //! - **OpenAI** (Chat Completions and Responses) caches automatically: a request reads the longest prefix
 //!   it shares with an earlier request.
 //!
-//! A request is measured in the bytes of its input, in a canonical form: the system prompt (or
-//! instructions), the tools, then every message block (Anthropic) or list element (OpenAI), each as
-//! compact JSON with its `cache_control` marks taken off (a mark moving is not a change of input). The
+//! A request is measured in the bytes of its input, in a canonical form, in the order the provider
+//! caches it: Anthropic's tools, system prompt, then every message's role and blocks (a string content
+//! read as the one text block it stands for); OpenAI's instructions, tools, then every list element.
+//! Each is compact JSON with its `cache_control` marks taken off (a mark moving is not a change of
+//! input). The
 //! cost unit is the issue's: 0.1 per byte read from the cache, 1.25 per byte not read from it (a cache
 //! write costs 1.25 times an input byte at Anthropic). Time-to-live and minimum cacheable lengths are
 //! not modelled.
@@ -108,13 +110,19 @@ pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<usize>) {
         Some(Value::Null) | None => {}
         Some(other) => put(other),
     };
+    // Anthropic reads a string content as one text block: the two forms are the same input.
+    let blocks = |v: Option<&Value>, put: &mut dyn FnMut(&Value)| match v {
+        Some(Value::String(s)) => put(&serde_json::json!({"type": "text", "text": s})),
+        other => each(other, put),
+    };
     match api {
         Api::Anthropic => {
-            each(body.get("system"), &mut put);
+            // The cache's order: tools, then the system prompt, then the messages.
             each(body.get("tools"), &mut put);
+            blocks(body.get("system"), &mut put);
             for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
                 put(m.get("role").unwrap_or(&Value::Null));
-                each(m.get("content"), &mut put);
+                blocks(m.get("content"), &mut put);
             }
         }
         Api::Chat => {
@@ -201,6 +209,15 @@ mod tests {
         assert_eq!(b3.cached, system.len() as u64);
         assert_eq!(sim.total, b1.plus(b2).plus(b3));
         assert!((b2.cost() - (0.1 * b2.cached as f64 + 1.25 * (b2.bytes - b2.cached) as f64)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_string_content_is_the_text_block_it_stands_for() {
+        let mut sim = CacheSim::new(Api::Anthropic);
+        sim.bill(&json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}));
+        let next = json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]});
+        let (first, _) = canonical(Api::Anthropic, &json!({"messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(sim.bill(&next).cached, first.len() as u64);
     }
 
     #[test]

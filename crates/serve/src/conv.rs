@@ -382,7 +382,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
         })
         .collect();
     let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
-    let tools: Vec<tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
+    let tools: Vec<tools::ToolDef> = tools::declared(p).into_iter().filter(|t| internal.is(t.name)).collect();
     let tokens: u64 = messages.iter().map(|m| p.estimate(m)).sum();
     let idx = p.index();
     let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64);
@@ -452,6 +452,16 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
                 read.insert(*u, w);
             }
         }
+    }
+    // Anthropic: the client's mark on its last message stays at the end of what is sent even when that
+    // message is not sent itself (a checkpoint took it in): without it the provider caches nothing of
+    // the request.
+    if let Some(u) = raw.units.len().checked_sub(1).filter(|u| api == Api::Anthropic && raw.units[*u].marked && !read.contains_key(u) && !whole.contains(&Some(*u))) {
+        let w = match &rec.units[u].parsed {
+            Some(w) => w.clone(),
+            None => Arc::new(wire::parse_unit(api, raw, u)?),
+        };
+        read.insert(u, w);
     }
     let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(segs.len());
     let mut src: Vec<Option<(usize, usize)>> = Vec::with_capacity(segs.len());

@@ -5,7 +5,7 @@
 use condense_engine::config::ModelLimits;
 use condense_events::{Block, Message};
 use condense_formats::wire::{self, Api};
-use condense_serve::fake::{newest_stub_ref, Fake, Step};
+use condense_serve::fake::{newest_stub_ref, Fake, Logged, Step};
 use condense_serve::{start, Running, ServeConfig};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -831,4 +831,23 @@ async fn the_hosts_environment_reaches_every_request_and_the_name_is_the_users_w
     let (store, _) = store_of(&s);
     let name = store.sessions().unwrap()[0].name.clone();
     assert!(name.contains("/count-the-numbers-with-seq/"), "{name}");
+}
+
+/// The prompt cache (issue 34): condense's tools are declared from the first request on, so the tool
+/// list never changes under the cache; and when `new_context` checkpoints in a round serve runs itself,
+/// the request it sends still carries the client's cache mark at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_list_is_stable_and_a_checkpoint_round_keeps_the_cache_mark() {
+    let s = with_defaults(vec![Step::Shell(BIG.into()), Step::Shell("seq 2 30001".into()), Step::NewContext, Step::Text("checkpointed".into())]).await;
+    let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+    assert_eq!(agent.turn("count the numbers").await.unwrap(), "checkpointed");
+    let log = s.fake.log();
+    assert_eq!(log.len(), 4, "three client requests and serve's own round");
+    let tools: Vec<Vec<String>> = log.iter().map(Logged::tool_names).collect();
+    assert!(tools.iter().all(|t| t == &tools[0]) && tools[0].iter().any(|t| t == "new_context"), "{tools:?}");
+    let (_, session) = store_of(&s);
+    assert_eq!(session.projection().unwrap().index().checkpoints.len(), 1);
+    let round = &log[3].body["messages"];
+    let marked = round.as_array().unwrap().last().unwrap().to_string().contains("cache_control");
+    assert!(marked, "the round after the checkpoint ends with the client's mark: {round:#}");
 }
