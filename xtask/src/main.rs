@@ -220,7 +220,8 @@ fn bench(args: &[String]) -> Result<()> {
             "simulate" => simulate_bench(&mut md, &scratch, &[1_000, 10_000, 100_000])?,
             "quality" => quality(&mut md, &scratch)?,
             "pruning" => pruning(&mut md, &scratch, true)?,
-            _ => bail!("--only takes `import`, `simulate`, `quality`, `pruning`, `serve`, `switch` or `postgres`"),
+            "e2e" => e2e_cost(&mut md)?,
+            _ => bail!("--only takes `import`, `simulate`, `quality`, `pruning`, `serve`, `e2e`, `switch` or `postgres`"),
         }
         let path = root().join("docs/benchmarks.md");
         let mut doc = std::fs::read_to_string(&path).unwrap_or_default();
@@ -273,6 +274,7 @@ fn bench(args: &[String]) -> Result<()> {
     switch_bench(&mut md, &scratch)?;
     postgres::bench(&mut md, &scratch)?;
     serve::bench(&mut md, &scratch)?;
+    e2e_cost(&mut md)?;
     writeln!(md, "\n## Reference figures (pi and pi-condense)\n")?;
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;
     writeln!(md, "\n## Method\n")?;
@@ -280,6 +282,31 @@ fn bench(args: &[String]) -> Result<()> {
 - *Per-turn render*: what a host pays before each request: one event applied to the warm projection and `render` called, measured over the session's last 200 events (the projection keeps its render up to date as entries extend the branch, so this does not grow with the session).\n- Import timings: parse to events is the best of 7 runs, store write alone the best of 3. The import into a store is measured in 7 paired rounds (3 for the 100k session, in the paragraph under the corpus table; the generated-sessions table sets one bare parse beside one import), each parsing the same bytes bare and importing them into a fresh store in turn, 3 times, the best of each kept (both sides measured alike and in the same moments, because this machine's speed drifts by as much as half between runs minutes apart, and by a third between runs milliseconds apart): the bare parse and import columns are the rounds' medians, and the last ratio is the median of the rounds' ratios (bare parse time over import time, i.e. import throughput over bare parse throughput). The parse-to-events ratio is the two columns' quotient.\n- Import peak RSS is the VmHWM of a fresh process that opens a fresh store and imports the file (`cargo xtask import-peak FILE DIR`); peak memory is this process's VmHWM after the step, so it only grows down the table (it includes the full rebuild, which holds the whole session).\n- The import into a store is timed as `condense import` runs it: from the first file's import to the return of the sync after the last (one flush for the folder, everything durable), with the store opened and closed outside the timing.")?;
     std::fs::write(&out_path, md)?;
     println!("wrote {}", out_path.display());
+    Ok(())
+}
+
+/// The real clients through serve for thirty turns against the same clients sent direct, with prompt
+/// caching priced as the providers bill it: runs the end-to-end tests that measure it
+/// (`crates/cli/tests/serve_e2e.rs`, `thirty_turns_*`) and tables the rows they write.
+fn e2e_cost(md: &mut String) -> Result<()> {
+    let rows = root().join("target/e2e-cost");
+    let _ = std::fs::remove_dir_all(&rows);
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["test", "-p", "condense-cli", "--test", "serve_e2e", "thirty_turns"])
+        .current_dir(root())
+        .status()?;
+    if !status.success() {
+        bail!("the thirty-turn end-to-end tests failed");
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&rows)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    writeln!(md, "\n## condense serve with the real clients: thirty turns, cache-priced\n")?;
+    writeln!(md, "Claude Code, Codex and pi (the pinned versions of `crates/cli/tests/e2e-clients.txt`) each run a 30-turn session twice against the scripted fake provider: once through `condense serve` with the default configuration, once sent direct. Each turn the model runs two shell commands with outputs of about 14 and 12 KB and answers; through serve it also asks for `new_context` in turn 8, the provider rejects the first request of turn 15 as too long (serve checkpoints and retries), serve restarts after turn 20, and turn 25 recalls an output by ref. Prompt caching is simulated as each API bills it (`condense_serve::billing`: Anthropic reads the longest prefix up to an earlier `cache_control` mark, OpenAI the longest prefix shared with an earlier request); cost is 0.1 per cached byte and 1.25 per uncached byte. *Environment*: whether the host's environment message (Claude Code's `# Environment`, Codex's `<environment_context>`) reached the provider in every request through serve. Target (issue 34): cost ≤ 0.30 for each client.\n")?;
+    writeln!(md, "| client | requests, condense / direct | bytes sent, condense / direct | cache hit, direct → condense | cost, condense / direct | environment |")?;
+    writeln!(md, "|---|---:|---:|---|---:|---|")?;
+    for f in files {
+        md.push_str(&std::fs::read_to_string(&f)?);
+    }
     Ok(())
 }
 
