@@ -5,7 +5,8 @@
 //! - **Anthropic** caches the prefix of a request up to each `cache_control` mark; a later request reads
 //!   from the cache the longest such prefix that it begins with, byte for byte.
 //! - **OpenAI** (Chat Completions and Responses) caches automatically: a request reads the longest prefix
-//!   it shares with an earlier request.
+//!   it shares with an earlier request, counted in whole list elements (OpenAI caches in blocks, not
+//!   bytes).
 //!
 //! A request is measured in the bytes of its input, in a canonical form, in the order the provider
 //! caches it: Anthropic's tools, system prompt, then every message's role and blocks (a string content
@@ -27,6 +28,8 @@ pub const UNCACHED_BYTE: f64 = 1.25;
 
 /// How many earlier prefixes (Anthropic) or requests (OpenAI) a simulation remembers.
 const REMEMBERED: usize = 64;
+/// How many earlier requests a live conversation's OpenAI simulation keeps (their whole input is kept).
+const LIVE_REMEMBERED: usize = 4;
 
 /// Bytes of input and how many of them were read from the cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -58,23 +61,31 @@ impl Billed {
     }
 }
 
-/// The prompt cache of one conversation at one provider.
+/// The prompt cache of one conversation at one provider. It keeps hashes of prefixes, never the input:
+/// a prefix is recognised by the hash of the canonical input up to an element's end.
 #[derive(Debug, Clone)]
 pub struct CacheSim {
     api: Api,
-    /// Anthropic: prefixes written to the cache, as (length, hash). OpenAI: earlier requests' canonical
-    /// input.
+    /// Anthropic: prefixes written to the cache, as (length, hash).
     prefixes: Vec<(usize, u64)>,
-    earlier: Vec<Vec<u8>>,
+    /// OpenAI: the (length, hash) of every element end of earlier requests.
+    earlier: Vec<Vec<(usize, u64)>>,
+    remembered: usize,
     /// Every request billed so far, summed.
     pub total: Billed,
 }
 
-fn hash(bytes: &[u8]) -> u64 {
+/// The hash of `input` up to each of `ends` (increasing offsets), computed in one pass.
+fn running_hashes(input: &[u8], ends: &[usize]) -> Vec<(usize, u64)> {
     let mut h = rustc_hash::FxHasher::default();
-    h.write(bytes);
-    h.write_usize(bytes.len());
-    h.finish()
+    let mut from = 0;
+    ends.iter()
+        .map(|&end| {
+            h.write(&input[from..end]);
+            from = end;
+            (end, h.finish())
+        })
+        .collect()
 }
 
 /// Removes every `cache_control` key in `v`; whether there was one.
@@ -92,15 +103,18 @@ fn strip(v: &mut Value) -> bool {
     }
 }
 
-/// A request body's canonical input and the offsets where a cache mark ends a prefix.
-pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<usize>) {
+/// A request body's canonical input, the offsets where a cache mark ends a prefix, and where each
+/// element ends.
+pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<usize>, Vec<usize>) {
     let mut out = Vec::new();
     let mut marks = Vec::new();
+    let mut ends = Vec::new();
     let mut put = |v: &Value| {
         let mut c = v.clone();
         let marked = strip(&mut c);
         serde_json::to_writer(&mut out, &c).expect("JSON of a value");
         out.push(b'\n');
+        ends.push(out.len());
         if marked {
             marks.push(out.len());
         }
@@ -135,37 +149,44 @@ pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<usize>) {
             each(body.get("input"), &mut put);
         }
     }
-    (out, marks)
+    (out, marks, ends)
 }
 
 impl CacheSim {
     /// An empty cache for `api`.
     pub fn new(api: Api) -> CacheSim {
-        CacheSim { api, prefixes: Vec::new(), earlier: Vec::new(), total: Billed::default() }
+        CacheSim::remembering(api, REMEMBERED)
+    }
+
+    /// An empty cache for `api` that remembers `n` earlier prefixes or requests.
+    pub fn remembering(api: Api, n: usize) -> CacheSim {
+        CacheSim { api, prefixes: Vec::new(), earlier: Vec::new(), remembered: n.max(1), total: Billed::default() }
     }
 
     /// Bills one request body: how many of its input bytes the cache held; then caches what the
     /// provider would.
     pub fn bill(&mut self, body: &Value) -> Billed {
-        let (input, marks) = canonical(self.api, body);
+        let (input, marks, ends) = canonical(self.api, body);
+        let hashes = running_hashes(&input, &ends);
+        let at = |len: usize| hashes.binary_search_by_key(&len, |&(end, _)| end).ok().map(|k| hashes[k]);
         let cached = match self.api {
             Api::Anthropic => {
-                let hit = self.prefixes.iter().filter(|(len, h)| *len <= input.len() && hash(&input[..*len]) == *h).map(|(len, _)| *len).max().unwrap_or(0);
-                for m in marks {
-                    let p = (m, hash(&input[..m]));
+                let hit = self.prefixes.iter().filter(|&&p| at(p.0) == Some(p)).map(|p| p.0).max().unwrap_or(0);
+                for p in marks.into_iter().filter_map(at) {
                     if !self.prefixes.contains(&p) {
                         self.prefixes.push(p);
                     }
                 }
-                if self.prefixes.len() > REMEMBERED {
-                    self.prefixes.drain(..self.prefixes.len() - REMEMBERED);
+                if self.prefixes.len() > self.remembered {
+                    self.prefixes.drain(..self.prefixes.len() - self.remembered);
                 }
                 hit
             }
             Api::Chat | Api::Responses => {
-                let hit = self.earlier.iter().map(|e| e.iter().zip(&input).take_while(|(a, b)| a == b).count()).max().unwrap_or(0);
-                self.earlier.push(input.clone());
-                if self.earlier.len() > REMEMBERED {
+                let shared = |e: &Vec<(usize, u64)>| e.iter().zip(&hashes).take_while(|(a, b)| a == b).last().map_or(0, |(a, _)| a.0);
+                let hit = self.earlier.iter().map(shared).max().unwrap_or(0);
+                self.earlier.push(hashes);
+                if self.earlier.len() > self.remembered {
                     self.earlier.remove(0);
                 }
                 hit
@@ -175,6 +196,70 @@ impl CacheSim {
         self.total = self.total.plus(billed);
         billed
     }
+}
+
+/// Which side of the comparison a request body is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// What serve sent upstream (every round).
+    Condense,
+    /// What the client sent serve: what it would have sent the provider without condense.
+    Direct,
+}
+
+#[derive(Debug, Default)]
+struct Books {
+    pending: std::collections::VecDeque<(Api, Side, bytes::Bytes)>,
+    condense: Option<CacheSim>,
+    direct: Option<CacheSim>,
+}
+
+/// A live conversation's cache-priced cost through condense and as the client sent it, shown by
+/// `/condense/status`. Bodies are billed on a blocking thread after they are sent, in the order they
+/// were handed in, so a request never waits for its bill.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    books: std::sync::Mutex<Books>,
+}
+
+impl Ledger {
+    /// Hands in a request body to bill (billed off the request path, in order).
+    pub fn record(self: &std::sync::Arc<Self>, api: Api, side: Side, body: bytes::Bytes) {
+        self.books.lock().expect("ledger lock").pending.push_back((api, side, body));
+        let me = self.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || me.settle())),
+            Err(_) => me.settle(),
+        }
+    }
+
+    /// Bills every body handed in so far.
+    pub fn settle(&self) {
+        let mut books = self.books.lock().expect("ledger lock");
+        while let Some((api, side, body)) = books.pending.pop_front() {
+            let Ok(v) = serde_json::from_slice::<Value>(&body) else { continue };
+            let sim = match side {
+                Side::Condense => &mut books.condense,
+                Side::Direct => &mut books.direct,
+            };
+            sim.get_or_insert_with(|| CacheSim::remembering(api, LIVE_REMEMBERED)).bill(&v);
+        }
+    }
+
+    /// The figures so far: bytes, cache hit and cost on each side, and the cost through condense as a
+    /// share of direct (`None` before anything was billed).
+    pub fn figures(&self) -> Option<Value> {
+        self.settle();
+        let books = self.books.lock().expect("ledger lock");
+        let (c, d) = (books.condense.as_ref()?.total, books.direct.as_ref()?.total);
+        let side = |b: Billed| serde_json::json!({"bytes": b.bytes, "cached_bytes": b.cached, "cache_hit": round3(b.hit()), "cost": round3(b.cost())});
+        let ratio = if d.cost() > 0.0 { round3(c.cost() / d.cost()) } else { 0.0 };
+        Some(serde_json::json!({"condense": side(c), "direct": side(d), "cost_vs_direct": ratio}))
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
 #[cfg(test)]
@@ -205,10 +290,25 @@ mod tests {
         // The first message rewritten: only the system prompt is still a cached prefix.
         let third = anthropic(json!([{"role": "user", "content": [{"type": "text", "text": "HELLO there"}]}, {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]));
         let b3 = sim.bill(&third);
-        let (system, _) = canonical(Api::Anthropic, &json!({"system": [{"type": "text", "text": "be brief"}]}));
+        let (system, _, _) = canonical(Api::Anthropic, &json!({"system": [{"type": "text", "text": "be brief"}]}));
         assert_eq!(b3.cached, system.len() as u64);
         assert_eq!(sim.total, b1.plus(b2).plus(b3));
         assert!((b2.cost() - (0.1 * b2.cached as f64 + 1.25 * (b2.bytes - b2.cached) as f64)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_ledger_bills_both_sides_in_order() {
+        let ledger = std::sync::Arc::new(Ledger::default());
+        assert!(ledger.figures().is_none());
+        let long = json!({"messages": [{"role": "user", "content": "x".repeat(1000)}, {"role": "assistant", "content": "ok"}]});
+        let short = json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ok"}]});
+        for _ in 0..2 {
+            ledger.record(Api::Chat, Side::Direct, bytes::Bytes::from(long.to_string()));
+            ledger.record(Api::Chat, Side::Condense, bytes::Bytes::from(short.to_string()));
+        }
+        let f = ledger.figures().unwrap();
+        assert_eq!(f["direct"]["cache_hit"], json!(0.5), "{f}");
+        assert!(f["cost_vs_direct"].as_f64().unwrap() < 0.1, "{f}");
     }
 
     #[test]
@@ -216,7 +316,7 @@ mod tests {
         let mut sim = CacheSim::new(Api::Anthropic);
         sim.bill(&json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}));
         let next = json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]});
-        let (first, _) = canonical(Api::Anthropic, &json!({"messages": [{"role": "user", "content": "hi"}]}));
+        let (first, _, _) = canonical(Api::Anthropic, &json!({"messages": [{"role": "user", "content": "hi"}]}));
         assert_eq!(sim.bill(&next).cached, first.len() as u64);
     }
 

@@ -34,6 +34,8 @@ pub struct Conv {
     next_entry: u64,
     /// Counters shown by `/condense/status`, as of the last request.
     pub figures: ConvFigures,
+    /// The cache-priced cost of what was sent upstream and of what the client sent.
+    pub ledger: Arc<crate::billing::Ledger>,
     /// Units seen before, by key: the exact keys of the messages each holds (see [`wire::Unit`]).
     units: BTreeMap<u64, Vec<u64>>,
     /// The session's head when this process last finished working on it: a head past it means another
@@ -118,7 +120,7 @@ impl Conv {
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = client_view(&session, internal)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), units: BTreeMap::new(), synced })
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced })
     }
 
     /// Starts a new session for a conversation.
@@ -128,7 +130,7 @@ impl Conv {
             SourceEvent::PruneConfigured(prune),
         ])?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), units: BTreeMap::new(), synced })
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced })
     }
 
     /// Takes in what other processes appended since this one last worked on the session: the client's view

@@ -98,6 +98,7 @@ impl State {
             sessions.push(json!({
                 "name": c.session.name(), "requests": c.figures.requests, "stubs": c.figures.stubs,
                 "checkpoints": c.figures.checkpoints, "messages": c.visible_len(),
+                "cache_priced": c.ledger.figures(),
             }));
         }
         json!({

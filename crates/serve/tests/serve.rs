@@ -771,6 +771,15 @@ async fn with_the_defaults_a_finished_turn_reaches_the_provider_as_a_chain_block
     assert!(block.contains("t3"), "{block}");
     assert!(!last.iter().any(|m| matches!(m, Message::ToolResult { .. })), "no tool result of turn one is sent as it was");
     assert!(last.iter().any(|m| m.text() == "turn one done"), "the short reply follows the block");
+    // The status page prices both sides as the provider bills caching: the chain block made the later
+    // requests cheaper than the client's own.
+    let priced = s.status().await["active_sessions"][0]["cache_priced"].clone();
+    let (sent, direct) = (priced["condense"]["bytes"].as_u64().unwrap(), priced["direct"]["bytes"].as_u64().unwrap());
+    let log_bytes: usize = log.iter().map(|l| condense_serve::billing::canonical(Api::Chat, &l.body).0.len()).sum();
+    assert_eq!(sent as usize, log_bytes, "every request sent upstream is billed: {priced}");
+    assert!(sent < direct, "{priced}");
+    let ratio = priced["cost_vs_direct"].as_f64().unwrap();
+    assert!(ratio > 0.0 && ratio < 1.0, "{priced}");
     // The ref the block names gives the original back.
     let (_, session) = store_of(&s);
     let answer = session.query(&["t3".into()]).unwrap();

@@ -73,6 +73,8 @@ pub(crate) struct Req {
     /// What it carries besides the conversation (system prompt, instructions, tool declarations), in
     /// estimated tokens (bytes / 4, rounded up).
     pub(crate) overhead: u64,
+    /// The conversation's ledger, once the conversation is known (what is sent upstream is billed there).
+    pub(crate) ledger: Option<Arc<crate::billing::Ledger>>,
 }
 
 /// Reads a request of one of the three APIs: its body bytes, and the request, or the error response.
@@ -136,6 +138,6 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
         + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
     let overhead = overhead_bytes.div_ceil(4) as u64;
-    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, overhead, stream, model, metadata };
+    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, overhead, stream, model, metadata, ledger: None };
     Ok((req, bytes, arrived))
 }

@@ -2,6 +2,7 @@
 //! (read, conversation, rounds, upstream, response); `count_tokens`, the status page, the CLI route for
 //! other `condense` processes, and the pass-through of every other `/v1/` path.
 
+use crate::billing::Side;
 use crate::state::State;
 use crate::request::read::read_request;
 use crate::request::conversation::{conv_for, conv_lookup, prepare, with_conv};
@@ -45,7 +46,7 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
     if compressed {
         return passthrough(axum::extract::State(st), req).await;
     }
-    let (req, bytes, arrived) = match read_request(&st, api, req).await {
+    let (mut req, bytes, arrived) = match read_request(&st, api, req).await {
         Ok(r) => r,
         Err(resp) => return resp,
     };
@@ -60,10 +61,12 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
         Err(e) => return conv_error(api, &e),
     };
     let prepared = prepare(&st, &conv, &req).await;
-    let (rec, built, body, [wait, record, build, write]) = match prepared {
+    let (rec, built, body, [wait, record, build, write], ledger) = match prepared {
         Ok(x) => x,
         Err(e) => return conv_error(api, &e),
     };
+    ledger.record(api, Side::Direct, bytes.clone());
+    req.ledger = Some(ledger);
     st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
     st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
     st.record_latency(arrived.elapsed(), [parsed, wait, record, build, write]);

@@ -1,6 +1,7 @@
 //! Sending upstream: the upstream body (the client's fields in its order, its message list replaced,
 //! condense's tools added), the headers that go with it, and the provider a request goes to.
 
+use crate::billing::Side;
 use crate::state::State;
 use crate::request::read::Req;
 use crate::request::response::{api_error, hop_by_hop, stream_back};
@@ -32,7 +33,13 @@ pub(crate) fn upstream_for(st: &State, h: &HeaderMap) -> String {
     }
 }
 
+/// Sends a conversation's request body upstream (and hands it to the conversation's ledger, when it has
+/// one, to be billed off the request path).
 pub(crate) async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest::Response, Response> {
+    let body = bytes::Bytes::from(body);
+    if let Some(ledger) = &req.ledger {
+        ledger.record(req.api, Side::Condense, body.clone());
+    }
     let base = match req.api {
         Api::Anthropic => &st.cfg.anthropic_upstream,
         Api::Chat | Api::Responses => &st.cfg.openai_upstream,
@@ -47,7 +54,7 @@ pub(crate) async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest
 
 /// POSTs a JSON `body` to `url` with the client's headers; an upstream that cannot be reached is a 502 in
 /// the request's API format.
-async fn post(st: &State, req: &Req, url: String, body: Vec<u8>) -> Result<reqwest::Response, Response> {
+async fn post(st: &State, req: &Req, url: String, body: impl Into<reqwest::Body>) -> Result<reqwest::Response, Response> {
     let mut headers = upstream_headers(&req.headers);
     headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     st.http
