@@ -248,6 +248,10 @@ pub struct ServeArgs {
     /// Configuration file (default: the store's config.json, else the defaults)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Price every conversation's requests as the provider bills prompt caching, through condense and as
+    /// the client sent them (`cache_priced` in /condense/status; costs serve CPU time)
+    #[arg(long)]
+    pub price_cache: bool,
 }
 
 /// `condense history`'s verbs.

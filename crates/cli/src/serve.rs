@@ -26,6 +26,7 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
     if let Some(n) = a.max_tool_rounds {
         cfg.max_tool_rounds = n;
     }
+    cfg.price_cache = a.price_cache;
     let file = load_config(a.config.as_deref(), store_dir)?;
     cfg.summarizer = summarizer_of(&file, true);
     cfg.file = file;

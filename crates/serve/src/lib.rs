@@ -103,6 +103,10 @@ pub struct ServeConfig {
     pub warm_limit: usize,
     /// sled's page cache, bytes.
     pub cache_bytes: u64,
+    /// Whether every conversation's requests are priced as the provider bills caching, through
+    /// condense and as the client sent them (`cache_priced` in `/condense/status`). Off by default: it
+    /// parses each body twice more, which costs serve a third of its own time on a 2-core machine.
+    pub price_cache: bool,
 }
 
 impl ServeConfig {
@@ -120,6 +124,7 @@ impl ServeConfig {
             cli: None,
             warm_limit: 64,
             cache_bytes: 64 << 20,
+            price_cache: false,
         }
     }
 }

@@ -188,6 +188,7 @@ async fn with_defaults(steps: Vec<Step>) -> Setup {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = config_for(dir.path().join("store"), &fake);
     cfg.file.raw.rolling_window = None;
+    cfg.price_cache = true;
     let serve = start(cfg).await.expect("serve starts");
     Setup { fake, serve, dir }
 }
@@ -299,6 +300,7 @@ async fn full_path(api: Api, stream: bool) {
     assert_eq!(status["tool_rounds"], 1);
     assert!(status["stubs"].as_u64().unwrap() >= 2, "{status}");
     assert!(status["cache_read_tokens"].as_u64().unwrap() > 0);
+    assert!(status["active_sessions"][0]["cache_priced"].is_null(), "pricing is off unless asked for: {status}");
     // Secrets passed through and were never stored or shown.
     let first = &log[0];
     assert_eq!(first.header("x-api-key"), Some("sk-test-SECRET-key-0123"));

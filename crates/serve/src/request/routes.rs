@@ -65,8 +65,10 @@ async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response
         Ok(x) => x,
         Err(e) => return conv_error(api, &e),
     };
-    ledger.record(api, Side::Direct, bytes.clone());
-    req.ledger = Some(ledger);
+    if st.cfg.price_cache {
+        ledger.record(api, Side::Direct, bytes.clone());
+        req.ledger = Some(ledger);
+    }
     st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
     st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
     st.record_latency(arrived.elapsed(), [parsed, wait, record, build, write]);
