@@ -88,18 +88,46 @@ pub trait Summarizer: Send + Sync {
 pub struct Extractive {
     /// Longest line kept, in characters.
     pub line_chars: usize,
-    /// Lines kept from the head and from the tail.
-    pub head_tail: usize,
+    /// Lines kept from the head.
+    pub head: usize,
+    /// Lines kept from the tail (the last line of a command is usually its verdict).
+    pub tail: usize,
     /// Error lines kept.
     pub error_lines: usize,
     /// Paths kept.
     pub paths: usize,
+    /// Code names kept (the output's most frequent distinctive identifiers).
+    pub names: usize,
 }
 
 impl Default for Extractive {
     fn default() -> Self {
-        Extractive { line_chars: 80, head_tail: 1, error_lines: 2, paths: 3 }
+        Extractive { line_chars: 80, head: 0, tail: 0, error_lines: 2, paths: 3, names: 8 }
     }
+}
+
+/// The distinctive identifiers of `text` (`[A-Za-z_][A-Za-z0-9_]{5,}` with an `_`, a digit or an
+/// upper-case letter after the first character: names code gives things, not words), the most frequent
+/// first (ties in order of first appearance), at most `max`.
+fn code_names(text: &str, max: usize) -> Vec<&str> {
+    if max == 0 {
+        return Vec::new();
+    }
+    let mut seen: std::collections::BTreeMap<&str, (usize, usize)> = std::collections::BTreeMap::new();
+    for (k, w) in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).enumerate() {
+        let b = w.as_bytes();
+        if b.len() < 6 || !(b[0].is_ascii_alphabetic() || b[0] == b'_') {
+            continue;
+        }
+        if !b[1..].iter().any(|c| *c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase()) || b.iter().all(|c| c.is_ascii_uppercase() || *c == b'_' || c.is_ascii_digit()) {
+            continue;
+        }
+        let e = seen.entry(w).or_insert((0, k));
+        e.0 += 1;
+    }
+    let mut ranked: Vec<(&str, (usize, usize))> = seen.into_iter().collect();
+    ranked.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1)));
+    ranked.into_iter().take(max).map(|(w, _)| w).collect()
 }
 
 fn clip(s: &str, max: usize) -> String {
@@ -171,19 +199,25 @@ impl Extractive {
             out.push_str("\n  paths: ");
             out.push_str(&paths.join(", "));
         }
-        let n = self.head_tail;
-        if lines.len() <= 2 * n {
+        let names = code_names(item.text, self.names);
+        if !names.is_empty() {
+            out.push_str("\n  names: ");
+            out.push_str(&names.join(", "));
+        }
+        let (h, t) = (self.head, self.tail);
+        // A one-line output is its line; a longer one its kept head and tail around a count.
+        if lines.len() <= (h + t).max(1) {
             for l in &lines {
                 out.push_str("\n  | ");
                 out.push_str(&clip(l, self.line_chars));
             }
         } else {
-            for l in &lines[..n] {
+            for l in &lines[..h] {
                 out.push_str("\n  | ");
                 out.push_str(&clip(l, self.line_chars));
             }
-            out.push_str(&format!("\n  | … {} lines …", lines.len() - 2 * n));
-            for l in &lines[lines.len() - n..] {
+            out.push_str(&format!("\n  | … {} lines …", lines.len() - h - t));
+            for l in &lines[lines.len() - t..] {
                 out.push_str("\n  | ");
                 out.push_str(&clip(l, self.line_chars));
             }
@@ -316,13 +350,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn extractive_keeps_errors_paths_head_and_tail() {
-        let text = "Compiling app v0.1.0 (/work/app)\nwarning: unused\nerror[E0425]: cannot find value `x` in src/main.rs\n --> src/main.rs:3:5\nline a\nline b\nline c\nerror: could not compile `app`\n";
+    fn extractive_keeps_errors_paths_and_names() {
+        let text = "Compiling app v0.1.0 (/work/app)\nwarning: unused parse_config\nerror[E0425]: cannot find value `x` in src/main.rs\n --> src/main.rs:3:5\nfn parse_config() -> ConfigError\nline b\nConfigError::Missing in parse_config\nerror: could not compile `app`\n";
         let s = Extractive::default().one(&Item { ref_n: 7, tool: "bash", arguments: r#"{"command":"cargo build"}"#, text, is_error: true });
         assert_eq!(
             s,
-            "t7 bash (cargo build): 173 chars, 8 lines, error\n  ! error[E0425]: cannot find value `x` in src/main.rs\n  ! error: could not compile `app`\n  paths: src/main.rs\n  | Compiling app v0.1.0 (/work/app)\n  | … 6 lines …\n  | error: could not compile `app`"
+            "t7 bash (cargo build): 242 chars, 8 lines, error\n  ! error[E0425]: cannot find value `x` in src/main.rs\n  ! fn parse_config() -> ConfigError\n  paths: src/main.rs\n  names: parse_config, ConfigError\n  | … 8 lines …"
         );
+        // The most frequent names first, ties in order of first appearance; words and constants are not names.
+        assert_eq!(code_names("Result Result x_y1 HTTP_OK alpha_beta foo2bar alpha_beta", 3), vec!["alpha_beta", "foo2bar"]);
+        assert_eq!(code_names("alpha_beta", 0), Vec::<&str>::new());
     }
 
     struct Broken;
@@ -340,9 +377,9 @@ mod tests {
         let s = WithFallback::new(Broken, Extractive::default());
         assert_eq!(s.fallbacks(), Fallbacks::default());
         let out = s.summarize(&[Item { ref_n: 1, tool: "read", arguments: "{}", text: "a\nb", is_error: false }]).unwrap();
-        assert_eq!(out, vec!["t1 read: 3 chars, 2 lines\n  | a\n  | b".to_string()]);
-        let three = s.summarize(&[Item { ref_n: 2, tool: "read", arguments: "{}", text: "a\nb\nc", is_error: false }]).unwrap();
-        assert_eq!(three, vec!["t2 read: 5 chars, 3 lines\n  | a\n  | … 1 lines …\n  | c".to_string()]);
+        assert_eq!(out, vec!["t1 read: 3 chars, 2 lines\n  | … 2 lines …".to_string()]);
+        let one = s.summarize(&[Item { ref_n: 2, tool: "read", arguments: "{}", text: "only line", is_error: false }]).unwrap();
+        assert_eq!(one, vec!["t2 read: 9 chars, 1 lines\n  | only line".to_string()]);
         assert_eq!(s.fallbacks(), Fallbacks { count: 2, last: Some("broken: timeout".into()) });
     }
 }
