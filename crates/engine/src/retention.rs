@@ -6,9 +6,10 @@ use condense_events::{Block, Message};
 use std::collections::{BTreeSet, HashSet};
 
 /// Byte classes of the fact scan.
-const PATH: u8 = 1; // A-Z a-z 0-9 _ . / -
+const PATH: u8 = 1; // A-Z a-z 0-9 _ . ~ @ + - /
 const WORD: u8 = 2; // A-Z a-z 0-9 _
 const SLASH: u8 = 4;
+const DOT: u8 = 8;
 
 static CLASS: [u8; 256] = {
     let mut t = [0u8; 256];
@@ -17,7 +18,9 @@ static CLASS: [u8; 256] = {
         let c = b as u8;
         if c.is_ascii_alphanumeric() || c == b'_' {
             t[b] = PATH | WORD;
-        } else if c == b'.' || c == b'-' {
+        } else if c == b'.' {
+            t[b] = PATH | DOT;
+        } else if c == b'-' || c == b'~' || c == b'@' || c == b'+' {
             t[b] = PATH;
         } else if c == b'/' {
             t[b] = PATH | SLASH;
@@ -26,6 +29,39 @@ static CLASS: [u8; 256] = {
     }
     t
 };
+
+/// File extensions that make a run without a `/` a path (`lib.rs`, `package.json`).
+const EXTENSIONS: &[&str] = &[
+    "bash", "c", "cc", "cfg", "cjs", "conf", "cpp", "cs", "css", "csv", "dart", "env", "ex", "exs", "go", "gradle", "h", "hpp", "hs", "html", "ini",
+    "ipynb", "java", "jl", "js", "json", "jsonl", "jsx", "kt", "lock", "log", "lua", "md", "mdx", "mjs", "mk", "ml", "nix", "php", "proto", "py",
+    "r", "rb", "rs", "scala", "scss", "sh", "sql", "svelte", "swift", "toml", "ts", "tsx", "txt", "vue", "xml", "yaml", "yml", "zsh",
+];
+
+/// Whether `run` ends in a known file extension after at least one character.
+fn has_extension(run: &[u8]) -> bool {
+    match run.iter().rposition(|&c| c == b'.') {
+        Some(dot) if dot > 0 && run.len() - dot - 1 <= 6 => {
+            let ext = &run[dot + 1..];
+            EXTENSIONS.iter().any(|e| e.as_bytes().eq_ignore_ascii_case(ext))
+        }
+        _ => false,
+    }
+}
+
+/// A path-class run as a path fact: trimmed of `.`, `,` and `-` at both ends, at least 4 characters and
+/// 2 alphanumerics, holding a `/` or ending in a file extension.
+fn path_fact(run: &[u8]) -> Option<&[u8]> {
+    let keep = |c: &u8| !matches!(c, b'.' | b',' | b'-');
+    let start = run.iter().position(keep)?;
+    let end = run.iter().rposition(keep)? + 1;
+    let run = &run[start..end];
+    (run.len() >= 4 && run.iter().filter(|c| c.is_ascii_alphanumeric()).count() >= 2 && (run.contains(&b'/') || has_extension(run))).then_some(run)
+}
+
+/// Whether the `'` at `at` stands free: not an apostrophe between two letters or digits (`don't`).
+fn free_quote(b: &[u8], at: usize) -> bool {
+    !(at > 0 && b[at - 1].is_ascii_alphanumeric() && b.get(at + 1).is_some_and(u8::is_ascii_alphanumeric))
+}
 
 /// A set the fact scan adds to.
 pub trait FactSet {
@@ -53,14 +89,14 @@ impl FactSet for HashSet<String> {
     }
 }
 
-/// The distinctive tokens of `text`:
-/// - paths: runs of `A-Z a-z 0-9 _ . / -` that hold a `/` and a letter, at least 4 characters, without
-///   leading or trailing `.`, `/`, `-`;
-/// - identifiers: runs of `A-Z a-z 0-9 _` starting with a letter or `_`, at least 6 characters, that
-///   look like code rather than a word: they hold a `_`, a digit, or an upper-case letter after the first;
-/// - numbers: runs of at least 4 digits (not part of an identifier);
-/// - quoted error strings: text of 8 to 200 characters between a pair of `"`, `'` or `` ` `` on one line
-///   that holds `error`, `failed`, `exception` or `panic` (any case).
+/// The distinctive tokens of `text` (issue 34):
+/// - paths: runs of `A-Z a-z 0-9 _ . ~ @ + - /` holding a `/` or ending in a file extension (`.rs`,
+///   `.json`, …), at least 4 characters and 2 alphanumerics once `.`, `,` and `-` are trimmed off both ends;
+/// - identifiers: `[A-Za-z_][A-Za-z0-9_]{5,}` holding an `_`, a digit or an upper-case letter after the
+///   first character;
+/// - numbers: runs of at least 4 digits not glued to letters (nor to `_`);
+/// - quoted strings: 8 to 80 characters between a pair of `"`, `` ` `` or free-standing `'` on one line,
+///   not starting or ending with a space.
 pub fn facts(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     facts_into(text, &mut out);
@@ -77,7 +113,7 @@ pub fn facts_into(text: &str, out: &mut impl FactSet) {
             out.add(s.to_string());
         }
     };
-    let (mut path_from, mut path_slash, mut word_from) = (0, false, 0);
+    let (mut path_from, mut path_marked, mut word_from) = (0, false, 0);
     for i in 0..=b.len() {
         let class = b.get(i).map_or(0, |&c| CLASS[c as usize]);
         if class & WORD == 0 {
@@ -87,7 +123,7 @@ pub fn facts_into(text: &str, out: &mut impl FactSet) {
                 let number = run.iter().all(u8::is_ascii_digit);
                 let identifier = run.len() >= 6
                     && (first.is_ascii_alphabetic() || first == b'_')
-                    && (first == b'_' || run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase()));
+                    && run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase());
                 if identifier || number {
                     add(run);
                 }
@@ -95,24 +131,20 @@ pub fn facts_into(text: &str, out: &mut impl FactSet) {
             word_from = i + 1;
         }
         if class & PATH == 0 {
-            if path_slash && i - path_from >= 4 {
-                let run = &b[path_from..i];
-                let trim = |c: &u8| !matches!(c, b'.' | b'/' | b'-');
-                let start = run.iter().position(trim).unwrap_or(run.len());
-                let end = run.iter().rposition(trim).map_or(start, |e| e + 1);
-                let run = &run[start..end.max(start)];
-                if run.len() >= 4 && run.contains(&b'/') && run.iter().any(u8::is_ascii_alphabetic) {
+            // Only a run holding a `/` or a `.` can be a path.
+            if path_marked && i - path_from >= 4 {
+                if let Some(run) = path_fact(&b[path_from..i]) {
                     add(run);
                 }
             }
             path_from = i + 1;
-            path_slash = false;
-        } else if class & SLASH != 0 {
-            path_slash = true;
+            path_marked = false;
+        } else if class & (SLASH | DOT) != 0 {
+            path_marked = true;
         }
     }
-    // Quoted error strings: on each line, the text between the 1st and 2nd quote of a kind, the 3rd and
-    // 4th, ... Quotes are visited in order; a line end between two of them starts the pairing over.
+    // Quoted strings: on each line, the text between the 1st and 2nd quote of a kind, the 3rd and 4th,
+    // ... Quotes are visited in order; a line end between two of them starts the pairing over.
     let mut open: [Option<usize>; 3] = [None; 3];
     let mut last = 0;
     for at in memchr::memchr3_iter(b'"', b'\'', b'`', b) {
@@ -122,7 +154,8 @@ pub fn facts_into(text: &str, out: &mut impl FactSet) {
         last = at;
         let k = match b[at] {
             b'"' => 0,
-            b'\'' => 1,
+            b'\'' if free_quote(b, at) => 1,
+            b'\'' => continue,
             _ => 2,
         };
         let Some(from) = open[k].take() else {
@@ -130,19 +163,12 @@ pub fn facts_into(text: &str, out: &mut impl FactSet) {
             continue;
         };
         let inner = &text[from + 1..at];
-        // 8 to 200 characters: at least 8 bytes, at most 800.
-        if inner.len() < 8 || inner.len() > 800 || !(8..=200).contains(&inner.chars().count()) {
+        // 8 to 80 characters: at least 8 bytes, at most 320.
+        if inner.len() < 8 || inner.len() > 320 || !(8..=80).contains(&inner.chars().count()) || inner.starts_with(' ') || inner.ends_with(' ') {
             continue;
         }
-        if ["error", "failed", "exception", "panic"].iter().any(|w| contains_ignore_ascii_case(inner.as_bytes(), w.as_bytes())) {
-            add(inner.as_bytes());
-        }
+        add(inner.as_bytes());
     }
-}
-
-/// Whether `hay` holds `needle` (lower-case ASCII) in any case.
-fn contains_ignore_ascii_case(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// The text a message shows, tool-call arguments included (what an assistant message uses, and where a
@@ -219,20 +245,21 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
-    /// The rule as first written (text split by characters, lines split by quotes), kept as the oracle
-    /// of the byte scan.
+    /// The rule written plainly (text split by characters, lines split by quotes), kept as the oracle of
+    /// the byte scan.
     fn reference(text: &str) -> BTreeSet<String> {
         let mut out = BTreeSet::new();
-        let path = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-');
+        let path = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '~' | '@' | '+' | '-' | '/');
         for run in text.split(|c: char| !path(c)) {
-            let run = run.trim_matches(|c| matches!(c, '.' | '/' | '-'));
-            if run.len() >= 4 && run.contains('/') && run.chars().any(|c| c.is_ascii_alphabetic()) {
+            let run = run.trim_matches(|c| matches!(c, '.' | ',' | '-'));
+            let ext = run.rsplit_once('.').is_some_and(|(before, e)| !before.is_empty() && EXTENSIONS.iter().any(|x| x.eq_ignore_ascii_case(e)));
+            if run.len() >= 4 && run.chars().filter(char::is_ascii_alphanumeric).count() >= 2 && (run.contains('/') || ext) {
                 out.insert(run.to_string());
             }
         }
         for run in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
             let Some(first) = run.chars().next() else { continue };
-            let code_like = run.chars().skip(1).any(|c| c == '_' || c.is_ascii_digit() || c.is_ascii_uppercase()) || first == '_';
+            let code_like = run.chars().skip(1).any(|c| c == '_' || c.is_ascii_digit() || c.is_ascii_uppercase());
             let identifier = (first.is_ascii_alphabetic() || first == '_') && run.len() >= 6 && code_like;
             let number = run.len() >= 4 && run.bytes().all(|b| b.is_ascii_digit());
             if identifier || number {
@@ -241,11 +268,16 @@ mod tests {
         }
         for line in text.lines() {
             for q in ['"', '\'', '`'] {
-                let parts: Vec<&str> = line.split(q).collect();
-                for inner in parts.iter().skip(1).step_by(2).take(parts.len().saturating_sub(1) / 2) {
-                    let n = inner.chars().count();
-                    let lower = inner.to_lowercase();
-                    if (8..=200).contains(&n) && ["error", "failed", "exception", "panic"].iter().any(|w| lower.contains(w)) {
+                // The quotes of this kind on the line (a `'` between two letters or digits is an apostrophe).
+                let chars: Vec<(usize, char)> = line.char_indices().collect();
+                let quotes: Vec<usize> = (0..chars.len())
+                    .filter(|&k| chars[k].1 == q)
+                    .filter(|&k| q != '\'' || !(k > 0 && chars[k - 1].1.is_ascii_alphanumeric() && chars.get(k + 1).is_some_and(|c| c.1.is_ascii_alphanumeric())))
+                    .map(|k| chars[k].0)
+                    .collect();
+                for pair in quotes.chunks_exact(2) {
+                    let inner = &line[pair[0] + 1..pair[1]];
+                    if (8..=80).contains(&inner.chars().count()) && !inner.starts_with(' ') && !inner.ends_with(' ') {
                         out.insert(inner.to_string());
                     }
                 }
@@ -259,7 +291,7 @@ mod tests {
     /// every tool output and message of the corpus pi sessions.
     #[test]
     fn the_byte_scan_is_the_rule() {
-        let pieces = ["a", "Z", "_", "7", "1234", ".", "/", "-", " ", "\n", "\r\n", "\"", "'", "`", "é", "ß", "ERROR", "Failed", "panic", "exception", "src/x.rs", "x_y9", "parseConfig", "::", "日本"];
+        let pieces = ["a", "Z", "_", "7", "1234", ".", "/", "-", " ", "\n", "\r\n", "\"", "'", "`", "é", "ß", "ERROR", "Failed", "~", "@", "+", ",", ".rs", ".json", "src/x.rs", "x_y9", "parseConfig", "::", "日本"];
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         for _ in 0..20_000 {
             let mut text = String::new();
@@ -282,13 +314,14 @@ mod tests {
 
     #[test]
     fn each_kind_of_fact_is_extracted_and_nothing_else() {
-        assert_eq!(facts("see src/engine/lib.rs and ./a/b."), set(&["src/engine/lib.rs"]));
+        assert_eq!(facts("see src/engine/lib.rs and ./a/b."), set(&["src/engine/lib.rs", "/a/b"]));
+        assert_eq!(facts("edit lib.rs, package.json and ~/.config/app@2+x/init.lua; not e.g. or v1.2"), set(&["lib.rs", "package.json", "~/.config/app@2+x/init.lua"]));
         assert_eq!(facts("parseConfig and ParseConfig, plain words like engine"), set(&["parseConfig", "ParseConfig"]));
-        assert_eq!(facts("call parse_config then run it"), set(&["parse_config"]));
+        assert_eq!(facts("call parse_config then run it; _private is a word"), set(&["parse_config"]));
         assert_eq!(facts("abc12 is short, x_y too; but build_42x counts"), set(&["build_42x"]));
-        assert_eq!(facts("port 8787, year 2026, 123 and v2 and 12345"), set(&["8787", "2026", "12345"]));
-        assert_eq!(facts("it said \"Error: no such file\" and 'ok fine'"), set(&["Error: no such file"]));
-        assert_eq!(facts("`assertion failed: x == y` here"), set(&["assertion failed: x == y"]));
+        assert_eq!(facts("port 8787, year 2026, 123 and v2 and 12345 but not v1234"), set(&["8787", "2026", "12345"]));
+        assert_eq!(facts("it said \"no such file\" and 'ok fine, all good' but ' padded text ' no"), set(&["no such file", "ok fine, all good"]));
+        assert_eq!(facts("`assertion failed: x == y` here; don't count the user's words"), set(&["assertion failed: x == y"]));
         assert!(facts("a / b // c").is_empty(), "slashes alone are not a path");
     }
 
