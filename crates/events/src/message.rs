@@ -99,8 +99,9 @@ fn opening_tag(text: &str) -> Option<&str> {
 }
 
 /// The kind of host context a user-role text is, when it is host context: the tag it is wrapped in
-/// (`system-reminder`, `environment_context`, `user_instructions`, …; not a tag of [`EVENT_TAGS`]), or
-/// `AGENTS.md` for Codex's `# AGENTS.md instructions for …` message.
+/// (`system-reminder`, `environment_context`, `user_instructions`, …; not a tag a host wraps around an
+/// event it reports, such as `command-name`), or `AGENTS.md` for Codex's `# AGENTS.md instructions for …`
+/// message.
 pub fn host_context_kind(text: &str) -> Option<&str> {
     let t = text.trim();
     if t.starts_with("# AGENTS.md instructions") {
