@@ -113,27 +113,11 @@ pub fn definitions() -> Vec<ToolDef> {
     ]
 }
 
-/// The tools a context needs: the query tool and `new_context` once anything was replaced by a stub, a
-/// chain block or a checkpoint (or archived), the history tools once an archive exists. Empty for a
-/// context condense has not changed.
+/// The tools a context declares: the query tool and `new_context` from the first request on (a model
+/// that gets a budget notice can always act on it, and a tool list that changes in the middle of a
+/// conversation makes the provider read nothing of it from its prompt cache: tools come first in what it
+/// caches), the history tools once an archive exists.
 pub fn needed(p: &Projection) -> Vec<ToolDef> {
-    let idx = p.index();
-    let archives = !crate::recover::archives_on_branch(p).is_empty();
-    let changed = !idx.summaries.is_empty() || !idx.spills.is_empty() || !idx.chains.is_empty() || !idx.checkpoints.is_empty() || archives;
-    definitions()
-        .into_iter()
-        .filter(|d| match d.name {
-            QUERY_TOOL_NAME | NEW_CONTEXT_TOOL => changed,
-            _ => archives,
-        })
-        .collect()
-}
-
-/// The tools a proxy declares on every request of a conversation: the query tool and `new_context`
-/// from the first request on, the history tools once an archive exists. A tool list that changes in
-/// the middle of a conversation makes the provider read nothing of it from its prompt cache (tools come
-/// first in what it caches), so the list changes only when an archive first appears.
-pub fn declared(p: &Projection) -> Vec<ToolDef> {
     let archives = !crate::recover::archives_on_branch(p).is_empty();
     definitions().into_iter().filter(|d| matches!(d.name, QUERY_TOOL_NAME | NEW_CONTEXT_TOOL) || archives).collect()
 }
@@ -168,10 +152,9 @@ mod tests {
     }
 
     #[test]
-    fn a_fresh_context_needs_none() {
-        assert!(needed(&Projection::new()).is_empty());
-        // A proxy declares the query tool and new_context from the first request, history tools later.
-        let names: Vec<&str> = declared(&Projection::new()).iter().map(|d| d.name).collect();
+    fn a_fresh_context_declares_the_query_tool_and_new_context() {
+        // From the first request; the history tools come with the first archive.
+        let names: Vec<&str> = needed(&Projection::new()).iter().map(|d| d.name).collect();
         assert_eq!(names, vec![QUERY_TOOL_NAME, NEW_CONTEXT_TOOL]);
     }
 }

@@ -384,7 +384,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
         })
         .collect();
     let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
-    let tools: Vec<tools::ToolDef> = tools::declared(p).into_iter().filter(|t| internal.is(t.name)).collect();
+    let tools: Vec<tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
     let tokens: u64 = messages.iter().map(|m| p.estimate(m)).sum();
     let idx = p.index();
     let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64);
