@@ -238,19 +238,23 @@ impl Message {
     }
 
     /// The kind of a host-context message, which a newer message of the same kind replaces: the tag its
-    /// text opens with (`environment_context`, `system-reminder`), else its first line (`# Environment`),
-    /// at most 80 characters. `None` for any other message.
-    pub fn host_kind(&self) -> Option<String> {
-        if !self.is_host() {
-            return None;
-        }
-        let text = self.text();
-        let t = text.trim_start();
+    /// first text opens with (`environment_context`, `system-reminder`), else its first line (`# Environment`),
+    /// at most 80 characters. `None` for any other message. Borrowed from the message: the render asks
+    /// it of every host message at each full render after a checkpoint.
+    pub fn host_kind(&self) -> Option<&str> {
+        let Message::User { content, origin: UserOrigin::Host } = self else { return None };
+        let t = content
+            .iter()
+            .find_map(|b| match b {
+                Block::Text { text } if !text.trim().is_empty() => Some(text.trim_start()),
+                _ => None,
+            })
+            .unwrap_or("");
         if let Some(name) = host_context_kind(t).or_else(|| opening_tag(t)) {
-            return Some(name.to_string());
+            return Some(name);
         }
         let line = t.lines().next().unwrap_or("").trim();
-        Some(line.chars().take(80).collect())
+        Some(line.char_indices().nth(80).map_or(line, |(i, _)| &line[..i]))
     }
 
     /// What the user typed in a user message: its text blocks that are not host context, with the
@@ -328,8 +332,8 @@ mod tests {
         assert_eq!(m.typed_text(), "Count the numbers with seq");
         let host = Message::user_text("# Environment\nYou have been invoked…", UserOrigin::Host);
         assert_eq!(host.typed_text(), "");
-        assert_eq!(host.host_kind().as_deref(), Some("# Environment"));
-        assert_eq!(Message::user_text("<environment_context><cwd>/w</cwd></environment_context>", UserOrigin::Host).host_kind().as_deref(), Some("environment_context"));
+        assert_eq!(host.host_kind(), Some("# Environment"));
+        assert_eq!(Message::user_text("<environment_context><cwd>/w</cwd></environment_context>", UserOrigin::Host).host_kind(), Some("environment_context"));
         assert_eq!(m.host_kind(), None);
     }
 }

@@ -144,8 +144,8 @@ impl Projection {
             let mut out = Vec::with_capacity(raw.len() - pos + cp.kept.len() + 1);
             out.push((None, summary, &Meta::User));
             // Host context the summary replaced: the newest of each kind, unless a newer one follows.
-            let later: BTreeSet<String> = raw[pos + 1..].iter().filter_map(|(_, m, _)| m.host_kind()).collect();
-            let mut carried: BTreeSet<String> = BTreeSet::new();
+            let later: BTreeSet<&str> = raw[pos + 1..].iter().filter_map(|(_, m, _)| m.host_kind()).collect();
+            let mut carried: BTreeSet<&str> = BTreeSet::new();
             let mut host = Vec::new();
             for &(i, m, meta) in raw[..=pos].iter().rev() {
                 if let Some(kind) = m.host_kind() {
