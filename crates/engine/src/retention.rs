@@ -119,12 +119,7 @@ pub fn facts_into(text: &str, out: &mut impl FactSet) {
         if class & WORD == 0 {
             if i - word_from >= 4 {
                 let run = &b[word_from..i];
-                let first = run[0];
-                let number = run.iter().all(u8::is_ascii_digit);
-                let identifier = run.len() >= 6
-                    && (first.is_ascii_alphabetic() || first == b'_')
-                    && run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase());
-                if identifier || number {
+                if run.iter().all(u8::is_ascii_digit) || condense_summarize::is_code_identifier(run) {
                     add(run);
                 }
             }

@@ -106,9 +106,17 @@ impl Default for Extractive {
     }
 }
 
-/// The distinctive identifiers of `text` (`[A-Za-z_][A-Za-z0-9_]{5,}` with an `_`, a digit or an
-/// upper-case letter after the first character: names code gives things, not words), the most frequent
-/// first (ties in order of first appearance), at most `max`.
+/// Whether a run of `A-Z a-z 0-9 _` is a code identifier rather than a word or a number: at least 6
+/// characters, a letter or `_` first, and an `_`, a digit or an upper-case letter after the first
+/// character (`parse_config`, `ConfigError`, `build_42x`). The rule of retention's identifier facts and
+/// of the names a summary keeps.
+#[inline]
+pub fn is_code_identifier(run: &[u8]) -> bool {
+    run.len() >= 6 && (run[0].is_ascii_alphabetic() || run[0] == b'_') && run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase())
+}
+
+/// The code identifiers of `text` ([`is_code_identifier`]) other than constants in capitals, the most
+/// frequent first (ties in order of first appearance), at most `max`.
 fn code_names(text: &str, max: usize) -> Vec<&str> {
     if max == 0 {
         return Vec::new();
@@ -116,14 +124,10 @@ fn code_names(text: &str, max: usize) -> Vec<&str> {
     let mut seen: std::collections::BTreeMap<&str, (usize, usize)> = std::collections::BTreeMap::new();
     for (k, w) in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).enumerate() {
         let b = w.as_bytes();
-        if b.len() < 6 || !(b[0].is_ascii_alphabetic() || b[0] == b'_') {
+        if !is_code_identifier(b) || b.iter().all(|c| c.is_ascii_uppercase() || *c == b'_' || c.is_ascii_digit()) {
             continue;
         }
-        if !b[1..].iter().any(|c| *c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase()) || b.iter().all(|c| c.is_ascii_uppercase() || *c == b'_' || c.is_ascii_digit()) {
-            continue;
-        }
-        let e = seen.entry(w).or_insert((0, k));
-        e.0 += 1;
+        seen.entry(w).or_insert((0, k)).0 += 1;
     }
     let mut ranked: Vec<(&str, (usize, usize))> = seen.into_iter().collect();
     ranked.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1)));
