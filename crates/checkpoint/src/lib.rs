@@ -200,14 +200,20 @@ pub fn recovery_handoff(
     max: usize,
 ) -> String {
     let one_line = |t: &str, n: usize| clip(&t.split_whitespace().collect::<Vec<_>>().join(" "), n);
-    let prompts: Vec<usize> =
-        (0..context.len()).filter(|&k| matches!(*context[k].1, Message::User { origin: UserOrigin::Prompt, .. }) && !context[k].1.typed_text().trim().is_empty()).collect();
+    // The user's prompts with what they typed, each read once.
+    let prompts: Vec<(usize, String)> = context
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, m))| matches!(**m, Message::User { origin: UserOrigin::Prompt, .. }))
+        .map(|(k, (_, m))| (k, m.typed_text()))
+        .filter(|(_, t)| !t.trim().is_empty())
+        .collect();
     let mut task = Vec::new();
-    if let Some(&first) = prompts.first() {
-        task.push(format!("- first request [{}]: {}", cite(first), one_line(&context[first].1.typed_text(), 600)));
+    if let Some((first, text)) = prompts.first() {
+        task.push(format!("- first request [{}]: {}", cite(*first), one_line(text, 600)));
     }
-    if let Some(&last) = prompts.last().filter(|&&l| Some(&l) != prompts.first()) {
-        task.push(format!("- latest request [{}]: {}", cite(last), one_line(&context[last].1.typed_text(), 600)));
+    if let Some((last, text)) = prompts.last().filter(|_| prompts.len() > 1) {
+        task.push(format!("- latest request [{}]: {}", cite(*last), one_line(text, 600)));
     }
     for (k, (_, m)) in context.iter().enumerate() {
         if matches!(**m, Message::User { origin: UserOrigin::Summary, .. }) {
@@ -223,8 +229,9 @@ pub fn recovery_handoff(
         words.iter().any(|w| l.contains(w))
     };
     let mut constraints = Vec::new();
-    for &k in &prompts {
-        for s in sentences(&context[k].1.typed_text()) {
+    for (k, text) in &prompts {
+        let k = *k;
+        for s in sentences(text) {
             if has(&s, &[" must ", " never ", " don't ", " do not ", " always ", " only ", " avoid ", " without ", " should not "]) {
                 constraints.push(format!("- [{}] {}", cite(k), one_line(&s, 200)));
             }
@@ -275,7 +282,7 @@ pub fn recovery_handoff(
     }
     let next = match (last_reply, prompts.last()) {
         (Some((k, t)), _) => vec![format!("- the assistant last said [{}]: {}", cite(k), one_line(&t, 400))],
-        (None, Some(&p)) => vec![format!("- answer the latest request [{}]", cite(p))],
+        (None, Some((p, _))) => vec![format!("- answer the latest request [{}]", cite(*p))],
         _ => Vec::new(),
     };
     let sections: [(&str, Vec<String>, usize); 8] = [
