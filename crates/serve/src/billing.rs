@@ -28,7 +28,8 @@ pub const UNCACHED_BYTE: f64 = 1.25;
 
 /// How many earlier prefixes (Anthropic) or requests (OpenAI) a simulation remembers.
 const REMEMBERED: usize = 64;
-/// How many earlier requests a live conversation's OpenAI simulation keeps (their whole input is kept).
+/// How many earlier requests a live conversation's simulation remembers (OpenAI keeps a hash per
+/// element of each: a conversation of many messages keeps few of them).
 const LIVE_REMEMBERED: usize = 4;
 
 /// Bytes of input and how many of them were read from the cache.
@@ -76,11 +77,11 @@ pub struct CacheSim {
 }
 
 /// The hash of `input` up to each of `ends` (increasing offsets), computed in one pass.
-fn running_hashes(input: &[u8], ends: &[usize]) -> Vec<(usize, u64)> {
+fn running_hashes(input: &[u8], ends: &[(usize, bool)]) -> Vec<(usize, u64)> {
     let mut h = rustc_hash::FxHasher::default();
     let mut from = 0;
     ends.iter()
-        .map(|&end| {
+        .map(|&(end, _)| {
             h.write(&input[from..end]);
             from = end;
             (end, h.finish())
@@ -103,21 +104,17 @@ fn strip(v: &mut Value) -> bool {
     }
 }
 
-/// A request body's canonical input, the offsets where a cache mark ends a prefix, and where each
-/// element ends.
-pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<usize>, Vec<usize>) {
+/// A request body's canonical input, and where each element ends, with whether a cache mark was on it
+/// (a marked element's end ends a prefix the provider caches).
+pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<(usize, bool)>) {
     let mut out = Vec::new();
-    let mut marks = Vec::new();
     let mut ends = Vec::new();
     let mut put = |v: &Value| {
         let mut c = v.clone();
         let marked = strip(&mut c);
         serde_json::to_writer(&mut out, &c).expect("JSON of a value");
         out.push(b'\n');
-        ends.push(out.len());
-        if marked {
-            marks.push(out.len());
-        }
+        ends.push((out.len(), marked));
     };
     let each = |v: Option<&Value>, put: &mut dyn FnMut(&Value)| match v {
         Some(Value::Array(a)) => a.iter().for_each(|x| put(x)),
@@ -149,7 +146,7 @@ pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<usize>, Vec<usize>) {
             each(body.get("input"), &mut put);
         }
     }
-    (out, marks, ends)
+    (out, ends)
 }
 
 impl CacheSim {
@@ -166,13 +163,13 @@ impl CacheSim {
     /// Bills one request body: how many of its input bytes the cache held; then caches what the
     /// provider would.
     pub fn bill(&mut self, body: &Value) -> Billed {
-        let (input, marks, ends) = canonical(self.api, body);
+        let (input, ends) = canonical(self.api, body);
         let hashes = running_hashes(&input, &ends);
         let at = |len: usize| hashes.binary_search_by_key(&len, |&(end, _)| end).ok().map(|k| hashes[k]);
         let cached = match self.api {
             Api::Anthropic => {
                 let hit = self.prefixes.iter().filter(|&&p| at(p.0) == Some(p)).map(|p| p.0).max().unwrap_or(0);
-                for p in marks.into_iter().filter_map(at) {
+                for p in ends.iter().filter(|e| e.1).filter_map(|e| at(e.0)) {
                     if !self.prefixes.contains(&p) {
                         self.prefixes.push(p);
                     }
@@ -290,7 +287,7 @@ mod tests {
         // The first message rewritten: only the system prompt is still a cached prefix.
         let third = anthropic(json!([{"role": "user", "content": [{"type": "text", "text": "HELLO there"}]}, {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]));
         let b3 = sim.bill(&third);
-        let (system, _, _) = canonical(Api::Anthropic, &json!({"system": [{"type": "text", "text": "be brief"}]}));
+        let (system, _) = canonical(Api::Anthropic, &json!({"system": [{"type": "text", "text": "be brief"}]}));
         assert_eq!(b3.cached, system.len() as u64);
         assert_eq!(sim.total, b1.plus(b2).plus(b3));
         assert!((b2.cost() - (0.1 * b2.cached as f64 + 1.25 * (b2.bytes - b2.cached) as f64)).abs() < 1e-9);
@@ -316,7 +313,7 @@ mod tests {
         let mut sim = CacheSim::new(Api::Anthropic);
         sim.bill(&json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}));
         let next = json!({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}]});
-        let (first, _, _) = canonical(Api::Anthropic, &json!({"messages": [{"role": "user", "content": "hi"}]}));
+        let (first, _) = canonical(Api::Anthropic, &json!({"messages": [{"role": "user", "content": "hi"}]}));
         assert_eq!(sim.bill(&next).cached, first.len() as u64);
     }
 

@@ -9,7 +9,7 @@ use condense_engine::{tools, EngineError, Session};
 use condense_events::{Block, Entry, Message, PruneConfig, SourceEvent, Usage};
 use condense_formats::wire::{self, Api, OutMessage, Piece, RawRequest, WireRequest};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Whether a tool name is one of condense's own (and the client has no tool of that name).
@@ -443,22 +443,18 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
             }
         }
     }
-    let mut read: BTreeMap<usize, Arc<WireRequest>> = BTreeMap::new();
-    for (i, seg) in segs.iter().enumerate() {
-        if let (Seg::Client(u, _), false) = (seg, covered[i]) {
-            if !read.contains_key(u) {
-                let w = match &rec.units[*u].parsed {
-                    Some(w) => w.clone(),
-                    None => Arc::new(wire::parse_unit(api, raw, *u)?),
-                };
-                read.insert(*u, w);
-            }
-        }
-    }
+    let mut wanted: BTreeSet<usize> = segs.iter().zip(&covered).filter_map(|(seg, c)| match seg {
+        Seg::Client(u, _) if !c => Some(*u),
+        _ => None,
+    }).collect();
     // Anthropic: the client's mark on its last message stays at the end of what is sent even when that
     // message is not sent itself (a checkpoint took it in): without it the provider caches nothing of
-    // the request.
-    if let Some(u) = raw.units.len().checked_sub(1).filter(|u| api == Api::Anthropic && raw.units[*u].marked && !read.contains_key(u) && !whole.contains(&Some(*u))) {
+    // the request. A marked unit never goes out whole, so it is read for its marks.
+    if let Some(u) = raw.units.len().checked_sub(1).filter(|u| api == Api::Anthropic && raw.units[*u].marked) {
+        wanted.insert(u);
+    }
+    let mut read: BTreeMap<usize, Arc<WireRequest>> = BTreeMap::new();
+    for u in wanted {
         let w = match &rec.units[u].parsed {
             Some(w) => w.clone(),
             None => Arc::new(wire::parse_unit(api, raw, u)?),
