@@ -2,8 +2,9 @@
 //! and the real coding agents — Claude Code, pi and Codex, installed from npm at pinned versions by this
 //! test itself (cached under `target/e2e-clients`). Each client runs two turns non-interactively; the
 //! fake model runs shell commands with large outputs, later asks `context_tree_query` for a ref it saw in
-//! a stub, and finishes. Also here: `kill -9` of serve in the middle of a request, and CLI commands on
-//! the store while serve holds it.
+//! a stub, and finishes. Each also runs thirty turns through serve and direct, priced as providers bill
+//! prompt caching. Also here: `kill -9` of serve in the middle of a request, and CLI commands on the
+//! store while serve holds it.
 
 use condense_events::Message;
 use condense_formats::wire::Api;
@@ -217,96 +218,40 @@ fn base_env(cmd: &mut Command, root: &Path) {
         .current_dir(root.join("work"));
 }
 
-#[test]
-fn claude_code_through_serve() {
+/// The two turns of [`script`] through serve: the model's shell calls, a stub queried and answered byte
+/// for byte, the client's own session file matching serve's log, no secret stored.
+fn two_turns(c: Client) {
     let e = env();
     let serve = Serve::start(&e.root.join("store"), &e.fake);
-    let claude = |args: &[&str]| {
-        let mut c = Command::new(bin("claude"));
-        base_env(&mut c, &e.root);
-        c.env("ANTHROPIC_BASE_URL", format!("http://{}", serve.addr))
-            .env("ANTHROPIC_API_KEY", "dummy-SECRET-anthropic")
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            .env("DISABLE_TELEMETRY", "1")
-            .env("DISABLE_ERROR_REPORTING", "1")
-            .args(args);
-        run(&mut c)
-    };
-    let (code, out, err) = claude(&["-p", "Count the numbers with seq", "--allowedTools", "Bash"]);
+    let base = format!("http://{}", serve.addr);
+    let (code, out, err) = (c.turn)(&e.root, &base, 1, "Count the numbers with seq");
     assert_eq!(code, 0, "turn 1: {out}\n{err}");
     assert!(out.contains("turn one done"), "{out}");
-    let (code, out, err) = claude(&["-p", "Look at the last output again", "--continue", "--allowedTools", "Bash"]);
+    let (code, out, err) = (c.turn)(&e.root, &base, 2, "Look at the last output again");
     assert_eq!(code, 0, "turn 2: {out}\n{err}");
     assert!(out.contains("found it"), "{out}");
     check_provider_side(&e.fake.log());
     drop(serve);
-    let files = find_jsonl(&e.root.join("home/.claude/projects"));
+    let files = find_jsonl(&e.root.join(c.sessions));
     assert_eq!(files.len(), 1, "{files:?}");
     check_client_file(&files[0], &e.root.join("store"));
     assert_no_secret(&e.root.join("store"), "SECRET");
     drop(e.rt);
+}
+
+#[test]
+fn claude_code_through_serve() {
+    two_turns(claude());
 }
 
 #[test]
 fn pi_through_serve() {
-    let e = env();
-    let serve = Serve::start(&e.root.join("store"), &e.fake);
-    let agent = e.root.join("agent");
-    std::fs::create_dir_all(&agent).unwrap();
-    let models = serde_json::json!({"providers": {"fake": {
-        "baseUrl": format!("http://{}/v1", serve.addr), "api": "openai-completions", "apiKey": "FAKE_KEY",
-        "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
-        "models": [{"id": "fake-model", "name": "Fake", "reasoning": false, "contextWindow": 128000, "maxTokens": 4096}]}}});
-    std::fs::write(agent.join("models.json"), models.to_string()).unwrap();
-    let pi = |args: &[&str]| {
-        let mut c = Command::new(bin("pi"));
-        base_env(&mut c, &e.root);
-        c.env("PI_CODING_AGENT_DIR", &agent).env("PI_OFFLINE", "1").env("FAKE_KEY", "dummy-SECRET-pi").args(["--provider", "fake", "--model", "fake-model"]).args(args);
-        run(&mut c)
-    };
-    let (code, out, err) = pi(&["-p", "Count the numbers with seq"]);
-    assert_eq!(code, 0, "turn 1: {out}\n{err}");
-    assert!(out.contains("turn one done"), "{out}");
-    let (code, out, err) = pi(&["-c", "-p", "Look at the last output again"]);
-    assert_eq!(code, 0, "turn 2: {out}\n{err}");
-    assert!(out.contains("found it"), "{out}");
-    check_provider_side(&e.fake.log());
-    drop(serve);
-    let files = find_jsonl(&agent.join("sessions"));
-    assert_eq!(files.len(), 1, "{files:?}");
-    check_client_file(&files[0], &e.root.join("store"));
-    assert_no_secret(&e.root.join("store"), "SECRET");
-    drop(e.rt);
+    two_turns(pi());
 }
 
 #[test]
 fn codex_through_serve() {
-    let e = env();
-    let serve = Serve::start(&e.root.join("store"), &e.fake);
-    let codex_home = e.root.join("home/.codex");
-    std::fs::create_dir_all(&codex_home).unwrap();
-    std::fs::write(codex_home.join("config.toml"), codex_config(&format!("http://{}", serve.addr))).unwrap();
-    let codex = |args: &[&str]| {
-        let mut c = Command::new(bin("codex"));
-        base_env(&mut c, &e.root);
-        c.env("CODEX_HOME", &codex_home).env("FAKE_KEY", "dummy-SECRET-codex").args(args);
-        run(&mut c)
-    };
-    let flags = ["--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"];
-    let (code, out, err) = codex(&[&["exec"][..], &flags, &["Count the numbers with seq"]].concat());
-    assert_eq!(code, 0, "turn 1: {out}\n{err}");
-    assert!(out.contains("turn one done"), "{out}");
-    let (code, out, err) = codex(&[&["exec", "resume", "--last"][..], &flags, &["Look at the last output again"]].concat());
-    assert_eq!(code, 0, "turn 2: {out}\n{err}");
-    assert!(out.contains("found it"), "{out}");
-    check_provider_side(&e.fake.log());
-    drop(serve);
-    let files = find_jsonl(&codex_home.join("sessions"));
-    assert_eq!(files.len(), 1, "{files:?}");
-    check_client_file(&files[0], &e.root.join("store"));
-    assert_no_secret(&e.root.join("store"), "SECRET");
-    drop(e.rt);
+    two_turns(codex());
 }
 
 fn assert_no_secret(dir: &Path, needle: &str) {
@@ -452,20 +397,24 @@ fn long_script(through: bool) -> Vec<Step> {
     steps
 }
 
-/// One client, set up in `root`, run a turn at a time against a base URL.
-struct LongClient {
+/// A real client, set up under a root folder and run a turn at a time against a base URL.
+struct Client {
     name: &'static str,
     api: Api,
-    /// Runs turn `k` (1-based) with the prompt against `base` (`http://host:port`).
+    /// Runs turn `k` (1-based, later turns continue the session) with the prompt against `base`
+    /// (`http://host:port`), under `root`.
     turn: Box<dyn Fn(&Path, &str, usize, &str) -> (i32, String, String)>,
+    /// Where under the root the client writes its session files.
+    sessions: &'static str,
     /// Whether a request the fake logged carries the host's environment (`None`: the client sends none).
     environment: Option<fn(&Logged) -> bool>,
 }
 
-fn claude_long() -> LongClient {
-    LongClient {
+fn claude() -> Client {
+    Client {
         name: "Claude Code",
         api: Api::Anthropic,
+        sessions: "home/.claude/projects",
         turn: Box::new(|root, base, k, prompt| {
             let mut c = Command::new(bin("claude"));
             base_env(&mut c, root);
@@ -487,10 +436,11 @@ fn claude_long() -> LongClient {
     }
 }
 
-fn codex_long() -> LongClient {
-    LongClient {
+fn codex() -> Client {
+    Client {
         name: "Codex",
         api: Api::Responses,
+        sessions: "home/.codex/sessions",
         turn: Box::new(|root, base, k, prompt| {
             let home = root.join("home/.codex");
             std::fs::create_dir_all(&home).unwrap();
@@ -510,10 +460,11 @@ fn codex_long() -> LongClient {
     }
 }
 
-fn pi_long() -> LongClient {
-    LongClient {
+fn pi() -> Client {
+    Client {
         name: "pi",
         api: Api::Chat,
+        sessions: "agent/sessions",
         turn: Box::new(|root, base, k, prompt| {
             let agent = root.join("agent");
             std::fs::create_dir_all(&agent).unwrap();
@@ -584,7 +535,7 @@ fn bill(api: Api, log: &[Logged]) -> Billing {
 
 /// Runs the client's thirty turns against `base()` (called before each turn: serve's address changes
 /// when it restarts); `between(k)` runs after turn `k`.
-fn thirty_turns(c: &LongClient, root: &Path, mut base: impl FnMut() -> String, mut between: impl FnMut(usize)) {
+fn thirty_turns(c: &Client, root: &Path, mut base: impl FnMut() -> String, mut between: impl FnMut(usize)) {
     for k in 1..=TURNS {
         let prompt = format!("Turn {k}: count the numbers with seq");
         let (code, out, err) = (c.turn)(root, &base(), k, &prompt);
@@ -594,7 +545,7 @@ fn thirty_turns(c: &LongClient, root: &Path, mut base: impl FnMut() -> String, m
     }
 }
 
-fn long_session(c: LongClient) {
+fn long_session(c: Client) {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     // Direct: the client talks to the fake provider itself.
     let direct_fake = rt.block_on(Fake::start(long_script(false)));
@@ -643,20 +594,6 @@ fn long_session(c: LongClient) {
         assert!(direct_log.iter().all(has), "{}: the client sends its environment every time", c.name);
         "every request"
     });
-    if let Some(dump) = std::env::var_os("CONDENSE_E2E_DUMP") {
-        let mut sim = condense_serve::billing::CacheSim::new(c.api);
-        let mut out = String::new();
-        let mut prev: Vec<Vec<u8>> = Vec::new();
-        for (i, l) in through_log.iter().enumerate() {
-            let b = sim.bill(&l.body);
-            let list: Vec<Vec<u8>> = l.body[c.api.list_field()].as_array().unwrap().iter().map(|m| serde_json::to_vec(m).unwrap()).collect();
-            let same = list.iter().zip(&prev).take_while(|(a, b)| a == b).count();
-            out.push_str(&format!("{i} {:?} msgs {} same-prefix-msgs {} bytes {} cached {} hit {:.2}\n", l.step, list.len(), same, b.bytes, b.cached, b.hit()));
-            prev = list;
-            std::fs::write(Path::new(&dump).join(format!("{}-{i}.json", c.name.replace(' ', "-"))), serde_json::to_string_pretty(&l.body).unwrap()).unwrap();
-        }
-        std::fs::write(Path::new(&dump).join(format!("{}.txt", c.name.replace(' ', "-"))), out).unwrap();
-    }
     let (t, d) = (bill(c.api, &through_log), bill(c.api, &direct_log));
     let row = format!(
         "| {} | {} / {} | {:.3} | {:.1}% → {:.1}% | {:.3} | {} |\n",
@@ -680,15 +617,15 @@ fn long_session(c: LongClient) {
 
 #[test]
 fn thirty_turns_of_claude_code_through_serve_and_direct() {
-    long_session(claude_long());
+    long_session(claude());
 }
 
 #[test]
 fn thirty_turns_of_codex_through_serve_and_direct() {
-    long_session(codex_long());
+    long_session(codex());
 }
 
 #[test]
 fn thirty_turns_of_pi_through_serve_and_direct() {
-    long_session(pi_long());
+    long_session(pi());
 }
