@@ -12,17 +12,31 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// Whether a tool name is one of condense's own (and the client has no tool of that name).
+/// Whether a tool name is one of condense's own (and the client has no tool of that name), and which of
+/// them serve declared to the provider for this request.
 #[derive(Debug, Clone, Default)]
 pub struct Internal {
     /// Tool names the client itself declared: condense never intercepts those.
     pub client_tools: Vec<String>,
+    /// The tools serve declared in this request's rounds so far (each build adds its own).
+    pub declared: Arc<std::sync::Mutex<BTreeSet<&'static str>>>,
 }
 
 impl Internal {
-    /// Whether serve answers a call of `name` itself.
+    /// Whether a call of `name` in the history is condense's (the client has no tool of that name).
     pub fn is(&self, name: &str) -> bool {
         tools::is_condense_tool(name) && !self.client_tools.iter().any(|t| t == name)
+    }
+
+    /// Whether serve answers a call of `name` in a reply: one of condense's tools that serve declared to
+    /// the provider in this request. A call of one it did not declare (a history tool before any
+    /// archive exists) goes to the client as the model made it, and nothing is read from the log.
+    pub fn answers(&self, name: &str) -> bool {
+        self.is(name) && self.declared.lock().expect("declared lock").contains(name)
+    }
+
+    fn declare(&self, tools: &[tools::ToolDef]) {
+        self.declared.lock().expect("declared lock").extend(tools.iter().map(|t| t.name));
     }
 }
 
@@ -325,6 +339,7 @@ impl Conv {
         self.figures.requests += 1;
         self.figures.stubs = figures.0;
         self.figures.checkpoints = figures.1;
+        internal.declare(&tools);
         write(api, raw, rec, segs, notice, &tools, tokens_sent).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })
     }
 
@@ -534,7 +549,7 @@ impl Conv {
         // The reply exists nowhere else: it is durable, with everything recorded before it, before the
         // client sees it end.
         self.session.sync()?;
-        self.track.add(&id, parent, &reply, &|n| internal.is(n), None);
+        self.track.add(&id, parent, &reply, &|n| internal.answers(n), None);
         Ok(id)
     }
 
@@ -544,14 +559,14 @@ impl Conv {
         let mut last = parent.to_string();
         let mut answers = Vec::new();
         let calls: Vec<(String, String, String)> =
-            reply.tool_calls().filter(|(_, n, _)| internal.is(n)).map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())).collect();
+            reply.tool_calls().filter(|(_, n, _)| internal.answers(n)).map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())).collect();
         for (call_id, name, arguments) in calls {
             let answer = self.session.run_tool(&name, &arguments)?.expect("a condense tool");
             let m = Message::ToolResult { call_id: call_id.clone(), tool_name: name.clone(), content: vec![Block::Text { text: answer.text.clone() }], is_error: answer.is_error };
             let session = self.session.clone();
         let id = session.with_projection(|p| self.next_id(p))?;
             self.session.append(vec![SourceEvent::EntryAppended { id: id.clone(), parent: Some(last.clone()), entry: Entry::Message(m.clone()) }])?;
-            self.track.add(&id, Some(&last), &m, &|n| internal.is(n), None);
+            self.track.add(&id, Some(&last), &m, &|n| internal.answers(n), None);
             answers.push((call_id, answer.text));
             last = id;
         }

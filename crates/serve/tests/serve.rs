@@ -504,13 +504,11 @@ async fn a_stream_dropped_half_way_is_not_recorded() {
         let s = setup(vec![Step::Drop, Step::Text("whole".into())], vec![]).await;
         let mut agent = Agent::new(api, true, &s.url());
         agent.user("hi");
-        let resp = reqwest::Client::new()
-            .post(format!("{}{}", s.url(), agent.path()))
-            .header("content-type", "application/json")
-            .body(agent.body().to_string())
-            .send()
-            .await
-            .unwrap();
+        let mut rb = reqwest::Client::new().post(format!("{}{}", s.url(), agent.path())).header("content-type", "application/json").body(agent.body().to_string());
+        for (k, v) in &agent.headers {
+            rb = rb.header(k, v);
+        }
+        let resp = rb.send().await.unwrap();
         assert_eq!(resp.status(), 200);
         assert!(resp.text().await.is_err(), "the client's stream breaks as the upstream's did");
         let (_, session) = store_of(&s);
@@ -611,14 +609,18 @@ async fn count_tokens_counts_what_condense_would_send_and_records_nothing() {
     let (_, session) = store_of(&s);
     let head = session.head().unwrap();
     let body = agent.body().to_string();
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/messages/count_tokens", s.url()))
-        .header("x-api-key", "k")
-        .header("content-type", "application/json")
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
+    let count = |headers: &[(String, String)]| {
+        let mut rb = reqwest::Client::new().post(format!("{}/v1/messages/count_tokens", s.url())).header("content-type", "application/json").body(body.clone());
+        for (k, v) in headers {
+            rb = rb.header(k, v);
+        }
+        rb.send()
+    };
+    // Another key's count of the same words is not this conversation's: it goes upstream as it came.
+    let r = count(&[("x-api-key".into(), "another-users-key".into())]).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(s.fake.log().last().unwrap().body.to_string().len(), serde_json::from_str::<Value>(&body).unwrap().to_string().len());
+    let r = count(&agent.headers).await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(session.head().unwrap(), head, "a count records nothing");
     let logged = s.fake.log().into_iter().rfind(|l| l.path.ends_with("/count_tokens")).expect("the count went upstream");
@@ -861,4 +863,46 @@ async fn the_tool_list_is_stable_and_a_checkpoint_round_keeps_the_cache_mark() {
     let round = &log[3].body["messages"];
     let marked = round.as_array().unwrap().last().unwrap().to_string().contains("cache_control");
     assert!(marked, "the round after the checkpoint ends with the client's mark: {round:#}");
+}
+
+/// Issue 35: two users whose conversations open with the same words, with and without a client id of
+/// the same value, get a session each; the second one's query of `t1` never reads the first one's
+/// output, and a condense tool serve did not declare is not answered from the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_users_starting_alike_never_share_a_session() {
+    const SECRET: &str = "aws_secret_access_key = AKIAOTHERUSERS0SECRET";
+    for client_id in [None, Some("same-id")] {
+        let steps = vec![
+            Step::Shell(format!("echo '{SECRET}'; {BIG}")),
+            Step::Text("first user done".into()),
+            Step::Call("context_tree_query".into(), json!({"refs": ["t1"]})),
+            Step::Text("second user done".into()),
+            Step::Call("history_read".into(), json!({"archive": "a1", "entry": 1})),
+            Step::Text("third round done".into()),
+        ];
+        let s = setup(steps, vec![]).await;
+        let mut a = Agent::new(Api::Anthropic, false, &s.url());
+        let mut b = Agent::new(Api::Anthropic, false, &s.url());
+        b.headers = vec![("x-api-key".into(), "sk-test-other-users-key-89".into())];
+        if let Some(id) = client_id {
+            a.headers.push(("x-condense-session".into(), id.into()));
+            b.headers.push(("x-condense-session".into(), id.into()));
+        }
+        assert_eq!(a.turn("fix the failing test").await.unwrap(), "first user done");
+        assert_eq!(b.turn("fix the failing test").await.unwrap(), "second user done");
+        let names: Vec<String> = s.serve.state.store().sessions().unwrap().into_iter().map(|i| i.name).collect();
+        assert_eq!(names.len(), 2, "a session per user ({client_id:?}): {names:?}");
+        let log = s.fake.log();
+        for l in log.iter().filter(|l| l.header("x-api-key") == Some("sk-test-other-users-key-89")) {
+            assert!(!l.body.to_string().contains("AKIAOTHERUSERS0SECRET"), "the second user's request carried the first one's output ({client_id:?})");
+        }
+        // The query was answered (from the second user's own session, which holds no `t1`).
+        assert!(log.iter().any(|l| l.header("x-api-key") == Some("sk-test-other-users-key-89") && l.body.to_string().contains("t1")));
+        // A history tool serve never declared (no archive yet) is not answered from the log: the client
+        // gets the call as the model made it.
+        let mut c = Agent::new(Api::Anthropic, false, &s.url());
+        c.history.push(json!({"role": "user", "content": "one more"}));
+        let reply = c.request().await.unwrap();
+        assert!(reply.tool_calls().any(|(_, n, _)| n == "history_read"), "an undeclared condense tool reaches the client: {reply:?}");
+    }
 }

@@ -33,19 +33,7 @@ pub(crate) async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, Conv
 
 /// The conversation a request belongs to; `create` makes one when there is none.
 pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Result<Option<ConvRef>, ConvError> {
-    let first_user = req.raw.units.iter().position(|u| u.role == "user");
-    let first_prompt = match first_user {
-        Some(u) => wire::parse_unit(req.api, &req.raw, u)?
-            .messages
-            .iter()
-            .find(|m| matches!(m.message, Message::User { .. }))
-            .map(|m| m.message.text())
-            .unwrap_or_default(),
-        None => String::new(),
-    };
-    let identity = api::client_conversation_id(&req.headers, &json!({"metadata": req.metadata})).unwrap_or_else(|| {
-        format!("{}:first:{}", req.api.name(), &blake3::hash(first_prompt.as_bytes()).to_hex()[..16])
-    });
+    let identity = identity(req)?;
     let mut convs = st.convs.lock().await;
     if let Some(c) = convs.get(&identity) {
         return Ok(Some(c.clone()));
@@ -88,6 +76,84 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
     let c = Arc::new(AsyncMutex::new(conv.0));
     convs.insert(identity, c.clone());
     Ok(Some(c))
+}
+
+/// A conversation's identity. Two conversations are one only when they share what another user cannot
+/// send: the fingerprint of the API key (see [`key_fingerprint`]) with the client's own conversation id,
+/// or, when the client sends none, with the system prompt (its digits masked: hosts put the date there),
+/// the names of the tools and the first prompt (issue 35).
+fn identity(req: &Req) -> Result<String, wire::WireError> {
+    let key = key_fingerprint(&req.headers);
+    if let Some(id) = api::client_conversation_id(&req.headers, &json!({"metadata": req.metadata})) {
+        return Ok(format!("{id}#{key}"));
+    }
+    let first_prompt = match req.raw.units.iter().position(|u| u.role == "user") {
+        Some(u) => wire::parse_unit(req.api, &req.raw, u)?.messages.iter().find(|m| matches!(m.message, Message::User { .. })).map(|m| m.message.text()).unwrap_or_default(),
+        None => String::new(),
+    };
+    let mut system = String::new();
+    let declared = req.fields.iter().filter(|(k, _)| k == "system" || k == "instructions").map(|(_, r)| &req.raw.buf[r.clone()]);
+    for bytes in declared.chain(req.raw.items[..req.raw.system].iter().map(|r| &req.raw.buf[r.clone()])) {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            texts_of(&v, &mut system);
+        }
+    }
+    let mut tools = req.internal.client_tools.clone();
+    tools.sort();
+    let mut h = blake3::Hasher::new();
+    for part in [key.as_str(), &mask_digits(&system), &tools.join("\n"), &first_prompt] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    Ok(format!("{}:first:{}", req.api.name(), &h.finalize().to_hex()[..24]))
+}
+
+/// The headers that carry a provider credential, in the order they are fingerprinted.
+const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-key", "x-goog-api-key"];
+
+/// A keyed BLAKE3 hash (64 bits, hex) of the request's credential headers: it tells users apart and is
+/// never the key (an API key's entropy makes it irreversible; the key of the hash keeps it from matching
+/// a plain hash of the key elsewhere). Empty credentials have a fingerprint too.
+fn key_fingerprint(headers: &axum::http::HeaderMap) -> String {
+    let key = blake3::derive_key("condense serve 2026-12 conversation identity: API key fingerprint", b"condense");
+    let mut h = blake3::Hasher::new_keyed(&key);
+    for name in KEY_HEADERS {
+        for v in headers.get_all(name) {
+            h.update(name.as_bytes());
+            h.update(&(v.len() as u64).to_le_bytes());
+            h.update(v.as_bytes());
+        }
+    }
+    h.finalize().to_hex()[..16].to_string()
+}
+
+/// Every text of a system prompt in its JSON form: strings, and the `text`/`content` strings of its
+/// blocks (cache marks and other fields left out, so a moved mark does not change it).
+fn texts_of(v: &serde_json::Value, out: &mut String) {
+    match v {
+        serde_json::Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| texts_of(i, out)),
+        serde_json::Value::Object(o) => ["text", "content"].iter().filter_map(|k| o.get(*k)).for_each(|i| texts_of(i, out)),
+        _ => {}
+    }
+}
+
+/// `s` with each run of ASCII digits replaced by `#`.
+fn mask_digits(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            if !out.ends_with('#') {
+                out.push('#');
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// What the user typed in the request's first prompt (see [`Message::typed_text`]); empty when no user

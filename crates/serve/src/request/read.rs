@@ -138,6 +138,6 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
         + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
     let overhead = overhead_bytes.div_ceil(4) as u64;
-    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names }, overhead, stream, model, metadata, ledger: None };
+    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, ..Internal::default() }, overhead, stream, model, metadata, ledger: None };
     Ok((req, bytes, arrived))
 }

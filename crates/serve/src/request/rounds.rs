@@ -91,7 +91,7 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
     let max = st.cfg.max_tool_rounds;
     let (last, next) = with_conv(conv, move |c| -> Result<(Option<String>, Option<Result<Built, bool>>), EngineError> {
         let id = c.record_reply(parent.as_deref(), reply.clone(), usage, &internal)?;
-        let calls: Vec<bool> = reply.tool_calls().map(|(_, n, _)| internal.is(n)).collect();
+        let calls: Vec<bool> = reply.tool_calls().map(|(_, n, _)| internal.answers(n)).collect();
         if !calls.iter().any(|x| *x) {
             return Ok((Some(id), None));
         }
@@ -128,7 +128,7 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
 
 async fn json_rounds(st: Arc<State>, conv: ConvRef, req: Req, mut rec: Recorded, first: reqwest::Response) -> Response {
     let api = req.api;
-    let is = |n: &str| req.internal.is(n);
+    let is = |n: &str| req.internal.answers(n);
     let headers = response_headers(first.headers());
     let mut resp = first;
     let mut merged: Option<Value> = None;
@@ -188,7 +188,7 @@ fn stream_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, first: 
         let mut rec = rec;
         let api = req.api;
         let internal = req.internal.clone();
-        let mut codec = stream::codec(api, Box::new(move |n| internal.is(n)));
+        let mut codec = stream::codec(api, Box::new(move |n| internal.answers(n)));
         let mut resp = first;
         let mut round = 0;
         loop {
