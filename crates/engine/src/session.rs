@@ -188,6 +188,12 @@ impl Session {
             return Ok(());
         }
         let head = self.store.inner.log.head(self.id)?;
+        if proj.seq() > head {
+            // The log holds less than this projection folded: a PostgreSQL server lost commits that were
+            // not yet durable in a crash (nothing acknowledged to anyone is among them). The projection is
+            // folded again from what the log holds, and work carries on from there.
+            *proj = Live::default();
+        }
         if proj.seq() < head {
             self.store.inner.log.for_each(self.id, proj.seq() + 1, head, |env| {
                 proj.apply(env.seq, &env.body);

@@ -166,6 +166,15 @@ pub enum LogError {
         /// What went wrong.
         detail: String,
     },
+    /// The PostgreSQL server cannot be reached (down, restarting, or no connection free in time):
+    /// nothing was written, and the same call can be made again once it is back.
+    #[error("PostgreSQL store {store} is unavailable: {detail}")]
+    Unavailable {
+        /// The database (its URL without a password).
+        store: String,
+        /// What went wrong.
+        detail: String,
+    },
     /// The database was set up by a newer condense than this one.
     #[error("PostgreSQL store {store} has schema version {found}; this condense knows versions up to {known} (upgrade condense)")]
     SchemaTooNew {

@@ -126,10 +126,6 @@ impl Shared {
         LogError::Postgres { store: self.store.clone(), detail: detail.to_string() }
     }
 
-    fn pg(&self) -> impl Fn(postgres::Error) -> LogError + '_ {
-        move |e| self.err(describe_error(&e))
-    }
-
     /// Runs `f` on a pooled connection; once more on a fresh one when the first had been closed (the
     /// server restarted since it was opened).
     fn with<T>(&self, mut f: impl FnMut(&mut Client) -> std::result::Result<T, postgres::Error>) -> Result<T> {
@@ -138,19 +134,34 @@ impl Shared {
 
     /// [`Shared::with`] for work that may not be repeated once part of it reached the server: `f` sets its
     /// flag then (before sending COMMIT, say), and a failure after that is reported, not retried.
+    ///
+    /// After the server restarted, every pooled connection is closed, and each is found closed only when
+    /// used: an attempt that failed on a closed connection before anything was sent is repeated on the next
+    /// one (the pool drops the closed one), as many times as the pool holds connections, and once more on
+    /// a new one.
     fn with_unsent<T>(&self, mut f: impl FnMut(&mut Client, &mut bool) -> std::result::Result<T, postgres::Error>) -> Result<T> {
-        for attempt in 0..2 {
-            let mut conn = self.pool().get().map_err(|e| self.err(format!("no connection: {e}")))?;
+        let attempts = self.pool().max_size() + 1;
+        for attempt in 0..attempts {
+            let mut conn = self.pool().get().map_err(|e| self.unavailable(format!("no connection within {POOL_WAIT:?}: {e}")))?;
             let mut sent = false;
             match f(&mut conn, &mut sent) {
                 Ok(v) => return Ok(v),
-                Err(e) if attempt == 0 && !sent && (e.is_closed() || conn.is_closed()) => continue,
+                Err(e) if attempt + 1 < attempts && !sent && (e.is_closed() || conn.is_closed()) => continue,
+                Err(e) if !sent && (e.is_closed() || conn.is_closed()) => return Err(self.unavailable(describe_error(&e))),
                 Err(e) => return Err(self.err(describe_error(&e))),
             }
         }
-        unreachable!("the second attempt returns")
+        unreachable!("the last attempt returns")
+    }
+
+    fn unavailable(&self, detail: String) -> LogError {
+        LogError::Unavailable { store: self.store.clone(), detail }
     }
 }
+
+/// How long a request waits for a pooled connection (a new one is made when the pool has none free):
+/// with the database down, a request fails within it, rather than waiting for the client to give up.
+const POOL_WAIT: Duration = Duration::from_secs(4);
 
 /// A PostgreSQL error with its server message, code and detail (the driver's own text says only "db error").
 fn describe_error(e: &postgres::Error) -> String {
@@ -195,7 +206,7 @@ impl PgStore {
             .max_size(8)
             .min_idle(Some(1))
             .test_on_check_out(false)
-            .connection_timeout(Duration::from_secs(15))
+            .connection_timeout(POOL_WAIT)
             .error_handler(Box::new(r2d2::NopErrorHandler))
             .build_unchecked(manager);
         let shared = Arc::new(Shared {
@@ -327,19 +338,25 @@ impl Backend for PgStore {
     }
 
     fn for_each_value(&self, session: SessionId, from: Seq, to: Seq, f: &mut dyn FnMut(Seq, &[u8]) -> Result<()>) -> Result<()> {
-        let mut conn = self.shared.pool().get().map_err(|e| self.shared.err(format!("no connection: {e}")))?;
-        let pg = self.shared.pg();
         let (s, lo, hi) = (to_i64(session), to_i64(from), to_i64(to));
-        let params: [&(dyn postgres::types::ToSql + Sync); 3] = [&s, &lo, &hi];
-        let mut rows = conn
-            .query_raw("SELECT seq, body FROM condense_events WHERE session = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq", params)
-            .map_err(&pg)?;
-        use postgres::fallible_iterator::FallibleIterator;
-        while let Some(row) = rows.next().map_err(&pg)? {
-            let seq = row.get::<_, i64>(0) as u64;
-            f(seq, row.get::<_, &[u8]>(1))?;
-        }
-        Ok(())
+        // The rows are handed on as they arrive: once one was, a failure is not retried (`f` would see
+        // it twice). An error of `f` ends the read and is returned as it is.
+        let mut failed: Option<LogError> = None;
+        self.shared.with_unsent(|conn, delivered| {
+            let params: [&(dyn postgres::types::ToSql + Sync); 3] = [&s, &lo, &hi];
+            let mut rows = conn.query_raw("SELECT seq, body FROM condense_events WHERE session = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq", params)?;
+            use postgres::fallible_iterator::FallibleIterator;
+            while let Some(row) = rows.next()? {
+                *delivered = true;
+                let seq = row.get::<_, i64>(0) as u64;
+                if let Err(e) = f(seq, row.get::<_, &[u8]>(1)) {
+                    failed = Some(e);
+                    return Ok(());
+                }
+            }
+            Ok(())
+        })?;
+        failed.map_or(Ok(()), Err)
     }
 
     fn subscribe(&self) -> Receiver<Appended> {

@@ -169,6 +169,12 @@ impl Cluster {
         self.url(&name)
     }
 
+    /// Runs `sql` on database `url` (a test's direct change to what a store holds).
+    pub fn execute(&self, url: &str, sql: &str) {
+        let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connecting to the test cluster");
+        c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
     /// The cluster's folder.
     pub fn dir(&self) -> &Path {
         self.dir.path()

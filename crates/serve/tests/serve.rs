@@ -906,3 +906,75 @@ async fn two_users_starting_alike_never_share_a_session() {
         assert!(reply.tool_calls().any(|(_, n, _)| n == "history_read"), "an undeclared condense tool reaches the client: {reply:?}");
     }
 }
+
+/// Issue 35, item 1, through serve on PostgreSQL, with one server and with two taking turns: every reply
+/// the client got survives `pg_ctl stop -m immediate` right after it; the first requests after the
+/// database comes back succeed (no stale pooled connection reaches a client); a session whose tail the
+/// database lost (its head moved back under the servers) is folded again and the conversation carries
+/// on; while the database is down a request fails within seconds with a 503 in the API's error format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_acknowledged_turns_survive_crashes_and_a_down_database_fails_fast() {
+    use condense_log::testing::Cluster;
+    let block = |f: &dyn Fn()| tokio::task::block_in_place(f);
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    for servers in [1usize, 2] {
+        let url = tokio::task::block_in_place(|| cluster.database());
+        let steps: Vec<Step> = (0..40).map(|i| Step::Text(format!("reply {i}"))).collect();
+        let fake = Fake::start(steps).await;
+        let mut running = Vec::new();
+        for _ in 0..servers {
+            running.push(start(config_for(&url, &fake)).await.expect("serve starts"));
+        }
+        let mut agent = Agent::new(Api::Anthropic, false, &format!("http://{}", running[0].addr));
+        agent.bases = running.iter().map(|r| format!("http://{}", r.addr)).collect();
+        let mut acked = Vec::new();
+        for round in 0..3 {
+            for t in 0..2 {
+                let reply = agent.turn(&format!("turn {round}.{t}")).await.unwrap_or_else(|e| panic!("{servers} server(s), round {round}.{t}: {e:?}"));
+                acked.push(reply);
+            }
+            block(&|| {
+                cluster.down("immediate");
+                cluster.up();
+            });
+        }
+        // The database loses the session's last two events (the newest reply and its usage): the head
+        // moves back under the servers, which hold the session folded further.
+        block(&|| cluster.execute(&url, "DELETE FROM condense_events WHERE seq > (SELECT head - 2 FROM condense_sessions); UPDATE condense_sessions SET head = head - 2"));
+        acked.pop();
+        for t in 0..2 {
+            let reply = agent.turn(&format!("after the loss {t}")).await.unwrap_or_else(|e| panic!("{servers} server(s), after the loss {t}: {e:?}"));
+            acked.push(reply);
+        }
+        // Every reply the client holds is in the session, in order.
+        let url2 = url.clone();
+        let replies: Vec<String> = tokio::task::spawn_blocking(move || {
+            let store = condense_engine::Store::open(url2).unwrap();
+            let sessions = store.sessions().unwrap();
+            assert_eq!(sessions.len(), 1, "{sessions:?}");
+            let p = store.session(&sessions[0].name).unwrap().projection().unwrap();
+            p.branch_messages().iter().filter(|m| matches!(***m, Message::Assistant { .. })).map(|m| m.text()).collect()
+        })
+        .await
+        .unwrap();
+        let lost: Vec<&String> = acked.iter().filter(|r| !replies.contains(r)).collect();
+        assert!(lost.is_empty(), "{servers} server(s): acknowledged replies lost: {lost:?} (the session holds {replies:?})");
+        // A database that is down: a clear 503 in the API's format, well before a client gives up.
+        block(&|| cluster.down("fast"));
+        agent.user("while the database is down");
+        let t0 = std::time::Instant::now();
+        let err = agent.request().await.expect_err("no database, no reply");
+        let waited = t0.elapsed();
+        assert_eq!(err.0, 503, "{err:?}");
+        let body: Value = serde_json::from_str(&err.1).unwrap();
+        assert_eq!(body["type"], "error", "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains("PostgreSQL"), "{body}");
+        assert!(waited < std::time::Duration::from_secs(10), "a down database answered after {waited:?}");
+        block(&|| cluster.up());
+        let reply = agent.run().await.unwrap_or_else(|e| panic!("{servers} server(s), the first request after the restart: {e:?}"));
+        assert!(reply.starts_with("reply "), "{reply}");
+        for r in running {
+            r.stop().await.unwrap();
+        }
+    }
+}

@@ -66,6 +66,13 @@ pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
             "invalid_request_error",
             &format!("{CONTEXT_COMPACTION_FAILED}: {code}: {reason}"),
         ),
+        // The store's database is down or restarting: nothing was recorded, and the client's own retry
+        // (every client retries a 503) will find it back.
+        EngineError::Log(condense_log::LogError::Unavailable { .. }) => {
+            let mut r = api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &format!("condense serve: {e}"));
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("5"));
+            r
+        }
         other => api_error(api, StatusCode::INTERNAL_SERVER_ERROR, "api_error", &format!("condense serve: {other}")),
     }
 }
