@@ -146,8 +146,11 @@ impl Backend for SledStore {
         for item in self.shared.sessions.iter() {
             let (k, v) = item.map_err(sled_err(&self.shared.path))?;
             let id = codec::session_from_key(&k);
+            // A session the writer is creating right now is named before its group commits: it is listed
+            // once it has a head (as `head` and every read of it would otherwise refuse it).
+            let Some(&head) = heads.get(&id) else { continue };
             let name = String::from_utf8_lossy(&v).into_owned();
-            out.push(SessionInfo { id, name, head: heads.get(&id).copied().unwrap_or(0) });
+            out.push(SessionInfo { id, name, head });
         }
         Ok(out)
     }
