@@ -252,6 +252,10 @@ pub struct ServeArgs {
     /// the client sent them (`cache_priced` in /condense/status; costs serve CPU time)
     #[arg(long)]
     pub price_cache: bool,
+    /// A file holding the token every request must carry in the `x-condense-auth` header (required to
+    /// listen on anything but loopback)
+    #[arg(long, value_name = "FILE")]
+    pub auth_token_file: Option<PathBuf>,
 }
 
 /// `condense history`'s verbs.

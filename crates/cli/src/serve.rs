@@ -31,16 +31,22 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
     cfg.summarizer = summarizer_of(&file, true);
     cfg.file = file;
     cfg.cli = Some(std::sync::Arc::new(run_captured));
-    if !cfg.listen.ip().is_loopback() {
-        eprintln!("condense serve: warning: listening on {}, reachable from other machines; requests carry API keys", cfg.listen);
-    }
+    let auth_file = match &a.auth_token_file {
+        Some(f) => {
+            let f = std::path::absolute(f).with_context(|| format!("--auth-token-file {}", f.display()))?;
+            let text = std::fs::read_to_string(&f).with_context(|| format!("reading the token file {}", f.display()))?;
+            cfg.auth_token = Some(text.trim().to_string());
+            Some(f)
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
         let running = condense_serve::start(cfg.clone()).await?;
         // A folder store is announced in a lock file so other commands go through this server; a PostgreSQL
         // store is shared: other commands and other servers open it themselves.
         let addr = match store_folder(&cfg.store) {
-            Some(dir) => lock::announce(dir, running.addr).with_context(|| format!("writing {}", lock::path(dir).display()))?.addr,
+            Some(dir) => lock::announce(dir, running.addr, auth_file.as_deref()).with_context(|| format!("writing {}", lock::path(dir).display()))?.addr,
             None => running.addr,
         };
         // A closed stdout (the starter stopped reading) must not stop the server: errors are ignored.
@@ -49,6 +55,9 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
         let _ = writeln!(o, "condense serve: listening on http://{addr} (store {})", shown(&cfg.store));
         let _ = writeln!(o, "  Claude Code: ANTHROPIC_BASE_URL=http://{addr}");
         let _ = writeln!(o, "  OpenAI-compatible agents (pi, Codex, opencode): base URL http://{addr}/v1");
+        if let Some(f) = &auth_file {
+            let _ = writeln!(o, "  every request needs the header {}: <the token in {}> (README, \"Authentication\")", condense_serve::AUTH_HEADER, f.display());
+        }
         let _ = o.flush();
         let stop = async {
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -113,7 +122,14 @@ pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) ->
     let body = serde_json::json!({"argv": absolute_args(argv, takes_paths)}).to_string();
     // No overall timeout: a command (an import of a large folder) runs as long as it needs.
     let client = reqwest::blocking::Client::builder().timeout(None).build().context("starting the HTTP client")?;
-    let resp = client.post(&url).header("x-condense-token", &announced.token).header("content-type", "application/json").body(body).send();
+    let mut req = client.post(&url).header("x-condense-token", &announced.token).header("content-type", "application/json");
+    if let Some(f) = &announced.auth_file {
+        // The server asks every request for its token: the command sends it too, read from the file the
+        // server named (never from serve.json itself).
+        let token = std::fs::read_to_string(f).with_context(|| format!("reading the token file {} of the condense serve holding {}", f.display(), store_dir.display()))?;
+        req = req.header(condense_serve::AUTH_HEADER, token.trim());
+    }
+    let resp = req.body(body).send();
     let resp = match resp {
         Ok(r) => r,
         // A server that announced itself and is gone (killed): the store is free again.

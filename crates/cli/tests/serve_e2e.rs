@@ -54,8 +54,16 @@ struct Serve {
     addr: String,
 }
 
+/// The token the two-turn sessions' serve asks for, and every client sends (README, "Authentication").
+const E2E_TOKEN: &str = "e2e-SECRET-token-5d1";
+
 impl Serve {
     fn start(store: &Path, fake: &Fake) -> Serve {
+        Serve::start_auth(store, fake, None)
+    }
+
+    /// A server that asks every request for the token in `token_file`, when one is given.
+    fn start_auth(store: &Path, fake: &Fake, token_file: Option<&Path>) -> Serve {
         // The script queries a stub of the turn before: a rolling window of one keeps that turn's outputs
         // as stubs in place (with the default 0 the turn is folded into a chain block at the next prune).
         std::fs::create_dir_all(store).unwrap();
@@ -66,6 +74,7 @@ impl Serve {
             .arg("--store")
             .arg(store)
             .args(["serve", "--listen", "127.0.0.1:0", "--anthropic-upstream", &fake.url(), "--openai-upstream", &fake.url()])
+            .args(token_file.map(|f| vec![std::ffi::OsString::from("--auth-token-file"), f.as_os_str().to_owned()]).unwrap_or_default())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -222,7 +231,10 @@ fn base_env(cmd: &mut Command, root: &Path) {
 /// for byte, the client's own session file matching serve's log, no secret stored.
 fn two_turns(c: Client) {
     let e = env();
-    let serve = Serve::start(&e.root.join("store"), &e.fake);
+    // Through a server that asks for a token: the client sends it as the README says.
+    let token_file = e.root.join("token");
+    std::fs::write(&token_file, format!("{E2E_TOKEN}\n")).unwrap();
+    let serve = Serve::start_auth(&e.root.join("store"), &e.fake, Some(&token_file));
     let base = format!("http://{}", serve.addr);
     let (code, out, err) = (c.turn)(&e.root, &base, 1, "Count the numbers with seq");
     assert_eq!(code, 0, "turn 1: {out}\n{err}");
@@ -231,6 +243,7 @@ fn two_turns(c: Client) {
     assert_eq!(code, 0, "turn 2: {out}\n{err}");
     assert!(out.contains("found it"), "{out}");
     check_provider_side(&e.fake.log());
+    assert!(e.fake.log().iter().all(|l| l.header("x-condense-auth").is_none()), "serve's token went upstream");
     drop(serve);
     let files = find_jsonl(&e.root.join(c.sessions));
     assert_eq!(files.len(), 1, "{files:?}");
@@ -272,6 +285,7 @@ fn chat(addr: &str, messages: &serde_json::Value) -> Result<(u16, serde_json::Va
         .post(format!("http://{addr}/v1/chat/completions"))
         .header("authorization", "Bearer dummy")
         .header("x-condense-session", "kill-test")
+        .header("x-condense-auth", E2E_TOKEN)
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
@@ -367,7 +381,12 @@ fn cli_commands_go_through_a_running_server() {
     let fake = rt.block_on(Fake::start(vec![]));
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let serve = Serve::start(&store, &fake);
+    // A server that asks for a token: a command routed through it sends the token from the file serve
+    // names in serve.json (the file holds the path, not the token).
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, E2E_TOKEN).unwrap();
+    let serve = Serve::start_auth(&store, &fake, Some(&token_file));
+    assert!(!std::fs::read_to_string(store.join("serve.json")).unwrap().contains(E2E_TOKEN));
     let (status, _) = chat(&serve.addr, &serde_json::json!([{"role": "user", "content": "hello there"}])).unwrap();
     assert_eq!(status, 200);
     let (code, out, err) = condense(&store, &["sessions"]);
@@ -458,6 +477,7 @@ fn claude() -> Client {
                 .env("DISABLE_AUTOUPDATER", "1")
                 .env("DISABLE_TELEMETRY", "1")
                 .env("DISABLE_ERROR_REPORTING", "1")
+                .env("ANTHROPIC_CUSTOM_HEADERS", format!("x-condense-auth: {E2E_TOKEN}"))
                 .args(["-p", prompt, "--allowedTools", "Bash"]);
             if k > 1 {
                 c.arg("--continue");
@@ -503,7 +523,7 @@ fn pi() -> Client {
             let agent = root.join("agent");
             std::fs::create_dir_all(&agent).unwrap();
             let models = serde_json::json!({"providers": {"fake": {
-                "baseUrl": format!("{base}/v1"), "api": "openai-completions", "apiKey": "FAKE_KEY",
+                "baseUrl": format!("{base}/v1"), "api": "openai-completions", "apiKey": "FAKE_KEY", "headers": {"x-condense-auth": E2E_TOKEN},
                 "compat": {"supportsDeveloperRole": false, "supportsReasoningEffort": false},
                 "models": [{"id": "fake-model", "name": "Fake", "reasoning": false, "contextWindow": 128000, "maxTokens": 4096}]}}});
             std::fs::write(agent.join("models.json"), models.to_string()).unwrap();
@@ -534,6 +554,7 @@ name = "Fake local provider"
 base_url = "{base}/v1"
 wire_api = "responses"
 env_key = "FAKE_KEY"
+http_headers = {{ "x-condense-auth" = "{E2E_TOKEN}" }}
 request_max_retries = 0
 stream_max_retries = 0
 stream_idle_timeout_ms = 20000

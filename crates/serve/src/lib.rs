@@ -61,6 +61,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use request::rounds::ROUND_LIMIT_NOTE;
+pub use request::routes::AUTH_HEADER;
 pub use state::State;
 
 /// The public Anthropic API.
@@ -107,6 +108,9 @@ pub struct ServeConfig {
     /// condense and as the client sent them (`cache_priced` in `/condense/status`). Off by default: it
     /// parses each body twice more, which costs serve a third of its own time on a 2-core machine.
     pub price_cache: bool,
+    /// The token every request must carry in the `x-condense-auth` header (`None`: no token; only
+    /// allowed on a loopback address).
+    pub auth_token: Option<String>,
 }
 
 impl ServeConfig {
@@ -125,6 +129,7 @@ impl ServeConfig {
             warm_limit: 64,
             cache_bytes: 64 << 20,
             price_cache: false,
+            auth_token: None,
         }
     }
 }
@@ -155,6 +160,9 @@ pub enum ServeError {
     /// The HTTP client could not be built.
     #[error("building the HTTP client: {0}")]
     Client(String),
+    /// A non-loopback address without a token, or an empty token.
+    #[error("{0}")]
+    Auth(String),
     /// The server stopped with an I/O error.
     #[error("serving: {0}")]
     Io(std::io::Error),
@@ -196,6 +204,15 @@ fn base_url(url: &str) -> Result<String, ServeError> {
 
 /// Opens the store and starts serving on `config.listen` (port 0 picks a free port).
 pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
+    if config.auth_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        return Err(ServeError::Auth("the authentication token is empty".into()));
+    }
+    if !config.listen.ip().is_loopback() && config.auth_token.is_none() {
+        return Err(ServeError::Auth(format!(
+            "listening on {} (not a loopback address) needs a token: --auth-token-file FILE. Requests carry API keys and the store holds every conversation, so serve does not answer other machines without one",
+            config.listen
+        )));
+    }
     config.anthropic_upstream = base_url(&config.anthropic_upstream)?;
     config.openai_upstream = base_url(&config.openai_upstream)?;
     let path = config.store.clone();

@@ -1,6 +1,7 @@
 //! `serve.json` in the store folder: where a running server listens, its process id, and a token that
 //! another `condense` process on the same machine presents to run a command through the server while it
-//! holds the store. The file is readable by its owner only; the token never appears in a log or an error.
+//! holds the store, and the file holding the token requests must carry when the server asks for one (the
+//! path, not the token). The file is readable by its owner only; the token never appears in a log or an error.
 
 use serde_json::{json, Value};
 use std::io::Read;
@@ -21,6 +22,8 @@ pub struct Announced {
     pub pid: u32,
     /// The token a CLI command presents.
     pub token: String,
+    /// The file holding the token every request must carry, when the server asks for one.
+    pub auth_file: Option<PathBuf>,
 }
 
 fn fresh_token() -> String {
@@ -37,10 +40,10 @@ fn fresh_token() -> String {
 }
 
 /// Writes `serve.json` for a server listening on `addr` (owner-only, written to a temp file and renamed).
-pub fn announce(store: &Path, addr: SocketAddr) -> std::io::Result<Announced> {
-    let a = Announced { addr, pid: std::process::id(), token: fresh_token() };
+pub fn announce(store: &Path, addr: SocketAddr, auth_file: Option<&Path>) -> std::io::Result<Announced> {
+    let a = Announced { addr, pid: std::process::id(), token: fresh_token(), auth_file: auth_file.map(Path::to_path_buf) };
     let tmp = store.join("serve.json.tmp");
-    let text = json!({"addr": addr.to_string(), "pid": a.pid, "token": a.token}).to_string();
+    let text = json!({"addr": addr.to_string(), "pid": a.pid, "token": a.token, "auth_file": a.auth_file}).to_string();
     {
         use std::io::Write;
         let mut opts = std::fs::OpenOptions::new();
@@ -65,6 +68,7 @@ pub fn read(store: &Path) -> Option<Announced> {
         addr: v.get("addr")?.as_str()?.parse().ok()?,
         pid: u32::try_from(v.get("pid")?.as_u64()?).ok()?,
         token: v.get("token")?.as_str()?.to_string(),
+        auth_file: v.get("auth_file").and_then(|f| f.as_str()).map(PathBuf::from),
     })
 }
 

@@ -213,20 +213,25 @@ impl Setup {
 
     /// Every byte condense wrote to disk, as one string (for "no secret was stored").
     fn store_bytes(&self) -> Vec<u8> {
-        fn walk(p: &Path, out: &mut Vec<u8>) {
-            for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
-                let p = e.path();
-                if p.is_dir() {
-                    walk(&p, out);
-                } else if let Ok(b) = std::fs::read(&p) {
-                    out.extend(b);
-                }
+        dir_bytes(self.dir.path())
+    }
+}
+
+/// Every byte of the files under `dir`.
+fn dir_bytes(dir: &Path) -> Vec<u8> {
+    fn walk(p: &Path, out: &mut Vec<u8>) {
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if let Ok(b) = std::fs::read(&p) {
+                out.extend(b);
             }
         }
-        let mut out = Vec::new();
-        walk(self.dir.path(), &mut out);
-        out
     }
+    let mut out = Vec::new();
+    walk(dir, &mut out);
+    out
 }
 
 fn contains(hay: &[u8], needle: &str) -> bool {
@@ -977,4 +982,70 @@ async fn on_postgres_acknowledged_turns_survive_crashes_and_a_down_database_fail
             r.stop().await.unwrap();
         }
     }
+}
+
+/// Issue 35, item 4: with a token, every route refuses a request without it or with a wrong one (the
+/// same refusal, in the API's format on the API paths) and serves one with it; the token never goes
+/// upstream or into the store; a non-loopback address without a token does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_every_route_and_other_addresses_need_one() {
+    const TOKEN: &str = "tok-SECRET-7f3a9c";
+    let fake = Fake::start(vec![Step::Text("hello".into())]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.auth_token = Some(TOKEN.into());
+    let serve = start(cfg.clone()).await.expect("serve starts");
+    let url = format!("http://{}", serve.addr);
+    let http = reqwest::Client::new();
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let routes: [(&str, &str, Option<&str>); 6] = [
+        ("POST", "/v1/messages", Some(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)),
+        ("POST", "/v1/chat/completions", Some(chat.as_str())),
+        ("POST", "/v1/responses", Some(r#"{"model":"m","input":"hi"}"#)),
+        ("GET", "/v1/models", None),
+        ("GET", "/condense/status", None),
+        ("POST", "/condense/cli", Some(r#"{"argv":["sessions"]}"#)),
+    ];
+    for (method, path, body) in routes {
+        let mut refusals = Vec::new();
+        for token in [None, Some("wrong"), Some("tok-SECRET-7f3a9")] {
+            let mut rb = http.request(method.parse().unwrap(), format!("{url}{path}")).header("content-type", "application/json").header("x-api-key", "k");
+            if let Some(t) = token {
+                rb = rb.header("x-condense-auth", t);
+            }
+            if let Some(b) = body {
+                rb = rb.body(b.to_string());
+            }
+            let r = rb.send().await.unwrap();
+            assert_eq!(r.status(), 401, "{method} {path} with {token:?}");
+            let text = r.text().await.unwrap();
+            assert!(text.contains("x-condense-auth"), "{path}: {text}");
+            if path == "/v1/messages" {
+                assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"]["type"], "authentication_error");
+            }
+            refusals.push(text);
+        }
+        refusals.dedup();
+        assert_eq!(refusals.len(), 1, "{path}: a missing and a wrong token are refused alike: {refusals:?}");
+    }
+    assert!(fake.log().is_empty(), "a refused request reached the provider");
+    // With the token: the API works, the token stays here.
+    let mut agent = Agent::new(Api::Chat, false, &url);
+    agent.headers.push(("x-condense-auth".into(), TOKEN.into()));
+    assert_eq!(agent.turn("hi").await.unwrap(), "hello");
+    let status = http.get(format!("{url}/condense/status")).header("x-condense-auth", TOKEN).send().await.unwrap();
+    assert_eq!(status.status(), 200);
+    for l in fake.log() {
+        assert!(l.header("x-condense-auth").is_none(), "the token went upstream");
+    }
+    serve.stop().await.unwrap();
+    assert!(!contains(&dir_bytes(dir.path()), "SECRET"), "the token reached the store");
+    // Another address: refused without a token, and an empty token is no token.
+    let mut open = cfg.clone();
+    open.listen = "0.0.0.0:0".parse().unwrap();
+    open.auth_token = None;
+    let err = start(open.clone()).await.err().expect("no token, no listening on 0.0.0.0").to_string();
+    assert!(err.contains("--auth-token-file"), "{err}");
+    open.auth_token = Some("  \n".into());
+    assert!(start(open).await.is_err(), "an empty token is refused");
 }

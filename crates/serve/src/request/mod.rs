@@ -6,7 +6,8 @@
 //! client ◀──────────────── response ◀────────────┘
 //! ```
 //!
-//! - [`routes`]: where a request enters, and the handlers that walk it down the path;
+//! - [`routes`]: where a request enters (its token checked first when serve asks for one), and the
+//!   handlers that walk it down the path;
 //! - [`read`]: the body read into a [`read::Req`] (fields as written, message units, tools, overhead);
 //! - [`conversation`]: the conversation found or created, the request recorded, the context prepared
 //!   and the upstream body written, on a blocking thread with the conversation locked;

@@ -29,7 +29,34 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/condense/status", get(status))
         .route("/condense/cli", post(cli))
         .fallback(passthrough)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
+}
+
+/// The header that carries serve's own token (never forwarded upstream: `x-condense-*` headers stop here).
+pub const AUTH_HEADER: &str = "x-condense-auth";
+
+/// With a token configured, every request (the APIs, the pass-through, status, the CLI route) must carry
+/// it in [`AUTH_HEADER`]. The comparison takes the same time whatever the header holds (both sides are
+/// hashed, and hashes compare in constant time), and a refusal reads the same on every path: it says
+/// nothing of the sessions behind it.
+async fn authenticate(axum::extract::State(st): S, req: Request, next: axum::middleware::Next) -> Response {
+    let Some(token) = &st.cfg.auth_token else { return next.run(req).await };
+    let given = req.headers().get(AUTH_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
+    if blake3::hash(given) == blake3::hash(token.as_bytes()) {
+        return next.run(req).await;
+    }
+    let message = format!("condense serve: this server needs its token in the `{AUTH_HEADER}` header");
+    let path = req.uri().path();
+    let api = match path {
+        "/v1/messages" | "/v1/messages/count_tokens" => Some(Api::Anthropic),
+        p if p.starts_with("/v1/") => Some(Api::Chat),
+        _ => None,
+    };
+    match api {
+        Some(api) => json_response(StatusCode::UNAUTHORIZED, &crate::api::error_body(api, "authentication_error", &message)),
+        None => (StatusCode::UNAUTHORIZED, format!("{message}\n")).into_response(),
+    }
 }
 
 type S = axum::extract::State<Arc<State>>;
