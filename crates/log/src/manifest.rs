@@ -6,7 +6,8 @@
 //!
 //! The manifest is written after sled's flush returns, so it never claims more than sled made durable; it
 //! is not synced itself, so after a power cut it may lag (a loss goes unnoticed), never lead (no false
-//! alarm). A record cut short by a crash is ignored.
+//! alarm). A record cut short by a crash is ignored. Once it holds well over one record per session it is
+//! written anew, one record per session (a temporary file renamed over it), at open and while serving.
 
 use crate::{LogError, Result};
 use condense_events::{Seq, SessionId};
@@ -22,6 +23,11 @@ const REMOVED: u64 = u64::MAX;
 
 pub(crate) struct Manifest {
     file: Option<std::fs::File>,
+    dir: std::path::PathBuf,
+    /// Every session's highest recorded head: what a compaction writes.
+    heads: BTreeMap<SessionId, Seq>,
+    /// The file's size.
+    size: u64,
 }
 
 /// Reads the manifest at `dir/heads`: the highest acknowledged head of each session it names.
@@ -59,29 +65,52 @@ impl Manifest {
     /// Opens the manifest for appending; when it has grown well past one record per session, first
     /// rewrites it (temp file and rename) to hold only `heads`.
     pub(crate) fn open(dir: &Path, heads: &BTreeMap<SessionId, Seq>, size: u64) -> Result<Manifest> {
-        let path = dir.join(FILE);
-        let io = |source| LogError::Io { path: path.clone(), source };
+        let mut m = Manifest { file: None, dir: dir.to_path_buf(), heads: heads.clone(), size };
         let needed = (heads.len() * RECORD) as u64;
-        if size != needed && (size > 4 * needed + 4096 || !size.is_multiple_of(RECORD as u64) || size == 0) {
-            let tmp = dir.join(format!("{FILE}.tmp"));
-            std::fs::write(&tmp, encode(heads)).map_err(|source| LogError::Io { path: tmp.clone(), source })?;
-            std::fs::rename(&tmp, &path).map_err(io)?;
+        if size != needed && (m.oversized() || !size.is_multiple_of(RECORD as u64) || size == 0) {
+            m.rewrite().map_err(|(path, source)| LogError::Io { path, source })?;
+        } else {
+            let path = dir.join(FILE);
+            m.file = Some(std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|source| LogError::Io { path, source })?);
         }
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(io)?;
-        Ok(Manifest { file: Some(file) })
+        Ok(m)
     }
 
-    /// Records new heads. A failed write stops the manifest (it then lags, which hides a later loss but
-    /// never reports a false one); the events themselves are already durable.
+    /// Whether the file holds well over one record per session.
+    fn oversized(&self) -> bool {
+        self.size > 4 * (self.heads.len() * RECORD) as u64 + 4096
+    }
+
+    /// Writes the file anew with one record per session (a temporary file renamed over it) and opens it
+    /// for appending.
+    fn rewrite(&mut self) -> std::result::Result<(), (std::path::PathBuf, std::io::Error)> {
+        let (path, tmp) = (self.dir.join(FILE), self.dir.join(format!("{FILE}.tmp")));
+        let bytes = encode(&self.heads);
+        std::fs::write(&tmp, &bytes).map_err(|e| (tmp.clone(), e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| (path.clone(), e))?;
+        self.file = Some(std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| (path.clone(), e))?);
+        self.size = bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Records new heads, and compacts the file once it holds well over a record per session (a served
+    /// store commits thousands of times between opens). A failed write stops the manifest (it then lags,
+    /// which hides a later loss but never reports a false one); the events themselves are already durable.
     pub(crate) fn record(&mut self, heads: impl Iterator<Item = (SessionId, Seq)>) {
         let mut buf = Vec::new();
         for (s, h) in heads {
             buf.extend_from_slice(&s.to_le_bytes());
             buf.extend_from_slice(&h.to_le_bytes());
+            let e = self.heads.entry(s).or_insert(0);
+            *e = h.max(*e);
         }
-        if let Some(f) = &mut self.file
-            && f.write_all(&buf).is_err()
-        {
+        let Some(f) = &mut self.file else { return };
+        if f.write_all(&buf).is_err() {
+            self.file = None;
+            return;
+        }
+        self.size += buf.len() as u64;
+        if self.oversized() && self.rewrite().is_err() {
             self.file = None;
         }
     }
@@ -94,6 +123,8 @@ impl Manifest {
         let mut rec = session.to_le_bytes().to_vec();
         rec.extend_from_slice(&REMOVED.to_le_bytes());
         f.write_all(&rec)?;
+        self.size += rec.len() as u64;
+        self.heads.remove(&session);
         f.sync_data()
     }
 }
