@@ -256,6 +256,10 @@ pub struct ServeArgs {
     /// listen on anything but loopback)
     #[arg(long, value_name = "FILE")]
     pub auth_token_file: Option<PathBuf>,
+    /// Memory that requests may hold at once (bytes, default 2 GiB); past it a request gets a 503 with
+    /// retry-after, or a 413 when it could never fit
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1 << 20..))]
+    pub memory_budget: Option<u64>,
 }
 
 /// `condense history`'s verbs.

@@ -27,6 +27,9 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
         cfg.max_tool_rounds = n;
     }
     cfg.price_cache = a.price_cache;
+    if let Some(b) = a.memory_budget {
+        cfg.memory_budget = b;
+    }
     let file = load_config(a.config.as_deref(), store_dir)?;
     cfg.summarizer = summarizer_of(&file, true);
     cfg.file = file;

@@ -46,6 +46,7 @@
 
 pub mod api;
 pub mod billing;
+mod budget;
 pub mod conv;
 pub mod fake;
 pub mod lock;
@@ -111,6 +112,29 @@ pub struct ServeConfig {
     /// The token every request must carry in the `x-condense-auth` header (`None`: no token; only
     /// allowed on a loopback address).
     pub auth_token: Option<String>,
+    /// The memory requests may hold at once, bytes (see `budget.rs`).
+    pub memory_budget: u64,
+    /// How long a client may take to send a request's headers, and its body; how long a stopping server
+    /// waits for requests in flight.
+    pub timeouts: Timeouts,
+}
+
+/// serve's own time limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// A request's headers must arrive within this; the connection is closed otherwise (2,000 connections
+    /// with unfinished headers stayed open before issue 35).
+    pub header_read: std::time::Duration,
+    /// A request's body must arrive within this once its headers did (a 408 otherwise).
+    pub body_read: std::time::Duration,
+    /// A stopping server waits this long at most for requests in flight (a hung upstream), then stops.
+    pub shutdown_grace: std::time::Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Timeouts {
+        Timeouts { header_read: std::time::Duration::from_secs(10), body_read: std::time::Duration::from_secs(60), shutdown_grace: std::time::Duration::from_secs(10) }
+    }
 }
 
 impl ServeConfig {
@@ -130,6 +154,8 @@ impl ServeConfig {
             cache_bytes: 64 << 20,
             price_cache: false,
             auth_token: None,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
+            timeouts: Timeouts::default(),
         }
     }
 }
@@ -193,6 +219,45 @@ impl Running {
     }
 }
 
+/// The default memory budget of requests in flight: 2 GiB.
+pub const DEFAULT_MEMORY_BUDGET: u64 = 2 << 30;
+
+/// Accepts connections until `stop` fires, each served on a task of its own with a header-read timeout;
+/// then waits for the requests in flight, at most the shutdown grace.
+async fn accept(listener: tokio::net::TcpListener, app: axum::Router, timeouts: Timeouts, mut stop: tokio::sync::oneshot::Receiver<()>) -> Result<(), ServeError> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(timeouts.header_read);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => {
+                        // Stream events go out as they come.
+                        let _ = stream.set_nodelay(true);
+                        stream
+                    }
+                    // Out of file descriptors and the like: the listener stays, the next accept may work.
+                    Err(_) => {
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            _ = &mut stop => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(timeouts.shutdown_grace, graceful.shutdown()).await;
+    Ok(())
+}
+
 /// A base URL without trailing `/` or `/v1` (request paths carry `/v1`).
 fn base_url(url: &str) -> Result<String, ServeError> {
     if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -231,13 +296,7 @@ pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
     let state = state::State::new(store, config).await?;
     let app = request::routes::router(state.clone());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await
-            .map_err(ServeError::Io)
-    });
+    let timeouts = state.cfg.timeouts;
+    let task = tokio::spawn(accept(listener, app, timeouts, rx));
     Ok(Running { addr, state, shutdown: Some(tx), task })
 }

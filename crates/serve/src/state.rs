@@ -54,6 +54,8 @@ pub struct State {
     /// The sessions read for `names`: every id up to this one.
     pub(crate) scanned: std::sync::Mutex<SessionId>,
     pub(crate) counters: Counters,
+    /// The memory requests may hold at once.
+    pub(crate) budget: Arc<crate::budget::Budget>,
 }
 
 impl State {
@@ -70,12 +72,13 @@ impl State {
             .map_err(|source| ServeError::Store { path: cfg.store.clone(), source })?;
         Ok(Arc::new(State {
             store,
-            cfg,
             http,
             convs: AsyncMutex::new(BTreeMap::new()),
             names: std::sync::Mutex::new(names),
             scanned: std::sync::Mutex::new(scanned),
             counters: Counters::default(),
+            budget: crate::budget::Budget::new(cfg.memory_budget),
+            cfg,
         }))
     }
 
@@ -118,6 +121,8 @@ impl State {
             "overflows": g(&c.overflows),
             "upstream_errors": g(&c.upstream_errors),
             "passthrough": g(&c.passthrough),
+            "memory_reserved_bytes": self.budget.used(),
+            "memory_budget_bytes": self.cfg.memory_budget,
             "latency_ms": self.latency_json(),
             "summarizer_fallbacks": self.cfg.summarizer.as_ref().map_or(0, |s| s.fallbacks().count),
         })

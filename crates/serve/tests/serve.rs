@@ -1049,3 +1049,93 @@ async fn a_token_guards_every_route_and_other_addresses_need_one() {
     open.auth_token = Some("  \n".into());
     assert!(start(open).await.is_err(), "an empty token is refused");
 }
+
+/// Sends raw bytes on a new connection and returns what came back before the server closed it or
+/// `wait` passed (with whether it closed).
+async fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8], wait: std::time::Duration) -> (String, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match tokio::time::timeout(wait, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    (String::from_utf8_lossy(&out).into_owned(), closed)
+}
+
+/// Issue 35, item 3: a declared length over the limit is refused before anything is read; headers and
+/// bodies that do not arrive in time end the request; a request whose recording could never fit the
+/// memory budget gets a 413, one that would take the server past it while others hold it a 503 with
+/// `retry-after`; a stopping server waits for a hung upstream request no longer than its grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_on_size_time_and_memory_hold() {
+    use std::time::{Duration, Instant};
+    let mut steps = vec![Step::Slow(1500), Step::Text("slow answer".into())];
+    steps.extend((0..4).map(|i| Step::Text(format!("quick {i}"))));
+    let fake = Fake::start(steps).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.timeouts.header_read = Duration::from_millis(500);
+    cfg.timeouts.body_read = Duration::from_millis(500);
+    cfg.timeouts.shutdown_grace = Duration::from_secs(1);
+    cfg.memory_budget = 4 << 20;
+    let serve = start(cfg).await.unwrap();
+    let addr = serve.addr;
+    // A declared 10 GB body: a 413 at once, nothing read.
+    let (resp, _) = raw_exchange(addr, b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 10000000000\r\n\r\n", Duration::from_secs(5)).await;
+    assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+    assert!(resp.contains("request_too_large"), "{resp}");
+    // Headers that never finish: the connection is closed.
+    let t0 = Instant::now();
+    let (_, closed) = raw_exchange(addr, b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n", Duration::from_secs(5)).await;
+    assert!(closed, "a connection with unfinished headers stayed open {:?}", t0.elapsed());
+    // A body that stops short of its declared length: a 408.
+    let (resp, _) = raw_exchange(addr, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":", Duration::from_secs(5)).await;
+    assert!(resp.starts_with("HTTP/1.1 408"), "{resp}");
+    // A thousand tiny messages need more than the 4 MiB budget to record: a 413 that says so.
+    let url = format!("http://{addr}");
+    let many: Vec<Value> = (0..1000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "x"})).collect();
+    let r = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).header("x-api-key", "k").header("content-type", "application/json").body(json!({"model": "m", "messages": many}).to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    assert!(r.text().await.unwrap().contains("memory budget"));
+    // One request in flight holds ~1.2 MB of it (a 100 KB body); two more at once would pass the budget.
+    let big = "y".repeat(100_000);
+    let mut slow = Agent::new(Api::Chat, false, &url);
+    slow.user(&big);
+    let held = tokio::spawn(async move { slow.request().await.map(|m| m.text()) });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let others = (0..3).map(|i| {
+        let mut a = Agent::new(Api::Chat, false, &url);
+        a.headers.push(("x-condense-session".into(), format!("other-{i}")));
+        a.user(&big);
+        async move { a.request().await }
+    });
+    let rest = futures_util::future::join_all(others).await;
+    let busy: Vec<&(u16, String)> = rest.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(!busy.is_empty() && busy.iter().all(|(s, b)| *s == 503 && b.contains("busy")), "{rest:?}");
+    assert_eq!(held.await.unwrap().unwrap(), "slow answer");
+    let mut after = Agent::new(Api::Chat, false, &url);
+    after.user(&big);
+    assert!(after.request().await.unwrap().text().starts_with("quick "), "the budget came back when the requests ended");
+    assert_eq!(serve.state.status().await["memory_reserved_bytes"], 0);
+    serve.stop().await.unwrap();
+    // A request hanging on the upstream does not hold up a stop past the grace.
+    let fake = Fake::start(vec![Step::Slow(60_000), Step::Text("never".into())]).await;
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.timeouts.shutdown_grace = Duration::from_secs(1);
+    let serve = start(cfg).await.unwrap();
+    let url = format!("http://{}", serve.addr);
+    let mut hung = Agent::new(Api::Chat, false, &url);
+    hung.user("this one hangs");
+    let pending = tokio::spawn(async move { hung.request().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    serve.stop().await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(8), "the stop waited {:?} for a hung request", t0.elapsed());
+    pending.abort();
+}

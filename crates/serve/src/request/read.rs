@@ -1,7 +1,9 @@
 //! Reading a request of one of the three APIs: the body's fields as the client wrote them, its message
 //! list split into units, the tools it declares, and what it carries besides the conversation.
 
+use crate::budget::{Refusal, Reservation, PER_BODY_BYTE, PER_MESSAGE};
 use crate::state::State;
+use axum::response::IntoResponse;
 use crate::request::response::api_error;
 use crate::conv::Internal;
 use axum::extract::Request;
@@ -75,17 +77,57 @@ pub(crate) struct Req {
     pub(crate) overhead: u64,
     /// The conversation's ledger, once the conversation is known (what is sent upstream is billed there).
     pub(crate) ledger: Option<Arc<crate::billing::Ledger>>,
+    /// The memory it holds of the server's budget, until its response has ended.
+    pub(crate) _reservation: Reservation,
+}
+
+/// Reads a request's body within the limits: a declared length over `--max-body-bytes` is refused before
+/// anything is read; the body must arrive within the body-read timeout; its reservation of the memory
+/// budget (`per_byte` times its length, the limit when it declares none) is taken before it is read.
+/// `api`: the API whose error format a refusal takes (`None`: plain text).
+pub(crate) async fn read_body(st: &State, api: Option<Api>, headers: &HeaderMap, body: axum::body::Body, per_byte: u64) -> Result<(bytes::Bytes, Reservation), Response> {
+    let max = st.cfg.max_body_bytes;
+    let too_large = || error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {max}-byte limit (--max-body-bytes)"));
+    let declared = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let reservation = st.budget.reserve(declared.unwrap_or(max as u64) * per_byte).map_err(|r| refused(api, &r))?;
+    let limit = st.cfg.timeouts.body_read;
+    match tokio::time::timeout(limit, axum::body::to_bytes(body, max)).await {
+        Ok(Ok(b)) => Ok((b, reservation)),
+        // Within its declared length, a body that fails broke off; without one, it ran over the limit.
+        Ok(Err(_)) if declared.is_some() => Err(error(api, StatusCode::BAD_REQUEST, "invalid_request_error", "condense serve: the request body broke off before its declared length")),
+        Ok(Err(_)) => Err(too_large()),
+        Err(_) => Err(error(api, StatusCode::REQUEST_TIMEOUT, "request_timeout", &format!("condense serve: the request body did not arrive within {} s", limit.as_secs_f64()))),
+    }
+}
+
+/// An error in `api`'s format, or as plain text.
+fn error(api: Option<Api>, status: StatusCode, kind: &str, message: &str) -> Response {
+    match api {
+        Some(api) => api_error(api, status, kind, message),
+        None => (status, format!("{message}\n")).into_response(),
+    }
+}
+
+/// A refused reservation: 413 when the request could never fit, else 503 with `retry-after`.
+pub(crate) fn refused(api: Option<Api>, r: &Refusal) -> Response {
+    let message = format!("condense serve: {r}");
+    match r {
+        Refusal::TooLarge { .. } => error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &message),
+        Refusal::Busy { .. } => {
+            let mut resp = error(api, StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", &message);
+            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+            resp
+        }
+    }
 }
 
 /// Reads a request of one of the three APIs: its body bytes, and the request, or the error response.
 pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(Req, bytes::Bytes, std::time::Instant), Response> {
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, st.cfg.max_body_bytes).await {
-        Ok(b) => b,
-        Err(_) => {
-            return Err(api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &format!("condense serve: the request body is over the {}-byte limit", st.cfg.max_body_bytes)))
-        }
-    };
+    let (bytes, mut reservation) = read_body(st, Some(api), &parts.headers, body, PER_BODY_BYTE).await?;
     let arrived = std::time::Instant::now();
     let bad = |m: String| api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {m}"));
     let (fields, items, listed) = {
@@ -132,12 +174,17 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
         raw.items = raw.items.iter().map(|r| r.start + offset..r.end + offset).collect();
         raw.buf = bytes::Bytes::from(joined);
     }
+    // Now that its messages are counted, the request holds what recording them takes.
+    let need = bytes.len() as u64 * PER_BODY_BYTE + raw.items.len() as u64 * PER_MESSAGE;
+    if let Err(r) = reservation.resize(need) {
+        return Err(refused(Some(api), &r));
+    }
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     // What every request carries besides the conversation: the system prompt (a field, or the leading
     // system/developer messages), instructions and tool declarations.
     let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
         + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
     let overhead = overhead_bytes.div_ceil(4) as u64;
-    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, ..Internal::default() }, overhead, stream, model, metadata, ledger: None };
+    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
     Ok((req, bytes, arrived))
 }

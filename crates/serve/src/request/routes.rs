@@ -4,7 +4,7 @@
 
 use crate::billing::Side;
 use crate::state::State;
-use crate::request::read::read_request;
+use crate::request::read::{read_body, read_request};
 use crate::request::conversation::{conv_for, conv_lookup, prepare, with_conv};
 use crate::request::rounds::run_rounds;
 use crate::request::upstream::{count_upstream, forward_unchanged, unreachable, upstream_body, upstream_for, upstream_headers};
@@ -108,9 +108,10 @@ pub(crate) async fn passthrough(axum::extract::State(st): S, req: Request) -> Re
     if !parts.uri.path().starts_with("/v1/") {
         return (StatusCode::NOT_FOUND, "condense serve: unknown path (the provider APIs live under /v1/, the status at /condense/status)\n").into_response();
     }
-    let bytes = match axum::body::to_bytes(body, st.cfg.max_body_bytes).await {
+    // Forwarded as it is: the body and its copy on the way out.
+    let (bytes, _reservation) = match read_body(&st, None, &parts.headers, body, 2).await {
         Ok(b) => b,
-        Err(_) => return (StatusCode::PAYLOAD_TOO_LARGE, format!("condense serve: the request body is over the {}-byte limit\n", st.cfg.max_body_bytes)).into_response(),
+        Err(resp) => return resp,
     };
     st.counters.passthrough.fetch_add(1, Ordering::Relaxed);
     let base = upstream_for(&st, &parts.headers);
