@@ -35,7 +35,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         _ => {
-            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only import|simulate|quality|pruning|serve|switch|postgres]");
+            eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only import|simulate|quality|pruning|serve|request-memory|e2e|switch|postgres]");
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
             eprintln!("       cargo xtask man [--out DIR]");
             Ok(())
@@ -214,6 +214,7 @@ fn bench(args: &[String]) -> Result<()> {
         let mut md = String::new();
         match section.as_str() {
             "serve" => serve::bench(&mut md, &scratch)?,
+            "request-memory" => serve::request_memory(&mut md, &scratch)?,
             "switch" => switch_bench(&mut md, &scratch)?,
             "postgres" => postgres::bench(&mut md, &scratch)?,
             "import" => import_bench(&mut md, &scratch, true)?,
@@ -221,7 +222,7 @@ fn bench(args: &[String]) -> Result<()> {
             "quality" => quality(&mut md, &scratch)?,
             "pruning" => pruning(&mut md, &scratch, true)?,
             "e2e" => e2e_cost(&mut md)?,
-            _ => bail!("--only takes `import`, `simulate`, `quality`, `pruning`, `serve`, `e2e`, `switch` or `postgres`"),
+            _ => bail!("--only takes `import`, `simulate`, `quality`, `pruning`, `serve`, `request-memory`, `e2e`, `switch` or `postgres`"),
         }
         let path = root().join("docs/benchmarks.md");
         let mut doc = std::fs::read_to_string(&path).unwrap_or_default();
@@ -274,6 +275,7 @@ fn bench(args: &[String]) -> Result<()> {
     switch_bench(&mut md, &scratch)?;
     postgres::bench(&mut md, &scratch)?;
     serve::bench(&mut md, &scratch)?;
+    serve::request_memory(&mut md, &scratch)?;
     e2e_cost(&mut md)?;
     writeln!(md, "\n## Reference figures (pi and pi-condense)\n")?;
     writeln!(md, "From `../shared/PEERS.md`: pi 0.73.1 and pi-condense 2.9.1 under Node 20 on a 2-core machine like this one, median of 5 runs. pi `buildSessionContext` on the synthetic sessions: 0.63 ms (1k), 10.4 ms (10k), 715 ms (100k), 55,870 ms (1M). pi-condense render at end of session: 15.5 ms (1k), 269 ms (10k), 50,857 ms (100k). `JSON.parse` of every line: 7.2 ms (1k), 100 ms (10k), 1,306 ms (100k). Corpus pi-mono before-compaction: pi 0.55 ms, pi-condense per call 2.30 ms median. A bare `serde_json::Value` parse ran at about 365 MB/s there.\n")?;

@@ -162,3 +162,51 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     drop(rt);
     Ok(())
 }
+
+/// The peak memory of one request by shape (`--only request-memory`): each shape sent once to a fresh
+/// release server, its VmHWM over the baseline, beside the reservation serve's memory budget takes for it
+/// (12 bytes per byte of body and 8 KiB per message, `crates/serve/src/budget.rs`).
+pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
+    let bin = release_binary()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let fake = rt.block_on(Fake::start((0..8).map(|_| condense_serve::fake::Step::Text("ok".into())).collect()));
+    let tiny = |n: usize| (0..n).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "x"})).collect::<Vec<_>>();
+    let shapes: Vec<(&str, Vec<Value>)> = vec![
+        ("10,000 messages of ~1 KB", (0..10_000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("line of text {i} ").repeat(60)})).collect()),
+        ("one message of 60 MB", vec![json!({"role": "user", "content": "word ".repeat(12_000_000)})]),
+        ("100,000 one-letter messages", tiny(100_000)),
+        ("500,000 one-letter messages", tiny(500_000)),
+    ];
+    writeln!(md, "\n## Memory of one request\n")?;
+    writeln!(md, "Each shape sent once (Chat Completions, JSON) to a fresh release `condense serve` (`--max-body-bytes` 200 MB, the default 2 GiB memory budget) against a fake upstream; *peak* is the server's VmHWM minus its RSS before the request. The *reservation* is what serve's memory budget takes for the request before recording it (`crates/serve/src/budget.rs`); a request whose reservation exceeds the whole budget is refused with a 413 (docs/serve.md, \"Limits\").\n")?;
+    writeln!(md, "| body | size | status | peak | peak per byte of body | reservation |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|")?;
+    let agent = reqwest::blocking::Client::builder().timeout(Duration::from_secs(600)).build()?;
+    for (name, messages) in shapes {
+        let store = scratch.join("request-memory-store");
+        let _ = std::fs::remove_dir_all(&store);
+        let mut child = Command::new(&bin)
+            .arg("--store")
+            .arg(&store)
+            .args(["serve", "--listen", "127.0.0.1:0", "--max-body-bytes", &(200u64 << 20).to_string(), "--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).context("serve's address")?.to_string();
+        let body = json!({"model": "m", "messages": messages}).to_string();
+        let before = status_kib(child.id(), "VmRSS:");
+        let r = agent.post(format!("http://{addr}/v1/chat/completions")).header("authorization", "Bearer bench").header("content-type", "application/json").body(body.clone()).send()?;
+        let code = r.status().as_u16();
+        let _ = r.bytes();
+        let peak = (status_kib(child.id(), "VmHWM:") - before) * 1024.0;
+        let reservation = body.len() as f64 * condense_serve::budget::PER_BODY_BYTE as f64 + messages.len() as f64 * condense_serve::budget::PER_MESSAGE as f64;
+        writeln!(md, "| {name} | {:.1} MB | {code} | {:.0} MB | {:.1} | {:.0} MB |", body.len() as f64 / 1e6, peak / 1e6, peak / body.len() as f64, reservation / 1e6)?;
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    drop(rt);
+    Ok(())
+}

@@ -104,10 +104,24 @@ fn absolute_args(argv: &[String], takes_paths: bool) -> Vec<String> {
     out
 }
 
+/// Whether process `pid` exists (on Linux, by `/proc`; elsewhere every announced server is taken as
+/// running, and a gone one is found by its refused connection).
+fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") { Path::new(&format!("/proc/{pid}")).exists() } else { true }
+}
+
+/// How long a command waits for the server holding its store to answer at all.
+const ROUTE_PROBE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs the command inside a `condense serve` that holds this store, if one answers; `None` when no
 /// server runs here (the caller opens the store itself).
 pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) -> Result<Option<ExitCode>> {
     let Some(announced) = store_folder(store_dir).and_then(lock::read) else { return Ok(None) };
+    if !process_alive(announced.pid) {
+        // A server killed without withdrawing its serve.json: the store is free, and whatever listens on
+        // that port now is not it.
+        return Ok(None);
+    }
     let mut utf8 = Vec::with_capacity(argv.len());
     for (i, a) in argv.iter().enumerate() {
         match a.to_str() {
@@ -121,17 +135,37 @@ pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) ->
         }
     }
     let argv = &utf8;
+    // The server asks every request for its token when it has one: the command sends it too, read from
+    // the file the server named (never from serve.json itself).
+    let auth = match &announced.auth_file {
+        Some(f) => Some(std::fs::read_to_string(f).with_context(|| format!("reading the token file {} of the condense serve holding {}", f.display(), store_dir.display()))?.trim().to_string()),
+        None => None,
+    };
+    let with_auth = |rb: reqwest::blocking::RequestBuilder| match &auth {
+        Some(t) => rb.header(condense_serve::AUTH_HEADER, t),
+        None => rb,
+    };
+    // First whether it answers at all: a server that is stopped (SIGSTOP) or hung still accepts
+    // connections, and the command would wait for it forever.
+    let probe = reqwest::blocking::Client::builder().timeout(ROUTE_PROBE).build().context("starting the HTTP client")?;
+    match with_auth(probe.get(format!("http://{}/condense/status", announced.addr))).send() {
+        Ok(_) => {}
+        Err(e) if e.is_timeout() => bail!(
+            "the condense serve holding {} (pid {}, http://{}) does not answer within {} s; if it was stopped, continue it (kill -CONT {}), else stop it",
+            store_dir.display(),
+            announced.pid,
+            announced.addr,
+            ROUTE_PROBE.as_secs(),
+            announced.pid
+        ),
+        // A server that announced itself and is gone (killed): the store is free again.
+        Err(_) => return Ok(None),
+    }
     let url = format!("http://{}/condense/cli", announced.addr);
     let body = serde_json::json!({"argv": absolute_args(argv, takes_paths)}).to_string();
     // No overall timeout: a command (an import of a large folder) runs as long as it needs.
     let client = reqwest::blocking::Client::builder().timeout(None).build().context("starting the HTTP client")?;
-    let mut req = client.post(&url).header("x-condense-token", &announced.token).header("content-type", "application/json");
-    if let Some(f) = &announced.auth_file {
-        // The server asks every request for its token: the command sends it too, read from the file the
-        // server named (never from serve.json itself).
-        let token = std::fs::read_to_string(f).with_context(|| format!("reading the token file {} of the condense serve holding {}", f.display(), store_dir.display()))?;
-        req = req.header(condense_serve::AUTH_HEADER, token.trim());
-    }
+    let req = with_auth(client.post(&url).header("x-condense-token", &announced.token).header("content-type", "application/json"));
     let resp = req.body(body).send();
     let resp = match resp {
         Ok(r) => r,

@@ -375,6 +375,37 @@ fn kill_9_in_the_middle_of_a_request_loses_nothing_and_the_retry_succeeds() {
     drop(rt);
 }
 
+/// Issue 35: a command routed to a server that is stopped (SIGSTOP: it still accepts connections) fails in
+/// seconds, saying what to do, instead of waiting forever; and a `serve.json` left by a killed server whose
+/// port another process took no longer makes every command fail (it was 403 from the other process).
+#[test]
+fn commands_neither_hang_on_a_stopped_server_nor_trust_a_stale_announcement() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let fake = rt.block_on(Fake::start(vec![]));
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut serve = Serve::start(&store, &fake);
+    let pid = serve.child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let t0 = std::time::Instant::now();
+    let (code, _, err) = condense(&store, &["sessions"]);
+    let waited = t0.elapsed();
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("does not answer") && err.contains("kill -CONT"), "{err}");
+    assert!(waited < std::time::Duration::from_secs(30), "the command waited {waited:?}");
+    assert_eq!(condense(&store, &["sessions"]).0, 0, "a continued server answers again");
+    // Killed, its serve.json stays; another process takes the port (here the fake provider's).
+    serve.kill9();
+    let announced = std::fs::read_to_string(store.join("serve.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&announced).unwrap();
+    v["addr"] = serde_json::json!(fake.url().trim_start_matches("http://"));
+    std::fs::write(store.join("serve.json"), v.to_string()).unwrap();
+    let (code, out, err) = condense(&store, &["sessions"]);
+    assert_eq!(code, 0, "a stale announcement: {out}{err}");
+    drop(rt);
+}
+
 #[test]
 fn cli_commands_go_through_a_running_server() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();

@@ -46,7 +46,7 @@
 
 pub mod api;
 pub mod billing;
-mod budget;
+pub mod budget;
 pub mod conv;
 pub mod fake;
 pub mod lock;
