@@ -65,17 +65,14 @@ fn status(agent: &reqwest::blocking::Client, addr: &str) -> Result<Value> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// Runs the benchmarks and writes their section.
-pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
-    let bin = release_binary()?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let fake = rt.block_on(Fake::start(Vec::new()));
-    let store = scratch.join("serve-store");
-    let _ = std::fs::remove_dir_all(&store);
-    let mut child = Command::new(&bin)
+/// Starts the release `condense serve` on `store` in front of `fake`, with `extra` flags; returns the
+/// child and the address it listens on.
+fn spawn_serve(bin: &Path, store: &Path, fake: &Fake, extra: &[&str]) -> Result<(std::process::Child, String)> {
+    let mut child = Command::new(bin)
         .arg("--store")
-        .arg(&store)
+        .arg(store)
         .args(["serve", "--listen", "127.0.0.1:0", "--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()?;
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
@@ -83,6 +80,17 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     out.read_line(&mut line)?;
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).context("serve's address")?.to_string();
+    Ok((child, addr))
+}
+
+/// Runs the benchmarks and writes their section.
+pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
+    let bin = release_binary()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let fake = rt.block_on(Fake::start(Vec::new()));
+    let store = scratch.join("serve-store");
+    let _ = std::fs::remove_dir_all(&store);
+    let (mut child, addr) = spawn_serve(&bin, &store, &fake, &[])?;
     let pid = child.id();
     let agent = reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build()?;
     writeln!(md, "\n## condense serve\n")?;
@@ -185,17 +193,7 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
     for (name, messages) in shapes {
         let store = scratch.join("request-memory-store");
         let _ = std::fs::remove_dir_all(&store);
-        let mut child = Command::new(&bin)
-            .arg("--store")
-            .arg(&store)
-            .args(["serve", "--listen", "127.0.0.1:0", "--max-body-bytes", &(200u64 << 20).to_string(), "--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
-            .stdout(Stdio::piped())
-            .spawn()?;
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line)?;
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).context("serve's address")?.to_string();
+        let (mut child, addr) = spawn_serve(&bin, &store, &fake, &["--max-body-bytes", &(200u64 << 20).to_string()])?;
         let body = json!({"model": "m", "messages": messages}).to_string();
         let before = status_kib(child.id(), "VmRSS:");
         let r = agent.post(format!("http://{addr}/v1/chat/completions")).header("authorization", "Bearer bench").header("content-type", "application/json").body(body.clone()).send()?;

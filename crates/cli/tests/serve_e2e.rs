@@ -209,8 +209,13 @@ struct Env {
 }
 
 fn env() -> Env {
+    env_with(script())
+}
+
+/// A root folder and a fake provider answering with `steps`.
+fn env_with(steps: Vec<Step>) -> Env {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let fake = rt.block_on(Fake::start(script()));
+    let fake = rt.block_on(Fake::start(steps));
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     for d in ["home", "tmp", "work", "store"] {
@@ -305,10 +310,8 @@ fn condense(store: &Path, args: &[&str]) -> (i32, String, String) {
 /// corruption that is not there (issue 35: 7 runs of 8 reported `head is 264 but events end at 266`).
 #[test]
 fn verify_while_serve_has_traffic_passes() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let fake = rt.block_on(Fake::start((0..2000).map(|i| Step::Text(format!("answer {i}"))).collect()));
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
+    let e = env_with((0..2000).map(|i| Step::Text(format!("answer {i}"))).collect());
+    let (fake, store) = (&e.fake, e.root.join("store"));
     let serve = Serve::start(&store, &fake);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (addr, stop2) = (serve.addr.clone(), stop.clone());
@@ -332,15 +335,13 @@ fn verify_while_serve_has_traffic_passes() {
     }
     assert!(turns >= 8, "the traffic ran while verify did ({turns} turns)");
     drop(serve);
-    drop(rt);
+    drop(e);
 }
 
 #[test]
 fn kill_9_in_the_middle_of_a_request_loses_nothing_and_the_retry_succeeds() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let fake = rt.block_on(Fake::start(vec![Step::Text("first answer".into()), Step::Slow(3000), Step::Text("lost answer".into()), Step::Text("second answer".into())]));
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
+    let e = env_with(vec![Step::Text("first answer".into()), Step::Slow(3000), Step::Text("lost answer".into()), Step::Text("second answer".into())]);
+    let (fake, store) = (&e.fake, e.root.join("store"));
     let mut serve = Serve::start(&store, &fake);
     let mut history = serde_json::json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "one"}]);
     let (status, v) = chat(&serve.addr, &history).unwrap();
@@ -372,7 +373,7 @@ fn kill_9_in_the_middle_of_a_request_loses_nothing_and_the_retry_succeeds() {
     let (code, out, err) = condense(&store, &["verify"]);
     assert_eq!(code, 0, "{out}{err}");
     drop(serve);
-    drop(rt);
+    drop(e);
 }
 
 /// Issue 35: a command routed to a server that is stopped (SIGSTOP: it still accepts connections) fails in
@@ -380,10 +381,8 @@ fn kill_9_in_the_middle_of_a_request_loses_nothing_and_the_retry_succeeds() {
 /// port another process took no longer makes every command fail (it was 403 from the other process).
 #[test]
 fn commands_neither_hang_on_a_stopped_server_nor_trust_a_stale_announcement() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let fake = rt.block_on(Fake::start(vec![]));
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
+    let e = env_with(vec![]);
+    let (fake, store) = (&e.fake, e.root.join("store"));
     let mut serve = Serve::start(&store, &fake);
     let pid = serve.child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
@@ -403,18 +402,16 @@ fn commands_neither_hang_on_a_stopped_server_nor_trust_a_stale_announcement() {
     std::fs::write(store.join("serve.json"), v.to_string()).unwrap();
     let (code, out, err) = condense(&store, &["sessions"]);
     assert_eq!(code, 0, "a stale announcement: {out}{err}");
-    drop(rt);
+    drop(e);
 }
 
 #[test]
 fn cli_commands_go_through_a_running_server() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let fake = rt.block_on(Fake::start(vec![]));
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
+    let e = env_with(vec![]);
+    let (fake, store) = (&e.fake, e.root.join("store"));
     // A server that asks for a token: a command routed through it sends the token from the file serve
     // names in serve.json (the file holds the path, not the token).
-    let token_file = dir.path().join("token");
+    let token_file = e.root.join("token");
     std::fs::write(&token_file, E2E_TOKEN).unwrap();
     let serve = Serve::start_auth(&store, &fake, Some(&token_file));
     assert!(!std::fs::read_to_string(store.join("serve.json")).unwrap().contains(E2E_TOKEN));
@@ -441,7 +438,7 @@ fn cli_commands_go_through_a_running_server() {
     assert_eq!(code, 2);
     assert_eq!(err.trim(), "condense: no session named `nope`");
     drop(serve);
-    drop(rt);
+    drop(e);
 }
 
 // ---------------------------------------------------------------------------------------------------
