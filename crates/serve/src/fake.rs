@@ -39,6 +39,10 @@ pub enum Step {
     Fail(u16, String),
     /// Wait this many milliseconds, then answer with the next step.
     Slow(u64),
+    /// Answer with this text, a stream preceded by bytes that are not UTF-8.
+    Garbled(String),
+    /// Answer 200 with this content type and body, whatever was asked.
+    Raw(String, String),
 }
 
 /// A request the fake received.
@@ -262,6 +266,13 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         Step::Call(name, args) => Reply { text: String::new(), calls: vec![(format!("call_{n}"), name, args)] },
         Step::NewContext => Reply { text: String::new(), calls: vec![(format!("call_{n}"), NEW_CONTEXT_TOOL.to_string(), json!({}))] },
         Step::Text(t) => Reply { text: t, calls: Vec::new() },
+        Step::Raw(content_type, body) => return (StatusCode::OK, [("content-type", content_type)], body).into_response(),
+        Step::Garbled(t) if stream => {
+            let mut events: Vec<Result<bytes::Bytes, std::io::Error>> = vec![Ok(bytes::Bytes::from_static(b"\xff\xfe: not UTF-8\n\n"))];
+            events.extend(sse_events(api, &model, n, &Reply { text: t, calls: Vec::new() }).into_iter().map(Ok));
+            return (StatusCode::OK, [("content-type", "text/event-stream")], Body::from_stream(futures_util::stream::iter(events))).into_response();
+        }
+        Step::Garbled(t) => Reply { text: t, calls: Vec::new() },
         Step::Slow(_) => unreachable!("a delay is folded into the step after it"),
         Step::Drop => {
             let events = sse_events(api, &model, n, &Reply { text: "this reply never ends".into(), calls: Vec::new() });

@@ -42,6 +42,50 @@ pub trait Codec: Send {
 }
 
 /// The codec for `api`; `internal` tells condense's tool names.
+/// An upstream's stream bytes as UTF-8, each invalid sequence replaced by U+FFFD as the SSE format reads
+/// a stream (the event parser refuses the whole stream at the first invalid byte otherwise). A sequence
+/// cut by a chunk boundary is completed with the next chunk.
+pub fn lossy_utf8<S, E>(chunks: S) -> impl futures_util::Stream<Item = Result<bytes::Bytes, E>>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>>,
+{
+    use futures_util::StreamExt;
+    chunks.scan(Vec::<u8>::new(), |carry, chunk| {
+        let out = chunk.map(|c| {
+            carry.extend_from_slice(&c);
+            let mut text = String::new();
+            let mut rest: &[u8] = carry;
+            loop {
+                match std::str::from_utf8(rest) {
+                    Ok(t) => {
+                        text.push_str(t);
+                        rest = &[];
+                        break;
+                    }
+                    Err(e) => {
+                        let (good, bad) = rest.split_at(e.valid_up_to());
+                        text.push_str(std::str::from_utf8(good).expect("valid up to here"));
+                        match e.error_len() {
+                            Some(n) => {
+                                text.push('\u{FFFD}');
+                                rest = &bad[n..];
+                            }
+                            // Cut short at the chunk's end: kept for the next chunk.
+                            None => {
+                                rest = bad;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            *carry = rest.to_vec();
+            bytes::Bytes::from(text)
+        });
+        std::future::ready(Some(out))
+    })
+}
+
 pub fn codec(api: Api, internal: Box<dyn Fn(&str) -> bool + Send>) -> Box<dyn Codec> {
     match api {
         Api::Anthropic => Box::new(AnthropicCodec { internal, ..AnthropicCodec::default() }),
@@ -504,6 +548,16 @@ impl Codec for ResponsesCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_bytes_read_as_utf8_with_replacements_and_split_sequences_joined() {
+        use futures_util::StreamExt;
+        // "é" is split across two chunks; 0xff is invalid wherever it is.
+        let chunks = vec![Ok::<_, ()>(bytes::Bytes::from_static(b"\xffdata: caf\xc3")), Ok(bytes::Bytes::from_static(b"\xa9\n\n"))];
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let out: Vec<bytes::Bytes> = rt.block_on(lossy_utf8(futures_util::stream::iter(chunks)).map(|c| c.unwrap()).collect());
+        assert_eq!(text(&out), "\u{FFFD}data: café\n\n");
+    }
 
     fn text(out: &[bytes::Bytes]) -> String {
         out.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()

@@ -1139,3 +1139,24 @@ async fn limits_on_size_time_and_memory_hold() {
     assert!(t0.elapsed() < Duration::from_secs(8), "the stop waited {:?} for a hung request", t0.elapsed());
     pending.abort();
 }
+
+/// Issue 35, item 8: an upstream stream with bytes that are not UTF-8 ahead of its events reaches the
+/// client whole (the bytes are read as the SSE format says: replaced, not fatal), and a 200 that is not an
+/// event stream, to a streaming request, reaches the client as it came instead of as a broken stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_upstream_streams_reach_the_client_whole() {
+    for api in [Api::Anthropic, Api::Chat, Api::Responses] {
+        let s = setup(vec![Step::Garbled("through the noise".into()), Step::Raw("text/html".into(), "<html>gateway page</html>".into())], vec![]).await;
+        let mut agent = Agent::new(api, true, &s.url());
+        assert_eq!(agent.turn("hi").await.unwrap(), "through the noise", "{api:?}");
+        agent.user("again");
+        let mut rb = reqwest::Client::new().post(format!("{}{}", s.url(), agent.path())).header("content-type", "application/json").body(agent.body().to_string());
+        for (k, v) in &agent.headers {
+            rb = rb.header(k, v);
+        }
+        let resp = rb.send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{api:?}");
+        assert_eq!(resp.headers()["content-type"], "text/html", "{api:?}");
+        assert_eq!(resp.text().await.expect("a whole body, not a broken stream"), "<html>gateway page</html>", "{api:?}");
+    }
+}

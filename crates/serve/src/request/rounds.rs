@@ -6,7 +6,7 @@ use crate::state::{ConvRef, State};
 use crate::request::read::Req;
 use crate::request::conversation::with_conv;
 use crate::request::upstream::send;
-use crate::request::response::{api_error, engine_error, json_response, response_headers, with_headers};
+use crate::request::response::{api_error, engine_error, json_response, response_headers, stream_back, with_headers};
 use crate::api::{self, CONTEXT_COMPACTION_FAILED};
 use crate::conv::{Built, Recorded};
 use crate::stream::{self, sse};
@@ -64,6 +64,13 @@ pub(crate) async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Rec
             Err(e) => return engine_error(api, &e),
         }
     };
+    let event_stream = resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| t.starts_with("text/event-stream"));
+    if req.stream && !event_stream {
+        // A 200 that is not an event stream (a gateway's page, a JSON reply to a streaming request): the
+        // client gets it as it came, as it would without condense; nothing of it is recorded.
+        st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        return stream_back(resp);
+    }
     if req.stream {
         stream_rounds(st, conv, req, rec, resp)
     } else {
@@ -192,7 +199,7 @@ fn stream_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, first: 
         let mut resp = first;
         let mut round = 0;
         loop {
-            let mut events = resp.bytes_stream().eventsource();
+            let mut events = stream::lossy_utf8(resp.bytes_stream()).eventsource();
             let mut out = Vec::new();
             let mut broke = false;
             while let Some(ev) = events.next().await {
