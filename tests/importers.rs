@@ -977,3 +977,26 @@ fn an_evaluation_output_with_a_damaged_line_keeps_the_other_instances() {
         assert!(said, "line {} damaged: a diagnostic names it", damaged + 1);
     }
 }
+
+/// A JSON-document session cut short (a copy that stopped, a tool killed while writing) is refused with
+/// an error that says so and where, through `import_sessions` and the store's import alike; before it was
+/// "line 2 looks like a bare JSON value" (issue 35, item 8).
+#[test]
+fn a_cut_short_document_is_refused_as_cut_short() {
+    let corpus = condense_tests::corpus_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_engine::Store::open(dir.path().join("s")).unwrap();
+    for (format, ext) in [("opencode", "json"), ("gemini-cli", "json"), ("swe-agent-traj", "traj"), ("mini-swe-agent-traj", "json")] {
+        let mut files = Vec::new();
+        condense_tests::walk_files(&corpus.join(format), &[ext], &mut files);
+        files.sort();
+        let bytes = std::fs::read(&files[0]).unwrap();
+        let cut = &bytes[..bytes.len() / 2];
+        let err = condense_formats::import_sessions("f.json", cut).expect_err(format);
+        assert!(err.contains("cut short") && err.contains(&format!("byte {}", cut.len())), "{format}: {err}");
+        let copy = dir.path().join(format!("{format}-cut.{ext}"));
+        std::fs::write(&copy, cut).unwrap();
+        let err = store.import_file(&copy, &format!("{format}-cut")).expect_err(format).to_string();
+        assert!(err.contains("cut short"), "{format} through the store: {err}");
+    }
+}

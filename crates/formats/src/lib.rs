@@ -226,16 +226,22 @@ fn import_bytes_with(file: &str, bytes: &[u8], fast: bool) -> Result<Imported, S
     let bytes = json::without_bom(bytes);
     // A session saved as one JSON document (opencode, Gemini CLI, OpenHands, SWE-agent, mini-swe-agent).
     let mut document = None;
-    if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'['))
-        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes)
-    {
-        if let Some(format) = documents::detect(&v) {
-            let out = documents::import(format, file, v);
-            let mut events = out.events;
-            events.extend(out.diagnostics.iter().map(Diagnostic::event));
-            return Ok(Imported { format, events, diagnostics: out.diagnostics });
+    // Where a document that opens like one ends before it is complete.
+    let mut cut_short = None;
+    if matches!(bytes.trim_ascii_start().first(), Some(b'{' | b'[')) {
+        match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(v) => {
+                if let Some(format) = documents::detect(&v) {
+                    let out = documents::import(format, file, v);
+                    let mut events = out.events;
+                    events.extend(out.diagnostics.iter().map(Diagnostic::event));
+                    return Ok(Imported { format, events, diagnostics: out.diagnostics });
+                }
+                document = Some(v);
+            }
+            Err(e) if e.is_eof() => cut_short = Some((e.line(), e.column())),
+            Err(_) => {}
         }
-        document = Some(v);
     }
     let mut lines = jsonl::Lines::new(file, bytes);
     let head: Vec<jsonl::Line> = lines.by_ref().take(DETECT_LINES).collect();
@@ -264,7 +270,12 @@ fn import_bytes_with(file: &str, bytes: &[u8], fast: bool) -> Result<Imported, S
                 }
                 _ => {
                     let rest: Vec<_> = lines.by_ref().collect();
-                    return Err(if let Some(v) = document {
+                    return Err(if let Some((line, column)) = cut_short {
+                        format!(
+                            "the JSON document is cut short: it ends at line {line}, column {column} (byte {}) before its closing brackets; the file was truncated or is still being written, and nothing of it was imported",
+                            bytes.len()
+                        )
+                    } else if let Some(v) = document {
                         format!("it looks like {}", documents::looks_like(&v))
                     } else if let Some(first) = head.first() {
                         format!("no line has a known shape; line {} looks like {}", first.line, documents::looks_like(&first.value))
