@@ -159,7 +159,11 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         Outcome::Failed(started.clone(), DecisionEvent::CheckpointFailed { code: CONTEXT_COMPACTION_FAILED.into(), reason })
     };
     if keep_from == 0 {
-        return fail(format!("{before} tokens exceed the hard budget of {}, and nothing precedes the final batch", budget.hard));
+        return fail(if overflowed {
+            format!("the provider refused the request as too long, and it holds nothing to condense before its final batch ({before} tokens by condense's estimate)")
+        } else {
+            format!("{before} tokens exceed the hard budget of {}, and nothing precedes the final batch", budget.hard)
+        });
     }
     let covered = &branch[..keep_from];
     let boundary = covered.last().expect("keep_from > 0").0.clone();

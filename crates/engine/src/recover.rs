@@ -48,7 +48,7 @@ impl std::fmt::Display for Blocked {
             Blocked::SourceTooLarge(b) => write!(f, "{b} bytes of source, more than {MAX_SOURCE_BYTES}"),
             Blocked::TooManyInvocations(n) => write!(f, "{n} pieces need more than {MAX_INVOCATIONS} summarizer invocations"),
             Blocked::SummaryFailed(e) => write!(f, "the summarizer failed: {e}"),
-            Blocked::Blank => write!(f, "the handoff is blank"),
+            Blocked::Blank => write!(f, "the handoff is blank: the context holds nothing to condense before its final batch"),
             Blocked::Oversized(b, max) => write!(f, "the handoff is {b} bytes, over its bound of {max}"),
             Blocked::NoRoom(t, hard) => write!(f, "with the handoff the context is still {t} tokens, over {hard}"),
             Blocked::Deadline(s) => write!(f, "preparation ran past its {s}-second deadline"),

@@ -171,6 +171,10 @@ pub enum SourceEvent {
         /// Estimated tokens (bytes / 4, rounded up).
         tokens: u64,
     },
+    /// The host sends again a request that failed because the provider refused it as too long twice in
+    /// a row (`CONTEXT_COMPACTION_FAILED: PROVIDER_OVERFLOW_AFTER_RETRY`): a new attempt, which gets its
+    /// own checkpoint and retry. (Appended last: stored logs read as before.)
+    RequestRetried,
 }
 
 impl SourceEvent {
@@ -190,6 +194,7 @@ impl SourceEvent {
             SourceEvent::ImportStarted { .. } => "import_started",
             SourceEvent::ImportCompleted { .. } => "import_completed",
             SourceEvent::RequestOverhead { .. } => "request_overhead",
+            SourceEvent::RequestRetried => "request_retried",
         }
     }
 }

@@ -197,15 +197,20 @@ impl Conv {
         tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
         let matched_parent = cur.map(|n| self.track.tail(n).to_string());
         let session = self.session.clone();
-        let (leaf, model_changed, ids, overhead_changed) = session.with_projection(|p| {
+        let (leaf, model_changed, ids, overhead_changed, failed_before) = session.with_projection(|p| {
             let changed = match p.model() {
                 Some(m) => m.model != model || m.context_window != limits.map(|l| l.context_window),
                 None => true,
             };
             let ids: Vec<String> = new.iter().map(|_| self.next_id(p)).collect();
-            (p.leaf_id().map(str::to_string), changed, ids, p.request_overhead() != overhead)
+            (p.leaf_id().map(str::to_string), changed, ids, p.request_overhead() != overhead, p.overflow_unresolved())
         })?;
         let mut events = Vec::new();
+        if failed_before {
+            // The last request ended in CONTEXT_COMPACTION_FAILED after provider overflows: this one is the
+            // client's new attempt, with a checkpoint and a retry of its own.
+            events.push(SourceEvent::RequestRetried);
+        }
         if overhead_changed {
             events.push(SourceEvent::RequestOverhead { tokens: overhead });
         }

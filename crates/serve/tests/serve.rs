@@ -1160,3 +1160,38 @@ async fn odd_upstream_streams_reach_the_client_whole() {
         assert_eq!(resp.text().await.expect("a whole body, not a broken stream"), "<html>gateway page</html>", "{api:?}");
     }
 }
+
+/// Issue 35, item 8: after the provider refused a request twice (CONTEXT_COMPACTION_FAILED), the client's
+/// identical retry reaches the provider again instead of a 400 from serve alone; and a conversation whose
+/// very first request overflowed can send that prompt again (it was RECOVERY_BLOCKED, the handoff blank).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_double_overflow_the_clients_retry_reaches_the_provider() {
+    for (first, window) in [(false, None), (true, None), (true, Some(200_000))] {
+        let mut steps = vec![Step::Overflow, Step::Overflow, Step::Text("fits now".into())];
+        if first {
+            steps.remove(1);
+        } else {
+            steps.insert(0, Step::Text("done".into()));
+        }
+        let models = window.map(|w| vec![("fake-model".to_string(), ModelLimits { context_window: w, max_output: Some(8_000) })]).unwrap_or_default();
+        let s = setup(steps, models).await;
+        let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+        if !first {
+            agent.turn("one").await.unwrap();
+        }
+        let before = s.fake.log().len();
+        let (status, body) = agent.turn("the big prompt").await.unwrap_err();
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("CONTEXT_COMPACTION_FAILED"), "{body}");
+        // A request and one retry after a checkpoint; a first request holds nothing to condense, so
+        // nothing is retried and the error says why.
+        assert_eq!(s.fake.log().len(), before + if first { 1 } else { 2 }, "first: {first}: {body}");
+        if first {
+            assert!(body.contains("nothing to condense") && !body.contains("CONTEXT_COMPACTION_FAILED: CONTEXT_COMPACTION_FAILED"), "{body}");
+        }
+        // The client retries the same request (as agents do, or the user presses enter again).
+        let reply = agent.run().await.unwrap_or_else(|e| panic!("first request overflowed: {first}: the retry: {e:?}"));
+        assert_eq!(reply, "fits now", "first: {first}");
+        assert_eq!(s.fake.log().len(), before + if first { 2 } else { 3 }, "first: {first}: the retry reached the provider");
+    }
+}

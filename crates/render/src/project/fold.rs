@@ -28,6 +28,7 @@ impl Projection {
     fn push_entry(&mut self, id: String, parent: Option<&str>, node: Node) {
         if !matches!(&node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. })) {
             self.overflow_streak = 0;
+            self.overflow_failed = false;
         }
         let parent = parent.and_then(|p| self.index.get(p).copied());
         let ix = self.items.len();
@@ -101,6 +102,9 @@ impl Projection {
                     }
                 }
                 self.mark(d);
+                if matches!(d, DecisionEvent::CheckpointFailed { .. }) && self.overflow_streak > 0 {
+                    self.overflow_failed = true;
+                }
                 if let DecisionEvent::CheckpointCommitted { n, summary, bounded, .. } = d {
                     self.overflow_checkpointed = true;
                     self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
@@ -158,12 +162,19 @@ impl Projection {
                 }
             }
             SourceEvent::ProviderUsage(u) => self.usage_anchor = Some((*u, self.leaf)),
+            SourceEvent::RequestRetried => {
+                self.overflow_streak = 0;
+                self.overflow_checkpointed = false;
+                self.overflow_failed = false;
+                self.inc.get_mut().expect("render cache lock").valid = false;
+            }
             SourceEvent::ProviderOverflow { .. } => {
                 if let Some(l) = self.leaf.filter(|&l| matches!(&self.items[l].node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. }))) {
                     self.overflowed.insert(l);
                 }
                 self.overflow_streak += 1;
                 self.overflow_checkpointed = false;
+                self.overflow_failed = false;
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }
             SourceEvent::PruneConfigured(cfg) => {

@@ -82,6 +82,13 @@ impl Projection {
         })
     }
 
+    /// Whether the last request ended in CONTEXT_COMPACTION_FAILED because of provider overflows: refused
+    /// twice in a row, or once with no checkpoint possible. The host's next request is then a new attempt
+    /// (`SourceEvent::RequestRetried`); without it, an identical retry would fail again unsent.
+    pub fn overflow_unresolved(&self) -> bool {
+        self.overflow_streak >= 2 || (self.overflow_streak >= 1 && self.overflow_failed)
+    }
+
     /// Whether an overflow still waits for its checkpoint.
     pub fn overflow_pending(&self) -> bool {
         self.overflow_streak == 1 && !self.overflow_checkpointed

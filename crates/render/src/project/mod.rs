@@ -111,6 +111,8 @@ pub struct Projection {
     overflow_streak: u32,
     // Whether a checkpoint was committed since the last overflow.
     overflow_checkpointed: bool,
+    // Whether a checkpoint failed since the last overflow (the request it answered went unsent).
+    overflow_failed: bool,
     // The last provider usage the host reported, with the leaf entry at that time; `None` once a decision
     // changed the context since (the usage then describes a request that will not be sent again).
     usage_anchor: Option<(condense_events::Usage, Option<usize>)>,
@@ -250,6 +252,7 @@ impl Clone for Projection {
             overflowed: self.overflowed.clone(),
             overflow_streak: self.overflow_streak,
             overflow_checkpointed: self.overflow_checkpointed,
+            overflow_failed: self.overflow_failed,
             usage_anchor: self.usage_anchor,
             model_change_leaf: self.model_change_leaf,
             overhead: self.overhead,

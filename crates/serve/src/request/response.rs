@@ -60,12 +60,11 @@ pub(crate) fn conv_error(api: Api, e: &ConvError) -> Response {
 
 pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
     match e {
-        EngineError::CompactionFailed { code, reason, .. } => api_error(
-            api,
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            &format!("{CONTEXT_COMPACTION_FAILED}: {code}: {reason}"),
-        ),
+        EngineError::CompactionFailed { code, reason, .. } => {
+            // The stable code first; a more specific one (PROVIDER_OVERFLOW_AFTER_RETRY) after it.
+            let message = if code == CONTEXT_COMPACTION_FAILED { format!("{code}: {reason}") } else { format!("{CONTEXT_COMPACTION_FAILED}: {code}: {reason}") };
+            api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &message)
+        }
         // The store's database is down or restarting: nothing was recorded, and the client's own retry
         // (every client retries a 503) will find it back.
         EngineError::Log(condense_log::LogError::Unavailable { .. }) => {
