@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 mod postgres;
 mod serve;
+mod soak;
 
 #[path = "../../crates/cli/tests/support/crash_rounds.rs"]
 mod crash_rounds;
@@ -24,6 +25,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("bench") => bench(&args[1..]),
         Some("crash") => crash(&args[1..]),
+        Some("soak") => soak::soak(&args[1..]),
         Some("man") => man(&args[1..]),
         // A fresh process importing one file into a fresh store, printing its peak memory (for the bench).
         Some("import-peak") => {
@@ -37,6 +39,7 @@ fn main() -> Result<()> {
         _ => {
             eprintln!("usage: cargo xtask bench [--quick] [--sizes 1000,10000,...] [--out FILE] [--only import|simulate|quality|pruning|serve|request-memory|e2e|switch|postgres]");
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
+            eprintln!("       cargo xtask soak [--backend sled|postgres|both] [--conversations N] [--seconds T] [--rate R] [--crashes K]");
             eprintln!("       cargo xtask man [--out DIR]");
             Ok(())
         }

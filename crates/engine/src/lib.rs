@@ -124,6 +124,16 @@ pub enum EngineError {
         /// The limit.
         limit: u64,
     },
+    /// An entry was to be appended under a parent the log no longer holds: the store lost its newest
+    /// events (a PostgreSQL server's commits not yet durable, lost in a crash) after the host read them.
+    /// Nothing was written; the host folds its view again and the client's retry records what was lost.
+    #[error("session `{name}`: entry `{parent}` is gone from the store (its newest events were lost in a database crash before they were acknowledged); nothing was written: send the request again")]
+    ParentLost {
+        /// The session.
+        name: String,
+        /// The parent the entry named.
+        parent: String,
+    },
     /// A recovery tool was called with arguments it cannot take, or an archive cannot be built.
     #[error(transparent)]
     Recovery(condense_recovery::RecoveryError),

@@ -104,14 +104,39 @@ impl Session {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
+        self.append_caught_up(&mut proj, events)
+    }
+
+    /// [`Session::append`] on a projection locked and caught up.
+    fn append_caught_up(&self, proj: &mut Live, events: Vec<SourceEvent>) -> Result<Seq> {
         let before = proj.model().and_then(|m| m.context_window);
         let switched = events.iter().any(|e| matches!(e, SourceEvent::ModelChanged { .. }));
-        let head = self.append_locked(&mut proj, events.into_iter().map(Event::Source).collect())?;
+        let head = self.append_locked(proj, events.into_iter().map(Event::Source).collect())?;
         // Only a model change can make a route unsupported: other appends (every request) skip the check.
-        match recover::route_unsupported(&proj, before.filter(|_| switched)) {
-            Some(text) => self.append_locked(&mut proj, vec![Event::Decision(DecisionEvent::Note { stage: "recovery".into(), text })]),
+        match recover::route_unsupported(proj, before.filter(|_| switched)) {
+            Some(text) => self.append_locked(proj, vec![Event::Decision(DecisionEvent::Note { stage: "recovery".into(), text })]),
             None => Ok(head),
         }
+    }
+
+    /// [`Session::append`] for a host that chains new entries onto ones it read earlier (`condense
+    /// serve`): an entry whose parent the log no longer holds is refused with [`EngineError::ParentLost`]
+    /// and nothing is written, where [`Session::append`] would make it a new root (as an importer wants
+    /// for a file's dangling parents).
+    pub fn append_continuing(&self, events: Vec<SourceEvent>) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        let mut added: Vec<&str> = Vec::new();
+        for e in &events {
+            if let SourceEvent::EntryAppended { id, parent, .. } = e {
+                if let Some(p) = parent.as_deref().filter(|p| !proj.has_entry(p) && !added.contains(p)) {
+                    return Err(EngineError::ParentLost { name: self.name.clone(), parent: p.to_string() });
+                }
+                added.push(id);
+            }
+        }
+        self.append_caught_up(&mut proj, events)
     }
 
     pub(crate) fn append_locked(&self, proj: &mut Live, events: Vec<Event>) -> Result<Seq> {

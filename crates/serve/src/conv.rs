@@ -159,6 +159,23 @@ impl Conv {
         Ok(())
     }
 
+    /// Appends events that chain new entries onto the client's view. When the store lost the entry they
+    /// chain onto (a PostgreSQL crash took commits not yet durable), nothing is written, the client's view
+    /// is folded again from what the store holds, and the error asks for the request again: the client's
+    /// retry then records what was lost. Appending anyway would start a second root under the session.
+    fn append_entries(&mut self, events: Vec<SourceEvent>, internal: &Internal) -> Result<condense_events::Seq> {
+        match self.session.append_continuing(events) {
+            Err(e @ EngineError::ParentLost { .. }) => {
+                let (track, entries) = client_view(&self.session, internal)?;
+                self.track = track;
+                self.next_entry = entries + 1;
+                self.units.clear();
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
     /// Notes the session's head as this process leaves it (see [`Conv::record_request`]).
     pub fn mark_synced(&mut self) {
         self.synced = self.session.head().ok();
@@ -233,7 +250,7 @@ impl Conv {
             parent = Some(id.clone());
         }
         if !events.is_empty() {
-            self.session.append(events)?;
+            self.append_entries(events, internal)?;
         }
         for ((id, parent, u), (_, m)) in appended.iter().zip(&new) {
             self.track.add(id, parent.as_deref(), m, &is, Some(crate::track::exact(m)));
@@ -550,7 +567,7 @@ impl Conv {
         if let Some(u) = usage {
             events.push(SourceEvent::ProviderUsage(u));
         }
-        self.session.append(events)?;
+        self.append_entries(events, internal)?;
         // The reply exists nowhere else: it is durable, with everything recorded before it, before the
         // client sees it end.
         self.session.sync()?;
@@ -570,7 +587,7 @@ impl Conv {
             let m = Message::ToolResult { call_id: call_id.clone(), tool_name: name.clone(), content: vec![Block::Text { text: answer.text.clone() }], is_error: answer.is_error };
             let session = self.session.clone();
         let id = session.with_projection(|p| self.next_id(p))?;
-            self.session.append(vec![SourceEvent::EntryAppended { id: id.clone(), parent: Some(last.clone()), entry: Entry::Message(m.clone()) }])?;
+            self.append_entries(vec![SourceEvent::EntryAppended { id: id.clone(), parent: Some(last.clone()), entry: Entry::Message(m.clone()) }], internal)?;
             self.track.add(&id, Some(&last), &m, &|n| internal.answers(n), None);
             answers.push((call_id, answer.text));
             last = id;

@@ -1195,3 +1195,42 @@ async fn after_a_double_overflow_the_clients_retry_reaches_the_provider() {
         assert_eq!(s.fake.log().len(), before + if first { 2 } else { 3 }, "first: {first}: the retry reached the provider");
     }
 }
+
+/// Issue 35, item 1 (found by `cargo xtask soak`): the database loses the newest events of a request
+/// while its reply is on the way (commits not yet durable, lost in a crash). The reply must not be
+/// chained onto the lost message — that made it a second root of the session and cut every acknowledged
+/// turn before it off the branch — but refused with a 503; the client's retry records what was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_whose_request_the_database_lost_is_refused_not_rooted() {
+    let url = pg_database().await;
+    let fake = Fake::start(vec![Step::Text("first".into()), Step::Slow(1500), Step::Text("lost on the way".into()), Step::Text("second".into())]).await;
+    let serve = start(config_for(&url, &fake)).await.unwrap();
+    let mut agent = Agent::new(Api::Chat, false, &format!("http://{}", serve.addr));
+    assert_eq!(agent.turn("one").await.unwrap(), "first");
+    let cluster = condense_log::testing::Cluster::shared();
+    tokio::task::block_in_place(|| cluster.execute(&url, "CREATE TABLE mark AS SELECT head FROM condense_sessions"));
+    agent.user("two");
+    let url2 = url.clone();
+    let lose = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        tokio::task::block_in_place(|| {
+            cluster.execute(&url2, "DELETE FROM condense_events WHERE seq > (SELECT head FROM mark); UPDATE condense_sessions SET head = (SELECT head FROM mark)")
+        });
+    });
+    let err = agent.run().await.expect_err("the reply chained onto a lost message is refused");
+    lose.await.unwrap();
+    assert_eq!(err.0, 503, "{err:?}");
+    assert!(err.1.contains("send the request again"), "{err:?}");
+    assert_eq!(agent.run().await.unwrap(), "second", "the client's retry");
+    let replies: Vec<String> = tokio::task::spawn_blocking(move || {
+        let store = condense_engine::Store::open(url).unwrap();
+        let name = store.sessions().unwrap()[0].name.clone();
+        let p = store.session(&name).unwrap().projection().unwrap();
+        assert_eq!(p.tree().filter(|(_, parent, _)| parent.is_none()).count(), 1, "one root");
+        p.branch_messages().iter().map(|m| m.text()).collect()
+    })
+    .await
+    .unwrap();
+    assert_eq!(replies, ["one", "first", "two", "second"]);
+    serve.stop().await.unwrap();
+}

@@ -65,9 +65,9 @@ pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
             let message = if code == CONTEXT_COMPACTION_FAILED { format!("{code}: {reason}") } else { format!("{CONTEXT_COMPACTION_FAILED}: {code}: {reason}") };
             api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &message)
         }
-        // The store's database is down or restarting: nothing was recorded, and the client's own retry
-        // (every client retries a 503) will find it back.
-        EngineError::Log(condense_log::LogError::Unavailable { .. }) => {
+        // The store's database is down or restarting, or lost what this request chained onto: nothing was
+        // recorded, and the client's own retry (every client retries a 503) succeeds once it is back.
+        EngineError::Log(condense_log::LogError::Unavailable { .. }) | EngineError::ParentLost { .. } => {
             let mut r = api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &format!("condense serve: {e}"));
             r.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("5"));
             r
