@@ -188,6 +188,9 @@ pub fn run(plan: &Plan, scratch: &Path) -> Result<Report> {
             if let Some(v) = http.get(format!("http://{addr}/condense/status")).send().and_then(|r| r.bytes()).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
                 own50.push(v["latency_ms"]["p50"].as_f64().unwrap_or(0.0));
                 own99.push(v["latency_ms"]["p99"].as_f64().unwrap_or(0.0));
+                if std::env::var_os("SOAK_VERBOSE").is_some() {
+                    eprintln!("{:>5.1} s: p50 {} p99 {} record p50 {}", t0.elapsed().as_secs_f64(), v["latency_ms"]["p50"], v["latency_ms"]["p99"], v["latency_ms"]["phases"]["record"]["p50"]);
+                }
                 let ph = &v["latency_ms"]["phases"];
                 phases = ["parse", "wait", "record", "build", "body"]
                     .iter()
