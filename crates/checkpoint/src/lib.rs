@@ -208,6 +208,9 @@ pub fn recovery_handoff(
         .map(|(k, (_, m))| (k, m.typed_text()))
         .filter(|(_, t)| !t.trim().is_empty())
         .collect();
+    // The first and the latest request lead the Task section and are kept before anything else of it;
+    // earlier summaries fill what room is left, newest first (issue 36: compressed-chain blocks, being the
+    // newest lines, used to push the user's requests out).
     let mut task = Vec::new();
     if let Some((first, text)) = prompts.first() {
         task.push(format!("- first request [{}]: {}", cite(*first), one_line(text, 600)));
@@ -215,7 +218,7 @@ pub fn recovery_handoff(
     if let Some((last, text)) = prompts.last().filter(|_| prompts.len() > 1) {
         task.push(format!("- latest request [{}]: {}", cite(*last), one_line(text, 600)));
     }
-    for (k, (_, m)) in context.iter().enumerate() {
+    for (k, (_, m)) in context.iter().enumerate().rev() {
         if matches!(**m, Message::User { origin: UserOrigin::Summary, .. }) {
             task.push(format!("- earlier summary [{}]: {}", cite(k), one_line(&m.text(), 400)));
         }
@@ -285,41 +288,52 @@ pub fn recovery_handoff(
         (None, Some((p, _))) => vec![format!("- answer the latest request [{}]", cite(*p))],
         _ => Vec::new(),
     };
-    let sections: [(&str, Vec<String>, usize); 8] = [
-        ("Task", task, 22),
-        ("Constraints", constraints, 10),
-        ("Decisions", decisions, 14),
-        ("Completed actions", done, 16),
-        ("Uncertain actions (reconcile, do not repeat blindly)", uncertain, 10),
-        ("Dependencies", deps.into_iter().map(|d| format!("- {d}")).collect(), 10),
-        ("References", references, 6),
-        ("Next step", next, 12),
+    // (title, lines, share of `max` in percent, whether the first lines are kept rather than the newest)
+    let sections: [(&str, Vec<String>, usize, bool); 8] = [
+        ("Task", task, 22, true),
+        ("Constraints", constraints, 10, false),
+        ("Decisions", decisions, 14, false),
+        ("Completed actions", done, 16, false),
+        ("Uncertain actions (reconcile, do not repeat blindly)", uncertain, 10, false),
+        ("Dependencies", deps.into_iter().map(|d| format!("- {d}")).collect(), 10, false),
+        ("References", references, 6, false),
+        ("Next step", next, 12, false),
     ];
     let mut out = String::new();
-    for (title, lines, share) in sections {
+    for (title, lines, share, first_kept) in sections {
         let room = max * share / 100;
         let head = format!("## {title}\n");
-        let mut kept: Vec<&String> = Vec::new();
+        if lines.is_empty() {
+            continue;
+        }
+        // The lines in the order they are kept: the first ones, or the newest.
+        let order: Vec<&String> = if first_kept { lines.iter().collect() } else { lines.iter().rev().collect() };
+        let mut kept: Vec<String> = Vec::new();
         let mut used = head.len();
-        for l in lines.iter().rev() {
-            if used + l.len() + 1 > room {
+        for l in order {
+            if used + l.len() < room {
+                used += l.len() + 1;
+                kept.push(l.clone());
+            } else if room > used + 8 && (kept.is_empty() || (first_kept && kept.len() < 2)) {
+                // A line over the room is cut to it rather than dropped: the section's leading line (a
+                // request, for Task) always shows.
+                let cut = clip_bytes(l, room - used - 1);
+                used += cut.len() + 1;
+                kept.push(cut);
+                break;
+            } else {
                 break;
             }
-            used += l.len() + 1;
-            kept.push(l);
-        }
-        if kept.is_empty() && !lines.is_empty() && room > head.len() + 8 {
-            out.push_str(&head);
-            out.push_str(&clip_bytes(&lines[lines.len() - 1], room - head.len() - 1));
-            out.push('\n');
-            continue;
         }
         if kept.is_empty() {
             continue;
         }
+        if !first_kept {
+            kept.reverse();
+        }
         out.push_str(&head);
-        for l in kept.into_iter().rev() {
-            out.push_str(l);
+        for l in kept {
+            out.push_str(&l);
             out.push('\n');
         }
     }
