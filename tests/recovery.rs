@@ -27,7 +27,8 @@ fn every_corpus_session_switched_to_32k_recovers_or_fails_closed() {
     for file in corpus_sessions() {
         let name = corpus_name(&file);
         let imported = condense_formats::import_file(&file).unwrap();
-        let s = unpruned(&store, &name);
+        // The defaults (pruning and chain compression on), as a user runs it.
+        let s = store.create_session(&name).unwrap();
         s.append(vec![model(200_000)]).unwrap();
         s.append(imported.events.into_iter().filter(|e| !matches!(e, SourceEvent::ModelChanged { .. } | SourceEvent::ProviderUsage(_))).collect()).unwrap();
         s.append(vec![model(32_000)]).unwrap();
@@ -50,6 +51,21 @@ fn every_corpus_session_switched_to_32k_recovers_or_fails_closed() {
                 assert_eq!(p.index().archives.len(), 1, "{name}: the archive view is committed with the checkpoint");
                 let handoff = r.messages[0].text();
                 assert!(handoff.contains("## Task") && handoff.contains("## References"), "{name}: the handoff carries the seed's sections");
+                // The Task section opens with a request the user typed in this session (issue 36: with chain
+                // compression on, compressed-chain blocks used to push every request out of it).
+                let task = handoff.split("## Task\n").nth(1).unwrap_or("").split("\n## ").next().unwrap_or("");
+                let first_line = task.lines().next().unwrap_or("");
+                let asked = first_line.split_once("]: ").map(|(_, t)| t.trim_end_matches('…')).unwrap_or("");
+                let typed: Vec<String> = p
+                    .branch_messages()
+                    .iter()
+                    .filter(|m| matches!(***m, condense_events::Message::User { origin: condense_events::UserOrigin::Prompt, .. }))
+                    .map(|m| m.typed_text().split_whitespace().collect::<Vec<_>>().join(" "))
+                    .collect();
+                assert!(
+                    first_line.starts_with("- first request [") && !asked.is_empty() && typed.iter().any(|t| t.starts_with(asked)),
+                    "{name}: the Task section does not open with a request of the session:\n{task}"
+                );
                 assert!(handoff.len() as u64 <= condense_recovery::summary_budget(condense_recovery::input_budget(32_000), 0), "{name}: handoff over its bound");
                 recovered += 1;
                 if snapshot.is_none() && name.starts_with("pi/") {

@@ -153,10 +153,14 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
         }
     }
     let mut s = format!("[Checkpoint c{n}: the conversation before this point, summarized]\n");
+    // The first and the latest request come before anything else (issue 36).
     s.push_str(&format!("## Goal\n{}\n", prompts.first().map_or("(no user prompt)".to_string(), |p| clip(p, 400))));
     if prompts.len() > 1 {
+        s.push_str(&format!("## Latest request\n{}\n", clip(prompts.last().expect("more than one"), 400)));
+    }
+    if prompts.len() > 2 {
         s.push_str("## Constraints and later requests\n");
-        for p in prompts.iter().skip(1).rev().take(5).rev() {
+        for p in prompts[1..prompts.len() - 1].iter().rev().take(5).rev() {
             s.push_str(&format!("- {}\n", clip(p, 200)));
         }
     }
@@ -421,5 +425,23 @@ mod tests {
         for section in ["## Goal\nPort the parser to Rust", "## Progress\n- Reading the grammar first.", "## Files read\ngrammar.y", "## Files modified\nsrc/parse.rs", "## Next steps", "t3–t9"] {
             assert!(s.contains(section), "missing {section:?} in\n{s}");
         }
+    }
+
+    #[test]
+    fn the_first_and_latest_requests_come_before_anything_else() {
+        let prompt = |t: &str| (String::new(), Arc::new(Message::user_text(t, UserOrigin::Prompt)));
+        let reply = |t: &str| (String::new(), Arc::new(Message::Assistant { content: vec![Block::Text { text: t.into() }], model: None, stop: None, usage: None }));
+        let msgs = vec![prompt("Port the parser"), reply("ok"), prompt("Keep the old API"), reply("ok"), prompt("Now add the tests"), reply("working")];
+        let s = handoff(2, &msgs, &[], 4000);
+        let body = s.split_once('\n').unwrap().1;
+        assert!(body.starts_with("## Goal\nPort the parser\n## Latest request\nNow add the tests\n## Constraints and later requests\n- Keep the old API\n## Progress"), "{s}");
+        // The recovery handoff's Task section: the requests first, then the summaries, whatever their size.
+        let mut ctx: Vec<(Option<String>, Arc<Message>)> = msgs.into_iter().map(|(_, m)| (None, m)).collect();
+        for k in 0..30 {
+            ctx.push((None, Arc::new(Message::user_text(format!("[Compressed chain b{k}: {}]", "t1 read (src/x.rs): 1350 chars ".repeat(20)), UserOrigin::Summary))));
+        }
+        let r = recovery_handoff(&ctx, &|k| format!("e{k}"), &|_| None, 4000);
+        let task = r.split("## Task\n").nth(1).unwrap();
+        assert!(task.starts_with("- first request [e0]: Port the parser\n- latest request [e4]: Now add the tests\n- earlier summary [e35]"), "{r}");
     }
 }
