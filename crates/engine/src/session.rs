@@ -379,7 +379,11 @@ impl Session {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
-        if !recover::guard_active(&proj) {
+        // A recovery prepared for this overflow fitted the context by the engine's measure (the rendered
+        // context and the request's overhead against the hard budget): it is sent, and the provider
+        // judges it. Measuring it again by the bytes sent (JSON framing, tool declarations) found it over
+        // and recorded a second overflow the provider never saw (issue 36).
+        if !recover::guard_active(&proj) || proj.overflow_answered() {
             return Ok(());
         }
         let Some(limit) = recover::payload_limit(&proj) else { return Ok(()) };

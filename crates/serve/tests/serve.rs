@@ -1234,3 +1234,42 @@ async fn a_reply_whose_request_the_database_lost_is_refused_not_rooted() {
     assert_eq!(replies, ["one", "first", "two", "second"]);
     serve.stop().await.unwrap();
 }
+
+/// Issue 36, item 1: after a switch to a 16k model, a prompt near the window (just below, at and above
+/// what fits) either reaches the provider with the recovery serve prepared, or is refused because it
+/// cannot fit at all — never as PROVIDER_OVERFLOW_AFTER_RETRY with nothing sent (the payload guard took the
+/// bytes of the request as sent, condense's tool declarations and JSON included, for a second overflow
+/// after the recovery had fitted the context by its own estimate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_recovery_is_sent_near_the_window() {
+    for api in [Api::Chat, Api::Anthropic] {
+        let mut sent_some = 0;
+        for chars in (20_000..=34_000).step_by(2_000) {
+            let models = vec![
+                ("big-model".to_string(), ModelLimits { context_window: 200_000, max_output: Some(8_000) }),
+                ("small-model".to_string(), ModelLimits { context_window: 16_000, max_output: Some(2_000) }),
+            ];
+            let s = setup(vec![], models).await;
+            let mut agent = Agent::new(api, false, &s.url());
+            agent.model = "big-model".into();
+            for i in 0..6 {
+                let long: String = (0..2500).map(|n| format!("w{i}x{n} ")).collect();
+                agent.turn(&long).await.unwrap();
+            }
+            let before = s.fake.log().len();
+            agent.model = "small-model".into();
+            let prompt: String = (0..chars / 8).map(|n| format!("p{n:06} ")).collect();
+            match agent.turn(&prompt).await {
+                Ok(_) => {
+                    assert!(s.fake.log().len() > before, "{api:?} {chars}: answered without the provider");
+                    sent_some += 1;
+                }
+                Err((status, body)) => {
+                    assert!(!body.contains("PROVIDER_OVERFLOW_AFTER_RETRY"), "{api:?} {chars}: {status} {body}");
+                    assert_eq!(status, 400, "{api:?} {chars}: {body}");
+                }
+            }
+        }
+        assert!(sent_some >= 2, "{api:?}: prompts that fit were sent ({sent_some})");
+    }
+}

@@ -89,6 +89,12 @@ impl Projection {
         self.overflow_streak >= 2 || (self.overflow_streak >= 1 && self.overflow_failed)
     }
 
+    /// Whether the last overflow was answered by a checkpoint (a recovery, after a model change) that no
+    /// request has been sent with yet.
+    pub fn overflow_answered(&self) -> bool {
+        self.overflow_streak >= 1 && self.overflow_checkpointed
+    }
+
     /// Whether an overflow still waits for its checkpoint.
     pub fn overflow_pending(&self) -> bool {
         self.overflow_streak == 1 && !self.overflow_checkpointed
