@@ -888,3 +888,17 @@ fn a_postgres_store_works_as_a_folder_does_and_exports_move_between_them() {
     assert!(err.contains("127.0.0.1:1/nowhere") && !err.contains("s3cret"), "serve: {err}");
     assert!(!seen.contains("s3cret"), "the password was printed");
 }
+
+/// `condense serve` on a port another process holds fails with the address and the cause, and leaves no
+/// store folder behind (issue 37: it made the folder first).
+#[test]
+fn serve_on_a_port_in_use_fails_and_leaves_nothing() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("new-store");
+    let (code, _, err) = condense(&store, &["serve", "--listen", &format!("127.0.0.1:{port}")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{port}")) && err.contains("in use"), "{err}");
+    assert!(!store.exists(), "the store folder was made for a server that never ran");
+}

@@ -281,6 +281,8 @@ pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
     config.anthropic_upstream = base_url(&config.anthropic_upstream)?;
     config.openai_upstream = base_url(&config.openai_upstream)?;
     let path = config.store.clone();
+    // The port first: a server that cannot listen leaves nothing behind (it made the store folder before).
+    let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;
     // A request's history and the pipeline's decisions are written without waiting for the disk (the
     // client resends its history with every request); a reply is made durable when it is recorded.
     let options = StoreOptions { cache_bytes: config.cache_bytes, warm_limit: config.warm_limit, defer_durability: true };
@@ -291,7 +293,6 @@ pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
     if let Some(s) = &config.summarizer {
         store.set_summarizer(s.clone());
     }
-    let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;
     let addr = listener.local_addr().map_err(ServeError::Io)?;
     let state = state::State::new(store, config).await?;
     let app = request::routes::router(state.clone());
