@@ -12,6 +12,16 @@ use std::process::ExitCode;
 /// Runs the server until Ctrl-C or SIGTERM; `run_captured` runs the commands other processes route
 /// through it (the dispatcher's, handed down so this module does not call back up into it).
 pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine::Store, Vec<String>) -> (Vec<u8>, Vec<u8>, i32)) -> Result<ExitCode> {
+    // A server already holding this store is named at once (opening the store would wait seconds for its
+    // lock, then say only that another process holds it).
+    if let Some(running) = store_folder(store_dir).and_then(lock::read).filter(|r| process_alive(r.pid) && r.pid != std::process::id()) {
+        bail!(
+            "condense serve already runs on {} (pid {}, http://{}): point the agent at it, or stop it first",
+            shown(store_dir),
+            running.pid,
+            running.addr
+        );
+    }
     let mut cfg = ServeConfig::new(store_dir);
     cfg.listen = a.listen;
     if let Some(u) = &a.anthropic_upstream {

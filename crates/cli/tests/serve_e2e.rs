@@ -405,6 +405,21 @@ fn commands_neither_hang_on_a_stopped_server_nor_trust_a_stale_announcement() {
     drop(e);
 }
 
+/// A second `condense serve` on a store a running server holds says so at once, naming the running one
+/// (issue 37: it waited seconds in silence for the store's lock, then said only that another process
+/// held it).
+#[test]
+fn a_second_serve_on_a_served_store_names_the_first() {
+    let e = env_with(vec![]);
+    let (fake, store) = (&e.fake, e.root.join("store"));
+    let serve = Serve::start(&store, fake);
+    let (code, _, err) = condense(&store, &["serve", "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("already runs") && err.contains(&format!("pid {}", serve.child.id())) && err.contains(&serve.addr), "{err}");
+    drop(serve);
+    drop(e);
+}
+
 #[test]
 fn cli_commands_go_through_a_running_server() {
     let e = env_with(vec![]);
