@@ -65,13 +65,17 @@ fn status(agent: &reqwest::blocking::Client, addr: &str) -> Result<Value> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// Starts the release `condense serve` on `store` in front of `fake`, with `extra` flags; returns the
-/// child and the address it listens on.
-fn spawn_serve(bin: &Path, store: &Path, fake: &Fake, extra: &[&str]) -> Result<(std::process::Child, String)> {
+/// Starts the release `condense serve` on `store` (a folder or a database URL) in front of `fake`, with
+/// `extra` flags (`--listen` among them, else a free loopback port); returns the child and the address it
+/// listens on.
+pub(crate) fn spawn_serve(bin: &Path, store: impl AsRef<std::ffi::OsStr>, fake: &Fake, extra: &[&str]) -> Result<(std::process::Child, String)> {
+    let listen = if extra.contains(&"--listen") { Vec::new() } else { vec!["--listen", "127.0.0.1:0"] };
     let mut child = Command::new(bin)
         .arg("--store")
         .arg(store)
-        .args(["serve", "--listen", "127.0.0.1:0", "--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
+        .arg("serve")
+        .args(listen)
+        .args(["--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
         .args(extra)
         .stdout(Stdio::piped())
         .spawn()?;
@@ -79,7 +83,7 @@ fn spawn_serve(bin: &Path, store: &Path, fake: &Fake, extra: &[&str]) -> Result<
     let mut line = String::new();
     out.read_line(&mut line)?;
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).context("serve's address")?.to_string();
+    let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).with_context(|| format!("serve did not start: `{line}`"))?.to_string();
     Ok((child, addr))
 }
 

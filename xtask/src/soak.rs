@@ -7,13 +7,12 @@
 //! errors, serve's own latency (its `/condense/status` figures over its last 100 requests, sampled every
 //! 5 s: the median sample and the worst), the client's, peak RSS and acknowledged turns lost.
 
+use crate::serve::spawn_serve;
 use crate::{percentile, release_binary, status_kib};
 use anyhow::{bail, Context, Result};
 use condense_serve::fake::Fake;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -84,21 +83,6 @@ fn history(n: usize, seed: usize) -> Vec<Value> {
     out
 }
 
-/// The release server on `store`, in front of `fake`: the child and its address.
-fn start_serve(bin: &Path, store: &str, fake: &Fake, listen: &str) -> Result<(Child, String)> {
-    let mut child = Command::new(bin)
-        .args(["--store", store, "serve", "--listen", listen, "--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line)?;
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).with_context(|| format!("serve did not start: `{line}`"))?.to_string();
-    Ok((child, addr))
-}
-
 /// Runs the soak on one backend.
 pub fn run(plan: &Plan, scratch: &Path) -> Result<Report> {
     let bin = release_binary()?;
@@ -113,7 +97,7 @@ pub fn run(plan: &Plan, scratch: &Path) -> Result<Report> {
             dir.to_string_lossy().into_owned()
         }
     };
-    let (child, addr) = start_serve(&bin, &store, &fake, "127.0.0.1:0")?;
+    let (child, addr) = spawn_serve(&bin, &store, &fake, &[])?;
     let pid = Arc::new(AtomicU64::new(u64::from(child.id())));
     let child = Arc::new(Mutex::new(child));
     let addr = Arc::new(addr);
@@ -211,7 +195,7 @@ pub fn run(plan: &Plan, scratch: &Path) -> Result<Report> {
                     let _ = ch.kill();
                     let _ = ch.wait();
                     // The same address, so the clients find it again.
-                    let (fresh, _) = start_serve(&bin, &store, &fake, &addr)?;
+                    let (fresh, _) = spawn_serve(&bin, &store, &fake, &["--listen", addr.as_str()])?;
                     pid.store(u64::from(fresh.id()), Ordering::SeqCst);
                     *ch = fresh;
                 }

@@ -152,10 +152,16 @@ impl Conv {
     fn follow_log(&mut self, internal: &Internal) -> Result<()> {
         let head = self.session.head()?;
         if self.synced.is_some_and(|s| s != head) {
-            let (track, entries) = client_view(&self.session, internal)?;
-            self.track = track;
-            self.next_entry = entries + 1;
+            self.refold(internal)?;
         }
+        Ok(())
+    }
+
+    /// Folds the client's view again from what the log holds.
+    fn refold(&mut self, internal: &Internal) -> Result<()> {
+        let (track, entries) = client_view(&self.session, internal)?;
+        self.track = track;
+        self.next_entry = entries + 1;
         Ok(())
     }
 
@@ -166,9 +172,7 @@ impl Conv {
     fn append_entries(&mut self, events: Vec<SourceEvent>, internal: &Internal) -> Result<condense_events::Seq> {
         match self.session.append_continuing(events) {
             Err(e @ EngineError::ParentLost { .. }) => {
-                let (track, entries) = client_view(&self.session, internal)?;
-                self.track = track;
-                self.next_entry = entries + 1;
+                self.refold(internal)?;
                 self.units.clear();
                 Err(e)
             }
