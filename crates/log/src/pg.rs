@@ -5,11 +5,13 @@
 //! unique name, head), `condense_events` (primary key `(session, seq)`, the same encoded bytes the sled
 //! backend stores), `condense_blobs` (blake3 hex → bytes) and `condense_meta` (the id floor above every
 //! removed session). One writer thread per process group-commits: the appends waiting in its channel go in
-//! one transaction that locks each touched session's row (`FOR UPDATE`), refuses an append whose expected
-//! head is stale with [`LogError::HeadMismatch`], inserts the values, moves the heads and notifies
-//! `condense_appended`; acknowledgements go out after `COMMIT` returns, so an acknowledged event is
-//! durable and a group is visible whole or not at all. Another process appending to the same session
-//! waits for the row lock and then sees the new head. Subscribers hear every process's appends through
+//! one statement ([`APPEND`], one round trip; a session appended to out of turn takes another). Each
+//! moves its session's head
+//! only from the expected one (the row lock makes another process's writer wait and then see the new
+//! head), refusing a stale append with [`LogError::HeadMismatch`], inserts the values and notifies
+//! `condense_appended`; acknowledgements go out after the commit returns, so a group is visible whole or
+//! not at all. A durable append or a sync commits synchronously, which also makes every earlier commit
+//! durable. Subscribers hear every process's appends through
 //! `LISTEN`. Reads go through a small connection pool (r2d2).
 
 use crate::{Appended, Backend, BlobHash, LogError, Result, SessionInfo};
@@ -18,9 +20,9 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use postgres::types::Type;
 use postgres::{Client, NoTls};
 use r2d2_postgres::PostgresConnectionManager;
-use std::collections::BTreeMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -105,6 +107,10 @@ struct Shared {
     subscribers: Mutex<Vec<Sender<Appended>>>,
     listening: AtomicBool,
     stopped: AtomicBool,
+    /// Commits made without waiting for the disk, counted by the writer.
+    deferred: AtomicU64,
+    /// How many of those a flush has since made durable.
+    flushed: AtomicU64,
 }
 
 /// The driver's blocking client cannot be dropped on a thread that drives async tasks (a server dropping
@@ -216,6 +222,8 @@ impl PgStore {
             subscribers: Mutex::new(Vec::new()),
             listening: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
+            deferred: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
         });
         let (tx, rx) = bounded::<Request>(1024);
         let writer = shared.clone();
@@ -403,20 +411,46 @@ impl Drop for PgStore {
 }
 
 fn run(shared: &Shared, rx: &Receiver<Request>) {
-    // Whether appends were acknowledged before their commit was flushed (see `Log::append_encoded`).
-    let mut deferred = false;
-    while let Some(group) = crate::next_group(rx) {
-        commit(shared, group, &mut deferred);
-    }
-    if deferred {
+    let (to_flusher, flushes) = crossbeam_channel::unbounded();
+    std::thread::scope(|scope| {
+        scope.spawn(|| flusher(shared, &flushes));
+        while let Some(group) = crate::next_group(rx) {
+            commit(shared, group, &to_flusher);
+        }
+        drop(to_flusher);
+    });
+    if shared.flushed.load(Ordering::Acquire) < shared.deferred.load(Ordering::Acquire) {
         let _ = shared.with(flush_wal);
+    }
+}
+
+/// Answers syncs beside the writer: a sync waits for the disk without holding up the appends queued behind
+/// it (a flush takes milliseconds, an append's commit without one a fraction of that; issue 35). A sync
+/// reaches it only after the writer committed everything queued before it, and a synchronous commit
+/// waits for the WAL up to its own record, so one flush covers every commit that returned before it began.
+fn flusher(shared: &Shared, rx: &Receiver<Sender<Result<()>>>) {
+    while let Ok(first) = rx.recv() {
+        let mut waiting = vec![first];
+        waiting.extend(rx.try_iter());
+        let covered = shared.deferred.load(Ordering::Acquire);
+        let outcome = shared.with(flush_wal);
+        if outcome.is_ok() {
+            shared.flushed.fetch_max(covered, Ordering::AcqRel);
+        }
+        for reply in waiting {
+            drop(reply.send(match &outcome {
+                Ok(()) => Ok(()),
+                Err(LogError::Unavailable { store, detail }) => Err(LogError::Unavailable { store: store.clone(), detail: detail.clone() }),
+                Err(e) => Err(shared.err(format!("sync failed: {e}"))),
+            }));
+        }
     }
 }
 
 /// Makes every earlier commit durable: a commit that is itself synchronous waits for the WAL up to its own
 /// record, which lies after theirs.
-fn flush_wal(c: &mut Client) -> std::result::Result<(), postgres::Error> {
-    c.batch_execute(&format!("BEGIN; SET LOCAL synchronous_commit = on; {WAL_WRITE}; COMMIT;"))
+fn flush_wal(c: &mut impl postgres::GenericClient) -> std::result::Result<(), postgres::Error> {
+    c.batch_execute(WAL_WRITE)
 }
 
 /// A write that makes a transaction's commit wait for the WAL to reach the disk. PostgreSQL flushes the
@@ -425,11 +459,77 @@ fn flush_wal(c: &mut Client) -> std::result::Result<(), postgres::Error> {
 /// without a flush could still be lost in a crash (issue 35). A transactional logical message is such a
 /// write, and touches no table (rewriting a row at every sync, as before, left thousands of dead versions
 /// of it under a busy server).
-const WAL_WRITE: &str = "SELECT pg_logical_emit_message(true, 'condense', 'sync')";
+/// It sets its own transaction's commit to synchronous (the server's default may say otherwise).
+const WAL_WRITE: &str = "SELECT set_config('synchronous_commit', 'on', true), pg_logical_emit_message(true, 'condense', 'sync')";
 
-/// One group in one transaction; replies after the commit, or an error for every append of the group.
-fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
-    let mut appends = Vec::new();
+/// A group's appends in one statement, each to a session of its own: a head moves from `expected` to
+/// `last` only if it is `expected` (the row lock makes a second writer wait and then see the new head),
+/// the values go in only where it moved, each move is announced, and the commit's durability is set for
+/// the statement's own transaction. One round trip for the whole group, where a transaction of separate
+/// statements took two and three for each append (issue 35: serve's own p99 on PostgreSQL). Returns the
+/// sessions whose head moved.
+const APPEND: &str = "WITH sc AS (SELECT set_config('synchronous_commit', $1, true)), \
+     want AS (SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS w(id, expected, last)), \
+     moved AS (UPDATE condense_sessions s SET head = w.last FROM want w WHERE s.id = w.id AND s.head = w.expected \
+               RETURNING s.id, w.expected, w.last), \
+     ins AS (INSERT INTO condense_events (session, seq, body) \
+             SELECT e.s, e.q, e.b FROM unnest($5::bigint[], $6::bigint[], $7::bytea[]) AS e(s, q, b) JOIN moved m ON m.id = e.s), \
+     told AS (SELECT pg_notify($8, m.id || ' ' || (m.expected + 1) || ' ' || m.last) FROM moved m WHERE m.last > m.expected) \
+     SELECT (SELECT count(*) FROM sc), (SELECT count(*) FROM told), array(SELECT id FROM moved)";
+
+/// Appends of one group that go in one statement: a session's appends that follow one another merged
+/// into one move of its head.
+#[derive(Default)]
+struct Round {
+    moves: Vec<Move>,
+    /// The values, as (session, seq, bytes).
+    values: Vec<(SessionId, Seq, Vec<u8>)>,
+}
+
+/// A move of a session's head: (session, expected, last, the appends merged into it, as (index in the
+/// group, expected, last)).
+type Move = (SessionId, Seq, Seq, Vec<(usize, Seq, Seq)>);
+
+/// An append waiting in a group: session, expected head, values, where its answer goes.
+type Waiting = (SessionId, Seq, Vec<Vec<u8>>, Sender<Result<Seq>>);
+
+/// Splits a group's appends into rounds of one move per session: an append that continues a session's
+/// move joins it, one that does not (it will be refused as stale, unless an earlier one was) waits for
+/// a later round.
+fn rounds(appends: &mut [Waiting]) -> Vec<Round> {
+    let mut rounds: Vec<Round> = Vec::new();
+    for (i, (session, expected, values, _)) in appends.iter_mut().enumerate() {
+        let last = *expected + values.len() as u64;
+        let mut placed = false;
+        for r in rounds.iter_mut() {
+            match r.moves.iter_mut().find(|m| m.0 == *session) {
+                Some(m) if m.2 == *expected => {
+                    m.2 = last;
+                    m.3.push((i, *expected, last));
+                }
+                Some(_) => continue,
+                None => r.moves.push((*session, *expected, last, vec![(i, *expected, last)])),
+            }
+            r.values.extend(std::mem::take(values).into_iter().zip(*expected + 1..).map(|(v, q)| (*session, q, v)));
+            placed = true;
+            break;
+        }
+        if !placed {
+            let mut r = Round::default();
+            r.moves.push((*session, *expected, last, vec![(i, *expected, last)]));
+            r.values.extend(std::mem::take(values).into_iter().zip(*expected + 1..).map(|(v, q)| (*session, q, v)));
+            rounds.push(r);
+        }
+    }
+    rounds
+}
+
+/// One group: its appends in as few statements as there are rounds (one, but for a session appended to
+/// out of turn), each committed on its own. Replies after the commit, or an error for every append the
+/// failed statement held; hands the group's syncs to the flusher once the commits returned (at once when
+/// nothing is waiting for the disk).
+fn commit(shared: &Shared, group: Vec<Request>, flusher: &Sender<Sender<Result<()>>>) {
+    let mut appends: Vec<Waiting> = Vec::new();
     let mut syncs = Vec::new();
     let mut durable = false;
     for r in group {
@@ -438,110 +538,110 @@ fn commit(shared: &Shared, group: Vec<Request>, deferred: &mut bool) {
                 durable |= d;
                 appends.push((session, expected, values, reply));
             }
-            Request::Sync { reply } => {
-                durable = true;
-                syncs.push(reply);
+            Request::Sync { reply } => syncs.push(reply),
+        }
+    }
+    let sc = if durable { "on" } else { "off" };
+    let mut outcomes: Vec<Option<Result<Seq>>> = appends.iter().map(|_| None).collect();
+    let mut notices: Vec<Appended> = Vec::new();
+    let mut failed = false;
+    for round in rounds(&mut appends) {
+        // A connection the server closed since it was last used fails before the statement reaches it:
+        // the attempt is repeated on a fresh connection. Repeating a statement that did reach the server
+        // is safe too: it moves a head only from the expected one.
+        let result = shared.with(|c| {
+            let ids: Vec<i64> = round.moves.iter().map(|m| to_i64(m.0)).collect();
+            let expected: Vec<i64> = round.moves.iter().map(|m| to_i64(m.1)).collect();
+            let last: Vec<i64> = round.moves.iter().map(|m| to_i64(m.2)).collect();
+            let sessions: Vec<i64> = round.values.iter().map(|v| to_i64(v.0)).collect();
+            let seqs: Vec<i64> = round.values.iter().map(|v| to_i64(v.1)).collect();
+            let bodies: Vec<&[u8]> = round.values.iter().map(|v| v.2.as_slice()).collect();
+            let row = c.query_typed_one(
+                APPEND,
+                &[
+                    (&sc, Type::TEXT),
+                    (&ids, Type::INT8_ARRAY),
+                    (&expected, Type::INT8_ARRAY),
+                    (&last, Type::INT8_ARRAY),
+                    (&sessions, Type::INT8_ARRAY),
+                    (&seqs, Type::INT8_ARRAY),
+                    (&bodies, Type::BYTEA_ARRAY),
+                    (&CHANNEL, Type::TEXT),
+                ],
+            )?;
+            let moved: Vec<i64> = row.get(2);
+            // Where a head did not move: the head as it is, to say why.
+            let mut heads = BTreeMap::new();
+            for m in round.moves.iter().filter(|m| !moved.contains(&to_i64(m.0))) {
+                let h = c.query_typed_opt("SELECT head FROM condense_sessions WHERE id = $1", &[(&to_i64(m.0), Type::INT8)])?;
+                heads.insert(m.0, h.map(|r| r.get::<_, i64>(0) as u64));
+            }
+            Ok((moved, heads))
+        });
+        match result {
+            Ok((moved, heads)) => {
+                for (session, first, last, members) in &round.moves {
+                    if moved.contains(&to_i64(*session)) {
+                        if last > first {
+                            notices.push(Appended { session: *session, first: first + 1, last: *last });
+                        }
+                        for (i, _, l) in members {
+                            outcomes[*i] = Some(Ok(*l));
+                        }
+                        continue;
+                    }
+                    for (i, e, _) in members {
+                        outcomes[*i] = Some(match heads.get(session).copied().flatten() {
+                            None => Err(LogError::UnknownSession(session.to_string())),
+                            Some(h) if h != *e => Err(LogError::HeadMismatch { session: *session, expected: *e, actual: h }),
+                            Some(_) => Err(shared.err("not appended: an earlier append of the session in its group was refused")),
+                        });
+                    }
+                }
+            }
+            Err(e) => {
+                // Nothing of the round is acknowledged (it did not commit, or its outcome is unknown: a
+                // caller that retries with the same expected head then learns the head moved).
+                failed = true;
+                let msg = format!("group commit failed: {e}");
+                for (_, _, _, members) in &round.moves {
+                    for (i, _, _) in members {
+                        outcomes[*i] = Some(Err(match &e {
+                            LogError::Unavailable { store, detail } => LogError::Unavailable { store: store.clone(), detail: detail.clone() },
+                            _ => shared.err(&msg),
+                        }));
+                    }
+                }
             }
         }
     }
-    let mut outcomes: Vec<Result<Seq>> = Vec::new();
-    let mut notices: Vec<Appended> = Vec::new();
-    // A connection the server closed since it was last used fails before anything is sent: such an
-    // attempt is repeated once on a fresh connection. A failure once COMMIT was sent is not repeated (the
-    // group may have committed; a retry with the same heads would then be refused as stale).
-    let result = shared.with_unsent(|c, committing| {
-        outcomes.clear();
-        notices.clear();
-        let mut tx = c.transaction()?;
-        if !durable {
-            tx.batch_execute("SET LOCAL synchronous_commit = off")?;
+    if !notices.is_empty() {
+        if durable {
+            // A synchronous commit made every earlier one durable too.
+            shared.flushed.fetch_max(shared.deferred.load(Ordering::Acquire), Ordering::AcqRel);
+        } else {
+            shared.deferred.fetch_add(1, Ordering::AcqRel);
         }
-        let mut heads: BTreeMap<SessionId, Option<Seq>> = BTreeMap::new();
-        let mut wrote = false;
-        for (session, expected, values, _) in &appends {
-            let head = match heads.get(session) {
-                Some(h) => *h,
-                None => {
-                    let id = to_i64(*session);
-                    let rows = tx.query_typed("SELECT head FROM condense_sessions WHERE id = $1 FOR UPDATE", &[(&id, Type::INT8)])?;
-                    let h = rows.first().map(|r| r.get::<_, i64>(0) as u64);
-                    heads.insert(*session, h);
-                    h
-                }
-            };
-            let Some(head) = head else {
-                outcomes.push(Err(LogError::UnknownSession(session.to_string())));
-                continue;
-            };
-            if head != *expected {
-                outcomes.push(Err(LogError::HeadMismatch { session: *session, expected: *expected, actual: head }));
-                continue;
-            }
-            if values.is_empty() {
-                outcomes.push(Ok(head));
-                continue;
-            }
-            let seqs: Vec<i64> = (1..=values.len() as u64).map(|i| to_i64(head + i)).collect();
-            let bodies: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
-            tx.query_typed(
-                "INSERT INTO condense_events (session, seq, body) SELECT $1, s, b FROM unnest($2::bigint[], $3::bytea[]) AS t(s, b)",
-                &[(&to_i64(*session), Type::INT8), (&seqs, Type::INT8_ARRAY), (&bodies, Type::BYTEA_ARRAY)],
-            )?;
-            let last = head + values.len() as u64;
-            heads.insert(*session, Some(last));
-            notices.push(Appended { session: *session, first: head + 1, last });
-            outcomes.push(Ok(last));
-            wrote = true;
+    }
+    let pending = shared.flushed.load(Ordering::Acquire) < shared.deferred.load(Ordering::Acquire);
+    for reply in syncs {
+        if failed {
+            drop(reply.send(Err(shared.err("sync refused: a commit before it failed"))));
+        } else if pending {
+            drop(flusher.send(reply));
+        } else {
+            drop(reply.send(Ok(())));
         }
-        let mut moved: BTreeMap<SessionId, (Seq, Seq)> = BTreeMap::new();
-        for n in &notices {
-            moved.entry(n.session).and_modify(|e| e.1 = n.last).or_insert((n.first, n.last));
-        }
-        for (session, (first, last)) in &moved {
-            tx.query_typed(
-                "WITH moved AS (UPDATE condense_sessions SET head = $2 WHERE id = $1) SELECT pg_notify($3, $4)",
-                &[(&to_i64(*session), Type::INT8), (&to_i64(*last), Type::INT8), (&CHANNEL, Type::TEXT), (&format!("{session} {first} {last}"), Type::TEXT)],
-            )?;
-        }
-        if durable && !wrote && *deferred {
-            // A sync with nothing of its own to write: the commit must still wait for the disk.
-            tx.batch_execute(WAL_WRITE)?;
-        }
-        *committing = true;
-        tx.commit()
-    });
-    match result {
-        Ok(()) => {
-            if durable {
-                *deferred = false;
-            } else if !notices.is_empty() {
-                *deferred = true;
-            }
-            for tx in syncs {
-                drop(tx.send(Ok(())));
-            }
-            for ((_, _, _, reply), outcome) in appends.into_iter().zip(outcomes) {
-                drop(reply.send(outcome));
-            }
-            if !notices.is_empty() {
-                // This process's subscribers are also told through LISTEN; the local send covers a
-                // subscriber whose listener is not connected yet, and duplicates are harmless (a notice
-                // says "caught up to here").
-                let mut subs = shared.subscribers.lock().expect("subscribers lock");
-                subs.retain(|s| notices.iter().all(|n| s.send(*n).is_ok()));
-            }
-        }
-        Err(e) => {
-            // Nothing of the group is acknowledged (the transaction rolled back, or its outcome is unknown:
-            // a caller that retries with the same expected head then learns the head moved).
-            let msg = format!("group commit failed: {e}");
-            for tx in syncs {
-                drop(tx.send(Err(shared.err(&msg))));
-            }
-            for (_, _, _, reply) in appends {
-                drop(reply.send(Err(shared.err(&msg))));
-            }
-        }
+    }
+    for ((_, _, _, reply), outcome) in appends.into_iter().zip(outcomes) {
+        drop(reply.send(outcome.unwrap_or_else(|| Err(shared.err("not appended")))));
+    }
+    if !notices.is_empty() {
+        // This process's subscribers are also told through LISTEN; the local send covers a subscriber
+        // whose listener is not connected yet, and duplicates are harmless (a notice says "caught up to
+        // here").
+        let mut subs = shared.subscribers.lock().expect("subscribers lock");
+        subs.retain(|s| notices.iter().all(|n| s.send(*n).is_ok()));
     }
 }
 

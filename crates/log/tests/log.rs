@@ -970,3 +970,53 @@ fn the_heads_manifest_is_compacted_while_the_store_is_open() {
         assert_eq!(log.head(id).unwrap(), 400);
     }
 }
+
+/// Appends queued without waiting go to the store together (one statement on PostgreSQL): each still
+/// gets its own answer: a session's appends that follow one another all land, a stale one is refused
+/// with the head as it is, an empty one answers the head, an unknown session is named.
+#[test]
+fn queued_appends_each_get_their_own_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in [dir.path().to_string_lossy().into_owned(), pg_store()] {
+        let log = Log::open(&store).unwrap();
+        let (s1, s2) = (log.create_session("one").unwrap(), log.create_session("two").unwrap());
+        let heard = log.subscribe();
+        let enc = |s, seq, text: &str| log.encode(s, seq, &note(text.into()));
+        let r1 = log.append_encoded(s1, 0, vec![enc(s1, 1, "a"), enc(s1, 2, "b")], false).unwrap();
+        let r2 = log.append_encoded(s1, 2, vec![enc(s1, 3, "c")], false).unwrap();
+        let r3 = log.append_encoded(s2, 0, vec![enc(s2, 1, "d")], false).unwrap();
+        let r4 = log.append_encoded(s1, 1, vec![enc(s1, 2, "stale")], false).unwrap();
+        let r5 = log.append_encoded(s2, 1, Vec::new(), false).unwrap();
+        let r6 = log.append_encoded(999 as SessionId, 0, vec![enc(999 as SessionId, 1, "nowhere")], false).unwrap();
+        assert_eq!(r1.recv().unwrap().unwrap(), 2, "{store}");
+        assert_eq!(r2.recv().unwrap().unwrap(), 3, "{store}");
+        assert_eq!(r3.recv().unwrap().unwrap(), 1, "{store}");
+        match r4.recv().unwrap() {
+            Err(LogError::HeadMismatch { expected: 1, actual: 3, .. }) => {}
+            other => panic!("{store}: a stale append should be refused with the head as it is, got {other:?}"),
+        }
+        assert_eq!(r5.recv().unwrap().unwrap(), 1, "{store}");
+        assert!(matches!(r6.recv().unwrap(), Err(LogError::UnknownSession(_))), "{store}");
+        log.sync().unwrap();
+        let texts = |s| -> Vec<String> {
+            log.read(s, 1, 10)
+                .unwrap()
+                .into_iter()
+                .map(|e| match e.body {
+                    Event::Decision(DecisionEvent::Note { text, .. }) => text,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(texts(s1), ["a", "b", "c"], "{store}");
+        assert_eq!(texts(s2), ["d"], "{store}");
+        let mut last = BTreeMap::new();
+        while let Ok(n) = heard.recv_timeout(std::time::Duration::from_secs(2)) {
+            last.insert(n.session, n.last);
+            if last.get(&s1) == Some(&3) && last.get(&s2) == Some(&1) {
+                break;
+            }
+        }
+        assert_eq!((last.get(&s1), last.get(&s2)), (Some(&3), Some(&1)), "{store}: every append announced");
+    }
+}
