@@ -108,14 +108,19 @@ pub fn run(plan: &Plan, scratch: &Path) -> Result<Report> {
     let acked: Arc<Mutex<Vec<Vec<String>>>> = Arc::new(Mutex::new(vec![Vec::new(); plan.conversations]));
     let interval = Duration::from_secs_f64(plan.conversations as f64 / plan.rate);
     let mut clients = Vec::new();
+    let (start, n) = (Instant::now(), plan.conversations as f64);
     for c in 0..plan.conversations {
         let (addr, stop, errors, latencies, acked) = (addr.clone(), stop.clone(), errors.clone(), latencies.clone(), acked.clone());
         clients.push(std::thread::spawn(move || {
             let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().expect("HTTP client");
             let mut messages = history(200, c);
             let mut turn = 0;
-            // Spread the conversations over the interval.
-            std::thread::sleep(interval.mul_f64(c as f64 / 50.0_f64.max(1.0)).min(interval));
+            // Spread the conversations over the interval, each at a phase of its own that it keeps: a
+            // conversation sends on its own beat, skipping the beats a slow or failed request missed, so
+            // that an outage does not leave every conversation sending at the same instant afterwards
+            // (agents retry at times of their own too).
+            let phase = start + interval.mul_f64(c as f64 / n);
+            std::thread::sleep(phase.saturating_duration_since(Instant::now()));
             while !stop.load(Ordering::SeqCst) {
                 let started = Instant::now();
                 let prompt = format!("soak {c} turn {turn}: run the tests again");
@@ -147,9 +152,8 @@ pub fn run(plan: &Plan, scratch: &Path) -> Result<Report> {
                         messages.pop();
                     }
                 }
-                if let Some(rest) = interval.checked_sub(started.elapsed()) {
-                    std::thread::sleep(rest);
-                }
+                let beats = (phase.elapsed().as_secs_f64() / interval.as_secs_f64()).floor() + 1.0;
+                std::thread::sleep((phase + interval.mul_f64(beats)).saturating_duration_since(Instant::now()));
             }
         }));
     }

@@ -713,11 +713,14 @@ async fn run_conversation(api: Api, store: &str, servers: usize) -> (Vec<Value>,
         let store = condense_engine::Store::open(store).unwrap();
         let sessions = store.sessions().unwrap();
         assert_eq!(sessions.len(), 1, "one conversation, one session, whichever server took each request");
-        let mut events = Vec::new();
-        store.log().for_each_value(sessions[0].id, 1, sessions[0].head, |_, v| {
-            events.push(v.to_vec());
-            Ok(())
-        }).unwrap();
+        // Each event as stored on its own (sled packs the events of one append into one value).
+        let events: Vec<Vec<u8>> = store
+            .log()
+            .read(sessions[0].id, 1, sessions[0].head)
+            .unwrap()
+            .into_iter()
+            .map(|e| condense_log::encode_event(sessions[0].id, e.seq, &e.body))
+            .collect();
         let rendered: Vec<Message> = store.session(&sessions[0].name).unwrap().render().unwrap().messages.iter().map(|m| (**m).clone()).collect();
         (events, rendered)
     })
@@ -1097,9 +1100,9 @@ async fn limits_on_size_time_and_memory_hold() {
     // A body that stops short of its declared length: a 408.
     let (resp, _) = raw_exchange(addr, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":", Duration::from_secs(5)).await;
     assert!(resp.starts_with("HTTP/1.1 408"), "{resp}");
-    // A thousand tiny messages need more than the 4 MiB budget to record: a 413 that says so.
+    // Two thousand tiny messages need more than the 4 MiB budget to record: a 413 that says so.
     let url = format!("http://{addr}");
-    let many: Vec<Value> = (0..1000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "x"})).collect();
+    let many: Vec<Value> = (0..2000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "x"})).collect();
     let r = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).header("x-api-key", "k").header("content-type", "application/json").body(json!({"model": "m", "messages": many}).to_string()).send().await.unwrap();
     assert_eq!(r.status(), 413);
     assert!(r.text().await.unwrap().contains("memory budget"));

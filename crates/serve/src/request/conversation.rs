@@ -18,9 +18,12 @@ use tokio::sync::Mutex as AsyncMutex;
 pub(crate) async fn with_conv<R: Send + 'static>(conv: &ConvRef, f: impl FnOnce(&mut Conv) -> R + Send + 'static) -> R {
     let mut guard = conv.clone().lock_owned().await;
     tokio::task::spawn_blocking(move || {
-        let r = f(&mut guard);
-        guard.mark_synced();
-        r
+        let session = guard.session.clone();
+        session.pinned(|| {
+            let r = f(&mut guard);
+            guard.mark_synced();
+            r
+        })
     })
     .await
     .expect("engine task")
