@@ -260,6 +260,19 @@ pub struct ServeArgs {
     /// retry-after, or a 413 when it could never fit
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1 << 20..))]
     pub memory_budget: Option<u64>,
+    /// How serve's log lines on stderr are written (one per request, and what it notices); which lines
+    /// come is set by RUST_LOG (default `info`)
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// The form of serve's log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One readable line each
+    Text,
+    /// One JSON object each
+    Json,
 }
 
 /// `condense history`'s verbs.

@@ -9,6 +9,25 @@ use condense_serve::{lock, ServeConfig};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+/// serve's log lines on stderr, filtered by `RUST_LOG` (default `info`; a filter that does not parse is
+/// named and the default used). Once per process: a second call (a test running serve twice) keeps the
+/// first.
+fn start_logging(format: crate::cli::LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+            eprintln!("condense serve: RUST_LOG `{spec}` is not a filter ({e}); logging at info");
+            EnvFilter::new("info")
+        }),
+        Err(_) => EnvFilter::new("info"),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(true);
+    let _ = match format {
+        crate::cli::LogFormat::Text => builder.try_init(),
+        crate::cli::LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
 /// Runs the server until Ctrl-C or SIGTERM; `run_captured` runs the commands other processes route
 /// through it (the dispatcher's, handed down so this module does not call back up into it).
 pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine::Store, Vec<String>) -> (Vec<u8>, Vec<u8>, i32)) -> Result<ExitCode> {
@@ -53,6 +72,7 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
         }
         None => None,
     };
+    start_logging(a.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     rt.block_on(async move {
         let running = condense_serve::start(cfg.clone()).await?;

@@ -70,22 +70,26 @@ impl Serve {
         if !store.join("config.json").exists() {
             std::fs::write(store.join("config.json"), r#"{"rollingWindow": 1}"#).unwrap();
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_condense"))
-            .arg("--store")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_condense"));
+        cmd.arg("--store")
             .arg(store)
             .args(["serve", "--listen", "127.0.0.1:0", "--anthropic-upstream", &fake.url(), "--openai-upstream", &fake.url()])
             .args(token_file.map(|f| vec![std::ffi::OsString::from("--auth-token-file"), f.as_os_str().to_owned()]).unwrap_or_default())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("condense serve starts");
+            .stderr(Stdio::inherit());
+        let (child, addr) = Serve::spawn(&mut cmd);
+        Serve { child, addr }
+    }
+
+    /// Starts `cmd` (a `condense serve`) and reads the address it announces; what it prints after that
+    /// is read and dropped, so its stdout never closes under it.
+    fn spawn(cmd: &mut Command) -> (Child, String) {
+        let mut child = cmd.stdout(Stdio::piped()).spawn().expect("condense serve starts");
         let mut line = String::new();
         let mut out = BufReader::new(child.stdout.take().unwrap());
         out.read_line(&mut line).unwrap();
-        // Keep reading what serve prints, so its stdout never closes under it.
         std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
         let addr = line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("no address in `{line}`")).to_string();
-        Serve { child, addr }
+        (child, addr)
     }
 
     fn kill9(&mut self) {
@@ -726,4 +730,46 @@ fn thirty_turns_of_codex_through_serve_and_direct() {
 #[test]
 fn thirty_turns_of_pi_through_serve_and_direct() {
     long_session(pi());
+}
+
+/// `--log-format json`: one JSON line per request on stderr (session id, API, status, serve's own time,
+/// tokens), a pass-through request too; `RUST_LOG` filters them; never an API key or a body.
+#[test]
+fn serve_logs_one_json_line_per_request_without_keys_or_bodies() {
+    let e = env_with(vec![Step::Text("FIRST-ANSWER-words".into()), Step::Text("SECOND-ANSWER-words".into())]);
+    let store = e.root.join("store");
+    let run_serve = |rust_log: &str| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_condense"));
+        cmd.arg("--store")
+            .arg(&store)
+            .args(["serve", "--listen", "127.0.0.1:0", "--openai-upstream", &e.fake.url(), "--log-format", "json"])
+            .env("RUST_LOG", rust_log)
+            .stderr(Stdio::piped());
+        let (child, addr) = Serve::spawn(&mut cmd);
+        let http = reqwest::blocking::Client::new();
+        let body = serde_json::json!({"model": "fake-model", "messages": [{"role": "user", "content": "PROMPT-secret-words"}]}).to_string();
+        let r = http.post(format!("http://{addr}/v1/chat/completions")).header("authorization", "Bearer sk-LOGTEST-key-123").header("content-type", "application/json").body(body).send().unwrap();
+        assert_eq!(r.status(), 200);
+        let r = http.get(format!("http://{addr}/v1/models")).header("authorization", "Bearer sk-LOGTEST-key-123").send().unwrap();
+        assert_eq!(r.status(), 200, "the fake answers every path");
+        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        let output = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let err = run_serve("info");
+    let lines: Vec<serde_json::Value> = err.lines().filter_map(|l| serde_json::from_str(l).ok()).filter(|v: &serde_json::Value| v["target"] == "condense::request").collect();
+    assert_eq!(lines.len(), 2, "one line per request: {err}");
+    let (chat, models) = (&lines[0], &lines[1]);
+    assert_eq!((chat["api"].as_str(), chat["status"].as_u64(), chat["passthrough"].as_bool()), (Some("chat"), Some(200), Some(false)), "{chat}");
+    assert!(chat["session"].as_u64().unwrap() >= 1, "{chat}");
+    assert!(chat["own_ms"].as_f64().unwrap() > 0.0, "{chat}");
+    assert!(chat["tokens_received"].as_u64().unwrap() > 0 && chat["tokens_sent"].as_u64().unwrap() > 0, "{chat}");
+    assert_eq!((models["api"].as_str(), models["status"].as_u64(), models["passthrough"].as_bool()), (Some("models"), Some(200), Some(true)), "{models}");
+    for secret in ["LOGTEST", "PROMPT-secret", "ANSWER-words"] {
+        assert!(!err.contains(secret), "`{secret}` in the log: {err}");
+    }
+    // A filter that leaves the request lines out.
+    let quiet = run_serve("warn");
+    assert!(!quiet.contains("condense::request"), "{quiet}");
+    drop(e);
 }

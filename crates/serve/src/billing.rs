@@ -245,6 +245,13 @@ impl Ledger {
 
     /// The figures so far: bytes, cache hit and cost on each side, and the cost through condense as a
     /// share of direct (`None` before anything was billed).
+    /// The cost through condense and direct, once both sides have a request.
+    pub fn costs(&self) -> Option<(f64, f64)> {
+        self.settle();
+        let books = self.books.lock().expect("ledger lock");
+        Some((books.condense.as_ref()?.total.cost(), books.direct.as_ref()?.total.cost()))
+    }
+
     pub fn figures(&self) -> Option<Value> {
         self.settle();
         let books = self.books.lock().expect("ledger lock");

@@ -66,6 +66,8 @@ pub struct ConvFigures {
     pub stubs: u64,
     /// Checkpoints committed.
     pub checkpoints: u64,
+    /// Recovery handoffs prepared (seed 004).
+    pub recoveries: u64,
 }
 
 /// What one unit of the request (see [`wire::Unit`]) turned out to be.
@@ -365,6 +367,7 @@ impl Conv {
         self.figures.requests += 1;
         self.figures.stubs = figures.0;
         self.figures.checkpoints = figures.1;
+        self.figures.recoveries = figures.2;
         internal.declare(&tools);
         write(api, raw, rec, segs, notice, &tools, tokens_sent).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })
     }
@@ -403,7 +406,7 @@ enum Seg {
     New(Option<OutMessage<'static>>),
 }
 
-type Segments = (Vec<Seg>, bool, Vec<tools::ToolDef>, u64, (u64, u64));
+type Segments = (Vec<Seg>, bool, Vec<tools::ToolDef>, u64, (u64, u64, u64));
 
 /// Maps each rendered message to the client message it is (by identity with the entry's message) or its
 /// wire form; also whether the context ends with a budget notice, the tools it needs, its tokens, and the
@@ -428,7 +431,8 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
     let tools: Vec<tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
     let tokens: u64 = messages.iter().map(|m| p.estimate(m)).sum();
     let idx = p.index();
-    let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64);
+    let recoveries = idx.recovery_notes.iter().filter(|n| n.starts_with(condense_engine::recover::DIAG_PREPARED)).count() as u64;
+    let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64, recoveries);
     (segs, notice, tools, tokens, figures)
 }
 

@@ -50,6 +50,7 @@ pub mod budget;
 pub mod conv;
 pub mod fake;
 pub mod lock;
+mod metrics;
 mod request;
 mod state;
 pub mod stream;

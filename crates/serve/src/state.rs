@@ -56,6 +56,8 @@ pub struct State {
     pub(crate) counters: Counters,
     /// The memory requests may hold at once.
     pub(crate) budget: Arc<crate::budget::Budget>,
+    /// What `/condense/metrics` reports.
+    pub(crate) metrics: crate::metrics::Metrics,
 }
 
 impl State {
@@ -78,6 +80,7 @@ impl State {
             scanned: std::sync::Mutex::new(scanned),
             counters: Counters::default(),
             budget: crate::budget::Budget::new(cfg.memory_budget),
+            metrics: crate::metrics::Metrics::new(),
             cfg,
         }))
     }
@@ -128,7 +131,8 @@ impl State {
         })
     }
 
-    pub(crate) fn record_latency(&self, d: std::time::Duration, phases: [std::time::Duration; PHASES.len()]) {
+    pub(crate) fn record_latency(&self, api: condense_formats::wire::Api, d: std::time::Duration, phases: [std::time::Duration; PHASES.len()]) {
+        self.metrics.own_seconds.get_or_create(&crate::metrics::ApiLabel { api: api.name() }).observe(d.as_secs_f64());
         let mut l = self.counters.latencies.lock().expect("latency lock");
         if l.len() == LATENCY_WINDOW {
             l.pop_front();
@@ -155,6 +159,61 @@ impl State {
             phases.insert((*name).into(), json!({"p50": p50, "p99": p99, "max": max}));
         }
         json!({"requests": rows.len(), "p50": p50, "p99": p99, "max": max, "phases": phases})
+    }
+
+    /// Counts an upstream answer that was an error (see [`crate::metrics::StatusLabel`]).
+    pub(crate) fn upstream_error(&self, status: impl Into<String>) {
+        self.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        self.metrics.upstream_error(status);
+    }
+
+    /// Counts a provider overflow.
+    pub(crate) fn overflow(&self) {
+        self.counters.overflows.fetch_add(1, Ordering::Relaxed);
+        self.metrics.overflows.inc();
+    }
+
+    /// Counts a request forwarded unchanged.
+    pub(crate) fn passthrough(&self) {
+        self.counters.passthrough.fetch_add(1, Ordering::Relaxed);
+        self.metrics.passthrough.inc();
+    }
+
+    /// Counts tokens received from a client and sent upstream.
+    pub(crate) fn tokens(&self, received: u64, sent: u64) {
+        self.counters.tokens_in.fetch_add(received, Ordering::Relaxed);
+        self.counters.tokens_sent.fetch_add(sent, Ordering::Relaxed);
+        self.metrics.tokens_received.inc_by(received);
+        self.metrics.tokens_sent.inc_by(sent);
+    }
+
+    /// The metrics in the Prometheus text format, the figures of the conversations in memory read now.
+    pub async fn metrics(&self) -> String {
+        let m = &self.metrics;
+        let convs: Vec<ConvRef> = self.convs.lock().await.values().cloned().collect();
+        let (mut checkpoints, mut recoveries, mut stubs, mut condense, mut direct) = (0, 0, 0, 0.0, 0.0);
+        m.sessions_warm.set(convs.len() as i64);
+        for conv in convs {
+            let c = conv.lock().await;
+            checkpoints += c.figures.checkpoints;
+            recoveries += c.figures.recoveries;
+            stubs += c.figures.stubs;
+            if let Some((a, b)) = c.ledger.costs() {
+                condense += a;
+                direct += b;
+            }
+        }
+        m.checkpoints.set(checkpoints as i64);
+        m.recoveries.set(recoveries as i64);
+        m.stubs.set(stubs as i64);
+        if self.cfg.price_cache {
+            m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(condense);
+            m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(direct);
+        }
+        let fallbacks = self.cfg.summarizer.as_ref().map_or(0, |s| s.fallbacks().count);
+        m.summarizer_fallbacks.inc_by(fallbacks.saturating_sub(m.summarizer_fallbacks.get()));
+        m.memory_reserved.set(self.budget.used() as i64);
+        m.encode()
     }
 
     pub(crate) fn count_usage(&self, u: &Option<Usage>) {

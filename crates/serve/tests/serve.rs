@@ -503,6 +503,58 @@ async fn upstream_errors_pass_through_and_a_down_upstream_is_502() {
     assert!(!body.contains(&closed.to_string()), "{body}");
 }
 
+/// The metric lines of `text` (Prometheus text format) as name-with-labels → value.
+fn metric_values(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap_or_else(|| panic!("not a metric line: {l}"));
+            (k.to_string(), v.parse().unwrap_or_else(|_| panic!("not a number: {l}")))
+        })
+        .collect()
+}
+
+/// `/condense/metrics` (Prometheus text format): requests and serve's own time per API, tokens received
+/// and sent, upstream errors by status, overflows, checkpoints, cache-priced cost: each what
+/// `/condense/status` says, or what the script made happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_happened_as_status_does() {
+    let steps = vec![Step::Text("one".into()), Step::Fail(429, "slow down".into()), Step::Overflow, Step::Text("two".into()), Step::Text("three".into())];
+    let s = with_defaults(steps).await;
+    let mut chat = Agent::new(Api::Chat, false, &s.url());
+    assert_eq!(chat.turn("first question").await.unwrap(), "one");
+    assert_eq!(chat.turn("second question").await.unwrap_err().0, 429);
+    // The provider overflows once: a checkpoint and a retry.
+    assert_eq!(chat.request().await.unwrap().text(), "two");
+    let mut anthropic = Agent::new(Api::Anthropic, true, &s.url());
+    assert_eq!(anthropic.turn("another conversation").await.unwrap(), "three");
+    let resp = reqwest::get(format!("{}/condense/metrics", s.url())).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"].to_str().unwrap().contains("openmetrics-text"));
+    let m = metric_values(&resp.text().await.unwrap());
+    let status = s.status().await;
+    let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("no {k} in {m:?}"));
+    assert_eq!(get(r#"condense_requests_total{api="chat"}"#), 3.0);
+    assert_eq!(get(r#"condense_requests_total{api="anthropic"}"#), 1.0);
+    assert_eq!(get(r#"condense_requests_total{api="chat"}"#) + get(r#"condense_requests_total{api="anthropic"}"#), status["requests"].as_f64().unwrap());
+    assert_eq!(get(r#"condense_own_seconds_count{api="chat"}"#), 3.0);
+    assert!(get(r#"condense_own_seconds_sum{api="chat"}"#) > 0.0);
+    assert_eq!(get(r#"condense_own_seconds_bucket{le="+Inf",api="anthropic"}"#), 1.0);
+    assert_eq!(get("condense_tokens_received_total"), status["tokens_in"].as_f64().unwrap());
+    assert_eq!(get("condense_tokens_sent_total"), status["tokens_sent"].as_f64().unwrap());
+    assert!(get("condense_tokens_received_total") > 0.0);
+    assert_eq!(get(r#"condense_upstream_errors_total{status="429"}"#), 1.0);
+    assert_eq!(get("condense_overflows_total"), 1.0);
+    assert_eq!(get("condense_overflows_total"), status["overflows"].as_f64().unwrap());
+    assert_eq!(get("condense_sessions_warm"), 2.0);
+    assert_eq!(get("condense_checkpoints"), status["checkpoints"].as_f64().unwrap());
+    assert!(get("condense_checkpoints") >= 1.0, "the overflow's checkpoint");
+    assert_eq!(get("condense_summarizer_fallbacks_total"), status["summarizer_fallbacks"].as_f64().unwrap());
+    let priced: f64 = status["active_sessions"].as_array().unwrap().iter().filter_map(|c| c["cache_priced"]["condense"]["cost"].as_f64()).sum();
+    assert!((get(r#"condense_cache_priced_cost{path="condense"}"#) - priced).abs() < 0.01 * priced.max(1.0), "{priced}");
+    assert!(get(r#"condense_cache_priced_cost{path="direct"}"#) > 0.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_dropped_half_way_is_not_recorded() {
     for api in [Api::Anthropic, Api::Chat, Api::Responses] {
@@ -1001,12 +1053,13 @@ async fn a_token_guards_every_route_and_other_addresses_need_one() {
     let url = format!("http://{}", serve.addr);
     let http = reqwest::Client::new();
     let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let routes: [(&str, &str, Option<&str>); 6] = [
+    let routes: [(&str, &str, Option<&str>); 7] = [
         ("POST", "/v1/messages", Some(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)),
         ("POST", "/v1/chat/completions", Some(chat.as_str())),
         ("POST", "/v1/responses", Some(r#"{"model":"m","input":"hi"}"#)),
         ("GET", "/v1/models", None),
         ("GET", "/condense/status", None),
+        ("GET", "/condense/metrics", None),
         ("POST", "/condense/cli", Some(r#"{"argv":["sessions"]}"#)),
     ];
     for (method, path, body) in routes {

@@ -203,7 +203,7 @@ fn session_name(store: &Store, client: &str, typed: &str, identity: &str) -> Res
 /// What preparing a request gave: the request recorded, the context built, the upstream body, the
 /// time spent waiting for the conversation, recording, building and writing the body, and the
 /// conversation's ledger.
-type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4], Arc<crate::billing::Ledger>);
+type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4], Arc<crate::billing::Ledger>, condense_events::SessionId);
 
 /// Records the request in its conversation, prepares the context and writes the upstream body, on a
 /// blocking thread with the conversation locked.
@@ -233,7 +233,7 @@ pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Pre
             }
             Err(e) => return Err(e.into()),
         }
-        Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2], c.ledger.clone()))
+        Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2], c.ledger.clone(), c.session.id()))
     })
     .await
 }

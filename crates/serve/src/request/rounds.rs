@@ -39,12 +39,12 @@ pub(crate) async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Rec
         let headers = response_headers(resp.headers());
         let bytes = resp.bytes().await.unwrap_or_default();
         if !api::is_overflow(status.as_u16(), &bytes) {
-            st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+            st.upstream_error(status.as_u16().to_string());
             let s = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
             return with_headers((s, bytes).into_response(), headers);
         }
         // The provider says the prompt is too long: record it, checkpoint, retry once.
-        st.counters.overflows.fetch_add(1, Ordering::Relaxed);
+        st.overflow();
         let text = api::error_text(&bytes);
         let (raw, internal) = (req.raw.clone(), req.internal.clone());
         let units = rec.units.clone();
@@ -68,7 +68,7 @@ pub(crate) async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Rec
     if req.stream && !event_stream {
         // A 200 that is not an event stream (a gateway's page, a JSON reply to a streaming request): the
         // client gets it as it came, as it would without condense; nothing of it is recorded.
-        st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        st.upstream_error("not_a_stream");
         return stream_back(resp);
     }
     if req.stream {
@@ -127,7 +127,7 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
         }
         Some(Ok(built)) => {
             st.counters.tool_rounds.fetch_add(1, Ordering::Relaxed);
-            st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
+            st.tokens(0, built.tokens_sent);
             Next::Continue(req.upstream_body(&built))
         }
     })
@@ -221,7 +221,7 @@ fn stream_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, first: 
             if broke || !codec.complete() {
                 // The upstream dropped the stream: the client's stream breaks the same way, and the
                 // half-received reply is not recorded.
-                st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+                st.upstream_error("stream_cut");
                 let _ = tx.send(Err(std::io::Error::other("upstream stream ended before the reply was complete"))).await;
                 return;
             }

@@ -27,6 +27,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/chat/completions", post(|s, r| handle(s, Api::Chat, r)))
         .route("/v1/responses", post(|s, r| handle(s, Api::Responses, r)))
         .route("/condense/status", get(status))
+        .route("/condense/metrics", get(metrics))
         .route("/condense/cli", post(cli))
         .fallback(passthrough)
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
@@ -65,62 +66,121 @@ pub(crate) async fn status(axum::extract::State(st): S) -> Response {
     json_response(StatusCode::OK, &st.status().await)
 }
 
-/// The three APIs: record, prepare, forward, and answer.
-async fn handle(axum::extract::State(st): S, api: Api, req: Request) -> Response {
+/// `/condense/metrics`, in the Prometheus text format.
+async fn metrics(axum::extract::State(st): S) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], st.metrics().await).into_response()
+}
+
+/// What serve logs of a request, one line when its response starts (target `condense::request`): never a
+/// header's value or anything of a body (the session by its id, as `condense sessions` lists it: its name
+/// is made of the first prompt's words).
+#[derive(Default)]
+struct RequestLine {
+    session: Option<condense_events::SessionId>,
+    /// serve's own time (see [`State::record_latency`]).
+    own: Option<std::time::Duration>,
+    tokens_received: Option<u64>,
+    tokens_sent: Option<u64>,
+    stream: bool,
+    /// Forwarded unchanged.
+    passthrough: bool,
+}
+
+impl RequestLine {
+    fn log(&self, api: &str, status: StatusCode) {
+        tracing::info!(
+            target: "condense::request",
+            api,
+            status = status.as_u16(),
+            session = self.session.unwrap_or(0),
+            own_ms = self.own.map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+            tokens_received = self.tokens_received.unwrap_or(0),
+            tokens_sent = self.tokens_sent.unwrap_or(0),
+            stream = self.stream,
+            passthrough = self.passthrough,
+            "request"
+        );
+    }
+}
+
+/// The three APIs: record, prepare, forward, and answer; one log line each.
+async fn handle(st: S, api: Api, req: Request) -> Response {
+    let mut line = RequestLine::default();
+    let resp = handle_request(st, api, req, &mut line).await;
+    line.log(api.name(), resp.status());
+    resp
+}
+
+async fn handle_request(axum::extract::State(st): S, api: Api, req: Request, line: &mut RequestLine) -> Response {
     // A compressed body (Codex compresses for some providers) cannot be read: it goes to the provider as
     // it came, so the agent keeps working, only without condense.
     let compressed = req.headers().get("content-encoding").and_then(|v| v.to_str().ok()).is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
     if compressed {
-        return passthrough(axum::extract::State(st), req).await;
+        line.passthrough = true;
+        return forward(&st, req).await;
     }
     let (mut req, bytes, arrived) = match read_request(&st, api, req).await {
         Ok(r) => r,
         Err(resp) => return resp,
     };
     let parsed = arrived.elapsed();
+    line.stream = req.stream;
     if req.raw.units.is_empty() {
         // Nothing of a conversation to manage: forwarded as it came.
+        line.passthrough = true;
         return forward_unchanged(&st, &req, bytes.to_vec()).await;
     }
     st.counters.requests.fetch_add(1, Ordering::Relaxed);
+    st.metrics.requests.get_or_create(&crate::metrics::ApiLabel { api: api.name() }).inc();
     let conv = match conv_for(&st, &req).await {
         Ok(c) => c,
         Err(e) => return conv_error(api, &e),
     };
     let prepared = prepare(&st, &conv, &req).await;
-    let (rec, built, body, [wait, record, build, write], ledger) = match prepared {
+    let (rec, built, body, [wait, record, build, write], ledger, session) = match prepared {
         Ok(x) => x,
         Err(e) => return conv_error(api, &e),
     };
+    line.session = Some(session);
     if st.cfg.price_cache {
         ledger.record(api, Side::Direct, bytes.clone());
         req.ledger = Some(ledger);
     }
-    st.counters.tokens_in.fetch_add(rec.tokens_in, Ordering::Relaxed);
-    st.counters.tokens_sent.fetch_add(built.tokens_sent, Ordering::Relaxed);
-    st.record_latency(arrived.elapsed(), [parsed, wait, record, build, write]);
+    st.tokens(rec.tokens_in, built.tokens_sent);
+    let own = arrived.elapsed();
+    st.record_latency(api, own, [parsed, wait, record, build, write]);
+    (line.own, line.tokens_received, line.tokens_sent) = (Some(own), Some(rec.tokens_in), Some(built.tokens_sent));
     run_rounds(st, conv, req, rec, body).await
 }
 
-/// Forwards a request unchanged (method, path, query, headers, body) and streams the answer back.
+/// Forwards a request unchanged (method, path, query, headers, body) and streams the answer back; one log
+/// line.
 pub(crate) async fn passthrough(axum::extract::State(st): S, req: Request) -> Response {
+    let kind = req.uri().path().strip_prefix("/v1/").map(|p| p.split('/').next().unwrap_or("").to_string());
+    let resp = forward(&st, req).await;
+    let line = RequestLine { passthrough: true, ..RequestLine::default() };
+    line.log(kind.as_deref().unwrap_or("other"), resp.status());
+    resp
+}
+
+async fn forward(st: &State, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     if !parts.uri.path().starts_with("/v1/") {
         return (StatusCode::NOT_FOUND, "condense serve: unknown path (the provider APIs live under /v1/, the status at /condense/status)\n").into_response();
     }
     // Forwarded as it is: the body and its copy on the way out.
-    let (bytes, _reservation) = match read_body(&st, None, &parts.headers, body, 2).await {
+    let (bytes, _reservation) = match read_body(st, None, &parts.headers, body, 2).await {
         Ok(b) => b,
         Err(resp) => return resp,
     };
-    st.counters.passthrough.fetch_add(1, Ordering::Relaxed);
-    let base = upstream_for(&st, &parts.headers);
+    st.passthrough();
+    let base = upstream_for(st, &parts.headers);
     let url = format!("{base}{}", parts.uri.path_and_query().map_or("", |p| p.as_str()));
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(reqwest::Method::GET);
     let sent = st.http.request(method, url).headers(upstream_headers(&parts.headers)).body(bytes).send().await;
     match sent {
         Ok(resp) => stream_back(resp),
-        Err(e) => (StatusCode::BAD_GATEWAY, format!("{}\n", unreachable(&st, e))).into_response(),
+        Err(e) => (StatusCode::BAD_GATEWAY, format!("{}\n", unreachable(st, e))).into_response(),
     }
 }
 

@@ -10,7 +10,6 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use condense_formats::wire::Api;
 use serde_json::Value;
-use std::sync::atomic::Ordering;
 
 /// The client's headers as they go upstream: everything but hop-by-hop ones, untouched (the API key and
 /// authorization included; they are never stored or shown).
@@ -69,12 +68,12 @@ async fn post(st: &State, req: &Req, url: String, body: impl Into<reqwest::Body>
 /// Counts an upstream that could not be reached and says why, as the client reads it (the cause, without
 /// the upstream's address).
 pub(crate) fn unreachable(st: &State, e: reqwest::Error) -> String {
-    st.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
+    st.upstream_error("unreachable");
     format!("condense serve: upstream unreachable: {}", condense_summarize::http::describe_error(e))
 }
 
 pub(crate) async fn forward_unchanged(st: &State, req: &Req, body: Vec<u8>) -> Response {
-    st.counters.passthrough.fetch_add(1, Ordering::Relaxed);
+    st.passthrough();
     match send(st, req, body).await {
         Ok(resp) => stream_back(resp),
         Err(r) => r,
