@@ -219,6 +219,17 @@ fn simulate_query_and_config() {
     let (code, _, err) = condense(&store, &["config", "set", "rollingWindw", "2"]);
     assert_eq!(code, 2);
     assert!(err.contains("config key `rollingWindw`: unknown key"), "{err}");
+    // The models table: every window in force, the file's and the built-in ones, and where each is from.
+    assert_eq!(condense(&store, &["config", "set", "models", r#"{"my-model": {"contextWindow": 32000, "maxOutput": 4096}, "gpt-4o*": {"contextWindow": 64000}}"#]).0, 0);
+    let (code, out, _) = condense(&store, &["config", "--json"]);
+    assert_eq!(code, 0);
+    let models = &serde_json::from_str::<serde_json::Value>(&out).unwrap()["models"];
+    assert_eq!(models["my-model"], serde_json::json!({"contextWindow": 32000, "maxOutput": 4096, "from": "config"}));
+    assert_eq!(models["gpt-4o*"]["contextWindow"], 64000, "the file's entry overrides the built-in one");
+    assert_eq!(models["gpt-4o*"]["from"], "config");
+    assert_eq!(models["claude-*"], serde_json::json!({"contextWindow": 200000, "maxOutput": 64000, "from": "built-in"}));
+    let (_, text, _) = condense(&store, &["config"]);
+    assert!(text.contains("condense config set models"), "{text}");
 }
 
 #[test]

@@ -736,7 +736,7 @@ fn thirty_turns_of_pi_through_serve_and_direct() {
 /// tokens), a pass-through request too; `RUST_LOG` filters them; never an API key or a body.
 #[test]
 fn serve_logs_one_json_line_per_request_without_keys_or_bodies() {
-    let e = env_with(vec![Step::Text("FIRST-ANSWER-words".into()), Step::Text("SECOND-ANSWER-words".into())]);
+    let e = env_with((0..8).map(|i| Step::Text(format!("ANSWER-words {i}"))).collect());
     let store = e.root.join("store");
     let run_serve = |rust_log: &str| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_condense"));
@@ -750,6 +750,10 @@ fn serve_logs_one_json_line_per_request_without_keys_or_bodies() {
         let body = serde_json::json!({"model": "fake-model", "messages": [{"role": "user", "content": "PROMPT-secret-words"}]}).to_string();
         let r = http.post(format!("http://{addr}/v1/chat/completions")).header("authorization", "Bearer sk-LOGTEST-key-123").header("content-type", "application/json").body(body).send().unwrap();
         assert_eq!(r.status(), 200);
+        // A second conversation on the same model: the model is logged once.
+        let body = serde_json::json!({"model": "fake-model", "messages": [{"role": "user", "content": "PROMPT-secret-other"}]}).to_string();
+        let r = http.post(format!("http://{addr}/v1/chat/completions")).header("authorization", "Bearer sk-LOGTEST-key-123").header("content-type", "application/json").body(body).send().unwrap();
+        assert_eq!(r.status(), 200);
         let r = http.get(format!("http://{addr}/v1/models")).header("authorization", "Bearer sk-LOGTEST-key-123").send().unwrap();
         assert_eq!(r.status(), 200, "the fake answers every path");
         let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
@@ -758,8 +762,13 @@ fn serve_logs_one_json_line_per_request_without_keys_or_bodies() {
     };
     let err = run_serve("info");
     let lines: Vec<serde_json::Value> = err.lines().filter_map(|l| serde_json::from_str(l).ok()).filter(|v: &serde_json::Value| v["target"] == "condense::request").collect();
-    assert_eq!(lines.len(), 2, "one line per request: {err}");
-    let (chat, models) = (&lines[0], &lines[1]);
+    assert_eq!(lines.len(), 3, "one line per request: {err}");
+    let (chat, models) = (&lines[0], &lines[2]);
+    // The model nobody configured: one warning, saying how to set its window.
+    let model_lines: Vec<serde_json::Value> = err.lines().filter_map(|l| serde_json::from_str(l).ok()).filter(|v: &serde_json::Value| v["target"] == "condense::model").collect();
+    assert_eq!(model_lines.len(), 1, "{err}");
+    assert_eq!((model_lines[0]["level"].as_str(), model_lines[0]["model"].as_str()), (Some("WARN"), Some("fake-model")), "{err}");
+    assert!(model_lines[0]["message"].as_str().unwrap().contains("condense config set models"), "{err}");
     assert_eq!((chat["api"].as_str(), chat["status"].as_u64(), chat["passthrough"].as_bool()), (Some("chat"), Some(200), Some(false)), "{chat}");
     assert!(chat["session"].as_u64().unwrap() >= 1, "{chat}");
     assert!(chat["own_ms"].as_f64().unwrap() > 0.0, "{chat}");
@@ -768,8 +777,11 @@ fn serve_logs_one_json_line_per_request_without_keys_or_bodies() {
     for secret in ["LOGTEST", "PROMPT-secret", "ANSWER-words"] {
         assert!(!err.contains(secret), "`{secret}` in the log: {err}");
     }
-    // A filter that leaves the request lines out.
-    let quiet = run_serve("warn");
+    // A filter that leaves the request lines out; a window from the config's table is logged as such.
+    let (code, out, cerr) = condense(&store, &["config", "set", "models", r#"{"fake-*": {"contextWindow": 32000}}"#]);
+    assert_eq!(code, 0, "{out}{cerr}");
+    let quiet = run_serve("warn,condense::model=info");
     assert!(!quiet.contains("condense::request"), "{quiet}");
+    assert!(quiet.contains(r#"a context window of 32000 tokens assumed (from the models table, \"fake-*\")"#), "{quiet}");
     drop(e);
 }

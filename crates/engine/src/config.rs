@@ -83,20 +83,26 @@ pub const DEFAULT_MODELS: &[(&str, u64, u64)] = &[
 /// The limits of `model`: an exact entry first, then the longest matching `prefix*` entry; the file's
 /// table before the defaults.
 pub fn model_limits(table: &[(String, ModelLimits)], model: &str) -> Option<ModelLimits> {
+    model_lookup(table, model).map(|(l, _)| l)
+}
+
+/// [`model_limits`] and where they were found: `the models table, "KEY"` or `the built-in table, "KEY"`
+/// (the key matched: the model id, or the longest prefix ending in `*`).
+pub fn model_lookup(table: &[(String, ModelLimits)], model: &str) -> Option<(ModelLimits, String)> {
     let defaults: Vec<(String, ModelLimits)> = DEFAULT_MODELS
         .iter()
         .map(|(k, w, o)| (k.to_string(), ModelLimits { context_window: *w, max_output: Some(*o) }))
         .collect();
-    for t in [table, &defaults[..]] {
-        if let Some((_, l)) = t.iter().find(|(k, _)| k == model) {
-            return Some(*l);
+    for (t, name) in [(table, "the models table"), (&defaults[..], "the built-in table")] {
+        if let Some((k, l)) = t.iter().find(|(k, _)| k == model) {
+            return Some((*l, format!("{name}, \"{k}\"")));
         }
         let best = t
             .iter()
-            .filter_map(|(k, l)| k.strip_suffix('*').filter(|p| model.starts_with(p)).map(|p| (p.len(), *l)))
-            .max_by_key(|(n, _)| *n);
-        if let Some((_, l)) = best {
-            return Some(l);
+            .filter_map(|(k, l)| k.strip_suffix('*').filter(|p| model.starts_with(p)).map(|p| (p.len(), k, *l)))
+            .max_by_key(|(n, _, _)| *n);
+        if let Some((_, k, l)) = best {
+            return Some((l, format!("{name}, \"{k}\"")));
         }
     }
     None

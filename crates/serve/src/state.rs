@@ -58,6 +58,8 @@ pub struct State {
     pub(crate) budget: Arc<crate::budget::Budget>,
     /// What `/condense/metrics` reports.
     pub(crate) metrics: crate::metrics::Metrics,
+    /// The models this process has seen a request for (each is logged once, with the window assumed).
+    models_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl State {
@@ -81,6 +83,7 @@ impl State {
             counters: Counters::default(),
             budget: crate::budget::Budget::new(cfg.memory_budget),
             metrics: crate::metrics::Metrics::new(),
+            models_seen: std::sync::Mutex::new(std::collections::BTreeSet::new()),
             cfg,
         }))
     }
@@ -159,6 +162,20 @@ impl State {
             phases.insert((*name).into(), json!({"p50": p50, "p99": p99, "max": max}));
         }
         json!({"requests": rows.len(), "p50": p50, "p99": p99, "max": max, "phases": phases})
+    }
+
+    /// The window and output limit assumed for `model` (see [`condense_engine::config::model_lookup`]); the
+    /// first request for a model logs what is assumed, where it comes from, and how to change it.
+    pub(crate) fn model_limits(&self, model: &str) -> Option<condense_engine::config::ModelLimits> {
+        let found = condense_engine::config::model_lookup(&self.cfg.file.models, model);
+        if self.models_seen.lock().expect("models lock").insert(model.to_string()) {
+            let change = format!("change it with `condense config set models '{{\"{model}\": {{\"contextWindow\": N, \"maxOutput\": N}}}}'` and restart serve");
+            match &found {
+                Some((l, from)) => tracing::info!(target: "condense::model", model, context_window = l.context_window, max_output = l.max_output, from = from.as_str(), "model {model}: a context window of {} tokens assumed (from {from}); {change}", l.context_window),
+                None => tracing::warn!(target: "condense::model", model, "model {model}: no context window known (pruning still runs; checkpoints come only on new_context or a provider overflow); {change}"),
+            }
+        }
+        found.map(|(l, _)| l)
     }
 
     /// Counts an upstream answer that was an error (see [`crate::metrics::StatusLabel`]).

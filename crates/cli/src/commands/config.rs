@@ -19,8 +19,22 @@ pub(crate) fn config(store_dir: &Path, action: Option<ConfigAction>, file: Optio
                     "idleTimeoutSecs": idle_secs, "totalTimeoutSecs": total_secs,
                 }),
             };
+            // The windows serve and simulate assume, and where each comes from: the file's table first, then
+            // the built-in one (a model id, or the longest prefix ending in `*`).
+            let mut models = serde_json::Map::new();
+            let limits = |l: &condense_engine::config::ModelLimits, from: &str| json!({"contextWindow": l.context_window, "maxOutput": l.max_output, "from": from});
+            for (k, l) in &f.models {
+                models.insert(k.clone(), limits(l, "config"));
+            }
+            for (k, w, o) in condense_engine::config::DEFAULT_MODELS {
+                if !models.contains_key(*k) {
+                    models.insert(k.to_string(), limits(&condense_engine::config::ModelLimits { context_window: *w, max_output: Some(*o) }, "built-in"));
+                }
+            }
+            v["models"] = Value::Object(models);
             outln!("{}", serde_json::to_string_pretty(&v)?);
             if !json_out {
+                outln!("models: a request's model is looked up by its id, else by the longest prefix ending in `*`, in the config's table first; change one with `condense config set models '{{\"MODEL\": {{\"contextWindow\": N, \"maxOutput\": N}}}}'`");
                 outln!(
                     "presets: recoveryGraceTurns {:?}, minBatchChars {:?}, rollingWindow {:?}, autoBudgetThreshold {:?}",
                     condense_events::RECOVERY_GRACE_PRESETS,

@@ -6,7 +6,6 @@ use crate::request::read::Req;
 use crate::request::upstream::upstream_body;
 use crate::api;
 use crate::conv::{Built, Conv, ConvError, Recorded};
-use condense_engine::config::model_limits;
 use condense_engine::{EngineError, Store};
 use condense_events::Message;
 use condense_formats::wire;
@@ -211,7 +210,7 @@ pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Pre
     let api = req.api;
     let queued = std::time::Instant::now();
     let model = req.model.clone();
-    let limits = model_limits(&st.cfg.file.models, &model);
+    let limits = st.model_limits(&model);
     let (raw, internal, overhead) = (req.raw.clone(), req.internal.clone(), req.overhead);
     let fields = req.fields.clone();
     with_conv(conv, move |c| -> Result<Prepared, ConvError> {
