@@ -1000,3 +1000,34 @@ fn a_cut_short_document_is_refused_as_cut_short() {
         assert!(err.contains("cut short"), "{format} through the store: {err}");
     }
 }
+
+/// The line types Claude Code 2.1 and Codex 0.169 write for themselves are skipped by name without a word
+/// (issue 37: 232 and 79 "unknown line type" diagnostics on their own session files); a type nobody
+/// knows is reported once, on its first line, however many lines have it.
+#[test]
+fn clients_own_bookkeeping_lines_are_skipped_quietly_and_an_unknown_type_is_named_once() {
+    let claude = r#"{"type":"atis-latch","sessionId":"S"}
+{"type":"user","uuid":"u1","parentUuid":null,"sessionId":"S","cwd":"/w","message":{"role":"user","content":"hello"}}
+{"type":"api-request-start","sessionId":"S"}
+{"type":"file-history-delta","sessionId":"S"}
+{"type":"assistant","uuid":"a1","parentUuid":"u1","sessionId":"S","message":{"id":"m1","role":"assistant","model":"claude-x","content":[{"type":"text","text":"hi"}]}}
+{"type":"cost-state","sessionId":"S"}
+{"type":"brand-new-kind","sessionId":"S"}
+{"type":"brand-new-kind","sessionId":"S"}
+{"type":"mode","sessionId":"S"}
+"#;
+    let imported = import_bytes("t.jsonl", claude.as_bytes()).expect("import");
+    let said: Vec<String> = imported.diagnostics.iter().map(|d| format!("{}: {}", d.line, d.message)).collect();
+    assert_eq!(said, ["7: unknown line type `brand-new-kind` skipped (and every later line of this type)"]);
+    assert_eq!(fold(&imported.events).render().messages.len(), 2);
+    let codex = r#"{"timestamp":"t","type":"session_meta","payload":{"id":"c1","timestamp":"t","cwd":"/w"}}
+{"timestamp":"t","type":"world_state","payload":{"cwd":"/w"}}
+{"timestamp":"t","type":"response_item","payload":{"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}]}}
+{"timestamp":"t","type":"token_usage_record","payload":{"response_id":"r","usage":{"total_tokens":3}}}
+{"timestamp":"t","type":"response_item","payload":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"hi"}]}}
+{"timestamp":"t","type":"world_state","payload":{"cwd":"/w"}}
+"#;
+    let imported = import_bytes("t.jsonl", codex.as_bytes()).expect("import");
+    assert!(imported.diagnostics.is_empty(), "{:?}", imported.diagnostics);
+    assert_eq!(fold(&imported.events).render().messages.len(), 2);
+}

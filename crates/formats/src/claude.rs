@@ -30,6 +30,7 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
     let mut b = Builder::default();
     let mut model: Option<String> = None;
     let mut skipped_sidechain = 0u64;
+    let mut unknown = crate::UnknownTypes::default();
     for mut line in lines {
         let n = line.line;
         let v = &mut line.value;
@@ -152,9 +153,8 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                     b.push(uuid, Entry::HostCompaction { summary: None, first_kept: None, replacement: Vec::new(), tokens_before });
                 }
             }
-            "progress" | "file-history-snapshot" | "queue-operation" | "summary" | "permission-mode" | "ai-title"
-            | "last-prompt" | "attachment" | "custom-title" | "tag" | "agent-name" => {}
-            other => diags.push(diag(n, format!("unknown line type `{other}` skipped"))),
+            other if crate::skipped_line_type("claude-code", other) => {}
+            other => diags.extend(unknown.first(file, n, other)),
         }
         if chain.started() {
             b.release(&mut chain);

@@ -27,6 +27,7 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
     let mut h = History::default();
     let mut model: Option<String> = None;
     let mut window: Option<u64> = None;
+    let mut unknown = crate::UnknownTypes::default();
     for mut line in lines {
         let n = line.line;
         // A `response_item` line the fast reader read brings its payload's fields (its value is `Null`).
@@ -115,7 +116,8 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                 }
                 _ => {}
             },
-            other => diags.push(diag(n, format!("unknown line type `{other}` skipped"))),
+            other if crate::skipped_line_type("codex", other) => {}
+            other => diags.extend(unknown.first(file, n, other)),
         }
         if model_event.is_some() {
             h.side(&mut chain, SourceEvent::ModelChanged {

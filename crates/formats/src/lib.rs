@@ -437,3 +437,45 @@ pub(crate) mod fast_tests {
         assert_eq!(fast.diagnostics, slow.diagnostics, "{name}");
     }
 }
+
+/// Line types a client writes that carry nothing of the model's context, by client, as names or prefixes
+/// ending in `*`: skipped without a word (docs/importers.md, "Skipped line types").
+pub const SKIPPED_LINE_TYPES: &[(&str, &[&str])] = &[
+    (
+        "claude-code",
+        &[
+            "progress", "file-history-*", "queue-operation", "summary", "permission-mode", "mode", "ai-title", "custom-title", "last-prompt",
+            "attachment", "tag", "agent-name", "atis-latch", "bridge-session", "pr-link", "cost-state", "frame-link", "history-suppression",
+            "artifact-*", "api-request*", "api-response*", "tools-used", "relocated", "started", "result",
+        ],
+    ),
+    ("codex", &["world_state", "token_usage_record"]),
+];
+
+/// Whether `client` writes line type `kind` only for itself ([`SKIPPED_LINE_TYPES`]).
+pub(crate) fn skipped_line_type(client: &str, kind: &str) -> bool {
+    SKIPPED_LINE_TYPES
+        .iter()
+        .filter(|(c, _)| *c == client)
+        .flat_map(|(_, names)| names.iter())
+        .any(|n| match n.strip_suffix('*') {
+            Some(prefix) => kind.starts_with(prefix),
+            None => kind == *n,
+        })
+}
+
+/// Unknown line types, each reported once (on its first line) rather than on every line.
+#[derive(Default)]
+pub(crate) struct UnknownTypes(std::collections::BTreeSet<String>);
+
+impl UnknownTypes {
+    /// The diagnostic for an unknown line type on line `line`, the first time it is met.
+    pub(crate) fn first(&mut self, file: &str, line: u64, kind: &str) -> Option<jsonl::Diagnostic> {
+        self.0.insert(kind.to_string()).then(|| jsonl::Diagnostic {
+            file: file.to_string(),
+            line,
+            message: format!("unknown line type `{kind}` skipped (and every later line of this type)"),
+        })
+    }
+}
+
