@@ -168,6 +168,9 @@ pub enum Command {
         /// Machine-readable output
         #[arg(long)]
         json: bool,
+        /// Print each tool output's original alone, exactly its bytes (no `=== tN ===` header, nothing added)
+        #[arg(long, conflicts_with = "json")]
+        raw: bool,
     },
     /// Make a checkpoint of an idle session now
     #[command(after_help = "Example:\n  condense compact demo && condense query demo c1")]

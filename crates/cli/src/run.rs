@@ -156,7 +156,7 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
             let store = if keep { Some(open()?) } else { None };
             commands::simulate::simulate(store.as_ref(), &store_dir, &commands::simulate::SimulateOptions { paths, window, switch, config, plot, price, force, json })
         }
-        Command::Query { session, refs, json } => commands::inspect::query(&open()?, &session, &refs, json),
+        Command::Query { session, refs, json, raw } => commands::inspect::query(&open()?, &session, &refs, json, raw),
         Command::CheckpointLine { session, checkpoint, timestamp } => {
             let n = match &checkpoint {
                 None => None,

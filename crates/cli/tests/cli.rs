@@ -201,6 +201,14 @@ fn simulate_query_and_config() {
     let (code, out, _) = condense(&store, &["query", &name, "t1"]);
     assert_eq!(code, 0);
     assert!(out.starts_with("=== t1 · "), "{out}");
+    // `--raw`: the original alone, exactly what follows the header's newline (the text form adds a newline).
+    let (code, raw, _) = condense(&store, &["query", &name, "t1", "--raw"]);
+    assert_eq!(code, 0);
+    let (_, after_header) = out.split_once('\n').unwrap();
+    let after_header = after_header.split_once("[output]\n").map_or(after_header, |(_, o)| o);
+    let at = format!("{raw}\n").bytes().zip(after_header.bytes()).position(|(a, b)| a != b);
+    assert!(format!("{raw}\n") == after_header, "raw {} bytes, text form {} after its header; first difference at {at:?}", raw.len(), after_header.len());
+    assert!(!raw.contains("=== t1"));
     let (code, out, _) = condense(&store, &["query", &name, "t99999"]);
     assert_eq!(code, 1);
     assert!(out.contains("unknown ref t99999"), "{out}");

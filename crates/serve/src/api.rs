@@ -80,6 +80,17 @@ pub fn strip_internal(api: Api, v: &mut Value, internal: &dyn Fn(&str) -> bool) 
 
 /// Folds the reply of a later round into the reply the client will get: its content follows what came
 /// before, and its stop reason, usage and ids take over.
+/// `a` then `b` as one text, a paragraph break between them unless one of them is empty or already
+/// breaks the line there: Chat has one text per message, and the text before a condense round and the
+/// continuation's would otherwise run into each other ("…behind t48.FAKE-FINAL").
+pub fn join_text(a: &str, b: &str) -> String {
+    if a.is_empty() || b.is_empty() || a.ends_with('\n') || b.starts_with('\n') {
+        format!("{a}{b}")
+    } else {
+        format!("{a}\n\n{b}")
+    }
+}
+
 pub fn merge_rounds(api: Api, first: &Value, later: Value) -> Value {
     let mut out = later;
     match api {
@@ -91,7 +102,7 @@ pub fn merge_rounds(api: Api, first: &Value, later: Value) -> Value {
         Api::Chat => {
             let a = &first["choices"][0]["message"];
             let b = out["choices"][0]["message"].clone();
-            let text = format!("{}{}", a["content"].as_str().unwrap_or(""), b["content"].as_str().unwrap_or(""));
+            let text = join_text(a["content"].as_str().unwrap_or(""), b["content"].as_str().unwrap_or(""));
             let mut calls = a["tool_calls"].as_array().cloned().unwrap_or_default();
             calls.extend(b["tool_calls"].as_array().cloned().unwrap_or_default());
             let msg = &mut out["choices"][0]["message"];
@@ -121,7 +132,7 @@ pub fn end_with_note(api: Api, v: &mut Value, note: &str) {
         }
         Api::Chat => {
             let msg = &mut v["choices"][0]["message"];
-            msg["content"] = json!(format!("{}{note}", msg["content"].as_str().unwrap_or("")));
+            msg["content"] = json!(join_text(msg["content"].as_str().unwrap_or(""), note));
             v["choices"][0]["finish_reason"] = json!("stop");
         }
         Api::Responses => {

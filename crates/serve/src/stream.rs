@@ -264,6 +264,11 @@ struct Call {
 struct ChatCodec {
     internal: Box<dyn Fn(&str) -> bool + Send>,
     round: u32,
+    /// The text the client has been sent so far in this reply, all rounds (its last character is what
+    /// tells whether a later round's text needs a paragraph break before it: [`crate::api::join_text`]).
+    sent_text: String,
+    /// Whether this round's text has started.
+    round_text: bool,
     next_index: u64,
     map: BTreeMap<u64, Option<u64>>,
     calls: BTreeMap<u64, Call>,
@@ -281,6 +286,8 @@ impl Default for ChatCodec {
         ChatCodec {
             internal: Box::new(|_| false),
             round: 0,
+            sent_text: String::new(),
+            round_text: false,
             next_index: 0,
             map: BTreeMap::new(),
             calls: BTreeMap::new(),
@@ -335,8 +342,14 @@ impl Codec for ChatCodec {
                 d.remove("role");
             }
         }
-        if let Some(t) = delta["content"].as_str() {
-            self.text.push_str(t);
+        if let Some(t) = delta["content"].as_str().filter(|t| !t.is_empty()).map(str::to_string) {
+            self.text.push_str(&t);
+            // The first text of a later round, after text an earlier round sent: a paragraph break first.
+            let shown = if self.round_text { t } else { crate::api::join_text(&self.sent_text, &t)[self.sent_text.len()..].to_string() };
+            self.round_text = true;
+            // Only the end of what was sent matters for the next break.
+            self.sent_text = shown.chars().last().map(String::from).unwrap_or_default();
+            delta["content"] = json!(shown);
         }
         if let Some(Value::Array(tcs)) = delta.get_mut("tool_calls") {
             let mut kept = Vec::new();
@@ -398,6 +411,7 @@ impl Codec for ChatCodec {
 
     fn next_round(&mut self) {
         self.round += 1;
+        self.round_text = false;
         self.map.clear();
         self.calls.clear();
         self.text.clear();
@@ -412,6 +426,7 @@ impl Codec for ChatCodec {
         let mut chunk = self.template.clone();
         if let Some(text) = note {
             let mut c = self.template.clone();
+            let text = &crate::api::join_text(&self.sent_text, text)[self.sent_text.len()..];
             c["choices"] = json!([{"index": 0, "delta": {"content": text}, "finish_reason": null}]);
             out.push(sse(None, &c.to_string()));
         }

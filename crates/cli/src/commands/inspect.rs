@@ -58,9 +58,14 @@ pub(crate) fn print_entries(session: &Session, json_out: bool) -> Result<()> {
 
 /// Prints the originals behind refs; exits 1 (a finding) when a ref recovers nothing, with or without
 /// `--json`.
-pub(crate) fn query(store: &Store, session: &str, refs: &[String], json_out: bool) -> Result<ExitCode> {
+pub(crate) fn query(store: &Store, session: &str, refs: &[String], json_out: bool, raw: bool) -> Result<ExitCode> {
     let answer = session_of(store, session)?.query(refs)?;
-    if json_out {
+    if raw && !answer.is_error {
+        // The originals alone, one after another, exactly as the tools returned them.
+        for (_, original) in &answer.originals {
+            crate::output::out_write(format_args!("{original}"))?;
+        }
+    } else if json_out {
         outln!("{}", serde_json::to_string_pretty(&json!({"is_error": answer.is_error, "text": answer.text}))?);
     } else {
         outln!("{}", answer.text);
