@@ -112,6 +112,14 @@ pub struct Built {
     pub tokens_sent: u64,
 }
 
+impl Built {
+    /// Tokens of the whole upstream request: the rendered context, the client's own system prompt and
+    /// tool declarations (`overhead`), and condense's tool declarations (chars / 4 of their JSON).
+    pub fn request_tokens(&self, overhead: u64) -> u64 {
+        self.tokens_sent + overhead + self.tools.iter().map(|t| (t.to_string().len() as u64).div_ceil(4)).sum::<u64>()
+    }
+}
+
 /// Why a request could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvError {
@@ -215,6 +223,7 @@ impl Conv {
         internal: &Internal,
     ) -> std::result::Result<Recorded, ConvError> {
         self.follow_log(internal)?;
+        self.figures.requests += 1;
         let is = |n: &str| internal.is(n);
         let Planned { mut units, cur, new, mut tokens_in } = self.match_units(api, raw, internal)?;
         tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
@@ -364,7 +373,6 @@ impl Conv {
     /// for the last message, on the last message sent before any notice.
     pub fn build(&mut self, api: Api, raw: &RawRequest, rec: &Recorded, internal: &Internal) -> Result<Built> {
         let (segs, notice, tools, tokens_sent, figures) = self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages))?;
-        self.figures.requests += 1;
         self.figures.stubs = figures.0;
         self.figures.checkpoints = figures.1;
         self.figures.recoveries = figures.2;

@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub(crate) tokens_in: AtomicU64,
     pub(crate) tokens_sent: AtomicU64,
     pub(crate) input_tokens: AtomicU64,
+    pub(crate) uncached_input_tokens: AtomicU64,
     pub(crate) output_tokens: AtomicU64,
     pub(crate) cache_read_tokens: AtomicU64,
     pub(crate) cache_write_tokens: AtomicU64,
@@ -99,14 +100,15 @@ impl State {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let convs: Vec<(String, ConvRef)> = self.convs.lock().await.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let mut sessions = Vec::new();
-        let (mut stubs, mut checkpoints) = (0, 0);
+        let (mut stubs, mut checkpoints, mut recoveries) = (0, 0, 0);
         for (_, conv) in convs {
             let c = conv.lock().await;
             stubs += c.figures.stubs;
             checkpoints += c.figures.checkpoints;
+            recoveries += c.figures.recoveries;
             sessions.push(json!({
-                "name": c.session.name(), "requests": c.figures.requests, "stubs": c.figures.stubs,
-                "checkpoints": c.figures.checkpoints, "messages": c.visible_len(),
+                "name": c.session.name(), "id": c.session.id(), "requests": c.figures.requests, "stubs": c.figures.stubs,
+                "checkpoints": c.figures.checkpoints, "recoveries": c.figures.recoveries, "messages": c.visible_len(),
                 "cache_priced": c.ledger.figures(),
             }));
         }
@@ -117,11 +119,13 @@ impl State {
             "tokens_in": g(&c.tokens_in),
             "tokens_sent": g(&c.tokens_sent),
             "input_tokens": g(&c.input_tokens),
+            "uncached_input_tokens": g(&c.uncached_input_tokens),
             "output_tokens": g(&c.output_tokens),
             "cache_read_tokens": g(&c.cache_read_tokens),
             "cache_write_tokens": g(&c.cache_write_tokens),
             "stubs": stubs,
             "checkpoints": checkpoints,
+            "recoveries": recoveries,
             "tool_rounds": g(&c.tool_rounds),
             "tool_round_limits": g(&c.round_limits),
             "overflows": g(&c.overflows),
@@ -233,10 +237,18 @@ impl State {
         m.encode()
     }
 
-    pub(crate) fn count_usage(&self, u: &Option<Usage>) {
+    /// Counts a reply's usage: `input_tokens` as the provider reports its input (Anthropic leaves cache
+    /// reads and writes out of it, OpenAI's `prompt_tokens`/`input_tokens` include cached tokens),
+    /// `uncached_input_tokens` the same for every provider.
+    pub(crate) fn count_usage(&self, api: condense_formats::wire::Api, u: &Option<Usage>) {
         if let Some(u) = u {
             let c = &self.counters;
-            c.input_tokens.fetch_add(u.input, Ordering::Relaxed);
+            let reported = match api {
+                condense_formats::wire::Api::Anthropic => u.input,
+                _ => u.input + u.cache_read,
+            };
+            c.input_tokens.fetch_add(reported, Ordering::Relaxed);
+            c.uncached_input_tokens.fetch_add(u.input, Ordering::Relaxed);
             c.output_tokens.fetch_add(u.output, Ordering::Relaxed);
             c.cache_read_tokens.fetch_add(u.cache_read, Ordering::Relaxed);
             c.cache_write_tokens.fetch_add(u.cache_write, Ordering::Relaxed);

@@ -558,6 +558,36 @@ async fn metrics_count_what_happened_as_status_does() {
     assert!(get(r#"condense_cache_priced_cost{path="direct"}"#) > 0.0);
 }
 
+/// `/condense/status` counts as docs/serve.md says (issue 37): a client request once, whatever condense's
+/// rounds behind it, the same in the session and in all; tokens of whole requests, system prompt and tool
+/// declarations included; the provider's usage as it reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_as_documented() {
+    let s = setup(outputs_then_a_query(), vec![]).await;
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    // A long system prompt: counted on both sides, as the provider counts it.
+    agent.history[0] = json!({"role": "system", "content": "You are a careful agent. ".repeat(400)});
+    agent.turn("count the numbers").await.unwrap();
+    agent.turn("look at the last output again").await.unwrap();
+    let status = s.status().await;
+    let client_requests = agent.sent as u64;
+    assert_eq!(status["requests"], client_requests, "{status}");
+    assert_eq!(status["active_sessions"][0]["requests"], client_requests, "the session counts the same requests: {status}");
+    assert_eq!(status["tool_rounds"], 1);
+    // Every reply reported prompt_tokens 150 with 50 cached (the fake): as reported, and uncached.
+    let replies = s.fake.log().len() as u64;
+    assert_eq!(status["input_tokens"], 150 * replies, "{status}");
+    assert_eq!(status["uncached_input_tokens"], 100 * replies, "{status}");
+    assert_eq!(status["cache_read_tokens"], 50 * replies, "{status}");
+    // The 9,600-character system prompt is in both token figures, once per client request received and
+    // once per upstream request sent.
+    let tokens_in = status["tokens_in"].as_u64().unwrap();
+    let tokens_sent = status["tokens_sent"].as_u64().unwrap();
+    assert!(tokens_in >= 2_400 * client_requests, "{tokens_in}");
+    assert!(tokens_sent >= 2_400 * replies, "{tokens_sent}");
+    assert_eq!(status["active_sessions"][0]["id"], 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_dropped_half_way_is_not_recorded() {
     for api in [Api::Anthropic, Api::Chat, Api::Responses] {

@@ -91,7 +91,7 @@ enum Next {
 
 /// Records a round's reply, answers condense's calls in it, and decides whether to continue.
 async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, reply: Message, usage: Option<Usage>, round: u32) -> Result<Next, EngineError> {
-    st.count_usage(&usage);
+    st.count_usage(req.api, &usage);
     let (api, raw, internal) = (req.api, req.raw.clone(), req.internal.clone());
     let parent = rec.last.clone();
     let units = rec.units.clone();
@@ -127,7 +127,7 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
         }
         Some(Ok(built)) => {
             st.counters.tool_rounds.fetch_add(1, Ordering::Relaxed);
-            st.tokens(0, built.tokens_sent);
+            st.tokens(0, built.request_tokens(req.overhead));
             Next::Continue(req.upstream_body(&built))
         }
     })

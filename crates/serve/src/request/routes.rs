@@ -146,10 +146,12 @@ async fn handle_request(axum::extract::State(st): S, api: Api, req: Request, lin
         ledger.record(api, Side::Direct, bytes.clone());
         req.ledger = Some(ledger);
     }
-    st.tokens(rec.tokens_in, built.tokens_sent);
+    // Whole requests: the client's system prompt and tool declarations count on both sides.
+    let (received, sent) = (rec.tokens_in + req.overhead, built.request_tokens(req.overhead));
+    st.tokens(received, sent);
     let own = arrived.elapsed();
     st.record_latency(api, own, [parsed, wait, record, build, write]);
-    (line.own, line.tokens_received, line.tokens_sent) = (Some(own), Some(rec.tokens_in), Some(built.tokens_sent));
+    (line.own, line.tokens_received, line.tokens_sent) = (Some(own), Some(received), Some(sent));
     run_rounds(st, conv, req, rec, body).await
 }
 
