@@ -34,6 +34,12 @@ fn demo_import_render_verify_export() {
     let (code, out, _) = condense(&store, &["demo"]);
     assert_eq!(code, 0);
     assert!(out.contains("input tokens sent") && out.contains("refs recovered      360/360") && out.contains("condense serve"), "{out}");
+    // The headline compares with what the agent would really send (its own compaction at the model's
+    // window), and the unlimited history comes after it, said to be an upper bound.
+    let host = out.find("Against the agent compacting its own history").expect("the host baseline");
+    let unlimited = out.find("Against the agent with no limit").expect("the unlimited baseline");
+    assert!(host < unlimited && out.contains("an upper bound"), "{out}");
+    assert!(sim["host_cost_ratio"].as_f64().unwrap() < 1.0 && sim["host_compactions"].as_u64().unwrap() > 0, "{sim}");
     assert!(out.contains("estimated cost      $") && out.contains("at claude-sonnet-4-5 list prices"), "{out}");
 
     let (code, out, _) = condense(&store, &["render", "demo", "--as", "anthropic", "--after-event", "20"]);

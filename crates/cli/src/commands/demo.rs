@@ -11,6 +11,10 @@ use serde_json::json;
 use std::path::Path;
 use std::process::ExitCode;
 
+/// The window the demo's replay runs at: the generated session's model (Claude Sonnet 4.5) has 200,000
+/// tokens, so the agent compacts its own history there, and condense checkpoints as it would live.
+const DEMO_WINDOW: u64 = 200_000;
+
 pub(crate) fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<ExitCode> {
     let name = "demo";
     let pruned = "demo/pruned";
@@ -34,7 +38,7 @@ pub(crate) fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<Exit
         store.remove_session(pruned)?;
     }
     let events = condense_formats::import_file(&file)?.events;
-    let f = condense_engine::simulate::replay_with(store, pruned, events, file_config.raw.normalize(), file_config.prices, None, None)?;
+    let f = condense_engine::simulate::replay_with(store, pruned, events, file_config.raw.normalize(), file_config.prices, Some(DEMO_WINDOW), None)?;
     let plot = folder.join("demo.svg");
     let price = condense_engine::config::list_price(&file_config.list_prices, condense_engine::simulate::DEFAULT_PRICE_MODEL).expect("the default price model is in the table");
     plot::write(&plot, &[plot::Session { name: pruned, series: &f.series }], None, &price)?;
@@ -56,16 +60,26 @@ pub(crate) fn run_demo(store: &Store, dir: &Path, json_out: bool) -> Result<Exit
         "\nThe agent's session: {} requests, {} tool calls ({} failed), {} tokens of history by the end.",
         f.turns, s.tool_calls, s.tool_errors, f.raw_tokens_peak
     );
-    outln!("Replayed request by request with condense in the loop (session `{pruned}`):");
+    let window = DEMO_WINDOW.to_string().as_bytes().rchunks(3).rev().map(|c| std::str::from_utf8(c).unwrap_or("")).collect::<Vec<_>>().join(",");
+    let (raw_dollars, host_dollars, condense_dollars) = price.of(&f);
+    outln!("Replayed request by request with condense in the loop (session `{pruned}`), at a {window}-token window:");
+    outln!("\nAgainst the agent compacting its own history (what it really sends: the history until the {window}-token");
+    outln!("window is full, then a summary of it and what follows):");
     outln!(
-        "  input tokens sent   {:.1}% of what the agent alone sends ({} vs {})",
-        f.token_ratio() * 100.0, f.rendered_input_tokens_total, f.raw_input_tokens_total
+        "  input tokens sent   {:.1}% of the agent's ({} vs {})",
+        f.host_token_ratio() * 100.0, f.rendered_input_tokens_total, f.host_input_tokens_total
     );
-    outln!("  cost                {:.1}% of the agent alone's, prompt caching counted", f.cost_ratio() * 100.0);
-    let (raw_dollars, _, condense_dollars) = price.of(&f);
-    outln!("  estimated cost      ${condense_dollars:.2} instead of ${raw_dollars:.2} at {} list prices", price.model);
-    outln!("  largest context     {} tokens instead of {}", f.rendered_tokens_peak, f.raw_tokens_peak);
-    outln!("  cache breaks        {} (the agent alone: {})", f.cache_breaks, f.raw_cache_breaks);
+    outln!("  cost                {:.1}% of the agent's, prompt caching counted", f.host_cost_ratio() * 100.0);
+    outln!("  estimated cost      ${condense_dollars:.2} instead of ${host_dollars:.2} at {} list prices", price.model);
+    outln!("  largest context     {} tokens instead of {}", f.rendered_tokens_peak, f.host_tokens_peak);
+    outln!("  cache breaks        {} (the agent: {}, compacting {} times)", f.cache_breaks, f.host_cache_breaks, f.host_compactions);
+    outln!("\nAgainst the agent with no limit (every request carrying the whole history, {} tokens by the end:", f.raw_tokens_peak);
+    outln!("past any model's window, so an upper bound, not what an agent could send):");
+    outln!(
+        "  input tokens sent   {:.1}% ({} vs {}); cost {:.1}%; ${condense_dollars:.2} instead of ${raw_dollars:.2}",
+        f.token_ratio() * 100.0, f.rendered_input_tokens_total, f.raw_input_tokens_total, f.cost_ratio() * 100.0
+    );
+    outln!("\nWhat condense did:");
     outln!("  pruned              {} stubs, {} spilled outputs, {} duplicates, {} chains", f.stubs, f.spills, f.dedups, f.chains);
     outln!("  refs recovered      {}/{} byte-exact; {} provider-rule violations", f.refs_recovered_exact, f.refs_checked, f.validity_errors);
     outln!("  plot                {}", plot.display());
