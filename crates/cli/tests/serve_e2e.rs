@@ -75,6 +75,8 @@ impl Serve {
             .arg(store)
             .args(["serve", "--listen", "127.0.0.1:0", "--anthropic-upstream", &fake.url(), "--openai-upstream", &fake.url()])
             .args(token_file.map(|f| vec![std::ffi::OsString::from("--auth-token-file"), f.as_os_str().to_owned()]).unwrap_or_default())
+            // A line per request would bury the test's own output: warnings and errors only.
+            .env("RUST_LOG", "warn")
             .stderr(Stdio::inherit());
         let (child, addr) = Serve::spawn(&mut cmd);
         Serve { child, addr }
