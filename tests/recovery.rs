@@ -623,8 +623,14 @@ fn an_oversized_final_batch_gets_a_bounded_copy_instead_of_failing_closed() {
     let p = s.projection().unwrap();
     let cp = p.index().checkpoints.values().next().unwrap().clone();
     assert_eq!(cp.bounded.len(), 1, "the final output gets a bounded copy");
-    let shown = r.messages.iter().find(|m| matches!(***m, Message::ToolResult { .. })).unwrap().text();
-    assert!(shown.contains("checkpoint truncation") && shown.len() < big.len(), "{}", &shown[..200.min(shown.len())]);
+    // The render shows that very copy in the output's place (not a stub, not the whole output): the
+    // checkpoint's text of it, its head and its tail rows, the marker between them.
+    let results: Vec<String> = r.messages.iter().filter(|m| matches!(***m, Message::ToolResult { .. })).map(|m| m.text()).collect();
+    assert_eq!(results.len(), 1, "the one output, once");
+    let shown = &results[0];
+    assert_eq!((&cp.bounded[0].0, shown), (&"r0".to_string(), &cp.bounded[0].1), "the render shows the checkpoint's bounded copy of r0");
+    assert!(shown.starts_with("row     0\n") && shown.trim_end().ends_with("row 11999"), "head and tail kept: …{}", &shown[shown.len().saturating_sub(300)..]);
+    assert!(shown.contains("checkpoint truncation") && shown.len() < big.len() / 2, "{}", &shown[..200.min(shown.len())]);
     assert!(condense_engine::controller::context_tokens(&p) <= 16_000);
     assert!(condense_render::check(&r.messages[..]).is_empty());
     // The original stays whole in the log and the transcript.
