@@ -9,6 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use condense_formats::wire::Api;
 use std::sync::atomic::AtomicU64;
 
 /// A label of the API a request came in on.
@@ -50,65 +51,59 @@ pub(crate) struct Metrics {
     pub(crate) memory_reserved: Gauge,
 }
 
+/// Registers `metric` under `name` and hands back the handle serve keeps (metrics share their state
+/// between clones).
+fn add<M: prometheus_client::registry::Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    r.register(name, help, metric.clone());
+    metric
+}
+
+const APIS: [Api; 3] = [Api::Anthropic, Api::Chat, Api::Responses];
+
 /// Buckets of serve's own time, seconds: 0.25 ms to 1 s.
 const OWN_BUCKETS: [f64; 13] = [0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0];
 
 impl Metrics {
     pub(crate) fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("condense");
-        let requests = Family::<ApiLabel, Counter>::default();
-        registry.register("requests", "Client requests recorded and prepared, by API", requests.clone());
-        let own_seconds = Family::<ApiLabel, Histogram>::new_with_constructor(|| Histogram::new(OWN_BUCKETS));
-        registry.register(
-            "own_seconds",
-            "serve's own time on a request, from the body read in to the rewritten body handed to the HTTP client (first round), by API",
-            own_seconds.clone(),
-        );
-        let tokens_received = Counter::default();
-        registry.register("tokens_received", "Estimated tokens of the conversations as the clients sent them", tokens_received.clone());
-        let tokens_sent = Counter::default();
-        registry.register("tokens_sent", "Estimated tokens of the conversations as condense sent them upstream", tokens_sent.clone());
-        let upstream_errors = Family::<StatusLabel, Counter>::default();
-        registry.register("upstream_errors", "Upstream answers that were errors, by HTTP status or unreachable, stream_cut, not_a_stream", upstream_errors.clone());
-        let overflows = Counter::default();
-        registry.register("overflows", "Provider context overflows (each answered by a checkpoint and one retry)", overflows.clone());
-        let passthrough = Counter::default();
-        registry.register("passthrough", "Requests forwarded unchanged (no conversation to manage, or a compressed body)", passthrough.clone());
-        let summarizer_fallbacks = Counter::default();
-        registry.register("summarizer_fallbacks", "Times the configured summarizer failed and the extractive one stood in", summarizer_fallbacks.clone());
-        let sessions_warm = Gauge::default();
-        registry.register("sessions_warm", "Conversations held in memory", sessions_warm.clone());
-        let checkpoints = Gauge::default();
-        registry.register("checkpoints", "Checkpoints committed in the conversations held in memory", checkpoints.clone());
-        let recoveries = Gauge::default();
-        registry.register("recoveries", "Recovery handoffs prepared in the conversations held in memory", recoveries.clone());
-        let stubs = Gauge::default();
-        registry.register("stubs", "Outputs rendered as stubs in the conversations held in memory", stubs.clone());
-        let cache_priced_cost = Family::<PathLabel, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "cache_priced_cost",
-            "Cache-priced cost (0.1 per cached byte, 1.25 per uncached byte) of the conversations held in memory, through condense and as the client sent them (--price-cache)",
-            cache_priced_cost.clone(),
-        );
-        let memory_reserved = Gauge::default();
-        registry.register("memory_reserved_bytes", "Memory the requests in flight hold of --memory-budget", memory_reserved.clone());
-        Metrics {
-            registry,
-            requests,
-            own_seconds,
-            tokens_received,
-            tokens_sent,
-            upstream_errors,
-            overflows,
-            passthrough,
-            summarizer_fallbacks,
-            sessions_warm,
-            checkpoints,
-            recoveries,
-            stubs,
-            cache_priced_cost,
-            memory_reserved,
+        let mut r = Registry::with_prefix("condense");
+        let m = Metrics {
+            requests: add(&mut r, "requests", "Client requests recorded and prepared, by API", Family::default()),
+            own_seconds: add(
+                &mut r,
+                "own_seconds",
+                "serve's own time on a request, from the body read in to the rewritten body handed to the HTTP client (first round), by API",
+                Family::new_with_constructor(|| Histogram::new(OWN_BUCKETS)),
+            ),
+            tokens_received: add(&mut r, "tokens_received", "Estimated tokens of the client requests as received (messages, system prompt, tools)", Counter::default()),
+            tokens_sent: add(&mut r, "tokens_sent", "Estimated tokens of the upstream requests as sent, every round", Counter::default()),
+            upstream_errors: add(&mut r, "upstream_errors", "Upstream answers that were errors, by HTTP status or unreachable, stream_cut, not_a_stream", Family::default()),
+            overflows: add(&mut r, "overflows", "Provider context overflows (each answered by a checkpoint and one retry)", Counter::default()),
+            passthrough: add(&mut r, "passthrough", "Requests forwarded unchanged (no conversation to manage, or a compressed body)", Counter::default()),
+            summarizer_fallbacks: add(&mut r, "summarizer_fallbacks", "Times the configured summarizer failed and the extractive one stood in", Counter::default()),
+            sessions_warm: add(&mut r, "sessions_warm", "Conversations held in memory", Gauge::default()),
+            checkpoints: add(&mut r, "checkpoints", "Checkpoints committed in the conversations held in memory", Gauge::default()),
+            recoveries: add(&mut r, "recoveries", "Recovery handoffs prepared in the conversations held in memory", Gauge::default()),
+            stubs: add(&mut r, "stubs", "Outputs rendered as stubs in the conversations held in memory", Gauge::default()),
+            cache_priced_cost: add(
+                &mut r,
+                "cache_priced_cost",
+                "Cache-priced cost (0.1 per cached byte, 1.25 per uncached byte) of the conversations held in memory, through condense and as the client sent them (--price-cache)",
+                Family::default(),
+            ),
+            memory_reserved: add(&mut r, "memory_reserved_bytes", "Memory the requests in flight hold of --memory-budget", Gauge::default()),
+            registry: r,
+        };
+        // Every API's request count from the start (zero until used), so a scrape sees the same series
+        // whether or not `/condense/status` was read.
+        for api in APIS {
+            drop(m.requests.get_or_create(&ApiLabel { api: api.name() }));
         }
+        m
+    }
+
+    /// Client requests over every API (`requests` in `/condense/status`).
+    pub(crate) fn requests_total(&self) -> u64 {
+        APIS.iter().map(|a| self.requests.get_or_create(&ApiLabel { api: a.name() }).get()).sum()
     }
 
     /// Counts an upstream error.

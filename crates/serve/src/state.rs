@@ -14,9 +14,6 @@ use tokio::sync::Mutex as AsyncMutex;
 /// Counters of the running server (never anything from a header or a body).
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub(crate) requests: AtomicU64,
-    pub(crate) tokens_in: AtomicU64,
-    pub(crate) tokens_sent: AtomicU64,
     pub(crate) input_tokens: AtomicU64,
     pub(crate) uncached_input_tokens: AtomicU64,
     pub(crate) output_tokens: AtomicU64,
@@ -24,9 +21,7 @@ pub(crate) struct Counters {
     pub(crate) cache_write_tokens: AtomicU64,
     pub(crate) tool_rounds: AtomicU64,
     pub(crate) round_limits: AtomicU64,
-    pub(crate) overflows: AtomicU64,
     pub(crate) upstream_errors: AtomicU64,
-    pub(crate) passthrough: AtomicU64,
     /// serve's own time for each of the last requests, microseconds: from the request read in to its
     /// rewritten body handed to the HTTP client (first round only).
     pub(crate) latencies: std::sync::Mutex<std::collections::VecDeque<[u64; PHASES.len() + 1]>>,
@@ -115,9 +110,9 @@ impl State {
         json!({
             "sessions": self.names.lock().expect("names lock").len(),
             "active_sessions": sessions,
-            "requests": g(&c.requests),
-            "tokens_in": g(&c.tokens_in),
-            "tokens_sent": g(&c.tokens_sent),
+            "requests": self.metrics.requests_total(),
+            "tokens_in": self.metrics.tokens_received.get(),
+            "tokens_sent": self.metrics.tokens_sent.get(),
             "input_tokens": g(&c.input_tokens),
             "uncached_input_tokens": g(&c.uncached_input_tokens),
             "output_tokens": g(&c.output_tokens),
@@ -128,9 +123,9 @@ impl State {
             "recoveries": recoveries,
             "tool_rounds": g(&c.tool_rounds),
             "tool_round_limits": g(&c.round_limits),
-            "overflows": g(&c.overflows),
+            "overflows": self.metrics.overflows.get(),
             "upstream_errors": g(&c.upstream_errors),
-            "passthrough": g(&c.passthrough),
+            "passthrough": self.metrics.passthrough.get(),
             "memory_reserved_bytes": self.budget.used(),
             "memory_budget_bytes": self.cfg.memory_budget,
             "latency_ms": self.latency_json(),
@@ -190,20 +185,16 @@ impl State {
 
     /// Counts a provider overflow.
     pub(crate) fn overflow(&self) {
-        self.counters.overflows.fetch_add(1, Ordering::Relaxed);
         self.metrics.overflows.inc();
     }
 
     /// Counts a request forwarded unchanged.
     pub(crate) fn passthrough(&self) {
-        self.counters.passthrough.fetch_add(1, Ordering::Relaxed);
         self.metrics.passthrough.inc();
     }
 
     /// Counts tokens received from a client and sent upstream.
     pub(crate) fn tokens(&self, received: u64, sent: u64) {
-        self.counters.tokens_in.fetch_add(received, Ordering::Relaxed);
-        self.counters.tokens_sent.fetch_add(sent, Ordering::Relaxed);
         self.metrics.tokens_received.inc_by(received);
         self.metrics.tokens_sent.inc_by(sent);
     }

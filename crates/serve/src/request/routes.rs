@@ -16,7 +16,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use condense_formats::wire::Api;
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The routes.
@@ -130,7 +129,6 @@ async fn handle_request(axum::extract::State(st): S, api: Api, req: Request, lin
         line.passthrough = true;
         return forward_unchanged(&st, &req, bytes.to_vec()).await;
     }
-    st.counters.requests.fetch_add(1, Ordering::Relaxed);
     st.metrics.requests.get_or_create(&crate::metrics::ApiLabel { api: api.name() }).inc();
     let conv = match conv_for(&st, &req).await {
         Ok(c) => c,
