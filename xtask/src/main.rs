@@ -1,3 +1,5 @@
+//! `cargo xtask test` (see `test.rs`): the whole test suite on a fresh machine, its set-up included.
+//!
 //! `cargo xtask bench`: measures import, rebuild and render on the corpus and on generated pi sessions of
 //! growing size, side by side with a bare `serde_json` parse of the same bytes, and writes
 //! `docs/benchmarks.md`. Timing lives here and only here: tests never assert on speed.
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 mod postgres;
 mod serve;
 mod soak;
+mod test;
 
 #[path = "../../crates/cli/tests/support/crash_rounds.rs"]
 mod crash_rounds;
@@ -27,6 +30,7 @@ fn main() -> Result<()> {
         Some("crash") => crash(&args[1..]),
         Some("soak") => soak::soak(&args[1..]),
         Some("man") => man(&args[1..]),
+        Some("test") => test::run(&args[1..]),
         // A fresh process importing one file into a fresh store, printing its peak memory (for the bench).
         Some("import-peak") => {
             let (file, dir) = (PathBuf::from(&args[1]), PathBuf::from(&args[2]));
@@ -41,6 +45,7 @@ fn main() -> Result<()> {
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
             eprintln!("       cargo xtask soak [--backend sled|postgres|both] [--conversations N] [--seconds T] [--rate R] [--crashes K]");
             eprintln!("       cargo xtask man [--out DIR]");
+            eprintln!("       cargo xtask test [ARGS for cargo test]   (installs what the suite needs, then cargo test --workspace)");
             Ok(())
         }
     }

@@ -90,7 +90,7 @@ fn running_hashes(input: &[u8], ends: &[(usize, bool)]) -> Vec<(usize, u64)> {
 }
 
 /// Removes every `cache_control` key in `v`; whether there was one.
-fn strip(v: &mut Value) -> bool {
+pub(crate) fn strip(v: &mut Value) -> bool {
     match v {
         Value::Object(o) => {
             let mut found = o.remove("cache_control").is_some();
@@ -209,6 +209,33 @@ struct Books {
     pending: std::collections::VecDeque<(Api, Side, bytes::Bytes)>,
     condense: Option<CacheSim>,
     direct: Option<CacheSim>,
+    /// One point per client request (a body on the direct side), the rounds sent through condense for it
+    /// added as they are billed; the first [`POINTS_KEPT`] requests.
+    points: Vec<Point>,
+    /// Bodies billed on the direct side.
+    requests: usize,
+}
+
+/// Client requests whose cumulative cost a live conversation keeps (for the dashboard's plot).
+const POINTS_KEPT: usize = 2000;
+
+/// The cumulative cache-priced cost after one client request, on both sides, and what its rounds through
+/// condense sent and read from the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Point {
+    /// Cost through condense so far.
+    pub condense: f64,
+    /// Cost as the client sent it so far.
+    pub direct: f64,
+    /// This request's rounds through condense.
+    pub billed: Billed,
+}
+
+impl Point {
+    /// Share of this request's bytes through condense read from the cache.
+    pub fn hit(&self) -> f64 {
+        round3(self.billed.hit())
+    }
 }
 
 /// A live conversation's cache-priced cost through condense and as the client sent it, shown by
@@ -239,8 +266,31 @@ impl Ledger {
                 Side::Condense => &mut books.condense,
                 Side::Direct => &mut books.direct,
             };
-            sim.get_or_insert_with(|| CacheSim::remembering(api, LIVE_REMEMBERED)).bill(&v);
+            let billed = sim.get_or_insert_with(|| CacheSim::remembering(api, LIVE_REMEMBERED)).bill(&v);
+            let (condense, direct) = (books.condense.as_ref().map_or(0.0, |c| c.total.cost()), books.direct.as_ref().map_or(0.0, |d| d.total.cost()));
+            match side {
+                Side::Direct => {
+                    books.requests += 1;
+                    if books.points.len() < POINTS_KEPT {
+                        books.points.push(Point { condense, direct, billed: Billed::default() });
+                    }
+                }
+                // The rounds of the request that has the last point.
+                Side::Condense if books.requests == books.points.len() => {
+                    if let Some(p) = books.points.last_mut() {
+                        p.condense = condense;
+                        p.billed = p.billed.plus(billed);
+                    }
+                }
+                Side::Condense => {}
+            }
         }
+    }
+
+    /// The cumulative cost after each client request (see [`Point`]).
+    pub fn points(&self) -> Vec<Point> {
+        self.settle();
+        self.books.lock().expect("ledger lock").points.clone()
     }
 
     /// The figures so far: bytes, cache hit and cost on each side, and the cost through condense as a

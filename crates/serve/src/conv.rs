@@ -55,6 +55,8 @@ pub struct Conv {
     /// The session's head when this process last finished working on it: a head past it means another
     /// process (a second server on a shared PostgreSQL store) appended since.
     synced: Option<condense_events::Seq>,
+    /// A hash of each message of the list last sent upstream (for the dashboard's cache breaks).
+    sent: Vec<u64>,
 }
 
 /// What `/condense/status` shows of one conversation.
@@ -64,6 +66,8 @@ pub struct ConvFigures {
     pub requests: u64,
     /// Outputs rendered as stubs (summaries and spills).
     pub stubs: u64,
+    /// Chains compressed into blocks.
+    pub chains: u64,
     /// Checkpoints committed.
     pub checkpoints: u64,
     /// Recovery handoffs prepared (seed 004).
@@ -144,7 +148,7 @@ impl Conv {
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = client_view(&session, internal)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced })
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new() })
     }
 
     /// Starts a new session for a conversation.
@@ -154,7 +158,7 @@ impl Conv {
             SourceEvent::PruneConfigured(prune),
         ])?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced })
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new() })
     }
 
     /// Takes in what other processes appended since this one last worked on the session: the client's view
@@ -376,6 +380,7 @@ impl Conv {
         self.figures.stubs = figures.0;
         self.figures.checkpoints = figures.1;
         self.figures.recoveries = figures.2;
+        self.figures.chains = figures.3;
         internal.declare(&tools);
         write(api, raw, rec, segs, notice, &tools, tokens_sent).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })
     }
@@ -414,7 +419,7 @@ enum Seg {
     New(Option<OutMessage<'static>>),
 }
 
-type Segments = (Vec<Seg>, bool, Vec<tools::ToolDef>, u64, (u64, u64, u64));
+type Segments = (Vec<Seg>, bool, Vec<tools::ToolDef>, u64, (u64, u64, u64, u64));
 
 /// Maps each rendered message to the client message it is (by identity with the entry's message) or its
 /// wire form; also whether the context ends with a budget notice, the tools it needs, its tokens, and the
@@ -440,7 +445,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
     let tokens: u64 = messages.iter().map(|m| p.estimate(m)).sum();
     let idx = p.index();
     let recoveries = idx.recovery_notes.iter().filter(|n| n.starts_with(condense_engine::recover::DIAG_PREPARED)).count() as u64;
-    let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64, recoveries);
+    let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64, recoveries, idx.chains.len() as u64);
     (segs, notice, tools, tokens, figures)
 }
 
@@ -614,6 +619,33 @@ impl Conv {
     /// Records a provider overflow (the provider's error text).
     pub fn record_overflow(&mut self, message: &str) -> Result<()> {
         self.session.append(vec![SourceEvent::ProviderOverflow { message: message.to_string() }]).map(drop)
+    }
+
+    /// What the dashboard records of a request whose message list `list` (a JSON array) goes upstream: the
+    /// conversation's figures, and how many leading messages of the previous request's list it kept.
+    pub fn note_sent(&mut self, list: &[u8], window: Option<u64>) -> crate::dashboard::Sent {
+        use std::hash::Hasher;
+        let hashes: Vec<u64> = serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(list)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| {
+                let mut h = rustc_hash::FxHasher::default();
+                // A cache mark moving to the new last message is not a change of the message (the
+                // provider caches the prefix without the marks).
+                match m.get().contains("\"cache_control\"") {
+                    true => {
+                        let mut v: Value = serde_json::from_str(m.get()).unwrap_or(Value::Null);
+                        crate::billing::strip(&mut v);
+                        h.write(v.to_string().as_bytes());
+                    }
+                    false => h.write(m.get().as_bytes()),
+                }
+                h.finish()
+            })
+            .collect();
+        let kept = self.sent.iter().zip(&hashes).take_while(|(a, b)| a == b).count();
+        let before = std::mem::replace(&mut self.sent, hashes).len();
+        crate::dashboard::Sent { figures: self.figures.clone(), window, kept, before }
     }
 
     /// The number of visible messages held.

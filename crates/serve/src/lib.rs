@@ -48,6 +48,7 @@ pub mod api;
 pub mod billing;
 pub mod budget;
 pub mod conv;
+mod dashboard;
 pub mod fake;
 pub mod lock;
 mod metrics;

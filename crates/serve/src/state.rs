@@ -54,6 +54,8 @@ pub struct State {
     pub(crate) budget: Arc<crate::budget::Budget>,
     /// What `/condense/metrics` reports.
     pub(crate) metrics: crate::metrics::Metrics,
+    /// The per-request figures the dashboard plots.
+    pub(crate) live: crate::dashboard::Live,
     /// The models this process has seen a request for (each is logged once, with the window assumed).
     models_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
@@ -80,6 +82,7 @@ impl State {
             budget: crate::budget::Budget::new(cfg.memory_budget),
             metrics: crate::metrics::Metrics::new(),
             models_seen: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+            live: crate::dashboard::Live::default(),
             cfg,
         }))
     }

@@ -10,6 +10,8 @@ use condense_serve::{start, Running, ServeConfig};
 use serde_json::{json, Value};
 use std::path::Path;
 
+mod dashboard;
+
 /// A minimal agent: its history in the API's wire form, a `bash` tool it runs for real.
 struct Agent {
     api: Api,
@@ -1087,7 +1089,7 @@ async fn a_token_guards_every_route_and_other_addresses_need_one() {
     let url = format!("http://{}", serve.addr);
     let http = reqwest::Client::new();
     let chat = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
-    let routes: [(&str, &str, Option<&str>); 7] = [
+    let routes: [(&str, &str, Option<&str>); 10] = [
         ("POST", "/v1/messages", Some(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)),
         ("POST", "/v1/chat/completions", Some(chat.as_str())),
         ("POST", "/v1/responses", Some(r#"{"model":"m","input":"hi"}"#)),
@@ -1095,6 +1097,9 @@ async fn a_token_guards_every_route_and_other_addresses_need_one() {
         ("GET", "/condense/status", None),
         ("GET", "/condense/metrics", None),
         ("POST", "/condense/cli", Some(r#"{"argv":["sessions"]}"#)),
+        ("GET", "/condense/", None),
+        ("GET", "/condense/api/sessions", None),
+        ("GET", "/condense/?auth=tok-SECRET-7f3a9", None),
     ];
     for (method, path, body) in routes {
         let mut refusals = Vec::new();
@@ -1127,6 +1132,20 @@ async fn a_token_guards_every_route_and_other_addresses_need_one() {
     assert_eq!(status.status(), 200);
     for l in fake.log() {
         assert!(l.header("x-condense-auth").is_none(), "the token went upstream");
+    }
+    // The dashboard in a browser: opened once with the token in the address, which becomes a cookie for
+    // /condense and is dropped from the address; the cookie then stands for the header.
+    let browser = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let login = browser.get(format!("{url}/condense/?auth={}", TOKEN.replace('-', "%2D"))).send().await.unwrap();
+    assert_eq!(login.status(), 303);
+    assert_eq!(login.headers()["location"], "/condense/");
+    let cookie = login.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(cookie.starts_with(&format!("condense-auth={TOKEN};")) && cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/condense"), "{cookie}");
+    for path in ["/condense/", "/condense/api/sessions", "/condense/status"] {
+        let r = browser.get(format!("{url}{path}")).header("cookie", format!("theme=dark; condense-auth={TOKEN}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path} with the cookie");
+        let r = browser.get(format!("{url}{path}")).header("cookie", "condense-auth=tok-SECRET-7f3a9").send().await.unwrap();
+        assert_eq!(r.status(), 401, "{path} with a wrong cookie");
     }
     serve.stop().await.unwrap();
     assert!(!contains(&dir_bytes(dir.path()), "SECRET"), "the token reached the store");

@@ -202,7 +202,7 @@ fn session_name(store: &Store, client: &str, typed: &str, identity: &str) -> Res
 /// What preparing a request gave: the request recorded, the context built, the upstream body, the
 /// time spent waiting for the conversation, recording, building and writing the body, and the
 /// conversation's ledger.
-type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4], Arc<crate::billing::Ledger>, condense_events::SessionId);
+type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4], Arc<crate::billing::Ledger>, condense_events::SessionId, crate::dashboard::Sent);
 
 /// Records the request in its conversation, prepares the context and writes the upstream body, on a
 /// blocking thread with the conversation locked.
@@ -232,7 +232,10 @@ pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Pre
             }
             Err(e) => return Err(e.into()),
         }
-        Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2], c.ledger.clone(), c.session.id()))
+        // What the dashboard shows of this request: the conversation's figures, and how much of the
+        // previous request's message list this one kept (a cache break when not all of it).
+        let sent = c.note_sent(&built.list, limits.map(|l| l.context_window));
+        Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2], c.ledger.clone(), c.session.id(), sent))
     })
     .await
 }

@@ -96,7 +96,8 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
     let parent = rec.last.clone();
     let units = rec.units.clone();
     let max = st.cfg.max_tool_rounds;
-    let (last, next) = with_conv(conv, move |c| -> Result<(Option<String>, Option<Result<Built, bool>>), EngineError> {
+    type Round = Result<(Built, condense_events::SessionId, crate::conv::ConvFigures), bool>;
+    let (last, next) = with_conv(conv, move |c| -> Result<(Option<String>, Option<Round>), EngineError> {
         let id = c.record_reply(parent.as_deref(), reply.clone(), usage, &internal)?;
         let calls: Vec<bool> = reply.tool_calls().map(|(_, n, _)| internal.answers(n)).collect();
         if !calls.iter().any(|x| *x) {
@@ -115,7 +116,7 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
             return Ok((Some(id), Some(Err(true))));
         }
         let built = c.build(api, &raw, &Recorded { units, last: Some(last.clone()), tokens_in: 0 }, &internal)?;
-        Ok((Some(last), Some(Ok(built))))
+        Ok((Some(last), Some(Ok((built, c.session.id(), c.figures.clone())))))
     })
     .await?;
     rec.last = last;
@@ -125,9 +126,10 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
             st.counters.round_limits.fetch_add(1, Ordering::Relaxed);
             Next::Done { note: Some(ROUND_LIMIT_NOTE.to_string()) }
         }
-        Some(Ok(built)) => {
+        Some(Ok((built, session, figures))) => {
             st.counters.tool_rounds.fetch_add(1, Ordering::Relaxed);
             st.tokens(0, built.request_tokens(req.overhead));
+            st.live.round(session, built.request_tokens(req.overhead), figures);
             Next::Continue(req.upstream_body(&built))
         }
     })

@@ -28,6 +28,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/condense/status", get(status))
         .route("/condense/metrics", get(metrics))
         .route("/condense/cli", post(cli))
+        .merge(crate::dashboard::routes())
         .fallback(passthrough)
         .layer(axum::middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
@@ -42,9 +43,24 @@ pub const AUTH_HEADER: &str = "x-condense-auth";
 /// nothing of the sessions behind it.
 async fn authenticate(axum::extract::State(st): S, req: Request, next: axum::middleware::Next) -> Response {
     let Some(token) = &st.cfg.auth_token else { return next.run(req).await };
+    let matches = |given: &[u8]| blake3::hash(given) == blake3::hash(token.as_bytes());
     let given = req.headers().get(AUTH_HEADER).map(|v| v.as_bytes()).unwrap_or_default();
-    if blake3::hash(given) == blake3::hash(token.as_bytes()) {
+    if matches(given) || auth_cookie(req.headers()).is_some_and(|c| matches(c.as_bytes())) {
         return next.run(req).await;
+    }
+    // A browser cannot set a header on a page it opens: the dashboard is opened once as
+    // `/condense/?auth=TOKEN`, which stores the token in a cookie for `/condense` and sends the browser on
+    // to the page without it in the address.
+    let path = req.uri().path().to_string();
+    if path.starts_with("/condense") {
+        let query = req.uri().query().unwrap_or("");
+        if let Some(t) = query.split('&').find_map(|kv| kv.strip_prefix("auth=")) {
+            let t = percent_decode(t);
+            if matches(t.as_bytes()) && t.bytes().all(|b| b.is_ascii_graphic() && b != b';' && b != b',') {
+                let cookie = format!("{AUTH_COOKIE}={t}; Path=/condense; HttpOnly; SameSite=Strict");
+                return (StatusCode::SEE_OTHER, [(axum::http::header::LOCATION, path), (axum::http::header::SET_COOKIE, cookie)]).into_response();
+            }
+        }
     }
     let message = format!("condense serve: this server needs its token in the `{AUTH_HEADER}` header");
     let path = req.uri().path();
@@ -57,6 +73,40 @@ async fn authenticate(axum::extract::State(st): S, req: Request, next: axum::mid
         Some(api) => json_response(StatusCode::UNAUTHORIZED, &crate::api::error_body(api, "authentication_error", &message)),
         None => (StatusCode::UNAUTHORIZED, format!("{message}\n")).into_response(),
     }
+}
+
+/// The cookie that carries serve's token for the dashboard (see [`authenticate`]).
+const AUTH_COOKIE: &str = "condense-auth";
+
+/// The value of the [`AUTH_COOKIE`] cookie, when the request carries it.
+fn auth_cookie(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|kv| kv.trim().strip_prefix(AUTH_COOKIE)?.strip_prefix('='))
+}
+
+/// `%XX` sequences of a query value decoded (`+` stays: tokens are not form text).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 type S = axum::extract::State<Arc<State>>;
@@ -135,21 +185,23 @@ async fn handle_request(axum::extract::State(st): S, api: Api, req: Request, lin
         Err(e) => return conv_error(api, &e),
     };
     let prepared = prepare(&st, &conv, &req).await;
-    let (rec, built, body, [wait, record, build, write], ledger, session) = match prepared {
+    let (rec, built, body, [wait, record, build, write], ledger, session, sent) = match prepared {
         Ok(x) => x,
         Err(e) => return conv_error(api, &e),
     };
     line.session = Some(session);
+    let ledger_for_live = ledger.clone();
     if st.cfg.price_cache {
         ledger.record(api, Side::Direct, bytes.clone());
         req.ledger = Some(ledger);
     }
     // Whole requests: the client's system prompt and tool declarations count on both sides.
-    let (received, sent) = (rec.tokens_in + req.overhead, built.request_tokens(req.overhead));
-    st.tokens(received, sent);
+    let (received, sent_tokens) = (rec.tokens_in + req.overhead, built.request_tokens(req.overhead));
+    st.tokens(received, sent_tokens);
     let own = arrived.elapsed();
     st.record_latency(api, own, [parsed, wait, record, build, write]);
-    (line.own, line.tokens_received, line.tokens_sent) = (Some(own), Some(received), Some(sent));
+    (line.own, line.tokens_received, line.tokens_sent) = (Some(own), Some(received), Some(sent_tokens));
+    st.live.record(session, api.name(), &req.model, received, sent_tokens, body.len() as u64, sent, ledger_for_live);
     run_rounds(st, conv, req, rec, body).await
 }
 

@@ -1,0 +1,405 @@
+//! The dashboard at `/condense/`: a page (HTML, CSS and script embedded in the binary; nothing from a
+//! CDN) and the JSON it polls. The sessions list reads the store's session table and the live figures of
+//! the conversations this server has served; a session page shows context tokens per request (received
+//! and sent, the window, checkpoints and cache breaks), the cumulative cache-priced cost, the context as
+//! condense sends it now with every stub expandable to its original (through [`Session::query`], the
+//! path `context_tree_query` takes), and the timeline of the engine's decisions read from the log.
+//!
+//! The per-request figures live in memory, for the requests this process served (the last
+//! [`ROWS_KEPT`] of each conversation); the context, the originals and the timeline come from the log,
+//! so they are there for every session of the store, after a restart too. See `docs/serve.md`.
+
+use crate::billing::Ledger;
+use crate::conv::ConvFigures;
+use crate::state::State;
+use axum::extract::{Path, Query};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use condense_engine::Session;
+use condense_events::{Block, DecisionEvent, Event, Message, SessionId, SourceEvent};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+const PAGE: &str = include_str!("page.html");
+const SCRIPT: &str = include_str!("app.js");
+const STYLE: &str = include_str!("app.css");
+
+/// Requests of one conversation whose figures are kept for the plot.
+pub const ROWS_KEPT: usize = 2000;
+/// Decisions one timeline answer carries at most (the newest).
+const TIMELINE_MAX: usize = 300;
+/// Characters of one message's text the context view shows (the rest is cut, with a note).
+const TEXT_MAX: usize = 4000;
+
+/// What a request's preparation tells the dashboard: the conversation's figures after it, the model's
+/// window, and how many leading messages of the previous request's list (`before` of them) it kept.
+#[derive(Debug, Clone, Default)]
+pub struct Sent {
+    /// The conversation's figures.
+    pub figures: ConvFigures,
+    /// The context window assumed for the request's model.
+    pub window: Option<u64>,
+    /// Leading messages identical to the previous request's.
+    pub kept: usize,
+    /// Messages of the previous request.
+    pub before: usize,
+}
+
+/// One request as the plot shows it.
+#[derive(Debug, Clone)]
+struct Row {
+    /// The conversation's request number.
+    n: u64,
+    /// Wall-clock time, milliseconds since the epoch (display only: never written to the log).
+    at_ms: u64,
+    received: u64,
+    sent: u64,
+    /// Tokens sent in the rounds of condense's own tools that followed.
+    sent_rounds: u64,
+    sent_bytes: u64,
+    window: Option<u64>,
+    figures: ConvFigures,
+    cache_break: bool,
+}
+
+#[derive(Default)]
+struct LiveSession {
+    rows: VecDeque<Row>,
+    api: &'static str,
+    model: String,
+    received: u64,
+    sent: u64,
+    ledger: Option<Arc<Ledger>>,
+    breaks: u64,
+}
+
+/// The live figures of every conversation this process served.
+#[derive(Default)]
+pub(crate) struct Live {
+    sessions: Mutex<BTreeMap<SessionId, LiveSession>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Live {
+    /// Records a request of `session` as it went upstream.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record(&self, session: SessionId, api: &'static str, model: &str, received: u64, sent: u64, sent_bytes: u64, s: Sent, ledger: Arc<Ledger>) {
+        let mut all = self.sessions.lock().expect("live lock");
+        let live = all.entry(session).or_default();
+        let cache_break = s.kept < s.before;
+        live.breaks += u64::from(cache_break);
+        (live.api, live.model) = (api, model.to_string());
+        live.received += received;
+        live.sent += sent;
+        live.ledger = Some(ledger);
+        if live.rows.len() == ROWS_KEPT {
+            live.rows.pop_front();
+        }
+        live.rows.push_back(Row { n: s.figures.requests, at_ms: now_ms(), received, sent, sent_rounds: 0, sent_bytes, window: s.window, figures: s.figures, cache_break });
+    }
+
+    /// Counts a round of condense's own tools within the newest request of `session`: its tokens sent,
+    /// and the conversation's figures after it.
+    pub(crate) fn round(&self, session: SessionId, sent: u64, figures: ConvFigures) {
+        let mut all = self.sessions.lock().expect("live lock");
+        if let Some(live) = all.get_mut(&session) {
+            live.sent += sent;
+            if let Some(row) = live.rows.back_mut() {
+                row.sent_rounds += sent;
+                row.figures = figures;
+            }
+        }
+    }
+}
+
+fn figures_json(f: &ConvFigures) -> Value {
+    json!({"requests": f.requests, "stubs": f.stubs, "chains": f.chains, "checkpoints": f.checkpoints, "recoveries": f.recoveries})
+}
+
+fn summary_json(live: &LiveSession) -> Value {
+    let last = live.rows.back();
+    json!({
+        "api": live.api,
+        "model": live.model,
+        "tokens_received": live.received,
+        "tokens_sent": live.sent,
+        "cache_breaks": live.breaks,
+        "last_activity_ms": last.map_or(0, |r| r.at_ms),
+        "figures": last.map(|r| figures_json(&r.figures)),
+        "window": last.and_then(|r| r.window),
+        "cache_priced": live.ledger.as_ref().and_then(|l| l.figures()),
+    })
+}
+
+/// The routes under `/condense/` (the status, metrics and CLI routes are the router's own).
+pub(crate) fn routes() -> axum::Router<Arc<State>> {
+    use axum::routing::get;
+    axum::Router::new()
+        .route("/condense", get(|| async { axum::response::Redirect::permanent("/condense/") }))
+        .route("/condense/", get(|| async { asset("text/html; charset=utf-8", PAGE) }))
+        .route("/condense/app.js", get(|| async { asset("text/javascript; charset=utf-8", SCRIPT) }))
+        .route("/condense/app.css", get(|| async { asset("text/css; charset=utf-8", STYLE) }))
+        .route("/condense/api/sessions", get(sessions))
+        .route("/condense/api/sessions/{id}", get(session))
+        .route("/condense/api/sessions/{id}/context", get(context))
+        .route("/condense/api/sessions/{id}/query", get(query))
+        .route("/condense/api/sessions/{id}/timeline", get(timeline))
+}
+
+fn asset(kind: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+type S = axum::extract::State<Arc<State>>;
+
+fn json_ok(v: &Value) -> Response {
+    crate::request::response::json_response(StatusCode::OK, v)
+}
+
+fn not_found(what: String) -> Response {
+    crate::request::response::json_response(StatusCode::NOT_FOUND, &json!({"error": what}))
+}
+
+fn failed(e: impl std::fmt::Display) -> Response {
+    crate::request::response::json_response(StatusCode::INTERNAL_SERVER_ERROR, &json!({"error": e.to_string()}))
+}
+
+/// Every session of the store, newest first, with the live figures of those this server served.
+async fn sessions(axum::extract::State(st): S) -> Response {
+    let store = st.store.clone();
+    let infos = match tokio::task::spawn_blocking(move || store.sessions()).await.expect("sessions task") {
+        Ok(i) => i,
+        Err(e) => return failed(e),
+    };
+    let list: Vec<Value> = {
+        let live = st.live.sessions.lock().expect("live lock");
+        infos.iter().rev().map(|i| json!({"id": i.id, "name": i.name, "events": i.head, "live": live.get(&i.id).map(summary_json)})).collect()
+    };
+    // The server's totals (each session's own figures are in the list already).
+    let mut status = st.status().await;
+    if let Some(o) = status.as_object_mut() {
+        o.remove("active_sessions");
+    }
+    json_ok(&json!({"now_ms": now_ms(), "price_cache": st.cfg.price_cache, "sessions": list, "status": status}))
+}
+
+/// The session `id` names, opened from the store.
+async fn open(st: &State, id: &str) -> Result<Session, Response> {
+    let Ok(id) = id.parse::<SessionId>() else { return Err(not_found(format!("no session `{id}` (sessions are addressed by their id here)"))) };
+    let store = st.store.clone();
+    let found = tokio::task::spawn_blocking(move || -> condense_engine::Result<Option<Session>> {
+        match store.sessions()?.into_iter().find(|i| i.id == id) {
+            Some(i) => Ok(Some(store.session(&i.name)?)),
+            None => Ok(None),
+        }
+    })
+    .await
+    .expect("session task");
+    match found {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Err(not_found(format!("no session {id}"))),
+        Err(e) => Err(failed(e)),
+    }
+}
+
+/// One session: its live figures and the per-request series (with the cumulative cache-priced cost when
+/// serve prices requests).
+async fn session(axum::extract::State(st): S, Path(id): Path<String>) -> Response {
+    let s = match open(&st, &id).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let (summary, rows, ledger) = {
+        let live = st.live.sessions.lock().expect("live lock");
+        match live.get(&s.id()) {
+            Some(l) => (Some(summary_json(l)), l.rows.iter().cloned().collect::<Vec<Row>>(), l.ledger.clone()),
+            None => (None, Vec::new(), None),
+        }
+    };
+    let points = ledger.map(|l| l.points()).unwrap_or_default();
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let cost = r.n.checked_sub(1).and_then(|k| points.get(k as usize));
+            json!({
+                "n": r.n, "at_ms": r.at_ms, "received": r.received, "sent": r.sent, "sent_rounds": r.sent_rounds, "sent_bytes": r.sent_bytes, "window": r.window,
+                "checkpoints": r.figures.checkpoints, "recoveries": r.figures.recoveries, "stubs": r.figures.stubs, "chains": r.figures.chains,
+                "cache_break": r.cache_break,
+                "cost_condense": cost.map(|p| p.condense), "cost_direct": cost.map(|p| p.direct), "cache_hit": cost.map(|p| p.hit()),
+            })
+        })
+        .collect();
+    let head = s.head().unwrap_or(0);
+    json_ok(&json!({"id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": st.cfg.price_cache}))
+}
+
+/// The text a block shows in the context view.
+fn block_text(b: &Block) -> String {
+    match b {
+        Block::Text { text } => text.clone(),
+        Block::Thinking { thinking, .. } => format!("(thinking) {thinking}"),
+        Block::ToolCall { name, arguments, id } => format!("→ {name}({arguments})  [{id}]"),
+        Block::Image { mime, .. } => format!("(image, {mime})"),
+    }
+}
+
+/// The refs (`tN`, `bN`) a message's text names: what its stubs can be expanded to.
+fn refs_in(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let b = text.as_bytes();
+    for (i, &c) in b.iter().enumerate() {
+        if (c == b't' || c == b'b') && (i == 0 || !b[i - 1].is_ascii_alphanumeric()) {
+            let digits = b[i + 1..].iter().take_while(|d| d.is_ascii_digit()).count();
+            let end = i + 1 + digits;
+            if digits > 0 && digits < 9 && b.get(end).is_none_or(|d| !d.is_ascii_alphanumeric()) {
+                let r = text[i..end].to_string();
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn message_json(i: usize, m: &Message) -> Value {
+    let text: String = m.content().iter().map(block_text).collect::<Vec<_>>().join("\n");
+    let refs = refs_in(&text);
+    let cut = text.len() > TEXT_MAX;
+    let shown = if cut {
+        let end = (0..=TEXT_MAX).rev().find(|&k| text.is_char_boundary(k)).unwrap_or(0);
+        format!("{}…", &text[..end])
+    } else {
+        text.clone()
+    };
+    let kind = match m {
+        Message::User { origin, .. } => format!("{origin:?}").to_lowercase(),
+        Message::Assistant { .. } => "assistant".into(),
+        Message::ToolResult { tool_name, is_error, .. } => if *is_error { format!("{tool_name} (error)") } else { tool_name.clone() },
+    };
+    json!({"i": i, "role": m.role(), "kind": kind, "text": shown, "chars": text.chars().count(), "cut": cut, "refs": refs, "tokens": condense_tokens::estimate(m)})
+}
+
+/// The context condense would send now: every message, its refs, and the total estimate.
+async fn context(axum::extract::State(st): S, Path(id): Path<String>) -> Response {
+    let s = match open(&st, &id).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let rendered = tokio::task::spawn_blocking(move || s.render()).await.expect("render task");
+    match rendered {
+        Ok(r) => {
+            let messages: Vec<Value> = r.messages.iter().enumerate().map(|(i, m)| message_json(i, m)).collect();
+            let tokens: u64 = r.messages.iter().map(|m| condense_tokens::estimate(m)).sum();
+            json_ok(&json!({"messages": messages, "tokens": tokens}))
+        }
+        Err(e) => failed(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct RefQuery {
+    r#ref: String,
+}
+
+/// The original behind a ref, as `context_tree_query` returns it.
+async fn query(axum::extract::State(st): S, Path(id): Path<String>, Query(q): Query<RefQuery>) -> Response {
+    let s = match open(&st, &id).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let answer = tokio::task::spawn_blocking(move || s.query(&[q.r#ref])).await.expect("query task");
+    match answer {
+        Ok(a) => json_ok(&json!({"text": a.text, "is_error": a.is_error})),
+        Err(e) => failed(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct After {
+    #[serde(default)]
+    after: u64,
+}
+
+/// One line of the timeline for an event, or `None` for events the timeline leaves out (entries,
+/// captures, usage).
+fn describe(e: &Event) -> Option<(&'static str, String)> {
+    let refs = |r: &[u32]| r.iter().map(|n| format!("t{n}")).collect::<Vec<_>>().join(", ");
+    let cut = |s: &str| if s.chars().count() > 160 { format!("{}…", s.chars().take(160).collect::<String>()) } else { s.to_string() };
+    Some(match e {
+        Event::Decision(d) => match d {
+            DecisionEvent::BatchClosed { batch, refs: r, outcome, .. } => ("batch", format!("batch {batch} ({}): {}", refs(r), outcome.name())),
+            DecisionEvent::OutputSpilled { ref_n, bytes, .. } => ("spill", format!("t{ref_n} spilled to a blob ({bytes} bytes); the context keeps a preview")),
+            DecisionEvent::OutputAliased { ref_n, original } => ("alias", format!("t{ref_n} repeats t{original}: shown as a reference to it")),
+            DecisionEvent::ErrorArgsPurged { call_id, chars, .. } => ("purge", format!("arguments of the failed call {call_id} purged ({chars} characters)")),
+            DecisionEvent::ChainCompressed { block, refs: r, .. } => ("chain", format!("chain compressed into b{block}{}", if r.is_empty() { String::new() } else { format!(" ({})", refs(r)) })),
+            DecisionEvent::ChainReplyCut { block, .. } => ("chain", format!("final reply of b{block} cut to its head")),
+            DecisionEvent::CheckpointStarted { reason, tokens } => ("checkpoint", format!("checkpoint started ({reason}, {tokens} tokens)")),
+            DecisionEvent::CheckpointCommitted { n, tokens_before, tokens_after, recovery, .. } => {
+                ("checkpoint", format!("checkpoint c{n}{}: {tokens_before} → {tokens_after} tokens", if *recovery { " (recovery)" } else { "" }))
+            }
+            DecisionEvent::CheckpointFailed { code, reason } => ("error", format!("{code}: {}", cut(reason))),
+            DecisionEvent::ArchiveCommitted { id, .. } => ("archive", format!("archive {id} committed")),
+            DecisionEvent::Note { stage, text } => ("note", format!("{stage}: {}", cut(text))),
+            DecisionEvent::OutputCaptured(_) | DecisionEvent::FrontierAdvanced { .. } => return None,
+        },
+        Event::Source(s) => match s {
+            SourceEvent::SessionStarted { source, .. } => ("session", format!("session started ({source})")),
+            SourceEvent::ModelChanged { model, context_window, .. } => {
+                ("model", format!("model {model}{}", context_window.map_or(String::new(), |w| format!(", window {w} tokens"))))
+            }
+            SourceEvent::ProviderOverflow { message } => ("error", format!("provider overflow: {}", cut(message))),
+            SourceEvent::RequestRetried => ("retry", "request retried after a double overflow".to_string()),
+            SourceEvent::PruneConfigured(_) | SourceEvent::ConfigChanged { .. } => ("config", "pruning configured".to_string()),
+            _ => return None,
+        },
+    })
+}
+
+/// The engine's decisions after event `after` (the newest [`TIMELINE_MAX`]), read from the log.
+async fn timeline(axum::extract::State(st): S, Path(id): Path<String>, Query(a): Query<After>) -> Response {
+    let s = match open(&st, &id).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let store = st.store.clone();
+    let read = tokio::task::spawn_blocking(move || -> condense_engine::Result<(u64, Vec<Value>)> {
+        let head = s.head()?;
+        let mut out = VecDeque::new();
+        let mut from = a.after + 1;
+        while from <= head {
+            let to = head.min(from + 4095);
+            for env in store.log().read(s.id(), from, to)? {
+                if let Some((kind, text)) = describe(&env.body) {
+                    if out.len() == TIMELINE_MAX {
+                        out.pop_front();
+                    }
+                    out.push_back(json!({"seq": env.seq, "kind": kind, "text": text}));
+                }
+            }
+            from = to + 1;
+        }
+        Ok((head, out.into_iter().collect()))
+    })
+    .await
+    .expect("timeline task");
+    match read {
+        Ok((head, events)) => json_ok(&json!({"head": head, "events": events})),
+        Err(e) => failed(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refs_in;
+
+    #[test]
+    fn refs_are_found_as_whole_words() {
+        assert_eq!(refs_in("[t12 · Bash · pruned; recover it with context_tree_query] and b3, not bt4 or t5x"), vec!["t12", "b3"]);
+        assert!(refs_in("the text, with tabs").is_empty());
+    }
+}

@@ -1,0 +1,223 @@
+//! The dashboard in a real browser: Debian's Chromium, headless, driven through ChromeDriver's WebDriver
+//! protocol on loopback. `cargo xtask test` installs both (packages `chromium` and `chromium-driver`);
+//! without them these tests fail and say so.
+
+use super::*;
+
+/// A ChromeDriver process and one browser session in it, both stopped on drop.
+struct Browser {
+    driver: std::process::Child,
+    base: String,
+    session: String,
+    http: reqwest::Client,
+    _profile: tempfile::TempDir,
+}
+
+fn find(names: &[&str]) -> Option<std::path::PathBuf> {
+    names.iter().find_map(|n| {
+        let p = Path::new(n);
+        if p.is_absolute() {
+            return p.exists().then(|| p.to_path_buf());
+        }
+        std::env::var_os("PATH").and_then(|path| std::env::split_paths(&path).map(|d| d.join(n)).find(|p| p.exists()))
+    })
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let chromium = find(&["chromium", "/usr/bin/chromium", "chromium-browser"])
+            .expect("the dashboard's browser tests need Debian's `chromium` (apt-get install chromium chromium-driver); `cargo xtask test` installs it");
+        let driver_bin = find(&["chromedriver", "/usr/bin/chromedriver"])
+            .expect("the dashboard's browser tests need ChromeDriver (Debian's `chromium-driver`); `cargo xtask test` installs it");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let driver = std::process::Command::new(driver_bin)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("chromedriver starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let mut ready = false;
+        for _ in 0..100 {
+            if let Ok(r) = http.get(format!("{base}/status")).send().await {
+                if r.bytes().await.ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()).is_some_and(|v| v["value"]["ready"] == true) {
+                    ready = true;
+                    break;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(ready, "chromedriver did not come up on port {port}");
+        let profile = tempfile::tempdir().unwrap();
+        // Chromium's own traffic (updates, sync, metrics) is turned off: only loopback is reached.
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-extensions",
+            "--window-size=1280,1800",
+            &format!("--user-data-dir={}", profile.path().display()),
+        ];
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": chromium.to_string_lossy(), "args": args},
+            "goog:loggingPrefs": {"browser": "ALL"},
+        }}});
+        let resp = http.post(format!("{base}/session")).header("content-type", "application/json").body(caps.to_string()).send().await.unwrap();
+        let v: Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+        let session = v["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("a browser session: {v}")).to_string();
+        Browser { driver, base, session, http, _profile: profile }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let rb = self.http.request(method, url);
+        let rb = match body {
+            Some(b) => rb.header("content-type", "application/json").body(b.to_string()),
+            None => rb,
+        };
+        let bytes = rb.send().await.unwrap().bytes().await.unwrap();
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("chromedriver answered {path} with {e}: {}", String::from_utf8_lossy(&bytes)));
+        v["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({"url": url}))).await;
+    }
+
+    /// Runs `script` (a function body) in the page and returns what it returns.
+    async fn eval(&self, script: &str) -> Value {
+        self.call(reqwest::Method::POST, "/execute/sync", Some(json!({"script": script, "args": []}))).await
+    }
+
+    /// Waits until `script` returns something other than null/false/empty; returns it.
+    async fn until(&self, what: &str, script: &str) -> Value {
+        for _ in 0..150 {
+            let v = self.eval(script).await;
+            if !(v.is_null() || v == false || v == "" || v.as_object().is_some_and(|o| o.contains_key("error"))) {
+                return v;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("waited in vain for {what}; the page: {}", self.eval("return document.body.innerText").await);
+    }
+
+    /// The page's console messages at level SEVERE (errors, failed loads).
+    async fn console_errors(&self) -> Vec<String> {
+        let v = self.call(reqwest::Method::POST, "/se/log", Some(json!({"type": "browser"}))).await;
+        let entries = v.as_array().unwrap_or_else(|| panic!("the browser's log: {v}"));
+        entries.iter().filter(|e| e["level"] == "SEVERE").map(|e| e["message"].as_str().unwrap_or_default().to_string()).collect()
+    }
+
+    /// Ends the browser session (Chromium exits) and then the driver.
+    async fn quit(self) {
+        self.call(reqwest::Method::DELETE, "", None).await;
+    }
+
+    async fn screenshot(&self, to: &Path) {
+        use base64_png::decode;
+        let v = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        std::fs::write(to, decode(v.as_str().unwrap())).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// Base64 as WebDriver sends screenshots (the standard alphabet, padded).
+mod base64_png {
+    pub fn decode(s: &str) -> Vec<u8> {
+        let val = |c: u8| match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            _ => 63,
+        };
+        let bytes: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=').collect();
+        let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+        for chunk in bytes.chunks(4) {
+            let n = chunk.iter().enumerate().fold(0u32, |n, (i, &c)| n | (u32::from(val(c)) << (18 - 6 * i)));
+            for k in 0..chunk.len().saturating_sub(1) {
+                out.push((n >> (16 - 8 * k)) as u8);
+            }
+        }
+        out
+    }
+}
+
+/// The sessions list and a session page, in Chromium: no console errors, the figures `/condense/status`
+/// gives, and a stub expanded to its original, byte for byte what `context_tree_query` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser() {
+    let fake = Fake::start(outputs_then_a_query()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.price_cache = true;
+    let serve = start(cfg).await.expect("serve starts");
+    let url = format!("http://{}", serve.addr);
+    let mut agent = Agent::new(Api::Anthropic, false, &url);
+    agent.turn("count the numbers").await.unwrap();
+    agent.turn("look at the last output again").await.unwrap();
+    let status = serve.state.status().await;
+    let live = &status["active_sessions"][0];
+    let id = live["id"].as_u64().unwrap();
+
+    let browser = Browser::start().await;
+    browser.goto(&format!("{url}/condense/")).await;
+    let row = browser
+        .until("the sessions table", &format!("const r = document.querySelector('#sessions tr[data-id=\"{id}\"]'); return r && r.querySelector('td.requests').textContent"))
+        .await;
+    assert_eq!(row, live["requests"].to_string(), "the session's requests as status counts them");
+    let total = browser.eval("return document.getElementById('total-requests').textContent").await;
+    assert_eq!(total, format!("{} requests", status["requests"]));
+    let stubs = browser.eval(&format!("return document.querySelector('#sessions tr[data-id=\"{id}\"] td.stubs').textContent")).await;
+    assert_eq!(stubs, live["stubs"].to_string());
+    let cost = browser.eval(&format!("return document.querySelector('#sessions tr[data-id=\"{id}\"] td.cost').textContent")).await;
+    let ratio = live["cache_priced"]["cost_vs_direct"].as_f64().expect("priced");
+    assert_eq!(cost, format!("{:.1}%", 100.0 * ratio));
+
+    // The session page: its plot, its context, and a stub expanded.
+    browser.eval(&format!("document.querySelector('#sessions tr[data-id=\"{id}\"] a.name').click(); return true")).await;
+    let requests = browser.until("the session page", "const e = document.getElementById('fig-requests'); return e && e.textContent").await;
+    assert_eq!(requests, live["requests"].to_string());
+    let points = browser.until("the plot", "const p = document.querySelector('#tokens polyline.series-sent'); return p && p.getAttribute('points')").await;
+    assert_eq!(points.as_str().unwrap().split(' ').count() as u64, live["requests"].as_u64().unwrap(), "one point per request");
+    let api: Value = serde_json::from_slice(&reqwest::get(format!("{url}/condense/api/sessions/{id}")).await.unwrap().bytes().await.unwrap()).unwrap();
+    let breaks = api["live"]["cache_breaks"].as_u64().unwrap();
+    assert!(breaks >= 1, "the prune of turn two rewrote the context: {api}");
+    let dots = browser.eval("return document.querySelectorAll('#tokens circle.cache-break').length").await;
+    assert_eq!(dots.as_u64(), Some(breaks), "a dot per cache break");
+    let timeline = browser.until("the decisions", "return document.querySelectorAll('#timeline li').length").await;
+    assert!(timeline.as_u64().unwrap() >= 2, "{timeline}");
+    let r = browser.until("a stub with a ref", "const b = document.querySelector('#context button.ref[data-ref^=\"t\"]'); return b && b.dataset.ref").await;
+    let r = r.as_str().unwrap().to_string();
+    browser.eval(&format!("document.querySelector('#context button.ref[data-ref=\"{r}\"]').click(); return true")).await;
+    let shown = browser.until("the original", &format!("const p = document.querySelector('#context pre.original[data-ref=\"{r}\"]'); return p && p.textContent")).await;
+    let store = serve.state.store().clone();
+    let session = store.session(live["name"].as_str().unwrap()).unwrap();
+    let answer = session.query(&[r.clone()]).unwrap();
+    assert!(!answer.is_error, "{}", answer.text);
+    assert_eq!(shown.as_str().unwrap(), answer.text, "the page shows what context_tree_query returns");
+    let n: usize = r[1..].parse().unwrap();
+    assert!(answer.text.ends_with(&agent.outputs[n - 1]), "{r}'s original is the command's output");
+
+    let errors = browser.console_errors().await;
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    if let Some(to) = std::env::var_os("CONDENSE_DASHBOARD_SCREENSHOT") {
+        browser.screenshot(Path::new(&to)).await;
+    }
+    browser.quit().await;
+    serve.stop().await.unwrap();
+}
