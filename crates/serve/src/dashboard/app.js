@@ -104,11 +104,11 @@ async function renderList() {
     "checkpoints", "recoveries", "cache breaks", "events", "last activity"];
   const note = data.price_cache ? null
     : el("p", { class: "muted", text: "Cost and cache hit are priced as the providers bill prompt caching when serve runs with --price-cache." });
-  main.replaceChildren(
-    el("h1", { text: data.sessions.length + " sessions" }),
+  main.replaceChildren(...[
+    el("h1", { text: data.sessions.length + (data.sessions.length === 1 ? " session" : " sessions") }),
     note,
     el("table", { id: "sessions" }, el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { text: h })))), el("tbody", {}, ...rows)),
-  );
+  ].filter((x) => x !== null));
 }
 
 // ---- a session ----
@@ -213,6 +213,7 @@ function timelineItem(e) {
 async function renderSession(id, state) {
   const data = await api("sessions/" + id);
   fetched();
+  totals(data.status);
   const l = data.live;
   const f = (l && l.figures) || {};
   const rows = data.rows;

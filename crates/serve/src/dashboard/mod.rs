@@ -179,12 +179,17 @@ async fn sessions(axum::extract::State(st): S) -> Response {
         let live = st.live.sessions.lock().expect("live lock");
         infos.iter().rev().map(|i| json!({"id": i.id, "name": i.name, "events": i.head, "live": live.get(&i.id).map(summary_json)})).collect()
     };
-    // The server's totals (each session's own figures are in the list already).
+    let status = totals(&st).await;
+    json_ok(&json!({"now_ms": now_ms(), "price_cache": st.cfg.price_cache, "sessions": list, "status": status}))
+}
+
+/// The server's totals: `/condense/status` without the conversations' own figures.
+async fn totals(st: &State) -> Value {
     let mut status = st.status().await;
     if let Some(o) = status.as_object_mut() {
         o.remove("active_sessions");
     }
-    json_ok(&json!({"now_ms": now_ms(), "price_cache": st.cfg.price_cache, "sessions": list, "status": status}))
+    status
 }
 
 /// The session `id` names, opened from the store.
@@ -234,7 +239,7 @@ async fn session(axum::extract::State(st): S, Path(id): Path<String>) -> Respons
         })
         .collect();
     let head = s.head().unwrap_or(0);
-    json_ok(&json!({"id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": st.cfg.price_cache}))
+    json_ok(&json!({"id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": st.cfg.price_cache, "status": totals(&st).await}))
 }
 
 /// The text a block shows in the context view.

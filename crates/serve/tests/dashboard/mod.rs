@@ -161,15 +161,29 @@ mod base64_png {
 /// gives, and a stub expanded to its original, byte for byte what `context_tree_query` returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser() {
-    let fake = Fake::start(outputs_then_a_query()).await;
+    // Fourteen turns of two outputs each on a model with a 24,000-token window (the defaults prune them
+    // into stubs and chains); the model queries a stub once.
+    let mut steps = Vec::new();
+    for t in 0..14 {
+        steps.push(Step::Shell(format!("seq {} {}", t * 7, 2500 + t * 7)));
+        steps.push(Step::Shell(format!("ls -la /usr/lib | head -{}", 40 + t)));
+        if t == 9 {
+            steps.push(Step::QueryNewestStub);
+        }
+        steps.push(Step::Text(format!("Done with step {t}: the numbers are counted and the listing read.")));
+    }
+    let fake = Fake::start(steps).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.file.raw.rolling_window = None;
     cfg.price_cache = true;
+    cfg.file.models = vec![("fake-model".into(), ModelLimits { context_window: 24_000, max_output: Some(4_000) })];
     let serve = start(cfg).await.expect("serve starts");
     let url = format!("http://{}", serve.addr);
     let mut agent = Agent::new(Api::Anthropic, false, &url);
-    agent.turn("count the numbers").await.unwrap();
-    agent.turn("look at the last output again").await.unwrap();
+    for t in 0..14 {
+        agent.turn(&format!("Step {t}: count the numbers and list the libraries")).await.unwrap();
+    }
     let status = serve.state.status().await;
     let live = &status["active_sessions"][0];
     let id = live["id"].as_u64().unwrap();
@@ -180,6 +194,10 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
         .until("the sessions table", &format!("const r = document.querySelector('#sessions tr[data-id=\"{id}\"]'); return r && r.querySelector('td.requests').textContent"))
         .await;
     assert_eq!(row, live["requests"].to_string(), "the session's requests as status counts them");
+    let text = browser.eval("return document.body.innerText").await;
+    for word in ["null", "undefined", "NaN"] {
+        assert!(!text.as_str().unwrap().contains(word), "`{word}` on the page: {text}");
+    }
     let total = browser.eval("return document.getElementById('total-requests').textContent").await;
     assert_eq!(total, format!("{} requests", status["requests"]));
     let stubs = browser.eval(&format!("return document.querySelector('#sessions tr[data-id=\"{id}\"] td.stubs').textContent")).await;
@@ -192,6 +210,8 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     browser.eval(&format!("document.querySelector('#sessions tr[data-id=\"{id}\"] a.name').click(); return true")).await;
     let requests = browser.until("the session page", "const e = document.getElementById('fig-requests'); return e && e.textContent").await;
     assert_eq!(requests, live["requests"].to_string());
+    let total = browser.eval("return document.getElementById('total-requests').textContent").await;
+    assert_eq!(total, format!("{} requests", status["requests"]));
     let points = browser.until("the plot", "const p = document.querySelector('#tokens polyline.series-sent'); return p && p.getAttribute('points')").await;
     assert_eq!(points.as_str().unwrap().split(' ').count() as u64, live["requests"].as_u64().unwrap(), "one point per request");
     let api: Value = serde_json::from_slice(&reqwest::get(format!("{url}/condense/api/sessions/{id}")).await.unwrap().bytes().await.unwrap()).unwrap();
@@ -199,6 +219,8 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     assert!(breaks >= 1, "the prune of turn two rewrote the context: {api}");
     let dots = browser.eval("return document.querySelectorAll('#tokens circle.cache-break').length").await;
     assert_eq!(dots.as_u64(), Some(breaks), "a dot per cache break");
+    let window = browser.eval("const p = document.querySelector('#tokens polyline.window'); return p && p.getAttribute('points').split(' ').length").await;
+    assert_eq!(window.as_u64(), live["requests"].as_u64(), "the window line spans every request");
     let timeline = browser.until("the decisions", "return document.querySelectorAll('#timeline li').length").await;
     assert!(timeline.as_u64().unwrap() >= 2, "{timeline}");
     let r = browser.until("a stub with a ref", "const b = document.querySelector('#context button.ref[data-ref^=\"t\"]'); return b && b.dataset.ref").await;
@@ -213,6 +235,10 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     let n: usize = r[1..].parse().unwrap();
     assert!(answer.text.ends_with(&agent.outputs[n - 1]), "{r}'s original is the command's output");
 
+    let text = browser.eval("return document.body.innerText").await;
+    for word in ["null", "undefined", "NaN"] {
+        assert!(!text.as_str().unwrap().contains(word), "`{word}` on the session page: {text}");
+    }
     let errors = browser.console_errors().await;
     assert!(errors.is_empty(), "console errors: {errors:?}");
     if let Some(to) = std::env::var_os("CONDENSE_DASHBOARD_SCREENSHOT") {
@@ -221,3 +247,4 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     browser.quit().await;
     serve.stop().await.unwrap();
 }
+
