@@ -55,6 +55,10 @@ pub enum Command {
         /// Machine-readable output
         #[arg(long)]
         json: bool,
+        /// Name every session relative to DIR instead of the folder given (what `watch` passes for the
+        /// files it follows)
+        #[arg(long, value_name = "DIR", hide = true)]
+        relative_to: Option<PathBuf>,
     },
     /// Follow agents' session folders: import new session files and append what existing ones grow by,
     /// one line per change, until stopped (Ctrl-C)

@@ -95,6 +95,21 @@ fn dollars_label(v: f64) -> String {
     if v >= 100.0 { format!("${v:.0}") } else if v >= 1.0 { format!("${v:.2}") } else { format!("${v:.3}") }
 }
 
+/// `name` followed by `rest`, with the start of `name` cut (`…`) until the title fits the panel's width:
+/// the end of a session's name is what tells it apart.
+fn fit_title<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, name: &str, rest: &str) -> String {
+    let room = area.dim_in_pixel().0.saturating_sub(24);
+    let font: TextStyle = (FONT, 15).into();
+    let width = |t: &str| area.estimate_text_size(t, &font).map_or(t.chars().count() as u32 * 9, |(w, _)| w);
+    let mut chars: Vec<char> = name.chars().collect();
+    let mut title = format!("{name}{rest}");
+    while width(&title) > room && !chars.is_empty() {
+        chars.remove(0);
+        title = format!("…{}{rest}", chars.iter().collect::<String>());
+    }
+    title
+}
+
 fn tokens_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, window: Option<u64>) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let n = s.series.len().max(2) as u64;
     let raw_peak = s.series.iter().map(|p| p.raw).max().unwrap_or(0);
@@ -102,10 +117,11 @@ fn tokens_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, 
     // Raw far above what is sent would flatten the lines that matter: it runs off the top instead.
     let (scale, off) = scale_for(raw_peak, kept_peak);
     let top = (scale as f64 * 1.08).max(1000.0) as u64;
-    let caption = match off {
-        true => format!("{}: context per request (raw peaks at {}, off the scale)", s.name, tokens_label(raw_peak)),
-        false => format!("{}: context per request", s.name),
+    let what = match off {
+        true => format!(": context per request (raw peaks at {}, off the scale)", tokens_label(raw_peak)),
+        false => ": context per request".to_string(),
     };
+    let caption = fit_title(area, s.name, &what);
     let mut chart = ChartBuilder::on(area)
         .caption(caption, (FONT, 15))
         .margin(8)

@@ -115,7 +115,7 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
     };
     match cli.command {
         Command::Serve(_) | Command::Completions { .. } | Command::Watch { .. } => unreachable!("handled above"),
-        Command::Import { paths, json } => commands::import::import(&open()?, &paths, json),
+        Command::Import { paths, json, relative_to } => commands::import::import(&open()?, &paths, relative_to.as_deref(), json),
         Command::Export { file, force } => {
             if file.exists() && !force {
                 bail!("{} exists already; pass --force to replace it", file.display());

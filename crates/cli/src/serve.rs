@@ -113,7 +113,7 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
 /// absolute before the command is sent.
 fn absolute_args(argv: &[String], takes_paths: bool) -> Vec<String> {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
-    let path_valued = ["--store", "--config", "--plot"];
+    let path_valued = ["--store", "--config", "--plot", "--relative-to"];
     let mut out = Vec::with_capacity(argv.len());
     let mut prev: Option<&str> = None;
     for a in argv {

@@ -36,19 +36,19 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration, capture: Cap
         Some(store) => !p.starts_with(store) && p.canonicalize().map_or(true, |c| !c.starts_with(store)),
         None => true,
     };
-    // Events name absolute paths; sessions are named after the path as the user gave it (as `import`
-    // names them), so each event path is mapped back under the watched path it lies in.
+    // Events name absolute paths; sessions are named relative to the watched path a file lies in (as
+    // `import` of that folder names them), so each event path is mapped back under it.
     let roots: Vec<(PathBuf, PathBuf)> = paths
         .iter()
         .map(|p| p.canonicalize().map(|c| (c, p.clone())).with_context(|| format!("reading {}", p.display())))
         .collect::<Result<_>>()?;
-    let as_given = |p: &Path| -> PathBuf {
+    let as_given = |p: &Path| -> (PathBuf, PathBuf) {
         for (canonical, given) in &roots {
             if let Ok(rest) = p.strip_prefix(canonical) {
-                return if rest.as_os_str().is_empty() { given.clone() } else { given.join(rest) };
+                return (given.clone(), if rest.as_os_str().is_empty() { given.clone() } else { given.join(rest) });
             }
         }
-        p.to_path_buf()
+        (p.to_path_buf(), p.to_path_buf())
     };
     let (tx, rx) = crossbeam_channel::unbounded();
     let mut watcher = notify::recommended_watcher(tx).context("starting the file watcher")?;
@@ -56,11 +56,13 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration, capture: Cap
         watcher.watch(p, RecursiveMode::Recursive).with_context(|| format!("watching {}", p.display()))?;
     }
     // What is there already, then every change.
-    import(store_dir, paths.to_vec(), capture)?;
+    for p in paths {
+        import(store_dir, p, vec![p.clone()], capture)?;
+    }
     let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     outln!("watching {} (Ctrl-C to stop)", names.join(", "));
     loop {
-        let mut changed: BTreeSet<PathBuf> = BTreeSet::new();
+        let mut changed: BTreeSet<(PathBuf, PathBuf)> = BTreeSet::new();
         let mut note = |event: notify::Result<notify::Event>| match event {
             Ok(e) if matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_)) => {
                 for p in e.paths {
@@ -82,17 +84,22 @@ pub fn watch(store_dir: &Path, paths: &[PathBuf], settle: Duration, capture: Cap
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(ExitCode::SUCCESS),
             }
         }
-        let files: Vec<PathBuf> = changed.into_iter().filter(|p| p.is_file()).collect();
-        if !files.is_empty() {
-            import(store_dir, files, capture)?;
+        // One import per watched path, its files named relative to it.
+        let mut by_root: std::collections::BTreeMap<PathBuf, Vec<PathBuf>> = std::collections::BTreeMap::new();
+        for (root, file) in changed.into_iter().filter(|(_, p)| p.is_file()) {
+            by_root.entry(root).or_default().push(file);
+        }
+        for (root, files) in by_root {
+            import(store_dir, &root, files, capture)?;
         }
     }
 }
 
-/// Imports `files` (or folders) with `condense import --json` and prints one line per session that
+/// Imports `files` (or folders) found under the watched `root` with `condense import --json`, named
+/// relative to it, and prints one line per session that
 /// changed, and one per file that could not be imported.
-fn import(store_dir: &Path, files: Vec<PathBuf>, capture: Capture) -> Result<()> {
-    let mut argv: Vec<OsString> = vec!["--store".into(), store_dir.as_os_str().to_owned(), "import".into(), "--json".into()];
+fn import(store_dir: &Path, root: &Path, files: Vec<PathBuf>, capture: Capture) -> Result<()> {
+    let mut argv: Vec<OsString> = vec!["--store".into(), store_dir.as_os_str().to_owned(), "import".into(), "--json".into(), "--relative-to".into(), root.as_os_str().to_owned()];
     argv.extend(files.into_iter().map(PathBuf::into_os_string));
     let (out, err, code) = capture(argv, None);
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out) else {

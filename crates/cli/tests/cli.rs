@@ -525,7 +525,7 @@ fn a_grown_file_appends_and_another_file_under_the_same_name_is_an_error() {
     let lines: Vec<&str> = text.lines().collect();
     std::fs::create_dir_all(dir.path().join("w")).unwrap();
     std::fs::write(dir.path().join("w/s.jsonl"), lines[..150].join("\n") + "\n").unwrap();
-    // Imports by a relative path, from a folder: the session is named `w/s.jsonl`.
+    // Imports a file by a relative path: the session is named after the file, `s.jsonl`.
     let import_from = |cwd: &std::path::Path| {
         let o = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(&store).args(["import", "w/s.jsonl"]).current_dir(cwd).output().unwrap();
         (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
@@ -545,15 +545,68 @@ fn a_grown_file_appends_and_another_file_under_the_same_name_is_an_error() {
     let fresh = dir.path().join("fresh");
     let o = Command::new(env!("CARGO_BIN_EXE_condense")).arg("--store").arg(&fresh).args(["import", "w/s.jsonl"]).current_dir(dir.path()).output().unwrap();
     assert!(o.status.success());
-    assert_eq!(condense(&store, &["render", "w/s.jsonl"]).1, condense(&fresh, &["render", "w/s.jsonl"]).1);
+    assert_eq!(condense(&store, &["render", "s.jsonl"]).1, condense(&fresh, &["render", "s.jsonl"]).1);
     assert_eq!(condense(&store, &["verify"]).0, 0);
-    // Another file that maps to the same session name is an error, not a skip.
+    // Another file of the same name is another session, told apart by its folder.
     let other = dir.path().join("elsewhere");
     std::fs::create_dir_all(other.join("w")).unwrap();
     std::fs::write(other.join("w/s.jsonl"), lines[..10].join("\n") + "\n").unwrap();
-    let (code, _, err) = import_from(&other);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("exists already and it holds"), "{err}");
+    let (code, out, err) = import_from(&other);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("w/s.jsonl: pi"), "{out}");
+    // Importing the folder of the first file finds its session under the name it has.
+    let (code, out, _) = condense(&store, &["import", dir.path().join("w").to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(out.contains("skipped 1 files"), "{out}");
+    let names: Vec<String> = serde_json::from_str::<serde_json::Value>(&condense(&store, &["sessions", "--json"]).1).unwrap().as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["s.jsonl", "w/s.jsonl"]);
+}
+
+/// Issue 37 item 8: a session is named from its path relative to the folder given; an agent's project
+/// folder (Claude Code's `-home-…`, pi's `--home-…--`) shows as its project; `simulate` names and plots
+/// the same, and a plot title too long for its panel is cut at the left.
+#[test]
+fn sessions_are_named_relative_to_the_folder_given_and_projects_by_their_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus");
+    let claude = dir.path().join("home/me/.claude/projects/-home-USER-projects-spotter-worktrees-spotter-dov");
+    std::fs::create_dir_all(&claude).unwrap();
+    std::fs::copy(corpus.join("claude-code/marot__spotter/4d5611e5-241a-462a-8d15-5122611a9569.jsonl"), claude.join("4d5611e5-241a-462a-8d15-5122611a9569.jsonl")).unwrap();
+    let pi = dir.path().join("home/me/.pi/agent/sessions/--Users-badlogic-workspaces-pi-mono--");
+    std::fs::create_dir_all(&pi).unwrap();
+    std::fs::copy(corpus.join("pi/badlogic__pi-mono/session.jsonl"), pi.join("2025-12-17_5fd1e58c.jsonl")).unwrap();
+    // A folder named like a project whose file says another working directory stays as it is.
+    let lookalike = dir.path().join("plain/-not-a-project");
+    std::fs::create_dir_all(&lookalike).unwrap();
+    std::fs::copy(generated_pi(dir.path(), 40), lookalike.join("x.jsonl")).unwrap();
+    let arg = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (code, out, err) = condense(&store, &["import", &arg(&dir.path().join("home/me/.claude/projects")), &arg(&dir.path().join("home/me/.pi/agent/sessions")), &arg(&dir.path().join("plain"))]);
+    assert_eq!(code, 0, "{out}{err}");
+    let names: Vec<String> = serde_json::from_str::<serde_json::Value>(&condense(&store, &["sessions", "--json"]).1).unwrap().as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["spotter-dov/4d5611e5-241a-462a-8d15-5122611a9569.jsonl", "pi-mono/2025-12-17_5fd1e58c.jsonl", "-not-a-project/x.jsonl"]);
+    // The file given alone is the same session.
+    let (code, out, _) = condense(&store, &["import", &arg(&claude.join("4d5611e5-241a-462a-8d15-5122611a9569.jsonl"))]);
+    assert_eq!(code, 0);
+    assert!(out.contains("skipped 1 files"), "{out}");
+    // simulate names its replays the same way, and its plot titles them so.
+    let plot = dir.path().join("p.svg");
+    let (code, out, err) = condense(&store, &["simulate", &arg(&dir.path().join("home/me/.claude/projects")), "--json", "--plot", &arg(&plot)]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["sessions"][0]["session"], "simulated/spotter-dov/4d5611e5-241a-462a-8d15-5122611a9569.jsonl", "{v}");
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.lines().any(|l| l == "spotter-dov/4d5611e5-241a-462a-8d15-5122611a9569.jsonl: context per request"), "the title names the session as sessions does");
+    // A name longer than its panel loses its start, not its end.
+    let deep = dir.path().join(format!("deep/{}/{}", "a-rather-long-folder-name".repeat(4), "b-another-long-folder-name".repeat(4)));
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::copy(generated_pi(dir.path(), 40), deep.join("the-end.jsonl")).unwrap();
+    let (code, _, err) = condense(&store, &["simulate", &arg(&dir.path().join("deep")), "--plot", &arg(&plot)]);
+    assert_eq!(code, 0, "{err}");
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    let title = svg.lines().find_map(|l| l.strip_suffix(": context per request")).expect("a title");
+    assert!(title.starts_with('…') && title.ends_with("long-folder-name/the-end.jsonl"), "{title}");
+    assert!(title.chars().count() < 100, "cut to fit: {title}");
 }
 
 #[test]
@@ -809,11 +862,13 @@ fn watch_imports_new_files_and_appends_what_they_grow_by() {
         panic!("watch never said `{what}`");
     };
     // The file there at the start, then its growth.
-    assert!(expect("imported").contains("s.jsonl"));
+    // Named relative to the watched folder, as an import of the folder names it.
+    let first = expect("imported");
+    assert!(first.starts_with("imported  s.jsonl  ("), "{first}");
     expect("watching");
     std::fs::OpenOptions::new().append(true).open(&pi).map(|mut f| std::io::Write::write_all(&mut f, (lines[100..].join("\n") + "\n").as_bytes())).unwrap().unwrap();
     let grown = expect("grown");
-    assert!(grown.contains("s.jsonl") && grown.contains("(+"), "{grown}");
+    assert!(grown.starts_with("grown     s.jsonl  (+"), "{grown}");
     // A JSON document that its agent rewrites whole as the chat goes on (Gemini CLI).
     let gemini = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/corpus/gemini-cli/codemie-ai__codemie-code/tests/integration/metrics/fixtures/gemini/session-2025-12-01T21-45-5b959dae.json");

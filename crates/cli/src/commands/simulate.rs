@@ -2,7 +2,7 @@
 //! breaks, retention, with `--window` against the host's own compaction, in dollars) and plots.
 
 use crate::plot;
-use crate::commands::import::{name_of, walk};
+use crate::commands::import::{candidate_names, walk};
 use crate::shared::{load_config, summarizer_of};
 use anyhow::{bail, Result};
 use condense_engine::Store;
@@ -99,12 +99,16 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
         plot::check_path(plot)?;
     }
     let summarizer = summarizer_of(&file_config, false);
-    let mut files = Vec::new();
+    // Each file with the folder (or file) given it was found under: sessions are named relative to it, as
+    // `import` names them.
+    let mut files: Vec<(PathBuf, PathBuf)> = Vec::new();
     for path in &o.paths {
         if path.is_dir() {
-            walk(path, &mut files)?;
+            let mut found = Vec::new();
+            walk(path, &mut found)?;
+            files.extend(found.into_iter().map(|f| (path.clone(), f)));
         } else if path.is_file() {
-            files.push(path.clone());
+            files.push((path.clone(), path.clone()));
         } else {
             bail!("{}: no such file or folder", path.display());
         }
@@ -126,7 +130,8 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
     let (mut token_ratios, mut cost_ratios, mut retentions) = (Vec::new(), Vec::new(), Vec::new());
     let (mut host_token_ratios, mut host_cost_ratios) = (Vec::new(), Vec::new());
     let mut plot = Vec::new();
-    for file in &files {
+    let mut taken = std::collections::BTreeSet::new();
+    for (root, file) in &files {
         // Read on a thread of its own, the file's events are replayed as they are parsed.
         let mut reading = match condense_engine::simulate::Reading::start(file) {
             Ok(r) => r,
@@ -135,7 +140,10 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
                 continue;
             }
         };
-        let name = format!("simulated/{}", name_of(file));
+        let candidates = candidate_names(root, file);
+        let short = candidates.iter().find(|n| !taken.contains(*n)).unwrap_or(&candidates[candidates.len() - 1]).clone();
+        taken.insert(short.clone());
+        let name = format!("simulated/{short}");
         if kept.is_some() && target.log().session_id(&name)?.is_some() {
             if !o.force {
                 bail!("session {name} exists from an earlier `simulate --keep`; pass --force to replace it");
@@ -182,7 +190,8 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
         row["dollars"] = dollars_json(&f, &list_price);
         rows.push(row);
         total.add(&f);
-        plot.push((name, std::mem::take(&mut f.series)));
+        // Plot titles name the session as it was read (without the `simulated/` of the replay).
+        plot.push((short, std::mem::take(&mut f.series)));
     }
     drop(temp);
     if let Some(path) = &o.plot {
