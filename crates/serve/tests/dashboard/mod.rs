@@ -172,6 +172,7 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
         }
         steps.push(Step::Text(format!("Done with step {t}: the numbers are counted and the listing read.")));
     }
+    steps.push(Step::Text("One more answer.".into()));
     let fake = Fake::start(steps).await;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cfg = config_for(dir.path().join("store"), &fake);
@@ -239,6 +240,13 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     for word in ["null", "undefined", "NaN"] {
         assert!(!text.as_str().unwrap().contains(word), "`{word}` on the session page: {text}");
     }
+    // The page follows the conversation as it goes on, without a reload.
+    agent.turn("one more question").await.unwrap();
+    let now = serve.state.status().await["active_sessions"][0]["requests"].clone();
+    assert_eq!(now.as_u64(), live["requests"].as_u64().map(|n| n + 1));
+    browser.until("the new request on the page", &format!("const e = document.getElementById('fig-requests'); return e && e.textContent === '{now}'")).await;
+    let shown = browser.eval(&format!("const p = document.querySelector('#context pre.original[data-ref=\"{r}\"]'); return p && p.textContent")).await;
+    assert_eq!(shown.as_str(), Some(answer.text.as_str()), "an expanded original stays expanded as the page updates");
     let errors = browser.console_errors().await;
     assert!(errors.is_empty(), "console errors: {errors:?}");
     if let Some(to) = std::env::var_os("CONDENSE_DASHBOARD_SCREENSHOT") {
