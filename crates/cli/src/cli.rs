@@ -271,6 +271,27 @@ pub struct ServeArgs {
     /// come is set by RUST_LOG (default `info`)
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Which summaries a model writes through the upstream, with the client's own credentials (when the
+    /// configuration names no summarizer); condense's extractive summarizer writes the rest and stands in
+    /// whenever a call fails
+    #[arg(long, value_name = "WHICH", value_enum, default_value_t = SummariesArg::Handoffs)]
+    pub summaries: SummariesArg,
+    /// The model summaries through the upstream ask (default: the session's previous model, the one its
+    /// history was written by)
+    #[arg(long, value_name = "MODEL")]
+    pub summary_model: Option<String>,
+}
+
+/// `condense serve --summaries`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SummariesArg {
+    /// The handoff of a recovery onto a smaller model
+    Handoffs,
+    /// Every summary: recovery and checkpoint handoffs, and the summaries of pruned tool outputs
+    /// (pi-condense's way)
+    Upstream,
+    /// None: every summary extractive
+    Extractive,
 }
 
 /// The form of serve's log lines.

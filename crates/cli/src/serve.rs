@@ -56,6 +56,12 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
         cfg.max_tool_rounds = n;
     }
     cfg.price_cache = a.price_cache;
+    cfg.summaries = match a.summaries {
+        crate::cli::SummariesArg::Handoffs => condense_serve::summary::Summaries::Handoffs,
+        crate::cli::SummariesArg::Upstream => condense_serve::summary::Summaries::Upstream,
+        crate::cli::SummariesArg::Extractive => condense_serve::summary::Summaries::Extractive,
+    };
+    cfg.summary_model = a.summary_model.clone();
     if let Some(b) = a.memory_budget {
         cfg.memory_budget = b;
     }

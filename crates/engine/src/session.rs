@@ -18,6 +18,19 @@ thread_local! {
     /// the error's store and detail. Every read of the head inside fails at once with it, rather than
     /// waiting for a connection again (serve's answer to a request then comes within the pool's wait).
     static DOWN: std::cell::RefCell<Option<(usize, SessionId, String, String)>> = const { std::cell::RefCell::new(None) };
+    /// Inside [`Session::with_summarizer`]: the summarizer this thread's pipeline and checkpoints use
+    /// instead of the store's.
+    static SUMMARIZER: std::cell::RefCell<Option<Arc<dyn condense_summarize::Summarizer>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Puts back the summarizer [`Session::with_summarizer`] replaced, on every way out.
+struct RestoreSummarizer(Option<Arc<dyn condense_summarize::Summarizer>>);
+
+impl Drop for RestoreSummarizer {
+    fn drop(&mut self) {
+        let before = self.0.take();
+        SUMMARIZER.with(|s| *s.borrow_mut() = before);
+    }
 }
 
 /// Ends a `prepare`'s trust in its projection (on every way out), unless it ran inside
@@ -92,6 +105,20 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Optio
 }
 
 impl Session {
+    /// Runs `f` with `summarizer` (when given) in place of the store's for the pruning pipeline and the
+    /// checkpoints and recoveries `f` prepares on this thread: `condense serve` summarizes through the
+    /// upstream with the credentials of the request being prepared.
+    pub fn with_summarizer<R>(&self, summarizer: Option<Arc<dyn condense_summarize::Summarizer>>, f: impl FnOnce() -> R) -> R {
+        let Some(s) = summarizer else { return f() };
+        let _restore = RestoreSummarizer(SUMMARIZER.with(|cur| cur.borrow_mut().replace(s)));
+        f()
+    }
+
+    /// The summarizer in force on this thread ([`Session::with_summarizer`]), else the store's.
+    fn summarizer(&self) -> Arc<dyn condense_summarize::Summarizer> {
+        SUMMARIZER.with(|s| s.borrow().clone()).unwrap_or_else(|| self.store.inner.summarizer.lock().expect("summarizer lock").clone())
+    }
+
     /// The session's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -467,7 +494,7 @@ impl Session {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
-        let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
+        let summarizer = self.summarizer();
         if reason == controller::Reason::Threshold && proj.overflow_pending() && recover::guard_active(&proj) {
             let started = DecisionEvent::CheckpointStarted { reason: "recovery".into(), tokens: controller::context_tokens(&proj) };
             return match recover::prepare(&proj, summarizer.as_ref()) {
@@ -525,7 +552,7 @@ impl Session {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
-        let summarizer = self.store.inner.summarizer.lock().expect("summarizer lock").clone();
+        let summarizer = self.summarizer();
         let log = &self.store.inner.log;
         let Live { proj: p, stages } = &mut *proj;
         // A spilled output is durable before the decision naming it is: with the flush that makes that

@@ -20,6 +20,8 @@ pub struct Internal {
     pub client_tools: Vec<String>,
     /// The tools serve declared in this request's rounds so far (each build adds its own).
     pub declared: Arc<std::sync::Mutex<BTreeSet<&'static str>>>,
+    /// How this request's summaries reach the upstream (`None`: the store's summarizer).
+    pub summary: Option<crate::summary::Route>,
 }
 
 impl Internal {
@@ -57,6 +59,9 @@ pub struct Conv {
     synced: Option<condense_events::Seq>,
     /// A hash of each message of the list last sent upstream (for the dashboard's cache breaks).
     sent: Vec<u64>,
+    /// The model the history was written by: the session's model before its last change (or the current
+    /// one, before any change). Summaries through the upstream ask it.
+    native_model: Option<String>,
 }
 
 /// What `/condense/status` shows of one conversation.
@@ -72,6 +77,20 @@ pub struct ConvFigures {
     pub checkpoints: u64,
     /// Recovery handoffs prepared (seed 004).
     pub recoveries: u64,
+}
+
+/// What a request's preparation tells the dashboard: the conversation's figures after it, the model's
+/// window, and how many leading messages of the previous request's list (`before` of them) it kept.
+#[derive(Debug, Clone, Default)]
+pub struct Sent {
+    /// The conversation's figures.
+    pub figures: ConvFigures,
+    /// The context window assumed for the request's model.
+    pub window: Option<u64>,
+    /// Leading messages identical to the previous request's.
+    pub kept: usize,
+    /// Messages of the previous request.
+    pub before: usize,
 }
 
 /// What one unit of the request (see [`wire::Unit`]) turned out to be.
@@ -148,7 +167,7 @@ impl Conv {
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = client_view(&session, internal)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new() })
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new(), native_model: None })
     }
 
     /// Starts a new session for a conversation.
@@ -158,7 +177,7 @@ impl Conv {
             SourceEvent::PruneConfigured(prune),
         ])?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new() })
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new(), native_model: None })
     }
 
     /// Takes in what other processes appended since this one last worked on the session: the client's view
@@ -233,14 +252,20 @@ impl Conv {
         tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
         let matched_parent = cur.map(|n| self.track.tail(n).to_string());
         let session = self.session.clone();
-        let (leaf, model_changed, ids, overhead_changed, failed_before) = session.with_projection(|p| {
+        let (leaf, model_changed, ids, overhead_changed, failed_before, before) = session.with_projection(|p| {
             let changed = match p.model() {
                 Some(m) => m.model != model || m.context_window != limits.map(|l| l.context_window),
                 None => true,
             };
             let ids: Vec<String> = new.iter().map(|_| self.next_id(p)).collect();
-            (p.leaf_id().map(str::to_string), changed, ids, p.request_overhead() != overhead, p.overflow_unresolved())
+            (p.leaf_id().map(str::to_string), changed, ids, p.request_overhead() != overhead, p.overflow_unresolved(), p.model().map(|m| m.model.clone()))
         })?;
+        // The native model: the one before a change of model, else the model in use.
+        match before {
+            Some(b) if b != model => self.native_model = Some(b),
+            _ if self.native_model.is_none() => self.native_model = Some(model.to_string()),
+            _ => {}
+        }
         let mut events = Vec::new();
         if failed_before {
             // The last request ended in CONTEXT_COMPACTION_FAILED after provider overflows: this one is the
@@ -376,7 +401,11 @@ impl Conv {
     /// from the neutral model. The client's `cache_control` marks go back on the messages they were on, or,
     /// for the last message, on the last message sent before any notice.
     pub fn build(&mut self, api: Api, raw: &RawRequest, rec: &Recorded, internal: &Internal) -> Result<Built> {
-        let (segs, notice, tools, tokens_sent, figures) = self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages))?;
+        // Summaries and handoffs this preparation needs go through the upstream, asking the session's
+        // native model (the one before the last model change) unless `--summary-model` names one.
+        let summarizer = internal.summary.as_ref().zip(self.native_model.as_deref()).map(|(route, native)| route.summarizer(native));
+        let session = self.session.clone();
+        let (segs, notice, tools, tokens_sent, figures) = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages)))?;
         self.figures.stubs = figures.0;
         self.figures.checkpoints = figures.1;
         self.figures.recoveries = figures.2;
@@ -623,7 +652,7 @@ impl Conv {
 
     /// What the dashboard records of a request whose message list `list` (a JSON array) goes upstream: the
     /// conversation's figures, and how many leading messages of the previous request's list it kept.
-    pub fn note_sent(&mut self, list: &[u8], window: Option<u64>) -> crate::dashboard::Sent {
+    pub fn note_sent(&mut self, list: &[u8], window: Option<u64>) -> Sent {
         use std::hash::Hasher;
         let hashes: Vec<u64> = serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(list)
             .unwrap_or_default()
@@ -645,7 +674,7 @@ impl Conv {
             .collect();
         let kept = self.sent.iter().zip(&hashes).take_while(|(a, b)| a == b).count();
         let before = std::mem::replace(&mut self.sent, hashes).len();
-        crate::dashboard::Sent { figures: self.figures.clone(), window, kept, before }
+        Sent { figures: self.figures.clone(), window, kept, before }
     }
 
     /// The number of visible messages held.

@@ -58,6 +58,9 @@ pub struct Logged {
     pub step: Option<Step>,
     /// When its body had arrived (for latency measurements).
     pub at: std::time::Instant,
+    /// A summary request condense made through the upstream (`handoff` or `batch`), answered outside the
+    /// script.
+    pub summary: Option<&'static str>,
 }
 
 impl Logged {
@@ -100,6 +103,8 @@ struct Inner {
     next: usize,
     log: Vec<Logged>,
     counter: u64,
+    /// Summary requests are answered with a 500 instead of a summary.
+    fail_summaries: bool,
 }
 
 /// A running fake provider.
@@ -146,6 +151,47 @@ impl Fake {
     pub fn push(&self, steps: Vec<Step>) {
         self.inner.lock().expect("fake lock").steps.extend(steps);
     }
+
+    /// Whether summary requests fail (a 500) from now on.
+    pub fn fail_summaries(&self, fail: bool) {
+        self.inner.lock().expect("fake lock").fail_summaries = fail;
+    }
+}
+
+/// The instructions of a request, whichever API it uses.
+fn instructions(api: Api, body: &Value) -> Option<&str> {
+    match api {
+        Api::Anthropic => body.get("system").and_then(Value::as_str),
+        Api::Chat => body["messages"].get(0).filter(|m| m["role"] == "system").and_then(|m| m["content"].as_str()),
+        Api::Responses => body.get("instructions").and_then(Value::as_str),
+    }
+}
+
+/// The input text of a summary request.
+fn summary_input(api: Api, body: &Value) -> String {
+    match api {
+        Api::Anthropic => body["messages"][0]["content"].as_str(),
+        Api::Chat => body["messages"][1]["content"].as_str(),
+        Api::Responses => body["input"].as_str(),
+    }
+    .unwrap_or_default()
+    .to_string()
+}
+
+/// The fake model's answer to a summary request: a handoff names the first and the last entry the piece
+/// cites (`[id] role: …` lines), a batch summary has one block per ref.
+pub fn summary_answer(kind: &str, input: &str) -> String {
+    if kind == "handoff" {
+        let ids: Vec<&str> = input.lines().filter_map(|l| l.strip_prefix('[').and_then(|r| r.split_once(']')).map(|(id, _)| id)).collect();
+        format!("## Goal\nFAKE-HANDOFF of [{}] to [{}], {} entries\n", ids.first().unwrap_or(&""), ids.last().unwrap_or(&""), ids.len())
+    } else {
+        input.match_indices("### t").filter_map(|(i, _)| input[i + 5..].split(' ').next()).map(|r| format!("t{r}: FAKE-SUMMARY of t{r}\n")).collect()
+    }
+}
+
+/// A reply of `api` whose text is `text` (no stream, no tools).
+fn text_reply(api: Api, model: &str, text: &str) -> Value {
+    json_reply(api, model, 0, &Reply { text: text.to_string(), calls: Vec::new() })
 }
 
 /// The newest `tN` ref a stub or a compressed chain's block in the messages names.
@@ -206,12 +252,30 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         body,
         step: None,
         at,
+        summary: None,
     };
     if logged.path.ends_with("/count_tokens") {
         state.lock().expect("fake lock").log.push(logged);
         return axum::Json(json!({"input_tokens": 42})).into_response();
     }
     let api = logged.api();
+    // condense's summary requests are answered apart from the script.
+    let kind = match instructions(api, &logged.body) {
+        Some(i) if i == condense_summarize::http::HANDOFF => Some("handoff"),
+        Some(i) if i == condense_summarize::http::SYSTEM => Some("batch"),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        let input = summary_input(api, &logged.body);
+        let model = logged.body.get("model").and_then(Value::as_str).unwrap_or("fake-model").to_string();
+        logged.summary = Some(kind);
+        let mut s = state.lock().expect("fake lock");
+        s.log.push(logged);
+        if s.fail_summaries {
+            return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": {"message": "summaries are down", "type": "api_error"}}))).into_response();
+        }
+        return axum::Json(text_reply(api, &model, &summary_answer(kind, &input))).into_response();
+    }
     let messages = logged.messages();
     let tools = logged.tool_names();
     let (step, n, delay) = {

@@ -51,10 +51,12 @@ pub mod conv;
 mod dashboard;
 pub mod fake;
 pub mod lock;
+mod live;
 mod metrics;
 mod request;
 mod state;
 pub mod stream;
+pub mod summary;
 pub mod track;
 
 use condense_engine::config::FileConfig;
@@ -119,6 +121,11 @@ pub struct ServeConfig {
     /// How long a client may take to send a request's headers, and its body; how long a stopping server
     /// waits for requests in flight.
     pub timeouts: Timeouts,
+    /// Which summaries go through the upstream with the client's credentials (when no summarizer is
+    /// configured): recovery handoffs by default.
+    pub summaries: summary::Summaries,
+    /// The model summaries through the upstream ask (`None`: the session's previous, native model).
+    pub summary_model: Option<String>,
 }
 
 /// serve's own time limits.
@@ -158,6 +165,8 @@ impl ServeConfig {
             auth_token: None,
             memory_budget: DEFAULT_MEMORY_BUDGET,
             timeouts: Timeouts::default(),
+            summaries: summary::Summaries::default(),
+            summary_model: None,
         }
     }
 }

@@ -54,8 +54,10 @@ pub struct State {
     pub(crate) budget: Arc<crate::budget::Budget>,
     /// What `/condense/metrics` reports.
     pub(crate) metrics: crate::metrics::Metrics,
+    /// Summaries through the upstream that fell back to the extractive summarizer.
+    pub(crate) upstream_fallbacks: Arc<AtomicU64>,
     /// The per-request figures the dashboard plots.
-    pub(crate) live: crate::dashboard::Live,
+    pub(crate) live: crate::live::Live,
     /// The models this process has seen a request for (each is logged once, with the window assumed).
     models_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
@@ -82,7 +84,8 @@ impl State {
             budget: crate::budget::Budget::new(cfg.memory_budget),
             metrics: crate::metrics::Metrics::new(),
             models_seen: std::sync::Mutex::new(std::collections::BTreeSet::new()),
-            live: crate::dashboard::Live::default(),
+            live: crate::live::Live::default(),
+            upstream_fallbacks: Arc::default(),
             cfg,
         }))
     }
@@ -132,7 +135,7 @@ impl State {
             "memory_reserved_bytes": self.budget.used(),
             "memory_budget_bytes": self.cfg.memory_budget,
             "latency_ms": self.latency_json(),
-            "summarizer_fallbacks": self.cfg.summarizer.as_ref().map_or(0, |s| s.fallbacks().count),
+            "summarizer_fallbacks": self.summarizer_fallbacks(),
         })
     }
 
@@ -180,6 +183,11 @@ impl State {
         found.map(|(l, _)| l)
     }
 
+    /// Summaries the configured summarizer or the upstream did not write (the extractive one stood in).
+    pub(crate) fn summarizer_fallbacks(&self) -> u64 {
+        self.cfg.summarizer.as_ref().map_or(0, |s| s.fallbacks().count) + self.upstream_fallbacks.load(Ordering::Relaxed)
+    }
+
     /// Counts an upstream answer that was an error (see [`crate::metrics::StatusLabel`]).
     pub(crate) fn upstream_error(&self, status: impl Into<String>) {
         self.counters.upstream_errors.fetch_add(1, Ordering::Relaxed);
@@ -225,7 +233,7 @@ impl State {
             m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(condense);
             m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(direct);
         }
-        let fallbacks = self.cfg.summarizer.as_ref().map_or(0, |s| s.fallbacks().count);
+        let fallbacks = self.summarizer_fallbacks();
         m.summarizer_fallbacks.inc_by(fallbacks.saturating_sub(m.summarizer_fallbacks.get()));
         m.memory_reserved.set(self.budget.used() as i64);
         m.encode()

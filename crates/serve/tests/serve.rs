@@ -1382,3 +1382,150 @@ async fn a_prepared_recovery_is_sent_near_the_window() {
         assert!(sent_some >= 2, "{api:?}: prompts that fit were sent ({sent_some})");
     }
 }
+
+/// A server whose models are a 200k `big-model` and a 32k `small-model`, with `tweak` applied to its
+/// configuration; an agent of `api` that wrote ten long turns (about 40,000 tokens) on the big model.
+async fn switched_setup(api: Api, tweak: impl FnOnce(&mut ServeConfig)) -> (Setup, Agent) {
+    let fake = Fake::start(vec![]).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.file.models = vec![
+        ("big-model".to_string(), ModelLimits { context_window: 200_000, max_output: Some(8_000) }),
+        ("small-model".to_string(), ModelLimits { context_window: 32_000, max_output: Some(2_000) }),
+    ];
+    tweak(&mut cfg);
+    let serve = start(cfg).await.expect("serve starts");
+    let s = Setup { fake, serve, dir };
+    let mut agent = Agent::new(api, false, &s.url());
+    agent.model = "big-model".into();
+    for i in 0..10 {
+        let long: String = (0..2500).map(|n| format!("w{i}x{n} ")).collect();
+        agent.turn(&long).await.unwrap();
+    }
+    (s, agent)
+}
+
+/// The newest checkpoint's summary in the session's log.
+fn newest_checkpoint_summary(s: &Setup) -> String {
+    let (_, session) = store_of(s);
+    let p = session.projection().unwrap();
+    p.index().checkpoints.values().next_back().expect("a checkpoint").summary.to_string()
+}
+
+/// Issue 36 item 3: after a switch to a smaller model, serve has the recovery's handoff written by the
+/// session's native model through the same upstream, with the client's own credentials, one request per
+/// chronological piece within the input budget; the model's answers are the handoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_handoff_is_written_by_the_native_model_through_the_upstream() {
+    for api in [Api::Anthropic, Api::Chat, Api::Responses] {
+        let (s, mut agent) = switched_setup(api, |_| {}).await;
+        assert!(s.fake.log().iter().all(|l| l.summary.is_none()), "{api:?}: no summary before the switch");
+        agent.model = "small-model".into();
+        agent.turn("now continue on the small model").await.unwrap();
+        let log = s.fake.log();
+        let handoffs: Vec<&Logged> = log.iter().filter(|l| l.summary == Some("handoff")).collect();
+        assert!(!handoffs.is_empty() && handoffs.len() <= 64, "{api:?}: {} handoff requests", handoffs.len());
+        let budget = condense_recovery::input_budget(32_000) as usize;
+        let (_, session) = store_of(&s);
+        let order: Vec<String> = session.projection().unwrap().path_ids();
+        let mut last_seen = 0;
+        for h in &handoffs {
+            // The client's API and credentials, the native model.
+            assert_eq!(h.api(), api);
+            assert_eq!(h.body["model"], "big-model", "{api:?}: the session's previous model");
+            assert_eq!(h.header("x-api-key"), Some("sk-test-SECRET-key-0123"));
+            assert_eq!(h.header("authorization"), Some("Bearer sk-test-SECRET-bearer-4567"));
+            // Bounded, and in chronological order: each piece starts after the one before.
+            let input = match api {
+                Api::Anthropic => h.body["messages"][0]["content"].as_str(),
+                Api::Chat => h.body["messages"][1]["content"].as_str(),
+                Api::Responses => h.body["input"].as_str(),
+            }
+            .unwrap();
+            assert!(input.len() <= budget, "{api:?}: a piece of {} bytes over {budget}", input.len());
+            // Every entry a piece cites (`[id] role: …` lines; a message longer than a piece goes on in
+            // the next one) comes after those the pieces before cited.
+            for id in input.lines().filter_map(|l| l.strip_prefix('[').and_then(|l| l.split_once(']')).map(|(id, _)| id)) {
+                if let Some(at) = order.iter().position(|x| x == id) {
+                    assert!(at >= last_seen, "{api:?}: pieces in order");
+                    last_seen = at;
+                }
+            }
+        }
+        assert!(last_seen > 0, "{api:?}: the pieces cite the session's entries");
+        // The answers are the handoff, in the order of the pieces, under a header that says a model wrote it.
+        let summary = newest_checkpoint_summary(&s);
+        assert!(summary.contains("summarized below by a model"), "{summary}");
+        let mut from = 0;
+        for h in &handoffs {
+            let input = match api {
+                Api::Anthropic => h.body["messages"][0]["content"].as_str(),
+                Api::Chat => h.body["messages"][1]["content"].as_str(),
+                Api::Responses => h.body["input"].as_str(),
+            }
+            .unwrap();
+            let answer = condense_serve::fake::summary_answer("handoff", input);
+            let at = summary[from..].find(&answer).unwrap_or_else(|| panic!("{api:?}: the answer {answer:?} in the handoff {summary}"));
+            from += at + answer.len();
+        }
+        // The request after them carried the handoff to the small model.
+        let sent = log.iter().rev().find(|l| l.summary.is_none()).unwrap();
+        assert_eq!(sent.body["model"], "small-model");
+        assert!(sent.messages().iter().any(|m| m.text().contains("FAKE-HANDOFF")), "{api:?}: the handoff went upstream");
+        let status = s.status().await;
+        assert_eq!(status["summarizer_fallbacks"], 0);
+        drop(session);
+        assert!(!contains(&s.store_bytes(), "SECRET"), "a credential reached the store");
+    }
+}
+
+/// `--summary-model` names the model summaries ask; a summary request that fails falls back to the
+/// extractive handoff, which says so, and the fallback is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summaries_take_the_summary_model_and_fall_back_to_extractive() {
+    let (s, mut agent) = switched_setup(Api::Anthropic, |c| c.summary_model = Some("summary-model".into())).await;
+    agent.model = "small-model".into();
+    agent.turn("now continue on the small model").await.unwrap();
+    let log = s.fake.log();
+    let handoffs: Vec<&Logged> = log.iter().filter(|l| l.summary == Some("handoff")).collect();
+    assert!(!handoffs.is_empty());
+    assert!(handoffs.iter().all(|h| h.body["model"] == "summary-model"));
+
+    let (s, mut agent) = switched_setup(Api::Chat, |_| {}).await;
+    s.fake.fail_summaries(true);
+    agent.model = "small-model".into();
+    agent.turn("now continue on the small model").await.unwrap();
+    assert!(s.fake.log().iter().any(|l| l.summary == Some("handoff")), "the model was asked first");
+    let summary = newest_checkpoint_summary(&s);
+    assert!(summary.contains("extracted below verbatim (no model was available"), "{summary}");
+    assert!(!summary.contains("FAKE-HANDOFF"));
+    assert!(s.status().await["summarizer_fallbacks"].as_u64().unwrap() >= 1);
+
+    // Extractive: nothing goes to the upstream but the requests.
+    let (s, mut agent) = switched_setup(Api::Chat, |c| c.summaries = condense_serve::summary::Summaries::Extractive).await;
+    agent.model = "small-model".into();
+    agent.turn("now continue on the small model").await.unwrap();
+    assert!(s.fake.log().iter().all(|l| l.summary.is_none()));
+    assert!(newest_checkpoint_summary(&s).contains("extracted below verbatim"));
+}
+
+/// `--summaries upstream`: the summaries of pruned outputs are the model's too (pi-condense's way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_summaries_upstream_pruned_outputs_are_summarized_by_the_model() {
+    // Outputs under the spill threshold: pruned by summary.
+    let fake = Fake::start(vec![Step::Shell("seq 1 3000".into()), Step::Shell("seq 2 3001".into()), Step::Text("turn one done".into()), Step::Text("ok".into())]).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    cfg.summaries = condense_serve::summary::Summaries::Upstream;
+    let serve = start(cfg).await.expect("serve starts");
+    let s = Setup { fake, serve, dir };
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    agent.turn("count the numbers").await.unwrap();
+    agent.turn("look at the last output again").await.unwrap();
+    let log = s.fake.log();
+    let batches: Vec<&Logged> = log.iter().filter(|l| l.summary == Some("batch")).collect();
+    assert!(!batches.is_empty(), "a batch was summarized through the upstream");
+    assert!(batches.iter().all(|b| b.body["model"] == "fake-model"));
+    let later = log.iter().rev().find(|l| l.summary.is_none()).unwrap();
+    assert!(later.messages().iter().any(|m| m.text().contains("FAKE-SUMMARY of t")), "the model's summaries are the stubs");
+}

@@ -1,4 +1,6 @@
-//! A summarizer that asks an OpenAI-compatible chat-completions endpoint. One request per batch; each
+//! A summarizer that asks a model over HTTP: an OpenAI-compatible chat-completions endpoint by default,
+//! or, for `condense serve`'s summaries through the upstream, the Anthropic Messages or OpenAI Responses
+//! API with the client's own headers. One request per batch; each
 //! output is labelled with its ref and tool, and the model is asked for one block per ref starting with
 //! `tN:`, so every bullet carries its ref. Timeouts: `idle` bounds connecting and every wait for the
 //! server (for its response, and between reads of the body), `total` the whole call. The request goes
@@ -25,6 +27,23 @@ pub struct HttpConfig {
     pub total: Duration,
     /// Characters of each output sent (the head and tail are kept when longer).
     pub max_chars_per_output: usize,
+    /// The API the endpoint speaks (default: Chat Completions).
+    pub api: HttpApi,
+    /// Headers sent with every call besides the content type (a client's own credentials, when serve
+    /// summarizes through the upstream): never logged, never written anywhere.
+    pub headers: Vec<(String, String)>,
+}
+
+/// The API an [`HttpSummarizer`] speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HttpApi {
+    /// OpenAI Chat Completions: `POST {base}/chat/completions`.
+    #[default]
+    Chat,
+    /// Anthropic Messages: `POST {base}/messages`.
+    Anthropic,
+    /// OpenAI Responses: `POST {base}/responses`.
+    Responses,
 }
 
 impl HttpConfig {
@@ -37,6 +56,8 @@ impl HttpConfig {
             idle: Duration::from_secs(20),
             total: Duration::from_secs(180),
             max_chars_per_output: 12_000,
+            api: HttpApi::Chat,
+            headers: Vec::new(),
         }
     }
 }
@@ -46,7 +67,9 @@ pub struct HttpSummarizer {
     cfg: HttpConfig,
 }
 
-const SYSTEM: &str = "You summarize tool outputs for a coding agent whose context is being pruned. For each \
+/// The instructions of a batch summary request (serve's fake provider recognises a summary request by
+/// them).
+pub const SYSTEM: &str = "You summarize tool outputs for a coding agent whose context is being pruned. For each \
 output, write one block that starts with its ref followed by a colon (for example `t12: ...`), in at most \
 three short lines: what the tool returned, errors verbatim, file paths and counts that matter. Write nothing \
 else.";
@@ -111,20 +134,38 @@ pub fn split_reply(reply: &str, refs: &[u32]) -> Option<Vec<String>> {
     Some(out)
 }
 
-const HANDOFF: &str = "You write the checkpoint handoff for a coding agent whose earlier conversation is being \
+/// The instructions of a handoff request.
+pub const HANDOFF: &str = "You write the checkpoint handoff for a coding agent whose earlier conversation is being \
 replaced by your summary. Use these sections, in this order, as Markdown headings: Goal, Constraints, Progress, \
 Decisions, Files read, Files modified, Next steps. Keep exact paths, commands, error messages and refs such as t12. \
 Be brief.";
 
 impl HttpSummarizer {
-    fn chat(&self, system: &str, user: &str) -> Result<String, SummarizeError> {
+    fn chat(&self, system: &str, user: &str, max_tokens: u64) -> Result<String, SummarizeError> {
         let fail = |reason: String| SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason };
-        let url = format!("{}/chat/completions", self.cfg.base_url);
-        let body = serde_json::json!({
-            "model": self.cfg.model,
-            "temperature": 0,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        });
+        let (url, body) = match self.cfg.api {
+            HttpApi::Chat => (
+                format!("{}/chat/completions", self.cfg.base_url),
+                serde_json::json!({
+                    "model": self.cfg.model,
+                    "temperature": 0,
+                    "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+                }),
+            ),
+            HttpApi::Anthropic => (
+                format!("{}/messages", self.cfg.base_url),
+                serde_json::json!({
+                    "model": self.cfg.model,
+                    "max_tokens": max_tokens,
+                    "system": system,
+                    "messages": [{"role": "user", "content": user}],
+                }),
+            ),
+            HttpApi::Responses => (
+                format!("{}/responses", self.cfg.base_url),
+                serde_json::json!({"model": self.cfg.model, "instructions": system, "input": user, "store": false}),
+            ),
+        };
         let body = serde_json::to_vec(&body).map_err(|e| fail(e.to_string()))?;
         // A runtime and a client per call: both live and end inside this synchronous call, so neither is
         // ever dropped inside another runtime (serve's), and no connection outlives the runtime it runs on.
@@ -140,6 +181,9 @@ impl HttpSummarizer {
                 if let Some(key) = &self.cfg.api_key {
                     req = req.header("authorization", format!("Bearer {key}"));
                 }
+                for (k, v) in &self.cfg.headers {
+                    req = req.header(k.as_str(), v.as_str());
+                }
                 let resp = req.send().await?;
                 let status = resp.status().as_u16();
                 Ok::<_, reqwest::Error>((status, resp.text().await?))
@@ -149,10 +193,20 @@ impl HttpSummarizer {
             return Err(fail(format!("status {status}: {}", clip_middle(&text, 200))));
         }
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(format!("reply is not JSON: {e}")))?;
-        v["choices"][0]["message"]["content"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| fail("reply has no message content".into()))
+        let texts = |items: Option<&Vec<serde_json::Value>>, kind: &str| -> Option<String> {
+            let parts: Vec<&str> = items?.iter().filter(|b| b["type"] == kind).filter_map(|b| b["text"].as_str()).collect();
+            (!parts.is_empty()).then(|| parts.concat())
+        };
+        let content = match self.cfg.api {
+            HttpApi::Chat => v["choices"][0]["message"]["content"].as_str().map(str::to_string),
+            HttpApi::Anthropic => texts(v["content"].as_array(), "text"),
+            HttpApi::Responses => {
+                let items = v["output"].as_array().into_iter().flatten().filter(|o| o["type"] == "message");
+                let parts: Vec<String> = items.filter_map(|o| texts(o["content"].as_array(), "output_text")).collect();
+                (!parts.is_empty()).then(|| parts.concat())
+            }
+        };
+        content.ok_or_else(|| fail("reply has no message content".into()))
     }
 }
 
@@ -188,7 +242,7 @@ impl Summarizer for HttpSummarizer {
                 reason: format!("a handoff piece of {} bytes, over the {HANDOFF_MAX_INPUT}-byte input budget", transcript.len()),
             });
         }
-        let text = self.chat(HANDOFF, transcript)?;
+        let text = self.chat(HANDOFF, transcript, (max_chars as u64 / 3).clamp(256, 16_384))?;
         if text.trim().is_empty() || text.chars().count() > max_chars {
             return Err(SummarizeError::Failed {
                 name: format!("http {}", self.cfg.base_url),
@@ -199,7 +253,7 @@ impl Summarizer for HttpSummarizer {
     }
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
-        let content = self.chat(SYSTEM, &self.batch_text(batch))?;
+        let content = self.chat(SYSTEM, &self.batch_text(batch), 4096)?;
         let refs: Vec<u32> = batch.iter().map(|i| i.ref_n).collect();
         split_reply(&content, &refs).ok_or_else(|| SummarizeError::Count {
             name: format!("http {}", self.cfg.base_url),

@@ -21,7 +21,7 @@ pub mod http;
 
 pub use close::Close;
 
-pub use http::{HttpConfig, HttpSummarizer};
+pub use http::{HttpApi, HttpConfig, HttpSummarizer};
 
 /// One output of a batch, as the summarizer sees it.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +75,13 @@ pub trait Summarizer: Send + Sync {
     fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
         let _ = (transcript, max_chars);
         Ok(None)
+    }
+
+    /// The handoff of one piece of a recovery onto a smaller model (seed 004): as [`Summarizer::handoff`]
+    /// unless a summarizer treats the two apart (`condense serve` asks the upstream for these by default,
+    /// and for checkpoint handoffs only with `--summaries upstream`).
+    fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
+        self.handoff(piece, max_chars)
     }
 
     /// How often a stand-in answered instead of this summarizer (only [`WithFallback`] has one).
@@ -294,6 +301,18 @@ impl<P: Summarizer, F: Summarizer> WithFallback<P, F> {
         self
     }
 
+    /// A handoff from the primary, else (declined or failed: the failure counted) from the fallback.
+    fn either(&self, call: impl Fn(&dyn Summarizer) -> Result<Option<String>, SummarizeError>) -> Result<Option<String>, SummarizeError> {
+        match call(&self.primary) {
+            Ok(Some(s)) => Ok(Some(s)),
+            Ok(None) => call(&self.fallback),
+            Err(e) => {
+                self.fell_back(e.to_string());
+                call(&self.fallback)
+            }
+        }
+    }
+
     fn fell_back(&self, reason: String) {
         let n = self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         if let Some(notice) = &self.notice {
@@ -309,14 +328,11 @@ impl<P: Summarizer, F: Summarizer> Summarizer for WithFallback<P, F> {
     }
 
     fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
-        match self.primary.handoff(transcript, max_chars) {
-            Ok(Some(s)) => Ok(Some(s)),
-            Ok(None) => self.fallback.handoff(transcript, max_chars),
-            Err(e) => {
-                self.fell_back(e.to_string());
-                self.fallback.handoff(transcript, max_chars)
-            }
-        }
+        self.either(|s| s.handoff(transcript, max_chars))
+    }
+
+    fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
+        self.either(|s| s.recovery_handoff(piece, max_chars))
     }
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {

@@ -6,11 +6,10 @@
 //! path `context_tree_query` takes), and the timeline of the engine's decisions read from the log.
 //!
 //! The per-request figures live in memory, for the requests this process served (the last
-//! [`ROWS_KEPT`] of each conversation); the context, the originals and the timeline come from the log,
+//! [`crate::live::ROWS_KEPT`] of each conversation); the context, the originals and the timeline come from the log,
 //! so they are there for every session of the store, after a restart too. See `docs/serve.md`.
 
-use crate::billing::Ledger;
-use crate::conv::ConvFigures;
+use crate::live::{now_ms, summary_json, Row};
 use crate::state::State;
 use axum::extract::{Path, Query};
 use axum::http::{header, StatusCode};
@@ -18,122 +17,17 @@ use axum::response::{IntoResponse, Response};
 use condense_engine::Session;
 use condense_events::{Block, DecisionEvent, Event, Message, SessionId, SourceEvent};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
 
 const PAGE: &str = include_str!("page.html");
 const SCRIPT: &str = include_str!("app.js");
 const STYLE: &str = include_str!("app.css");
 
-/// Requests of one conversation whose figures are kept for the plot.
-pub const ROWS_KEPT: usize = 2000;
 /// Decisions one timeline answer carries at most (the newest).
 const TIMELINE_MAX: usize = 300;
 /// Characters of one message's text the context view shows (the rest is cut, with a note).
 const TEXT_MAX: usize = 4000;
-
-/// What a request's preparation tells the dashboard: the conversation's figures after it, the model's
-/// window, and how many leading messages of the previous request's list (`before` of them) it kept.
-#[derive(Debug, Clone, Default)]
-pub struct Sent {
-    /// The conversation's figures.
-    pub figures: ConvFigures,
-    /// The context window assumed for the request's model.
-    pub window: Option<u64>,
-    /// Leading messages identical to the previous request's.
-    pub kept: usize,
-    /// Messages of the previous request.
-    pub before: usize,
-}
-
-/// One request as the plot shows it.
-#[derive(Debug, Clone)]
-struct Row {
-    /// The conversation's request number.
-    n: u64,
-    /// Wall-clock time, milliseconds since the epoch (display only: never written to the log).
-    at_ms: u64,
-    received: u64,
-    sent: u64,
-    /// Tokens sent in the rounds of condense's own tools that followed.
-    sent_rounds: u64,
-    sent_bytes: u64,
-    window: Option<u64>,
-    figures: ConvFigures,
-    cache_break: bool,
-}
-
-#[derive(Default)]
-struct LiveSession {
-    rows: VecDeque<Row>,
-    api: &'static str,
-    model: String,
-    received: u64,
-    sent: u64,
-    ledger: Option<Arc<Ledger>>,
-    breaks: u64,
-}
-
-/// The live figures of every conversation this process served.
-#[derive(Default)]
-pub(crate) struct Live {
-    sessions: Mutex<BTreeMap<SessionId, LiveSession>>,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-impl Live {
-    /// Records a request of `session` as it went upstream.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn record(&self, session: SessionId, api: &'static str, model: &str, received: u64, sent: u64, sent_bytes: u64, s: Sent, ledger: Arc<Ledger>) {
-        let mut all = self.sessions.lock().expect("live lock");
-        let live = all.entry(session).or_default();
-        let cache_break = s.kept < s.before;
-        live.breaks += u64::from(cache_break);
-        (live.api, live.model) = (api, model.to_string());
-        live.received += received;
-        live.sent += sent;
-        live.ledger = Some(ledger);
-        if live.rows.len() == ROWS_KEPT {
-            live.rows.pop_front();
-        }
-        live.rows.push_back(Row { n: s.figures.requests, at_ms: now_ms(), received, sent, sent_rounds: 0, sent_bytes, window: s.window, figures: s.figures, cache_break });
-    }
-
-    /// Counts a round of condense's own tools within the newest request of `session`: its tokens sent,
-    /// and the conversation's figures after it.
-    pub(crate) fn round(&self, session: SessionId, sent: u64, figures: ConvFigures) {
-        let mut all = self.sessions.lock().expect("live lock");
-        if let Some(live) = all.get_mut(&session) {
-            live.sent += sent;
-            if let Some(row) = live.rows.back_mut() {
-                row.sent_rounds += sent;
-                row.figures = figures;
-            }
-        }
-    }
-}
-
-fn figures_json(f: &ConvFigures) -> Value {
-    json!({"requests": f.requests, "stubs": f.stubs, "chains": f.chains, "checkpoints": f.checkpoints, "recoveries": f.recoveries})
-}
-
-fn summary_json(live: &LiveSession) -> Value {
-    let last = live.rows.back();
-    json!({
-        "api": live.api,
-        "model": live.model,
-        "tokens_received": live.received,
-        "tokens_sent": live.sent,
-        "cache_breaks": live.breaks,
-        "last_activity_ms": last.map_or(0, |r| r.at_ms),
-        "figures": last.map(|r| figures_json(&r.figures)),
-        "window": last.and_then(|r| r.window),
-        "cache_priced": live.ledger.as_ref().and_then(|l| l.figures()),
-    })
-}
 
 /// The routes under `/condense/` (the status, metrics and CLI routes are the router's own).
 pub(crate) fn routes() -> axum::Router<Arc<State>> {

@@ -202,7 +202,7 @@ fn session_name(store: &Store, client: &str, typed: &str, identity: &str) -> Res
 /// What preparing a request gave: the request recorded, the context built, the upstream body, the
 /// time spent waiting for the conversation, recording, building and writing the body, and the
 /// conversation's ledger.
-type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4], Arc<crate::billing::Ledger>, condense_events::SessionId, crate::dashboard::Sent);
+type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4], Arc<crate::billing::Ledger>, condense_events::SessionId, crate::conv::Sent);
 
 /// Records the request in its conversation, prepares the context and writes the upstream body, on a
 /// blocking thread with the conversation locked.

@@ -185,6 +185,34 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
         + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
     let overhead = overhead_bytes.div_ceil(4) as u64;
-    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
+    let summary = summary_route(st, api, &parts.headers);
+    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, summary, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
     Ok((req, bytes, arrived))
+}
+
+/// How this request's summaries reach the upstream: its API, the upstream it goes to, and the client's
+/// headers as they go with it (`None` when a summarizer is configured or `--summaries extractive`).
+fn summary_route(st: &State, api: Api, headers: &axum::http::HeaderMap) -> Option<crate::summary::Route> {
+    use crate::summary::Summaries;
+    if st.cfg.summarizer.is_some() || st.cfg.summaries == Summaries::Extractive {
+        return None;
+    }
+    let base = match api {
+        Api::Anthropic => &st.cfg.anthropic_upstream,
+        Api::Chat | Api::Responses => &st.cfg.openai_upstream,
+    };
+    // The headers as they go upstream with a request (see `upstream::upstream_headers`), but the body's type.
+    let headers = headers
+        .iter()
+        .filter(|(k, _)| !crate::request::response::hop_by_hop(k.as_str()) && *k != axum::http::header::CONTENT_TYPE)
+        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    Some(crate::summary::Route {
+        api,
+        base: format!("{base}/v1"),
+        headers,
+        model: st.cfg.summary_model.clone(),
+        all: st.cfg.summaries == Summaries::Upstream,
+        fallbacks: st.upstream_fallbacks.clone(),
+    })
 }

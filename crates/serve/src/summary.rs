@@ -1,0 +1,110 @@
+//! Summaries through the upstream (issue 36, seed 004's "compute"): in `condense serve`, a recovery's
+//! handoff is written by a model reached through the same upstream as the request being prepared, with
+//! the client's own credentials, one call per chronological piece (the engine's `recover::prepare` bounds
+//! the pieces, their count and the deadline). By default the model is the session's previous one, the
+//! native model the history was written for (`--summary-model` names another); `--summaries upstream`
+//! sends checkpoint handoffs and batch summaries the same way (pi-condense's behaviour). A call that fails, times out or answers
+//! out of bounds falls back to condense's extractive summarizer, and every fallback is counted
+//! (`summarizer_fallbacks` in `/condense/status`) and logged (target `condense::summary`).
+
+use condense_formats::wire::Api;
+use condense_summarize::{Extractive, HttpApi, HttpConfig, HttpSummarizer, Item, SummarizeError, Summarizer, WithFallback};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Which summaries serve asks the upstream for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Summaries {
+    /// The handoffs of recoveries onto a smaller model through the upstream (the default); batch
+    /// summaries and checkpoint handoffs extractive.
+    #[default]
+    Handoffs,
+    /// Every summary through the upstream: recovery and checkpoint handoffs, batch summaries.
+    Upstream,
+    /// Nothing through the upstream: every summary and handoff extractive.
+    Extractive,
+}
+
+/// How a request's summaries reach the upstream: its API and base URL, the client's headers (its
+/// credentials; held for the request only, never written or shown), and what to ask for.
+#[derive(Clone)]
+pub struct Route {
+    pub(crate) api: Api,
+    /// The upstream's base URL with `/v1`.
+    pub(crate) base: String,
+    pub(crate) headers: Vec<(String, String)>,
+    /// `--summary-model`, when given.
+    pub(crate) model: Option<String>,
+    /// Batch summaries and checkpoint handoffs too (`--summaries upstream`).
+    pub(crate) all: bool,
+    pub(crate) fallbacks: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The headers hold the client's credentials: their names only.
+        let names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("Route").field("api", &self.api).field("base", &self.base).field("headers", &names).field("model", &self.model).field("all", &self.all).finish()
+    }
+}
+
+/// Per call: connecting and every wait for the server.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+/// Per call, the whole of it (the engine's recovery has a deadline of its own over all the calls).
+const TOTAL: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl Route {
+    /// The summarizer for a preparation of a session whose native model is `native`: the upstream's
+    /// model, the extractive summarizer standing in for every call that fails.
+    pub(crate) fn summarizer(&self, native: &str) -> Arc<dyn Summarizer> {
+        let model = self.model.clone().unwrap_or_else(|| native.to_string());
+        let mut cfg = HttpConfig::new(&self.base, &model, None);
+        (cfg.idle, cfg.total) = (IDLE, TOTAL);
+        cfg.api = match self.api {
+            Api::Anthropic => HttpApi::Anthropic,
+            Api::Chat => HttpApi::Chat,
+            Api::Responses => HttpApi::Responses,
+        };
+        cfg.headers = self.headers.clone();
+        let upstream = Through { http: HttpSummarizer::new(cfg), all: self.all };
+        let fallbacks = self.fallbacks.clone();
+        let notice = move |_: u64, reason: &str| {
+            fallbacks.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "condense::summary", "a summary through the upstream failed ({reason}); condense's extractive summary stands in");
+        };
+        Arc::new(WithFallback::new(upstream, Extractive::default()).with_notice(notice))
+    }
+}
+
+/// The upstream's model for recovery handoffs, and for batch summaries and checkpoint handoffs when
+/// `all`; the extractive summarizer and the engine's own checkpoint handoff otherwise.
+struct Through {
+    http: HttpSummarizer,
+    all: bool,
+}
+
+impl Summarizer for Through {
+    fn name(&self) -> &str {
+        "upstream"
+    }
+
+    fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
+        if self.all {
+            self.http.summarize(batch)
+        } else {
+            Extractive::default().summarize(batch)
+        }
+    }
+
+    fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
+        if self.all {
+            self.http.handoff(transcript, max_chars)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
+        self.http.handoff(piece, max_chars)
+    }
+}
