@@ -29,9 +29,9 @@ pub enum Outcome {
 /// came after, whichever is larger.
 pub fn context_tokens(p: &Projection) -> u64 {
     let rendered = p.render().messages;
-    // The system prompt and tool declarations travel with every request (the provider's usage counts
-    // them already; the estimate of the messages does not).
-    let estimate_all: u64 = rendered.iter().map(|m| p.estimate(m)).sum::<u64>() + p.request_overhead();
+    // The system prompt and tool declarations travel with every request, the host's and condense's own
+    // (the provider's usage counts them already; the estimate of the messages does not).
+    let estimate_all: u64 = rendered.iter().map(|m| p.estimate(m)).sum::<u64>() + p.request_overhead() + crate::tools::declared_tokens(p);
     p.anchored_tokens(&rendered).map_or(estimate_all, |a| a.max(estimate_all))
 }
 

@@ -249,7 +249,14 @@ pub fn prepare_within(
         tokens_before: before,
         tokens_after: 0,
     };
-    let mut after = tokens_with(p, &cp);
+    // Measured with the archive in place: the request that carries the recovery declares the history
+    // tools too.
+    let with_archive = |cp: &DecisionEvent| {
+        let mut candidate = p.clone();
+        candidate.apply(p.seq(), &condense_events::Event::Decision(archive.clone()));
+        tokens_with(&candidate, cp)
+    };
+    let mut after = with_archive(&cp);
     if after > budget.hard {
         // An oversized recent message or final tool batch gets ADR 0030's bounded copy (the original stays
         // whole in the log and, for an output, behind its ref) instead of failing closed.
@@ -262,7 +269,7 @@ pub fn prepare_within(
             if let DecisionEvent::CheckpointCommitted { bounded, .. } = &mut cp {
                 *bounded = bounded_copies(p, tail.into_iter(), budget.hard);
             }
-            after = tokens_with(p, &cp);
+            after = with_archive(&cp);
         }
         if after > budget.hard {
             return Err(Blocked::NoRoom(after, budget.hard));

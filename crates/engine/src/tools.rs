@@ -122,6 +122,13 @@ pub fn needed(p: &Projection) -> Vec<ToolDef> {
     definitions().into_iter().filter(|d| matches!(d.name, QUERY_TOOL_NAME | NEW_CONTEXT_TOOL) || archives).collect()
 }
 
+/// Estimated tokens of condense's tool declarations a request of this context carries ([`needed`]), chars
+/// / 4 of their JSON in the Anthropic form (the three APIs' forms differ by a few characters): part of the
+/// request as it will be sent, so the budgets count them as they count the host's own overhead.
+pub fn declared_tokens(p: &Projection) -> u64 {
+    needed(p).iter().map(|d| (tool_json(condense_formats::wire::Api::Anthropic, d).to_string().len() as u64).div_ceil(4)).sum()
+}
+
 impl Session {
     /// Runs one of condense's own tools on its JSON arguments and returns the tool result. Bad arguments
     /// give an error result that says what to pass; `None` for a name that is not condense's.

@@ -1371,6 +1371,13 @@ async fn a_prepared_recovery_is_sent_near_the_window() {
             match agent.turn(&prompt).await {
                 Ok(_) => {
                     assert!(s.fake.log().len() > before, "{api:?} {chars}: answered without the provider");
+                    // One measure for "fits": what went to the small model is within its hard budget by the
+                    // payload guard's own measure (the bytes sent, condense's tool declarations included).
+                    let limit = condense_checkpoint_budget(16_000, 2_000) * 4;
+                    for l in s.fake.log()[before..].iter().filter(|l| l.summary.is_none()) {
+                        let bytes = serde_json::to_vec(&l.body).unwrap().len() as u64;
+                        assert!(bytes <= limit, "{api:?} {chars}: {bytes} bytes sent, over {limit}");
+                    }
                     sent_some += 1;
                 }
                 Err((status, body)) => {
