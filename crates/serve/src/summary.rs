@@ -50,7 +50,8 @@ impl std::fmt::Debug for Route {
 
 /// Per call: connecting and every wait for the server.
 const IDLE: std::time::Duration = std::time::Duration::from_secs(30);
-/// Per call, the whole of it (the engine's recovery has a deadline of its own over all the calls).
+/// Per call, the whole of it, and never past the recovery's deadline (`recover::DEADLINE`, 600 s, from
+/// the start of the preparation).
 const TOTAL: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Route {
@@ -66,7 +67,7 @@ impl Route {
             Api::Responses => HttpApi::Responses,
         };
         cfg.headers = self.headers.clone();
-        let upstream = Through { http: HttpSummarizer::new(cfg), all: self.all };
+        let upstream = Through { cfg, all: self.all, started: std::time::Instant::now() };
         let fallbacks = self.fallbacks.clone();
         let notice = move |_: u64, reason: &str| {
             fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -79,8 +80,23 @@ impl Route {
 /// The upstream's model for recovery handoffs, and for batch summaries and checkpoint handoffs when
 /// `all`; the extractive summarizer and the engine's own checkpoint handoff otherwise.
 struct Through {
-    http: HttpSummarizer,
+    cfg: HttpConfig,
     all: bool,
+    /// When the preparation that uses it began: no call runs past the recovery's deadline.
+    started: std::time::Instant,
+}
+
+impl Through {
+    /// The HTTP summarizer for one call, its total time cut to what the deadline leaves.
+    fn http(&self) -> Result<HttpSummarizer, SummarizeError> {
+        let left = condense_engine::recover::DEADLINE.saturating_sub(self.started.elapsed());
+        if left.is_zero() {
+            return Err(SummarizeError::Failed { name: "upstream".into(), reason: format!("the recovery's deadline of {} s has passed", condense_engine::recover::DEADLINE.as_secs()) });
+        }
+        let mut cfg = self.cfg.clone();
+        cfg.total = cfg.total.min(left);
+        Ok(HttpSummarizer::new(cfg))
+    }
 }
 
 impl Summarizer for Through {
@@ -90,7 +106,7 @@ impl Summarizer for Through {
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
         if self.all {
-            self.http.summarize(batch)
+            self.http()?.summarize(batch)
         } else {
             Extractive::default().summarize(batch)
         }
@@ -98,13 +114,38 @@ impl Summarizer for Through {
 
     fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
         if self.all {
-            self.http.handoff(transcript, max_chars)
+            self.http()?.handoff(transcript, max_chars)
         } else {
             Ok(None)
         }
     }
 
     fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
-        self.http.handoff(piece, max_chars)
+        self.http()?.handoff(piece, max_chars)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call that would start past the recovery's deadline is not made: it fails at once (and the
+    /// extractive handoff stands in).
+    #[test]
+    fn no_call_starts_past_the_deadline() {
+        // An address nothing listens on: a call that were made would fail otherwise, and slowly.
+        let cfg = HttpConfig::new("http://127.0.0.1:9/v1", "m", None);
+        let late = Through { cfg: cfg.clone(), all: true, started: std::time::Instant::now() - condense_engine::recover::DEADLINE - std::time::Duration::from_secs(1) };
+        let t = std::time::Instant::now();
+        let e = late.recovery_handoff("[e1] user: hello\n", 1000).unwrap_err();
+        assert!(e.to_string().contains("deadline"), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        // In time, the call is made (and fails here on the closed port, with the cause).
+        let on_time = Through { cfg, all: true, started: std::time::Instant::now() };
+        let e = on_time.recovery_handoff("[e1] user: hello\n", 1000).unwrap_err();
+        assert!(!e.to_string().contains("deadline"), "{e}");
+        // Batch summaries and checkpoint handoffs stay extractive unless `all`.
+        let handoffs_only = Through { cfg: HttpConfig::new("http://127.0.0.1:9/v1", "m", None), all: false, started: std::time::Instant::now() };
+        assert_eq!(handoffs_only.handoff("[e1] user: hello\n", 1000).unwrap(), None);
     }
 }
