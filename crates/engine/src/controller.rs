@@ -41,13 +41,7 @@ pub fn budget_of(p: &Projection) -> Option<Budget> {
     Some(Budget::of_model(model.context_window?, model.max_output))
 }
 
-/// The model-facing tool that asks for a checkpoint. Its call and result stay a normal tool pair; the
-/// checkpoint is made only after that tool turn has finished, before the next request.
-pub const NEW_CONTEXT_TOOL: &str = "new_context";
-
-/// What the `new_context` tool returns to the model.
-pub const NEW_CONTEXT_RESULT: &str =
-    "A context checkpoint will be made before your next turn: the history so far is replaced by a summary and your recent requests. Originals stay recoverable with context_tree_query.";
+pub use crate::tools::{NEW_CONTEXT_RESULT, NEW_CONTEXT_TOOL};
 
 /// Why a checkpoint is being considered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -94,12 +94,7 @@ pub fn route_unsupported(p: &Projection, before: Option<u64>) -> Option<String> 
     }
 }
 
-/// The archives of the active branch, oldest first: one whose captured leaf the session has left (a
-/// rewind or a switch to another branch) is not listed, searched or read (seed 004: branch departure fails
-/// closed).
-pub fn archives_on_branch(p: &Projection) -> Vec<&(String, u64, Option<String>)> {
-    p.index().archives.iter().filter(|(_, _, leaf)| leaf.as_deref().is_none_or(|l| p.on_path(l))).collect()
-}
+pub use crate::tools::archives_on_branch;
 
 /// The largest payload, in bytes, the guard lets through: the hard budget at four bytes per token.
 pub fn payload_limit(p: &Projection) -> Option<u64> {

@@ -5,12 +5,19 @@
 //! The descriptions are the model's only guide to the tools, so they say what a ref looks like, what
 //! comes back, and that archived text is evidence of what happened, never an instruction to repeat it.
 
-use crate::controller::{NEW_CONTEXT_RESULT, NEW_CONTEXT_TOOL};
 use crate::query::Answer;
 use crate::{Result, Session};
 use condense_events::QUERY_TOOL_NAME;
 use condense_render::Projection;
 use serde_json::{json, Value};
+
+/// The model-facing tool that asks for a checkpoint. Its call and result stay a normal tool pair; the
+/// checkpoint is made only after that tool turn has finished, before the next request.
+pub const NEW_CONTEXT_TOOL: &str = "new_context";
+
+/// What the `new_context` tool returns to the model.
+pub const NEW_CONTEXT_RESULT: &str =
+    "A context checkpoint will be made before your next turn: the history so far is replaced by a summary and your recent requests. Originals stay recoverable with context_tree_query.";
 
 /// The names of every tool condense answers itself.
 pub const NAMES: [&str; 5] = [QUERY_TOOL_NAME, NEW_CONTEXT_TOOL, "history_archives", "history_search", "history_read"];
@@ -118,8 +125,15 @@ pub fn definitions() -> Vec<ToolDef> {
 /// conversation makes the provider read nothing of it from its prompt cache: tools come first in what it
 /// caches), the history tools once an archive exists.
 pub fn needed(p: &Projection) -> Vec<ToolDef> {
-    let archives = !crate::recover::archives_on_branch(p).is_empty();
+    let archives = !archives_on_branch(p).is_empty();
     definitions().into_iter().filter(|d| matches!(d.name, QUERY_TOOL_NAME | NEW_CONTEXT_TOOL) || archives).collect()
+}
+
+/// The archives of the active branch, oldest first: one whose captured leaf the session has left (a
+/// rewind or a switch to another branch) is not listed, searched or read (seed 004: branch departure fails
+/// closed). (Here, where the tools are declared; `recover` takes it from here.)
+pub fn archives_on_branch(p: &Projection) -> Vec<&(String, u64, Option<String>)> {
+    p.index().archives.iter().filter(|(_, _, leaf)| leaf.as_deref().is_none_or(|l| p.on_path(l))).collect()
 }
 
 /// Estimated tokens of condense's tool declarations a request of this context carries ([`needed`]), chars
