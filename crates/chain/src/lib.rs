@@ -128,16 +128,20 @@ pub fn reply_text(m: &condense_events::Message) -> String {
     texts.join("\n")
 }
 
+/// Names of each output a chain block keeps from its summary (the most frequent first).
+const CHAIN_NAMES: usize = 2;
+
 /// The text of a compressed chain block.
 pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
-    let refs: Vec<String> = calls.iter().filter_map(|c| c.ref_n.map(|r| format!("t{r}"))).collect();
+    let summaries: Vec<&str> = calls.iter().filter_map(|c| c.summary).collect();
+    // The refs, when no summary line names them.
+    let refs: Vec<String> = if summaries.is_empty() { calls.iter().filter_map(|c| c.ref_n.map(|r| format!("t{r}"))).collect() } else { Vec::new() };
     let mut out = format!(
         "[Compressed chain b{block}: {} tool call{}{}]",
         calls.len(),
         if calls.len() == 1 { "" } else { "s" },
         if refs.is_empty() { String::new() } else { format!("; outputs {}", refs.join(" ")) }
     );
-    let summaries: Vec<&str> = calls.iter().filter_map(|c| c.summary).collect();
     if summaries.is_empty() {
         let mut hist: BTreeMap<&str, usize> = BTreeMap::new();
         for c in calls {
@@ -158,11 +162,19 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
             out.push('\n');
             // A summary's first line (ref, tool, size) and the paths it names; the original stays one
             // recovery away.
-            for (i, l) in s.lines().enumerate().filter(|(i, l)| *i == 0 || l.starts_with("  paths: ")) {
+            for (i, l) in s.lines().enumerate().filter(|(i, l)| *i == 0 || l.starts_with("  paths: ") || l.starts_with("  names: ")) {
                 if i > 0 {
                     out.push('\n');
                 }
-                out.push_str(l);
+                match l.strip_prefix("  names: ") {
+                    // The most frequent names only (a summary's are ranked).
+                    Some(names) => {
+                        let top: Vec<&str> = names.split(", ").take(CHAIN_NAMES).collect();
+                        out.push_str("  names: ");
+                        out.push_str(&top.join(", "));
+                    }
+                    None => out.push_str(l),
+                }
             }
         }
     }
@@ -171,10 +183,7 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
             out.push_str(&format!("\n[protected output t{r} ({}), verbatim]\n{text}", c.tool));
         }
     }
-    out.push_str(&format!(
-        "\nRecover originals with {}({{\"refs\":[\"b{block}\"]}}) or by tN ref.",
-        condense_events::QUERY_TOOL_NAME
-    ));
+    out.push_str(&format!("\nOriginals: {} b{block} or tN.", condense_events::QUERY_TOOL_NAME));
     out
 }
 
@@ -218,7 +227,19 @@ mod tests {
         ];
         assert_eq!(
             block_body(2, &calls),
-            "[Compressed chain b2: 2 tool calls; outputs t1]\ntools: bash×1, read×1\nfirst: read {\"path\":\"a\"}\nlast: bash {\"command\":\"ls\"}\nRecover originals with context_tree_query({\"refs\":[\"b2\"]}) or by tN ref."
+            "[Compressed chain b2: 2 tool calls; outputs t1]\ntools: bash×1, read×1\nfirst: read {\"path\":\"a\"}\nlast: bash {\"command\":\"ls\"}\nOriginals: context_tree_query b2 or tN."
+        );
+    }
+
+    /// With summaries, each output's line names it (the header does not repeat the refs), with the paths
+    /// and the most frequent names its summary keeps; nothing else of the summary.
+    #[test]
+    fn body_with_summaries_keeps_each_first_line_paths_and_top_names() {
+        let summary = "t3 bash (cargo test): 900 chars, 30 lines\n  ! error: x\n  paths: src/a.rs\n  names: parse_config, ConfigError, load_all\n  | tail";
+        let calls = [CallInfo { ref_n: Some(3), tool: "bash", arguments: "{}", summary: Some(summary), protected_output: None }];
+        assert_eq!(
+            block_body(4, &calls),
+            "[Compressed chain b4: 1 tool call]\nt3 bash (cargo test): 900 chars, 30 lines\n  paths: src/a.rs\n  names: parse_config, ConfigError\nOriginals: context_tree_query b4 or tN."
         );
     }
 }
