@@ -158,6 +158,8 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
             }
         }
     } else {
+        // A name the block shows once is not shown again (outputs of one chain share their names).
+        let mut shown: Vec<&str> = Vec::new();
         for s in summaries {
             out.push('\n');
             // A summary's first line (ref, tool, size) and the paths it names; the original stays one
@@ -169,7 +171,13 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
                 match l.strip_prefix("  names: ") {
                     // The most frequent names only (a summary's are ranked).
                     Some(names) => {
-                        let top: Vec<&str> = names.split(", ").take(CHAIN_NAMES).collect();
+                        let top: Vec<&str> = names.split(", ").take(CHAIN_NAMES).filter(|n| !shown.contains(n)).collect();
+                        if top.is_empty() {
+                            // Nothing new: the line goes, with the line end before it.
+                            out.pop();
+                            continue;
+                        }
+                        shown.extend(&top);
                         out.push_str("  names: ");
                         out.push_str(&top.join(", "));
                     }
@@ -240,6 +248,18 @@ mod tests {
         assert_eq!(
             block_body(4, &calls),
             "[Compressed chain b4: 1 tool call]\nt3 bash (cargo test): 900 chars, 30 lines\n  paths: src/a.rs\n  names: parse_config, ConfigError\nOriginals: context_tree_query b4 or tN."
+        );
+        // A name shown for an earlier output of the block is not shown again; a line left with none goes.
+        let again = "t4 read (src/a.rs): 500 chars, 20 lines\n  names: ConfigError, parse_config";
+        let other = "t5 read (src/b.rs): 400 chars, 10 lines\n  names: ConfigError, load_all";
+        let calls = [
+            CallInfo { ref_n: Some(3), tool: "bash", arguments: "{}", summary: Some(summary), protected_output: None },
+            CallInfo { ref_n: Some(4), tool: "read", arguments: "{}", summary: Some(again), protected_output: None },
+            CallInfo { ref_n: Some(5), tool: "read", arguments: "{}", summary: Some(other), protected_output: None },
+        ];
+        assert_eq!(
+            block_body(4, &calls),
+            "[Compressed chain b4: 3 tool calls]\nt3 bash (cargo test): 900 chars, 30 lines\n  paths: src/a.rs\n  names: parse_config, ConfigError\nt4 read (src/a.rs): 500 chars, 20 lines\nt5 read (src/b.rs): 400 chars, 10 lines\n  names: load_all\nOriginals: context_tree_query b4 or tN."
         );
     }
 }
