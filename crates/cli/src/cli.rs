@@ -78,7 +78,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Entries, turns, user-turn groups, tool calls, tokens by role and by tool
+    /// Entries, turns, user-turn groups, tool calls, tokens by role and by tool, and the provider's usage
+    /// priced as prompt caching is billed (through condense beside direct, for a served session)
     #[command(after_help = "Example:\n  condense stats demo --entry-ids")]
     Stats {
         /// Session name or id

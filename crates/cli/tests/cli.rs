@@ -585,6 +585,15 @@ fn sessions_are_named_relative_to_the_folder_given_and_projects_by_their_name() 
     assert_eq!(code, 0, "{out}{err}");
     let names: Vec<String> = serde_json::from_str::<serde_json::Value>(&condense(&store, &["sessions", "--json"]).1).unwrap().as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
     assert_eq!(names, ["spotter-dov/4d5611e5-241a-462a-8d15-5122611a9569.jsonl", "pi-mono/2025-12-17_5fd1e58c.jsonl", "-not-a-project/x.jsonl"]);
+    // Its stats report the usage the host recorded on its own requests, at cache prices (issue 34 item 4).
+    let (code, out, _) = condense(&store, &["stats", "spotter-dov/4d5611e5-241a-462a-8d15-5122611a9569.jsonl", "--json"]);
+    assert_eq!(code, 0);
+    let p = serde_json::from_str::<serde_json::Value>(&out).unwrap()["provider"].clone();
+    assert_eq!(p["served"], false, "{p}");
+    assert!(p["requests"].as_u64().unwrap() > 100 && p["cache_read_tokens"].as_u64().unwrap() > 1_000_000, "{p}");
+    let (read, uncached) = (p["cache_read_tokens"].as_f64().unwrap(), p["input_tokens"].as_f64().unwrap() + p["cache_write_tokens"].as_f64().unwrap());
+    assert!((p["cache_priced_cost"].as_f64().unwrap() - (0.1 * read + 1.25 * uncached)).abs() < 1.0, "{p}");
+    assert!(p["direct_cost"].is_null(), "no direct estimate for the host's own requests");
     // The file given alone is the same session.
     let (code, out, _) = condense(&store, &["import", &arg(&claude.join("4d5611e5-241a-462a-8d15-5122611a9569.jsonl"))]);
     assert_eq!(code, 0);

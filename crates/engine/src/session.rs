@@ -649,7 +649,40 @@ impl Session {
 
     /// Counts of the session (see [`Stats`]).
     pub fn stats(&self) -> Result<Stats> {
-        Ok(Stats::of(&self.projection()?))
+        let p = self.projection()?;
+        let mut stats = Stats::of(&p);
+        // The provider's usage: the `ProviderUsage` events serve records for its requests, or the usage
+        // an imported host recorded on its assistant messages.
+        let served = p.source().is_some_and(|s| s.starts_with("serve:"));
+        let mut cost = crate::stats::ProviderCost { served, ..Default::default() };
+        let mut add = |u: &condense_events::Usage| {
+            cost.requests += 1;
+            cost.usage.input += u.input;
+            cost.usage.output += u.output;
+            cost.usage.cache_read += u.cache_read;
+            cost.usage.cache_write += u.cache_write;
+        };
+        if served {
+            let head = self.head()?;
+            self.store.inner.log.for_each(self.id, 1, head, |env| {
+                if let Event::Source(SourceEvent::ProviderUsage(u)) = &env.body {
+                    add(u);
+                }
+                Ok(())
+            })?;
+        } else {
+            for m in p.branch_messages() {
+                if let condense_events::Message::Assistant { usage: Some(u), .. } = &*m {
+                    add(u);
+                }
+            }
+        }
+        if cost.requests > 0 {
+            cost.cost = crate::stats::cache_priced(&cost.usage);
+            cost.direct = served.then(|| crate::stats::direct_cost(&p));
+            stats.provider = Some(cost);
+        }
+        Ok(stats)
     }
 }
 

@@ -1,12 +1,12 @@
 //! Counts that describe a session: what `condense stats` prints.
 
-use condense_events::{Message, UserOrigin};
+use condense_events::{Message, Usage, UserOrigin};
 use condense_render::Projection;
 use condense_tokens::estimate;
 use std::collections::BTreeMap;
 
 /// Counts over the active branch (the visible transcript) and over the rendered context.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stats {
     /// Entries in the session tree, all branches.
     pub entries: u64,
@@ -34,6 +34,48 @@ pub struct Stats {
     pub context_tokens: u64,
     /// Smaller-model recovery diagnostics (`source_recovery_*`), in order.
     pub recovery: Vec<String>,
+    /// What the provider reported of the session's requests, priced as it bills prompt caching.
+    pub provider: Option<ProviderCost>,
+}
+
+/// The provider's reported usage of a session's requests, summed, priced in the units of issue 34: 0.1 per
+/// input token read from the prompt cache, 1.25 per input token not read from it (a cache write costs 1.25
+/// times an input token at Anthropic).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProviderCost {
+    /// Whether the requests went through `condense serve` (else: the host's own, as imported).
+    pub served: bool,
+    /// Requests with a reported usage.
+    pub requests: u64,
+    /// The usage, summed.
+    pub usage: Usage,
+    /// `usage` at cache prices.
+    pub cost: f64,
+    /// For a served session: the same requests as the client sent them (its whole history each time,
+    /// read from the cache up to the previous request), estimated at chars / 4 with the request overhead,
+    /// at the same prices.
+    pub direct: Option<f64>,
+}
+
+/// The cache-priced cost of a usage (see [`ProviderCost`]).
+pub fn cache_priced(u: &Usage) -> f64 {
+    0.1 * u.cache_read as f64 + 1.25 * (u.input + u.cache_write) as f64
+}
+
+/// What sending `p`'s active branch as an append-only history costs at cache prices: one request per
+/// assistant message, carrying everything before it and the request overhead, read from the cache up to
+/// what the request before it carried.
+pub fn direct_cost(p: &Projection) -> f64 {
+    let overhead = p.request_overhead();
+    let (mut total, mut before, mut cost) = (overhead, 0u64, 0.0);
+    for m in p.branch_messages() {
+        if matches!(*m, Message::Assistant { .. }) {
+            cost += 0.1 * before as f64 + 1.25 * (total - before) as f64;
+            before = total;
+        }
+        total += estimate(&m);
+    }
+    cost
 }
 
 impl Stats {

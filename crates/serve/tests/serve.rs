@@ -1536,3 +1536,24 @@ async fn with_summaries_upstream_pruned_outputs_are_summarized_by_the_model() {
     let later = log.iter().rev().find(|l| l.summary.is_none()).unwrap();
     assert!(later.messages().iter().any(|m| m.text().contains("FAKE-SUMMARY of t")), "the model's summaries are the stubs");
 }
+
+/// Issue 34 item 4: `condense stats` (`Session::stats`) of a served session reports the provider's usage
+/// as serve recorded it, one per upstream round, priced as prompt caching is billed, beside the same
+/// requests as the client sent them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_report_the_providers_usage_at_cache_prices_beside_direct() {
+    let s = setup(outputs_then_a_query(), vec![]).await;
+    let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+    agent.turn("count the numbers").await.unwrap();
+    agent.turn("look at the last output again").await.unwrap();
+    let rounds = s.fake.log().iter().filter(|l| l.summary.is_none()).count() as u64;
+    let (_, session) = store_of(&s);
+    let p = session.stats().unwrap().provider.expect("usage was reported");
+    assert!(p.served);
+    assert_eq!(p.requests, rounds, "one usage per upstream round");
+    // The fake reports 100 uncached, 50 cached, 10 written, 20 out for every Anthropic request.
+    assert_eq!((p.usage.input, p.usage.cache_read, p.usage.cache_write, p.usage.output), (100 * rounds, 50 * rounds, 10 * rounds, 20 * rounds));
+    assert!((p.cost - (0.1 * 50.0 + 1.25 * 110.0) * rounds as f64).abs() < 1e-6);
+    let direct = p.direct.expect("a direct estimate for a served session");
+    assert!(direct > p.cost, "the client's whole history costs more than the fake's tiny usage: {direct}");
+}

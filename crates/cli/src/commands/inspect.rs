@@ -93,6 +93,12 @@ pub(crate) fn stats_json(s: &Stats) -> Value {
         "tool_calls": s.tool_calls, "tool_results": s.tool_results, "tool_errors": s.tool_errors,
         "branch_tokens": s.branch_tokens, "context_messages": s.context_messages, "context_tokens": s.context_tokens,
         "tokens_by_role": s.tokens_by_role, "tokens_by_tool": s.tokens_by_tool, "recovery": s.recovery,
+        "provider": s.provider.map(|p| json!({
+            "served": p.served, "requests": p.requests, "input_tokens": p.usage.input, "cache_read_tokens": p.usage.cache_read,
+            "cache_write_tokens": p.usage.cache_write, "output_tokens": p.usage.output, "cache_priced_cost": (p.cost * 10.0).round() / 10.0,
+            "direct_cost": p.direct.map(|d| (d * 10.0).round() / 10.0),
+            "cost_vs_direct": p.direct.filter(|d| *d > 0.0).map(|d| (p.cost / d * 1000.0).round() / 1000.0),
+        })),
     })
 }
 
@@ -123,6 +129,20 @@ pub(crate) fn print_stats(session: &Session, json_out: bool) -> Result<()> {
     outln!("rendered context   {} messages, {} tokens", s.context_messages, s.context_tokens);
     for d in &s.recovery {
         outln!("recovery           {d}");
+    }
+    if let Some(p) = &s.provider {
+        let whose = if p.served { "through condense" } else { "the host's own requests" };
+        let u = &p.usage;
+        outln!("provider usage     {} requests ({whose}): input {} uncached, {} read from the cache, {} written to it; output {}", p.requests, u.input, u.cache_read, u.cache_write, u.output);
+        match p.direct {
+            Some(d) if d > 0.0 => outln!(
+                "cache-priced cost  {:.0} through condense, {:.0} direct (estimated: the history as the client sent it): {:.1}%  [0.1 a cached token, 1.25 an uncached one]",
+                p.cost,
+                d,
+                100.0 * p.cost / d
+            ),
+            _ => outln!("cache-priced cost  {:.0}  [0.1 a cached token, 1.25 an uncached one]", p.cost),
+        }
     }
     Ok(())
 }
