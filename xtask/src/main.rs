@@ -18,6 +18,8 @@ mod test;
 
 #[path = "../../crates/cli/tests/support/crash_rounds.rs"]
 mod crash_rounds;
+#[path = "../../crates/cli/tests/support/e2e_clients.rs"]
+mod e2e_clients;
 
 // The allocator the condense binary uses, so the figures are what a user's `condense` does.
 #[global_allocator]

@@ -61,28 +61,6 @@ fn apt_install(packages: &[&str]) -> Result<()> {
     run(&install)
 }
 
-/// Installs the pinned agent CLIs under `target/e2e-clients` unless the same pins are installed there.
-fn npm_clients(root: &Path) -> Result<std::path::PathBuf> {
-    let dir = root.join("target/e2e-clients");
-    let pins: Vec<String> = std::fs::read_to_string(root.join("crates/cli/tests/e2e-clients.txt"))?.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect();
-    let stamp = dir.join("installed.txt");
-    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(pins.join("\n").as_str()) {
-        return Ok(dir);
-    }
-    if !on_path("npm") {
-        bail!("the end-to-end tests need node and npm (to install {})", pins.join(" "));
-    }
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("package.json"), r#"{"name":"condense-e2e-clients","private":true,"version":"0.0.0"}"#)?;
-    println!("xtask test: installing {} with npm", pins.join(" "));
-    let st = Command::new("npm").current_dir(&dir).args(["install", "--no-audit", "--no-fund", "--loglevel=error"]).args(&pins).status()?;
-    if !st.success() {
-        bail!("npm install failed ({st})");
-    }
-    std::fs::write(&stamp, pins.join("\n"))?;
-    Ok(dir)
-}
-
 /// Installs what is missing, then runs `cargo test --workspace ARGS`; its exit code is this command's.
 pub fn run(args: &[String]) -> Result<()> {
     let root = crate::root();
@@ -90,7 +68,9 @@ pub fn run(args: &[String]) -> Result<()> {
     if !missing.is_empty() {
         apt_install(&missing)?;
     }
-    let clients = npm_clients(&root)?;
+    let clients = root.join("target/e2e-clients");
+    println!("xtask test: the pinned agent CLIs in {}", clients.display());
+    crate::e2e_clients::install(&clients).map_err(|e| anyhow::anyhow!(e))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let st = Command::new(cargo).current_dir(&root).args(["test", "--workspace"]).args(args).env("CONDENSE_E2E_CLIENTS", &clients).status()?;
     std::process::exit(st.code().unwrap_or(1));

@@ -10,14 +10,10 @@ use std::sync::Arc;
 pub(crate) fn session_of(store: &Store, key: &str) -> Result<Session> {
     match store.session(key) {
         Ok(s) => Ok(s),
-        Err(e) => {
-            if let Ok(id) = key.parse::<u64>()
-                && let Some(info) = store.sessions()?.into_iter().find(|s| s.id == id)
-            {
-                return Ok(store.session(&info.name)?);
-            }
-            Err(e.into())
-        }
+        Err(e) => match key.parse::<u64>().map(|id| store.session_by_id(id)) {
+            Ok(Ok(s)) => Ok(s),
+            _ => Err(e.into()),
+        },
     }
 }
 

@@ -558,8 +558,14 @@ fn a_grown_file_appends_and_another_file_under_the_same_name_is_an_error() {
     let (code, out, _) = condense(&store, &["import", dir.path().join("w").to_str().unwrap()]);
     assert_eq!(code, 0);
     assert!(out.contains("skipped 1 files"), "{out}");
-    let names: Vec<String> = serde_json::from_str::<serde_json::Value>(&condense(&store, &["sessions", "--json"]).1).unwrap().as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    let names = session_names(&store);
     assert_eq!(names, ["s.jsonl", "w/s.jsonl"]);
+}
+
+/// The names `condense sessions --json` lists, in id order.
+fn session_names(store: &std::path::Path) -> Vec<String> {
+    let list: serde_json::Value = serde_json::from_str(&condense(store, &["sessions", "--json"]).1).unwrap();
+    list.as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect()
 }
 
 /// Issue 37 item 8: a session is named from its path relative to the folder given; an agent's project
@@ -583,7 +589,7 @@ fn sessions_are_named_relative_to_the_folder_given_and_projects_by_their_name() 
     let arg = |p: &std::path::Path| p.to_str().unwrap().to_string();
     let (code, out, err) = condense(&store, &["import", &arg(&dir.path().join("home/me/.claude/projects")), &arg(&dir.path().join("home/me/.pi/agent/sessions")), &arg(&dir.path().join("plain"))]);
     assert_eq!(code, 0, "{out}{err}");
-    let names: Vec<String> = serde_json::from_str::<serde_json::Value>(&condense(&store, &["sessions", "--json"]).1).unwrap().as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    let names = session_names(&store);
     assert_eq!(names, ["spotter-dov/4d5611e5-241a-462a-8d15-5122611a9569.jsonl", "pi-mono/2025-12-17_5fd1e58c.jsonl", "-not-a-project/x.jsonl"]);
     // Its stats report the usage the host recorded on its own requests, at cache prices (issue 34 item 4).
     let (code, out, _) = condense(&store, &["stats", "spotter-dov/4d5611e5-241a-462a-8d15-5122611a9569.jsonl", "--json"]);

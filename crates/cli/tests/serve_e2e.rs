@@ -14,32 +14,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 
-/// The pinned client versions (issue 8), one `package@version` a line; `.ci/run` reads the same file.
-const CLIENTS: &str = include_str!("e2e-clients.txt");
+#[path = "support/e2e_clients.rs"]
+mod e2e_clients;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
 }
 
-/// The folder with the clients' `node_modules`, installing them on first use.
+/// The folder with the clients' `node_modules`, installing them on first use (issue 8's pins).
 fn clients() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::var_os("CONDENSE_E2E_CLIENTS").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/e2e-clients"));
-        let pinned: Vec<String> = CLIENTS.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect();
-        let stamp = dir.join("installed.txt");
-        if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.join("\n").as_str()) {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(dir.join("package.json"), r#"{"name":"condense-e2e-clients","private":true,"version":"0.0.0"}"#).unwrap();
-            let status = Command::new("npm")
-                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
-                .args(&pinned)
-                .current_dir(&dir)
-                .status()
-                .expect("npm must be installed to run the end-to-end tests");
-            assert!(status.success(), "npm install of the pinned clients failed");
-            std::fs::write(&stamp, pinned.join("\n")).unwrap();
-        }
+        e2e_clients::install(&dir).unwrap_or_else(|e| panic!("{e}"));
         dir
     })
 }

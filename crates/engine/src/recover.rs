@@ -7,7 +7,7 @@
 //! view of the history as it was. Anything else fails closed with a typed reason and the context
 //! untouched.
 
-use crate::controller::{bounded_copies, context_tokens, tokens_with};
+use crate::controller::{bounded_copies, context_tokens};
 use condense_checkpoint::Budget;
 use condense_events::{DecisionEvent, Message};
 use condense_recovery::{input_budget, summary_budget, MAX_INVOCATIONS, MAX_SOURCE_BYTES, MIN_WINDOW};
@@ -248,8 +248,10 @@ pub fn prepare_within(
     // tools too.
     let with_archive = |cp: &DecisionEvent| {
         let mut candidate = p.clone();
-        candidate.apply(p.seq(), &condense_events::Event::Decision(archive.clone()));
-        tokens_with(&candidate, cp)
+        for d in [&archive, cp] {
+            candidate.apply(p.seq(), &condense_events::Event::Decision(d.clone()));
+        }
+        context_tokens(&candidate)
     };
     let mut after = with_archive(&cp);
     if after > budget.hard {

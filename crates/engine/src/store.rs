@@ -165,6 +165,12 @@ impl Store {
         Ok(Session { store: self.clone(), id, name: name.to_string() })
     }
 
+    /// Opens an existing session by the numeric id `condense sessions` prints.
+    pub fn session_by_id(&self, id: SessionId) -> Result<Session> {
+        let info = self.sessions()?.into_iter().find(|s| s.id == id).ok_or_else(|| EngineError::UnknownSession(id.to_string()))?;
+        Ok(Session { store: self.clone(), id, name: info.name })
+    }
+
     /// Sessions whose last import began and never finished (a killed import): their names.
     pub fn incomplete_imports(&self) -> Result<Vec<String>> {
         let mut out = Vec::new();

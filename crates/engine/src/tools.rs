@@ -126,7 +126,13 @@ pub fn definitions() -> Vec<ToolDef> {
 /// caches), the history tools once an archive exists.
 pub fn needed(p: &Projection) -> Vec<ToolDef> {
     let archives = !archives_on_branch(p).is_empty();
-    definitions().into_iter().filter(|d| matches!(d.name, QUERY_TOOL_NAME | NEW_CONTEXT_TOOL) || archives).collect()
+    definitions().into_iter().filter(|d| declared(d.name, archives)).collect()
+}
+
+/// Whether a context declares tool `name`: the query tool and `new_context` always, the history tools once
+/// an archive exists on the branch.
+fn declared(name: &str, archives: bool) -> bool {
+    matches!(name, QUERY_TOOL_NAME | NEW_CONTEXT_TOOL) || archives
 }
 
 /// The archives of the active branch, oldest first: one whose captured leaf the session has left (a
@@ -140,7 +146,13 @@ pub fn archives_on_branch(p: &Projection) -> Vec<&(String, u64, Option<String>)>
 /// / 4 of their JSON in the Anthropic form (the three APIs' forms differ by a few characters): part of the
 /// request as it will be sent, so the budgets count them as they count the host's own overhead.
 pub fn declared_tokens(p: &Projection) -> u64 {
-    needed(p).iter().map(|d| (tool_json(condense_formats::wire::Api::Anthropic, d).to_string().len() as u64).div_ceil(4)).sum()
+    // The declarations are constants: their sizes are measured once, not at every estimate.
+    static TOKENS: std::sync::OnceLock<Vec<(&'static str, u64)>> = std::sync::OnceLock::new();
+    let table = TOKENS.get_or_init(|| {
+        definitions().iter().map(|d| (d.name, (tool_json(condense_formats::wire::Api::Anthropic, d).to_string().len() as u64).div_ceil(4))).collect()
+    });
+    let archives = !archives_on_branch(p).is_empty();
+    table.iter().filter(|(name, _)| declared(name, archives)).map(|(_, t)| t).sum()
 }
 
 impl Session {

@@ -168,7 +168,7 @@ fn instructions(api: Api, body: &Value) -> Option<&str> {
 }
 
 /// The input text of a summary request.
-fn summary_input(api: Api, body: &Value) -> String {
+pub fn summary_input(api: Api, body: &Value) -> String {
     match api {
         Api::Anthropic => body["messages"][0]["content"].as_str(),
         Api::Chat => body["messages"][1]["content"].as_str(),

@@ -32,7 +32,8 @@ pub struct Route {
     pub(crate) api: Api,
     /// The upstream's base URL with `/v1`.
     pub(crate) base: String,
-    pub(crate) headers: Vec<(String, String)>,
+    /// The client's headers as they go upstream with its requests.
+    pub(crate) headers: axum::http::HeaderMap,
     /// `--summary-model`, when given.
     pub(crate) model: Option<String>,
     /// Batch summaries and checkpoint handoffs too (`--summaries upstream`).
@@ -43,7 +44,7 @@ pub struct Route {
 impl std::fmt::Debug for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The headers hold the client's credentials: their names only.
-        let names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        let names: Vec<&str> = self.headers.keys().map(|k| k.as_str()).collect();
         f.debug_struct("Route").field("api", &self.api).field("base", &self.base).field("headers", &names).field("model", &self.model).field("all", &self.all).finish()
     }
 }
@@ -66,8 +67,7 @@ impl Route {
             Api::Chat => HttpApi::Chat,
             Api::Responses => HttpApi::Responses,
         };
-        cfg.headers = self.headers.clone();
-        let upstream = Through { cfg, all: self.all, started: std::time::Instant::now() };
+        let upstream = Through { cfg, headers: self.headers.clone(), all: self.all, started: std::time::Instant::now() };
         let fallbacks = self.fallbacks.clone();
         let notice = move |_: u64, reason: &str| {
             fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -81,6 +81,8 @@ impl Route {
 /// `all`; the extractive summarizer and the engine's own checkpoint handoff otherwise.
 struct Through {
     cfg: HttpConfig,
+    /// The client's headers, made the summarizer's only when a call is made (most preparations make none).
+    headers: axum::http::HeaderMap,
     all: bool,
     /// When the preparation that uses it began: no call runs past the recovery's deadline.
     started: std::time::Instant,
@@ -95,6 +97,11 @@ impl Through {
         }
         let mut cfg = self.cfg.clone();
         cfg.total = cfg.total.min(left);
+        cfg.headers = self.headers
+            .iter()
+            .filter(|(k, _)| *k != axum::http::header::CONTENT_TYPE)
+            .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect();
         Ok(HttpSummarizer::new(cfg))
     }
 }
@@ -135,17 +142,17 @@ mod tests {
     fn no_call_starts_past_the_deadline() {
         // An address nothing listens on: a call that were made would fail otherwise, and slowly.
         let cfg = HttpConfig::new("http://127.0.0.1:9/v1", "m", None);
-        let late = Through { cfg: cfg.clone(), all: true, started: std::time::Instant::now() - condense_engine::recover::DEADLINE - std::time::Duration::from_secs(1) };
+        let late = Through { cfg: cfg.clone(), headers: Default::default(), all: true, started: std::time::Instant::now() - condense_engine::recover::DEADLINE - std::time::Duration::from_secs(1) };
         let t = std::time::Instant::now();
         let e = late.recovery_handoff("[e1] user: hello\n", 1000).unwrap_err();
         assert!(e.to_string().contains("deadline"), "{e}");
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
         // In time, the call is made (and fails here on the closed port, with the cause).
-        let on_time = Through { cfg, all: true, started: std::time::Instant::now() };
+        let on_time = Through { cfg, headers: Default::default(), all: true, started: std::time::Instant::now() };
         let e = on_time.recovery_handoff("[e1] user: hello\n", 1000).unwrap_err();
         assert!(!e.to_string().contains("deadline"), "{e}");
         // Batch summaries and checkpoint handoffs stay extractive unless `all`.
-        let handoffs_only = Through { cfg: HttpConfig::new("http://127.0.0.1:9/v1", "m", None), all: false, started: std::time::Instant::now() };
+        let handoffs_only = Through { cfg: HttpConfig::new("http://127.0.0.1:9/v1", "m", None), headers: Default::default(), all: false, started: std::time::Instant::now() };
         assert_eq!(handoffs_only.handoff("[e1] user: hello\n", 1000).unwrap(), None);
     }
 }

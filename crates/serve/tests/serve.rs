@@ -1443,12 +1443,7 @@ async fn a_recovery_handoff_is_written_by_the_native_model_through_the_upstream(
             assert_eq!(h.header("x-api-key"), Some("sk-test-SECRET-key-0123"));
             assert_eq!(h.header("authorization"), Some("Bearer sk-test-SECRET-bearer-4567"));
             // Bounded, and in chronological order: each piece starts after the one before.
-            let input = match api {
-                Api::Anthropic => h.body["messages"][0]["content"].as_str(),
-                Api::Chat => h.body["messages"][1]["content"].as_str(),
-                Api::Responses => h.body["input"].as_str(),
-            }
-            .unwrap();
+            let input = condense_serve::fake::summary_input(api, &h.body);
             assert!(input.len() <= budget, "{api:?}: a piece of {} bytes over {budget}", input.len());
             // Every entry a piece cites (`[id] role: …` lines; a message longer than a piece goes on in
             // the next one) comes after those the pieces before cited.
@@ -1465,13 +1460,8 @@ async fn a_recovery_handoff_is_written_by_the_native_model_through_the_upstream(
         assert!(summary.contains("summarized below by a model"), "{summary}");
         let mut from = 0;
         for h in &handoffs {
-            let input = match api {
-                Api::Anthropic => h.body["messages"][0]["content"].as_str(),
-                Api::Chat => h.body["messages"][1]["content"].as_str(),
-                Api::Responses => h.body["input"].as_str(),
-            }
-            .unwrap();
-            let answer = condense_serve::fake::summary_answer("handoff", input);
+            let input = condense_serve::fake::summary_input(api, &h.body);
+            let answer = condense_serve::fake::summary_answer("handoff", &input);
             let at = summary[from..].find(&answer).unwrap_or_else(|| panic!("{api:?}: the answer {answer:?} in the handoff {summary}"));
             from += at + answer.len();
         }

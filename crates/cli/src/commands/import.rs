@@ -111,26 +111,19 @@ fn imported_from(store: &Store, name: &str) -> Result<Option<Option<String>>> {
 pub(crate) fn name_for(store: &Store, root: &Path, file: &Path, taken: &mut std::collections::BTreeSet<String>) -> Result<String> {
     let canonical = file.canonicalize().ok().map(|c| c.to_string_lossy().into_owned());
     let same_file = |held: &Option<String>| held.is_some() && *held == canonical;
-    let candidates = candidate_names(root, file);
-    // A session that holds this file already keeps its name, whatever form it has (the old form of names
-    // among them).
-    for name in &candidates {
-        if !taken.contains(name) && imported_from(store, name)?.as_ref().is_some_and(same_file) {
-            taken.insert(name.clone());
-            return Ok(name.clone());
-        }
+    // Each form not given out yet, with what the store holds under it (looked up once).
+    let mut free = Vec::new();
+    for name in candidate_names(root, file).into_iter().filter(|n| !taken.contains(n)) {
+        let held = imported_from(store, &name)?;
+        free.push((name, held));
     }
-    for name in &candidates {
-        if taken.contains(name) {
-            continue;
-        }
-        match imported_from(store, name)? {
-            None => {}
-            Some(held) if same_file(&held) => {}
-            Some(_) => continue,
-        }
+    // A session that holds this file already keeps its name, whatever form it has (the old form of names
+    // among them); else the first form no other file holds.
+    let pick = free.iter().position(|(_, held)| held.as_ref().is_some_and(same_file)).or_else(|| free.iter().position(|(_, held)| held.is_none()));
+    if let Some(k) = pick {
+        let name = free.swap_remove(k).0;
         taken.insert(name.clone());
-        return Ok(name.clone());
+        return Ok(name);
     }
     // Every form is held by another file: the old form, whose import will say which file holds it.
     Ok(name_of(file))

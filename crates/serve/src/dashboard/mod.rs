@@ -90,17 +90,9 @@ async fn totals(st: &State) -> Value {
 async fn open(st: &State, id: &str) -> Result<Session, Response> {
     let Ok(id) = id.parse::<SessionId>() else { return Err(not_found(format!("no session `{id}` (sessions are addressed by their id here)"))) };
     let store = st.store.clone();
-    let found = tokio::task::spawn_blocking(move || -> condense_engine::Result<Option<Session>> {
-        match store.sessions()?.into_iter().find(|i| i.id == id) {
-            Some(i) => Ok(Some(store.session(&i.name)?)),
-            None => Ok(None),
-        }
-    })
-    .await
-    .expect("session task");
-    match found {
-        Ok(Some(s)) => Ok(s),
-        Ok(None) => Err(not_found(format!("no session {id}"))),
+    match tokio::task::spawn_blocking(move || store.session_by_id(id)).await.expect("session task") {
+        Ok(s) => Ok(s),
+        Err(condense_engine::EngineError::UnknownSession(_)) => Err(not_found(format!("no session {id}"))),
         Err(e) => Err(failed(e)),
     }
 }

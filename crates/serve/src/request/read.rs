@@ -201,16 +201,10 @@ fn summary_route(st: &State, api: Api, headers: &axum::http::HeaderMap) -> Optio
         Api::Anthropic => &st.cfg.anthropic_upstream,
         Api::Chat | Api::Responses => &st.cfg.openai_upstream,
     };
-    // The headers as they go upstream with a request (see `upstream::upstream_headers`), but the body's type.
-    let headers = headers
-        .iter()
-        .filter(|(k, _)| !crate::request::response::hop_by_hop(k.as_str()) && *k != axum::http::header::CONTENT_TYPE)
-        .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
-        .collect();
     Some(crate::summary::Route {
         api,
         base: format!("{base}/v1"),
-        headers,
+        headers: crate::request::response::upstream_headers(headers),
         model: st.cfg.summary_model.clone(),
         all: st.cfg.summaries == Summaries::Upstream,
         fallbacks: st.upstream_fallbacks.clone(),

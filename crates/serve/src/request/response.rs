@@ -20,6 +20,18 @@ pub(crate) fn hop_by_hop(name: &str) -> bool {
     ) || name.starts_with("x-condense-")
 }
 
+/// The client's headers as they go upstream: everything but hop-by-hop ones, untouched (the API key and
+/// authorization included; they are never stored or shown).
+pub(crate) fn upstream_headers(h: &axum::http::HeaderMap) -> axum::http::HeaderMap {
+    let mut out = axum::http::HeaderMap::new();
+    for (k, v) in h {
+        if !hop_by_hop(k.as_str()) {
+            out.append(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
 pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response {
     (status, [(axum::http::header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }

@@ -7,8 +7,8 @@ use crate::state::State;
 use crate::request::read::{read_body, read_request};
 use crate::request::conversation::{conv_for, conv_lookup, prepare, with_conv};
 use crate::request::rounds::run_rounds;
-use crate::request::upstream::{count_upstream, forward_unchanged, unreachable, upstream_body, upstream_for, upstream_headers};
-use crate::request::response::{conv_error, json_response, stream_back};
+use crate::request::upstream::{count_upstream, forward_unchanged, unreachable, upstream_body, upstream_for};
+use crate::request::response::{conv_error, json_response, stream_back, upstream_headers};
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -55,7 +55,8 @@ async fn authenticate(axum::extract::State(st): S, req: Request, next: axum::mid
     if path.starts_with("/condense") {
         let query = req.uri().query().unwrap_or("");
         if let Some(t) = query.split('&').find_map(|kv| kv.strip_prefix("auth=")) {
-            let t = percent_decode(t);
+            // `%XX` decoded, `+` kept (a base64 token holds `+`; this is not form text).
+            let t = percent_encoding::percent_decode_str(t).decode_utf8_lossy();
             if matches(t.as_bytes()) && t.bytes().all(|b| b.is_ascii_graphic() && b != b';' && b != b',') {
                 let cookie = format!("{AUTH_COOKIE}={t}; Path=/condense; HttpOnly; SameSite=Strict");
                 return (StatusCode::SEE_OTHER, [(axum::http::header::LOCATION, path), (axum::http::header::SET_COOKIE, cookie)]).into_response();
@@ -86,27 +87,6 @@ fn auth_cookie(headers: &axum::http::HeaderMap) -> Option<&str> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .find_map(|kv| kv.trim().strip_prefix(AUTH_COOKIE)?.strip_prefix('='))
-}
-
-/// `%XX` sequences of a query value decoded (`+` stays: tokens are not form text).
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 type S = axum::extract::State<Arc<State>>;

@@ -4,24 +4,12 @@
 use crate::billing::Side;
 use crate::state::State;
 use crate::request::read::Req;
-use crate::request::response::{api_error, hop_by_hop, stream_back};
+use crate::request::response::{api_error, stream_back, upstream_headers};
 use crate::conv::Built;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use condense_formats::wire::Api;
 use serde_json::Value;
-
-/// The client's headers as they go upstream: everything but hop-by-hop ones, untouched (the API key and
-/// authorization included; they are never stored or shown).
-pub(crate) fn upstream_headers(h: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    for (k, v) in h {
-        if !hop_by_hop(k.as_str()) {
-            out.append(k.clone(), v.clone());
-        }
-    }
-    out
-}
 
 /// Which upstream a request that is not one of the three APIs goes to.
 pub(crate) fn upstream_for(st: &State, h: &HeaderMap) -> String {

@@ -122,9 +122,9 @@ impl Browser {
     }
 
     async fn screenshot(&self, to: &Path) {
-        use base64_png::decode;
+        use base64::Engine as _;
         let v = self.call(reqwest::Method::GET, "/screenshot", None).await;
-        std::fs::write(to, decode(v.as_str().unwrap())).unwrap();
+        std::fs::write(to, base64::engine::general_purpose::STANDARD.decode(v.as_str().unwrap()).unwrap()).unwrap();
     }
 }
 
@@ -132,28 +132,6 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
-    }
-}
-
-/// Base64 as WebDriver sends screenshots (the standard alphabet, padded).
-mod base64_png {
-    pub fn decode(s: &str) -> Vec<u8> {
-        let val = |c: u8| match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            _ => 63,
-        };
-        let bytes: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=').collect();
-        let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
-        for chunk in bytes.chunks(4) {
-            let n = chunk.iter().enumerate().fold(0u32, |n, (i, &c)| n | (u32::from(val(c)) << (18 - 6 * i)));
-            for k in 0..chunk.len().saturating_sub(1) {
-                out.push((n >> (16 - 8 * k)) as u8);
-            }
-        }
-        out
     }
 }
 

@@ -1,0 +1,31 @@
+//! The real agent CLIs the end-to-end tests drive, at the versions pinned in `e2e-clients.txt` (one
+//! `package@version` a line), installed with npm into a folder once: a stamp file holds the pins installed,
+//! so the same pins install nothing again. Shared by the tests (`serve_e2e.rs`) and `cargo xtask test`.
+
+use std::path::Path;
+use std::process::Command;
+
+/// The pinned client versions.
+pub const PINS: &str = include_str!("../e2e-clients.txt");
+
+/// Installs the pinned clients into `dir` (its `node_modules`) unless they are there already.
+pub fn install(dir: &Path) -> Result<(), String> {
+    let pinned: Vec<&str> = PINS.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let stamp = dir.join("installed.txt");
+    if std::fs::read_to_string(&stamp).ok().as_deref() == Some(pinned.join("\n").as_str()) {
+        return Ok(());
+    }
+    let io = |e: std::io::Error| format!("{}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(io)?;
+    std::fs::write(dir.join("package.json"), r#"{"name":"condense-e2e-clients","private":true,"version":"0.0.0"}"#).map_err(io)?;
+    let status = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+        .args(&pinned)
+        .current_dir(dir)
+        .status()
+        .map_err(|e| format!("npm must be installed to run the end-to-end tests ({e})"))?;
+    if !status.success() {
+        return Err(format!("npm install of {} failed ({status})", pinned.join(" ")));
+    }
+    std::fs::write(&stamp, pinned.join("\n")).map_err(io)
+}
