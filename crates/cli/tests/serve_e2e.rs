@@ -620,8 +620,14 @@ struct Billing {
 fn bill(api: Api, log: &[Logged]) -> Billing {
     let mut sim = condense_serve::billing::CacheSim::new(api);
     let mut requests = 0;
+    // CONDENSE_E2E_BILL=1 prints each request's bytes and cached bytes (where the cost goes).
+    let print = std::env::var_os("CONDENSE_E2E_BILL").is_some();
     for l in log.iter().filter(|l| !l.path.ends_with("/count_tokens")) {
-        sim.bill(&l.body);
+        let b = sim.bill(&l.body);
+        if print {
+            let n = l.body.get("messages").or_else(|| l.body.get("input")).and_then(serde_json::Value::as_array).map_or(0, Vec::len);
+            eprintln!("bill {api:?} request {requests}: {} bytes, {} cached, {} uncached, {n} messages", b.bytes, b.cached, b.bytes - b.cached);
+        }
         requests += 1;
     }
     Billing { billed: sim.total, requests }

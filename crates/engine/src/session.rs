@@ -231,6 +231,10 @@ impl Session {
     /// log is cleared, to be folded again from the log when next read.
     fn append_applied(&self, proj: &mut Live, events: Vec<Event>, applied: usize) -> Result<Seq> {
         let written_from = proj.seq() - applied as u64;
+        // Room for the entries at once (a request recording many messages would grow the projection by
+        // doubling, the old and the new buffer alive together).
+        let entries = events.iter().skip(applied).filter(|e| matches!(e, Event::Source(SourceEvent::EntryAppended { .. }))).count();
+        proj.reserve_entries(entries);
         let result = self.write_chunks(proj, written_from, events, written_from + applied as u64, !self.store.inner.defer_durability);
         if result.is_err() && applied > 0 {
             *proj = Live::default();

@@ -42,6 +42,10 @@ impl Live {
         self.proj.apply(seq, event);
     }
 
+    pub(crate) fn reserve_entries(&mut self, n: usize) {
+        self.proj.reserve_entries(n);
+    }
+
     pub(crate) fn apply_owned(&mut self, seq: Seq, event: Event) {
         self.stages.fold(&event);
         self.proj.apply_owned(seq, event);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// Peak memory of recording a request, per byte of its body (measured: docs/serve.md, "Limits").
 pub const PER_BODY_BYTE: u64 = 12;
 /// Peak memory of recording a request, per message beyond its bytes (measured as above).
-pub const PER_MESSAGE: u64 = 4 << 10;
+pub const PER_MESSAGE: u64 = 2 << 10;
 
 /// The server's budget.
 pub(crate) struct Budget {

@@ -99,8 +99,10 @@ pub struct UnitRec {
     /// For each of its neutral messages, the entry it stands for when the client's JSON can stand for it
     /// (`None` where serve's log holds more than the client saw).
     pub entries: Vec<Option<String>>,
-    /// The unit read in full, when it was (a unit matched by its key is not read at all).
-    pub parsed: Option<Arc<WireRequest>>,
+    /// The exact keys of its messages, when the unit was read in full (a unit matched by its key is not
+    /// read at all). The parsed unit itself is not kept: a body of many small messages would hold its
+    /// parsed JSON through recording; the render reads again the few units it sends message by message.
+    pub keys: Option<Vec<u64>>,
 }
 
 /// How a request's units match the session, before anything is recorded.
@@ -266,7 +268,7 @@ impl Conv {
             _ if self.native_model.is_none() => self.native_model = Some(model.to_string()),
             _ => {}
         }
-        let mut events = Vec::new();
+        let mut events = Vec::with_capacity(new.len() + 4);
         if failed_before {
             // The last request ended in CONTEXT_COMPACTION_FAILED after provider overflows: this one is the
             // client's new attempt, with a checkpoint and a retry of its own.
@@ -287,7 +289,7 @@ impl Conv {
             events.push(SourceEvent::LeafMoved { leaf: matched_parent.clone() });
         }
         let mut parent = matched_parent;
-        let mut appended: Vec<(String, Option<String>, usize)> = Vec::new();
+        let mut appended: Vec<(String, Option<String>, usize)> = Vec::with_capacity(new.len());
         for ((u, m), id) in new.iter().zip(&ids) {
             events.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.clone(), entry: Entry::Message(m.clone()) });
             appended.push((id.clone(), parent.clone(), *u));
@@ -296,15 +298,16 @@ impl Conv {
         if !events.is_empty() {
             self.append_entries(events, internal)?;
         }
+        self.track.reserve(new.len());
         for ((id, parent, u), (_, m)) in appended.iter().zip(&new) {
             self.track.add(id, parent.as_deref(), m, &is, Some(crate::track::exact(m)));
             units[*u].entries.push(Some(id.clone()));
         }
         // Units read in full are remembered by key, so the next request matches them without reading.
         for (u, rec) in units.iter().enumerate() {
-            if let (Some(w), false) = (&rec.parsed, raw.units[u].marked) {
-                if w.messages.len() == rec.entries.len() {
-                    self.units.entry(raw.units[u].key).or_insert_with(|| w.messages.iter().map(|m| crate::track::exact(&m.message)).collect());
+            if let (Some(keys), false) = (&rec.keys, raw.units[u].marked) {
+                if keys.len() == rec.entries.len() {
+                    self.units.entry(raw.units[u].key).or_insert_with(|| keys.clone());
                 }
             }
         }
@@ -320,6 +323,7 @@ impl Conv {
         let mut units: Vec<UnitRec> = Vec::with_capacity(raw.units.len());
         // The first new message, as (unit, message within it).
         let mut diverged: Option<(usize, usize)> = None;
+        let mut new: Vec<(usize, Message)> = Vec::new();
         for (u, unit) in raw.units.iter().enumerate() {
             if diverged.is_none() && !unit.marked {
                 if let Some(keys) = self.units.get(&unit.key) {
@@ -344,12 +348,14 @@ impl Conv {
                     }
                 }
             }
-            let w = Arc::new(wire::parse_unit(api, raw, u)?);
-            let mut rec = UnitRec { entries: Vec::new(), parsed: Some(w.clone()) };
+            let w = wire::parse_unit(api, raw, u)?;
+            let keys: Vec<u64> = w.messages.iter().map(|wm| crate::track::exact(&wm.message)).collect();
+            let mut rec = UnitRec { entries: Vec::with_capacity(keys.len()), keys: None };
+            let mut from = 0;
             if diverged.is_none() {
+                from = w.messages.len();
                 for (j, wm) in w.messages.iter().enumerate() {
-                    let key = crate::track::exact(&wm.message);
-                    match self.track.step(cur, key, &mut || crate::track::Visible::of(&wm.message, &is).fp()) {
+                    match self.track.step(cur, keys[j], &mut || crate::track::Visible::of(&wm.message, &is).fp()) {
                         Some(n) => {
                             rec.entries.push(self.track.single_entry(n));
                             tokens_in += self.track.tokens(n);
@@ -357,23 +363,19 @@ impl Conv {
                         }
                         None => {
                             diverged = Some((u, j));
+                            from = j;
+                            // Every later message is new: room for them at once, not by doubling.
+                            new.reserve(raw.items.len().saturating_sub(raw.units[u].start + j));
                             break;
                         }
                     }
                 }
             }
+            // Everything from the first new message on is recorded, chained from the last matched one;
+            // the unit's wire JSON is dropped here (the render reads again what it sends message by message).
+            new.extend(w.messages.into_iter().skip(from).map(|wm| (u, wm.message)));
+            rec.keys = Some(keys);
             units.push(rec);
-        }
-        // Everything from the first new message on is recorded, chained from the last matched one.
-        let mut new: Vec<(usize, Message)> = Vec::new();
-        if let Some((u0, j0)) = diverged {
-            for (u, rec) in units.iter().enumerate().skip(u0) {
-                let w = rec.parsed.as_ref().expect("units after the divergence are read");
-                let from = if u == u0 { j0 } else { 0 };
-                for wm in &w.messages[from..] {
-                    new.push((u, wm.message.clone()));
-                }
-            }
         }
         // A tool result names its tool by the call it answers (in this request, or recorded before).
         let mut names: BTreeMap<String, String> = BTreeMap::new();
@@ -540,13 +542,9 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
     if let Some(u) = raw.units.len().checked_sub(1).filter(|u| api == Api::Anthropic && raw.units[*u].marked) {
         wanted.insert(u);
     }
-    let mut read: BTreeMap<usize, Arc<WireRequest>> = BTreeMap::new();
+    let mut read: BTreeMap<usize, WireRequest> = BTreeMap::new();
     for u in wanted {
-        let w = match &rec.units[u].parsed {
-            Some(w) => w.clone(),
-            None => Arc::new(wire::parse_unit(api, raw, u)?),
-        };
-        read.insert(u, w);
+        read.insert(u, wire::parse_unit(api, raw, u)?);
     }
     let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(segs.len());
     let mut src: Vec<Option<(usize, usize)>> = Vec::with_capacity(segs.len());

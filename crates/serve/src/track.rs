@@ -145,15 +145,16 @@ struct Node {
     exact: Option<u64>,
     /// The entry this node stands for (for a continued reply, its last assistant entry).
     entry: String,
-    /// The entry the client's next message follows: `entry`, or the last internal result after it.
-    tail: String,
+    /// The entry the client's next message follows when it is not `entry`: the last internal result
+    /// after it.
+    tail: Option<String>,
     /// Whether the node is exactly one entry, so the client's wire JSON can stand for it.
     single: bool,
     /// pi's token estimate of what the client sees of it.
     tokens: u64,
     /// For an assistant entry whose calls were all condense's own: what the client has seen of the reply
     /// so far (the next assistant entry continues it).
-    open: Option<Visible>,
+    open: Option<Box<Visible>>,
 }
 
 /// The visible tree of one session.
@@ -207,7 +208,7 @@ impl Track {
             if self.internal_calls.contains_key(call_id) {
                 // condense answered this itself: part of the reply's node, after which the client goes on.
                 if let Some(o) = owner {
-                    self.nodes[o].tail = id.to_string();
+                    self.nodes[o].tail = Some(id.to_string());
                     self.nodes[o].single = false;
                     self.owner.insert(id.to_string(), o);
                 }
@@ -225,7 +226,7 @@ impl Track {
         let only_internal = !calls.is_empty() && calls.iter().all(|(_, n)| internal(n));
         // An assistant entry after a reply that called only condense's tools continues that reply.
         let continued = match (m, owner) {
-            (Message::Assistant { .. }, Some(o)) => self.nodes[o].open.clone().map(|prev| (self.nodes[o].parent, prev)),
+            (Message::Assistant { .. }, Some(o)) => self.nodes[o].open.as_deref().map(|prev| (self.nodes[o].parent, prev.clone())),
             _ => None,
         };
         let own_tokens = condense_tokens::estimate(m);
@@ -239,13 +240,20 @@ impl Track {
             fp: vis.fp(),
             exact,
             entry: id.to_string(),
-            tail: id.to_string(),
+            tail: None,
             single,
             tokens,
-            open: only_internal.then_some(vis),
+            open: only_internal.then(|| Box::new(vis)),
         });
-        self.children.entry(vparent).or_default().push(ix);
+        // Most nodes have one child: room for one, not the four a first push makes.
+        self.children.entry(vparent).or_insert_with(|| Vec::with_capacity(1)).push(ix);
         self.owner.insert(id.to_string(), ix);
+    }
+
+    /// Room for `n` more nodes (a request recording many messages at once) and the reply's after them,
+    /// which would otherwise double the room at once.
+    pub fn reserve(&mut self, n: usize) {
+        self.nodes.reserve_exact(n + 16);
     }
 
     /// The child of `at` (`None`: the roots) that a client message with exact key `key` matches: the
@@ -276,7 +284,8 @@ impl Track {
 
     /// The entry the client's next message after node `n` follows.
     pub fn tail(&self, n: usize) -> &str {
-        &self.nodes[n].tail
+        let node = &self.nodes[n];
+        node.tail.as_deref().unwrap_or(&node.entry)
     }
 
     /// The token estimate of node `n` as the client sees it.
@@ -302,7 +311,7 @@ impl Track {
                 None => break,
             }
         }
-        Matched { count: entries.len(), parent: cur.map(|n| self.nodes[n].tail.clone()), entries }
+        Matched { count: entries.len(), parent: cur.map(|n| self.tail(n).to_string()), entries }
     }
 
     /// Number of visible nodes.

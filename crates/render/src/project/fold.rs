@@ -25,6 +25,15 @@ impl Projection {
         self.push_entry(id, parent, Node::Message(m, meta));
     }
 
+    /// Room for `n` more entries, and a few after them (a reply and its decisions would otherwise double
+    /// the room at once).
+    pub fn reserve_entries(&mut self, n: usize) {
+        if n > 0 {
+            Arc::make_mut(&mut self.items).reserve_exact(n + 16);
+            Arc::make_mut(&mut self.index).reserve(n + 16);
+        }
+    }
+
     fn push_entry(&mut self, id: String, parent: Option<&str>, node: Node) {
         if !matches!(&node, Node::Message(m, _) if matches!(**m, Message::Assistant { .. })) {
             self.overflow_streak = 0;
