@@ -627,6 +627,9 @@ fn bill(api: Api, log: &[Logged]) -> Billing {
         if print {
             let n = l.body.get("messages").or_else(|| l.body.get("input")).and_then(serde_json::Value::as_array).map_or(0, Vec::len);
             eprintln!("bill {api:?} request {requests}: {} bytes, {} cached, {} uncached, {n} messages", b.bytes, b.cached, b.bytes - b.cached);
+            if let Some(dir) = std::env::var_os("CONDENSE_E2E_BILL_DIR") {
+                let _ = std::fs::write(PathBuf::from(dir).join(format!("{api:?}-{}-{requests}.json", log.len())), serde_json::to_string_pretty(&l.body).unwrap());
+            }
         }
         requests += 1;
     }
@@ -676,6 +679,13 @@ fn long_session(c: Client) {
         },
     );
     drop(serve.borrow_mut().take());
+    // CONDENSE_E2E_BILL_DIR also keeps the store through serve there (for `condense log`, `render`).
+    if let Some(keep) = std::env::var_os("CONDENSE_E2E_BILL_DIR") {
+        let to = PathBuf::from(keep).join(format!("store-{}", c.name.replace(' ', "-")));
+        let _ = std::fs::remove_dir_all(&to);
+        let status = Command::new("cp").arg("-r").arg(&store).arg(&to).status().unwrap();
+        assert!(status.success(), "copying the store to {}", to.display());
+    }
     let through_log = fake.log();
     let direct_log = direct_fake.log();
     // The session went through what the script asks for.

@@ -74,6 +74,11 @@ impl Budget {
 impl Reservation {
     /// Changes the reservation to `bytes` (a larger one may be refused; the old one then stays).
     pub(crate) fn resize(&mut self, bytes: u64) -> Result<(), Refusal> {
+        // A request that could never fit is too large, whatever it holds already (the growth alone
+        // may fit where the whole does not).
+        if bytes > self.budget.limit {
+            return Err(Refusal::TooLarge { need: bytes, limit: self.budget.limit });
+        }
         if bytes > self.bytes {
             self.budget.take(bytes - self.bytes)?;
         } else {
@@ -93,6 +98,17 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reservation_grown_past_the_whole_budget_is_too_large() {
+        let b = Budget::new(100);
+        let mut a = b.reserve(40).unwrap();
+        // The growth (70) fits the budget; the whole (110) never can: too large, not busy.
+        assert!(matches!(a.resize(110), Err(Refusal::TooLarge { need: 110, limit: 100 })));
+        assert!(matches!(a.resize(90), Ok(())));
+        drop(a);
+        assert_eq!(b.used(), 0);
+    }
 
     #[test]
     fn reservations_add_up_and_come_back() {

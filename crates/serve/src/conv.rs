@@ -487,11 +487,16 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
     // Which units go out whole and untouched, and which are read for their messages' own JSON.
     let count = |u: usize| rec.units[u].entries.len();
     let mut whole: Vec<Option<usize>> = vec![None; segs.len()];
+    // Where a client unit is sent complete, marked or not (a marked one is read for its marks only).
+    let mut complete_at: Vec<Option<usize>> = vec![None; segs.len()];
     let mut i = 0;
     while i < segs.len() {
         if let Seg::Client(u, 0) = segs[i] {
             let k = count(u);
             let complete = k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y == j));
+            if complete {
+                complete_at[i] = Some(u);
+            }
             if complete && !raw.units[u].marked {
                 whole[i] = Some(u);
                 i += k;
@@ -516,8 +521,11 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
             let role = raw.units[u].role;
             let prev_new = s0 > 0 && matches!(segs[s0 - 1], Seg::New(Some(_))) && role_of(s0 - 1).as_deref() == Some(role);
             let next_new = end < segs.len() && matches!(segs[end], Seg::New(Some(_))) && role_of(end).as_deref() == Some(role);
-            let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && whole[end].is_none() && role_of(end).as_deref() == Some(role);
-            let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !(0..s0).any(|k| whole[k].is_some_and(|w| k + count(w) == s0)) && role_of(s0 - 1).as_deref() == Some(role);
+            // A neighbour that is a complete client unit stays apart whether or not it carries the
+            // client's mark: merged only while marked, the same two messages went out merged in one
+            // request and apart in the next, which breaks the prompt cache there.
+            let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && complete_at[end].is_none() && role_of(end).as_deref() == Some(role);
+            let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !(0..s0).any(|k| complete_at[k].is_some_and(|w| k + count(w) == s0)) && role_of(s0 - 1).as_deref() == Some(role);
             if matches!(role, "user" | "assistant") && (prev_new || next_new || next_part || prev_part) {
                 whole[s0] = None;
             }
@@ -575,7 +583,11 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
         for (u, w) in &read {
             for (j, control) in &w.cache_marks {
                 let last = Some(*u) == last_unit && *j + 1 == w.messages.len();
-                let at = src.iter().rposition(|s| *s == Some((*u, *j))).or_else(|| last.then(|| pieces.len().saturating_sub(1 + usize::from(notice))));
+                // The mark on the client's last message goes on the last message sent (before any
+                // notice): after a condense tool round's call and result too, so the next request reads
+                // them from the cache instead of paying for them again.
+                let end = pieces.len().checked_sub(1 + usize::from(notice)).filter(|e| last && matches!(pieces[*e], Piece::Msg(_)));
+                let at = end.or_else(|| src.iter().rposition(|s| *s == Some((*u, *j)))).or_else(|| last.then(|| pieces.len().saturating_sub(1 + usize::from(notice))));
                 if let Some(Piece::Msg(o)) = at.and_then(|a| pieces.get_mut(a)) {
                     mark_last_part(o, control);
                 }

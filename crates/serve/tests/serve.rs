@@ -961,6 +961,84 @@ async fn the_tool_list_is_stable_and_a_checkpoint_round_keeps_the_cache_mark() {
     assert!(marked, "the round after the checkpoint ends with the client's mark: {round:#}");
 }
 
+/// Issue 34, item 2: outputs a checkpoint took in no longer weigh on the budget trigger. Before, the
+/// output read before a `new_context` (pending: its turn had not ended) still counted as read and
+/// verbatim, so the next turn's first output was stubbed before the turn's final reply: a prune, and a
+/// cache break, the turn after every mid-turn checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_behind_a_checkpoint_do_not_prune_the_next_turn_early() {
+    // Twelve short turns (a session long enough for the cost guard to let a prune through), a turn that
+    // reads two outputs of 14 KB and asks for a checkpoint, then a turn of two such outputs: the two
+    // behind the checkpoint and the first of the new turn reach the 10,000-token budget together.
+    let mut steps = Vec::new();
+    for k in 1..=12 {
+        steps.extend([Step::Shell(format!("seq {k} {}", 100 * k)), Step::Text(format!("turn {k} done"))]);
+    }
+    steps.extend([Step::Shell("seq 1 3000".into()), Step::Shell("seq 2 3001".into()), Step::NewContext, Step::Text("turn 13 done".into())]);
+    steps.extend([Step::Shell("seq 4 3003".into()), Step::Shell("seq 5 3004".into()), Step::Text("turn 14 done".into())]);
+    let s = setup(steps, vec![("fake-model".to_string(), ModelLimits { context_window: 200_000, max_output: Some(8_000) })]).await;
+    let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+    for k in 1..=14 {
+        assert_eq!(agent.turn(&format!("turn {k}")).await.unwrap(), format!("turn {k} done"));
+    }
+    let log = s.fake.log();
+    let last = log.iter().rfind(|l| l.step == Some(Step::Text("turn 14 done".into()))).expect("turn 14's last request");
+    let first_output = agent_output_len(&last.messages(), "4\n5\n6\n");
+    assert!(first_output > 13_000, "turn 14's first output went out as {first_output} characters before the turn ended");
+    let (_, session) = store_of(&s);
+    assert_eq!(session.projection().unwrap().index().checkpoints.len(), 1);
+}
+
+/// The length of the tool result whose text starts with `head` (0 when none does).
+fn agent_output_len(messages: &[Message], head: &str) -> usize {
+    messages.iter().filter_map(|m| match m {
+        Message::ToolResult { .. } if m.text().starts_with(head) => Some(m.text().len()),
+        _ => None,
+    }).max().unwrap_or(0)
+}
+
+/// Issue 34, item 2: what serve sends after a checkpoint and after its own tool round is read from the
+/// prompt cache by the request that follows (Anthropic billing: the longest prefix up to an earlier
+/// request's mark). Before, the retry after an overflow sent the kept prompt and the client's prompt as
+/// one message (the marked unit was read and merged) and the next request as two, and a
+/// `context_tree_query` round left the client's mark on the prompt before it, so the next request paid
+/// for the round's call and output again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_checkpoint_and_a_query_round_the_next_request_reads_them_from_the_cache() {
+    let steps = vec![
+        Step::Shell(BIG.into()),
+        Step::Text("one done".into()),
+        Step::Shell("seq 2 3001".into()),
+        Step::Text("two done".into()),
+        Step::Overflow,
+        Step::Shell("seq 3 3002".into()),
+        Step::Shell("seq 4 3003".into()),
+        Step::Text("three done".into()),
+        Step::QueryNewestStub,
+        Step::Shell("seq 5 3004".into()),
+        Step::Text("four done".into()),
+    ];
+    let s = setup(steps, vec![]).await;
+    let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+    // The host's environment message first, as Claude Code sends it: after the checkpoint it stands
+    // between the summary and the kept prompts, which then go out as the client's own units.
+    agent.history.push(json!({"role": "system", "content": "# Environment\nWorking directory: /work"}));
+    for (prompt, done) in [("one", "one done"), ("two", "two done"), ("three", "three done"), ("four", "four done")] {
+        assert_eq!(agent.turn(prompt).await.unwrap(), done);
+    }
+    let log: Vec<Logged> = s.fake.log().into_iter().filter(|l| l.step != Some(Step::Overflow)).collect();
+    let mut sim = condense_serve::billing::CacheSim::new(Api::Anthropic);
+    let billed: Vec<_> = log.iter().map(|l| (l.step.clone(), sim.bill(&l.body))).collect();
+    let text = |l: &Logged| l.messages().iter().map(|m| m.text()).collect::<String>();
+    let retry = log.iter().position(|l| text(l).contains("[Checkpoint c1")).expect("a request carries the checkpoint");
+    // serve's own round after the model's query is the request the next step answers.
+    let round = log.iter().position(|l| l.step == Some(Step::Shell("seq 5 3004".into()))).expect("serve's round after the query");
+    for (at, what) in [(retry, "the retry after the overflow checkpoint"), (round, "serve's query round")] {
+        let (next, sent) = (&billed[at + 1].1, &billed[at].1);
+        assert!(next.cached >= sent.bytes, "the request after {what} reads only {} of its {} bytes from the cache", next.cached, sent.bytes);
+    }
+}
+
 /// Issue 35: two users whose conversations open with the same words, with and without a client id of
 /// the same value, get a session each; the second one's query of `t1` never reads the first one's
 /// output, and a condense tool serve did not declare is not answered from the log.

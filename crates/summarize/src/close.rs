@@ -41,10 +41,14 @@ impl Stage for Close<'_> {
         let closing: Vec<u32> = match pass.trigger {
             Trigger::Now => seen,
             Trigger::Request => {
+                // Outputs a checkpoint took in are not in the context any more: they weigh nothing on
+                // the budget (counted, they pruned the turn after a checkpoint early, a break of its own).
+                let boundary = idx.checkpoints.values().filter_map(|c| pass.position(&c.boundary)).max();
+                let visible = |r: &Record| boundary.is_none_or(|b| pass.position(&r.entry).is_none_or(|p| p > b));
                 let verbatim_tokens: u64 = seen
                     .iter()
                     .flat_map(|b| pending[b].iter())
-                    .filter(|r| !r.protected && !idx.spills.contains_key(&r.ref_n))
+                    .filter(|r| visible(r) && !r.protected && !idx.spills.contains_key(&r.ref_n))
                     .map(|r| r.chars.div_ceil(4))
                     .sum();
                 let threshold = budget_threshold(cfg, shape);
