@@ -6,7 +6,7 @@
 use crate::track::Track;
 use condense_engine::config::ModelLimits;
 use condense_engine::{tools, EngineError, Session};
-use condense_events::{Block, Entry, Message, PruneConfig, SourceEvent, Usage};
+use condense_events::{Block, Entry, Message, PruneConfig, SourceEvent, Usage, UserOrigin};
 use condense_formats::wire::{self, Api, OutMessage, Piece, RawRequest, WireRequest};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -407,13 +407,10 @@ impl Conv {
         // native model (the one before the last model change) unless `--summary-model` names one.
         let summarizer = internal.summary.as_ref().zip(self.native_model.as_deref()).map(|(route, native)| route.summarizer(native));
         let session = self.session.clone();
-        let (segs, notice, tools, tokens_sent, figures) = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages)))?;
-        self.figures.stubs = figures.0;
-        self.figures.checkpoints = figures.1;
-        self.figures.recoveries = figures.2;
-        self.figures.chains = figures.3;
-        internal.declare(&tools);
-        write(api, raw, rec, segs, notice, &tools, tokens_sent).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })
+        let seg = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages)))?;
+        (self.figures.stubs, self.figures.checkpoints, self.figures.recoveries, self.figures.chains) = seg.figures;
+        internal.declare(&seg.tools);
+        write(api, raw, rec, seg).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })
     }
 
     /// What `count_tokens` should count: the session's context as it stands with the request's new
@@ -437,8 +434,7 @@ impl Conv {
         }
         let rec = Recorded { units, last: parent, tokens_in: 0 };
         let rendered = p.render();
-        let (segs, notice, tools, tokens_sent, _) = segments(api, &rec, internal, &p, &rendered.messages);
-        Ok(write(api, raw, &rec, segs, notice, &tools, tokens_sent)?)
+        Ok(write(api, raw, &rec, segments(api, &rec, internal, &p, &rendered.messages))?)
     }
 }
 
@@ -450,7 +446,20 @@ enum Seg {
     New(Option<OutMessage<'static>>),
 }
 
-type Segments = (Vec<Seg>, bool, Vec<tools::ToolDef>, u64, (u64, u64, u64, u64));
+/// The rendered context mapped for writing (see [`segments`]).
+struct Segments {
+    segs: Vec<Seg>,
+    /// Whether the context ends with a budget notice.
+    notice: bool,
+    /// condense's tools the context needs.
+    tools: Vec<tools::ToolDef>,
+    /// Its tokens.
+    tokens: u64,
+    /// Stubs, checkpoints, recoveries, chains.
+    figures: (u64, u64, u64, u64),
+    /// After a checkpoint: the last message of what stays until the next one (see [`stable_end`]).
+    stable_end: Option<usize>,
+}
 
 /// Maps each rendered message to the client message it is (by identity with the entry's message) or its
 /// wire form; also whether the context ends with a budget notice, the tools it needs, its tokens, and the
@@ -477,13 +486,31 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
     let idx = p.index();
     let recoveries = idx.recovery_notes.iter().filter(|n| n.starts_with(condense_engine::recover::DIAG_PREPARED)).count() as u64;
     let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64, recoveries, idx.chains.len() as u64);
-    (segs, notice, tools, tokens, figures)
+    Segments { segs, notice, tools, tokens, figures, stable_end: stable_end(messages) }
+}
+
+/// After a checkpoint, the context opens with its summary, the host context it carried and the prompts
+/// it kept (and any prompts right after them): nothing changes these until the next checkpoint, while
+/// what follows is pruned and chained as the session goes on. The position of the last of them, where
+/// condense puts a cache mark of its own (Anthropic): a chain compressed after the checkpoint then
+/// re-sends only what follows the mark, not everything after the system prompt.
+fn stable_end(messages: &[Arc<Message>]) -> Option<usize> {
+    let first = messages.first()?;
+    if !(matches!(**first, Message::User { origin: UserOrigin::Summary, .. }) && first.text().starts_with("[Checkpoint c")) {
+        return None;
+    }
+    Some(messages[1..].iter().take_while(|m| matches!(***m, Message::User { origin: UserOrigin::Prompt | UserOrigin::Host, .. })).count())
 }
 
 /// Writes the message list to send from the segments: whole unchanged units as the client wrote them,
 /// other client messages as their own wire JSON, the rest from the neutral model, with the client's cache
 /// marks put back.
-fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: bool, tools: &[tools::ToolDef], tokens_sent: u64) -> std::result::Result<Built, wire::WireError> {
+fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::result::Result<Built, wire::WireError> {
+    let Segments { segs, notice, tools, tokens: tokens_sent, stable_end, .. } = seg;
+    let tools = &tools[..];
+    // condense's own mark at the end of what stays until the next checkpoint (Anthropic allows four;
+    // one is left when the client's request holds fewer).
+    let own_mark = stable_end.filter(|&k| api == Api::Anthropic && k < segs.len() && count_marks(&raw.buf) < 4);
     // Which units go out whole and untouched, and which are read for their messages' own JSON.
     let count = |u: usize| rec.units[u].entries.len();
     let mut whole: Vec<Option<usize>> = vec![None; segs.len()];
@@ -497,7 +524,8 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
             if complete {
                 complete_at[i] = Some(u);
             }
-            if complete && !raw.units[u].marked {
+            // The unit that takes condense's mark is read, so the mark can go on it.
+            if complete && !raw.units[u].marked && !own_mark.is_some_and(|e| (i..i + k).contains(&e)) {
                 whole[i] = Some(u);
                 i += k;
                 continue;
@@ -556,7 +584,12 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
     }
     let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(segs.len());
     let mut src: Vec<Option<(usize, usize)>> = Vec::with_capacity(segs.len());
+    // The piece condense's mark goes on.
+    let mut own_piece = None;
     for (i, seg) in segs.into_iter().enumerate() {
+        if Some(i) == own_mark && whole[i].is_none() && !covered[i] {
+            own_piece = Some(pieces.len());
+        }
         if let Some(u) = whole[i] {
             let unit = &raw.units[u];
             pieces.push(Piece::Raw(raw.slice(unit.start, unit.start + unit.len)));
@@ -592,6 +625,11 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, segs: Vec<Seg>, notice: boo
                     mark_last_part(o, control);
                 }
             }
+        }
+    }
+    if let Some(Piece::Msg(o)) = own_piece.and_then(|a| pieces.get_mut(a)) {
+        if !o.parts.last().is_some_and(|p| p.get("cache_control").is_some()) {
+            mark_last_part(o, &json!({"type": "ephemeral"}));
         }
     }
     // Responses: a rewritten output answers a custom tool call with the custom output type.
@@ -691,6 +729,12 @@ impl Conv {
     pub fn visible_len(&self) -> usize {
         self.track.len()
     }
+}
+
+/// How many cache marks a request body holds (a mention of the word in a text counts too: the count
+/// errs towards leaving condense's own mark out).
+fn count_marks(body: &[u8]) -> usize {
+    body.windows(15).filter(|w| *w == b"\"cache_control\"").count()
 }
 
 fn mark_last_part(o: &mut OutMessage<'_>, control: &Value) {

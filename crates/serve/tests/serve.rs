@@ -1039,6 +1039,52 @@ async fn after_a_checkpoint_and_a_query_round_the_next_request_reads_them_from_t
     }
 }
 
+/// Issue 34, item 2: after a checkpoint condense marks the end of what stays until the next one (the
+/// summary, the host context, the kept prompts: Anthropic allows four marks and the client uses two
+/// here). The chain of the turn that asked for the checkpoint is compressed turns later, in front of
+/// the client's newer marks; without condense's mark that request re-sent everything after the system
+/// prompt (here the 6 KB environment message with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_checkpoint_condense_marks_what_stays_and_a_later_chain_reads_it_from_the_cache() {
+    let mut steps = Vec::new();
+    for k in 1..=3 {
+        steps.extend([Step::Shell(format!("seq {k} {}", 1000 * k)), Step::Text(format!("turn {k} done"))]);
+    }
+    steps.extend([Step::Shell("seq 4 3003".into()), Step::NewContext, Step::Text("turn 4 done".into())]);
+    for k in 5..=7 {
+        steps.extend([Step::Shell(format!("seq {k} {}", 3000 + k)), Step::Text(format!("turn {k} done"))]);
+    }
+    let s = setup(steps, vec![]).await;
+    let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+    agent.history.push(json!({"role": "system", "content": format!("# Environment\n{}", "Working directory: /work/project\n".repeat(200))}));
+    for k in 1..=7 {
+        assert_eq!(agent.turn(&format!("turn {k}")).await.unwrap(), format!("turn {k} done"));
+    }
+    let log = s.fake.log();
+    let mut sim = condense_serve::billing::CacheSim::new(Api::Anthropic);
+    let billed: Vec<_> = log.iter().map(|l| sim.bill(&l.body)).collect();
+    let checkpointed = |l: &Logged| l.messages().first().is_some_and(|m| m.text().starts_with("[Checkpoint c1"));
+    let first = log.iter().position(checkpointed).expect("a request after the checkpoint");
+    assert!(first + 4 < log.len(), "turns after the checkpoint");
+    for (i, l) in log.iter().enumerate().skip(first) {
+        assert!(checkpointed(l), "request {i} still opens with the checkpoint");
+        let marks = l.body.to_string().matches("cache_control").count();
+        assert!(marks <= 4, "request {i} has {marks} cache marks");
+        let messages = l.body["messages"].as_array().unwrap();
+        let opening = messages.iter().position(|m| m["role"] == "assistant").unwrap_or(messages.len()) - 1;
+        assert!(messages[opening].to_string().contains("cache_control"), "request {i}: the last message before the first reply is not marked: {:#}", l.body["messages"]);
+        if i > first {
+            // What is new since the model's last message (its call and the output, or its reply and the
+            // prompt) and little more goes at full price; a chain compressed in front of it too.
+            let last_reply = messages.iter().rposition(|m| m["role"] == "assistant").unwrap_or(0);
+            let new: usize = messages[last_reply..].iter().map(|m| m.to_string().len()).sum();
+            let b = &billed[i];
+            let full = (b.bytes - b.cached) as usize;
+            assert!(full <= new + 2_000, "request {i} pays for {full} bytes at full price, {new} of them new");
+        }
+    }
+}
+
 /// Issue 35: two users whose conversations open with the same words, with and without a client id of
 /// the same value, get a session each; the second one's query of `t1` never reads the first one's
 /// output, and a condense tool serve did not declare is not answered from the log.
