@@ -705,8 +705,12 @@ fn long_session(c: Client) {
         "every request"
     });
     let (t, d) = (bill(c.api, &through_log), bill(c.api, &direct_log));
+    // The floor: condense paying full price for nothing but what is new (what direct paid full price
+    // for) and the cached price for every other byte it sends.
+    let new_bytes = d.billed.bytes - d.billed.cached;
+    let floor = condense_serve::billing::Billed { bytes: t.billed.bytes, cached: t.billed.bytes.saturating_sub(new_bytes) }.cost();
     let row = format!(
-        "| {} | {} / {} | {:.3} | {:.1}% → {:.1}% | {:.3} | {} |\n",
+        "| {} | {} / {} | {:.3} | {:.1}% → {:.1}% | {:.3} | {:.3} | {} |\n",
         c.name,
         t.requests,
         d.requests,
@@ -714,14 +718,19 @@ fn long_session(c: Client) {
         100.0 * d.billed.hit(),
         100.0 * t.billed.hit(),
         t.billed.cost() / d.billed.cost(),
+        floor / d.billed.cost(),
         environment.unwrap_or("(none sent)"),
     );
     let report = workspace().join("target/e2e-cost");
     std::fs::create_dir_all(&report).unwrap();
     std::fs::write(report.join(format!("{}.md", c.name.replace(' ', "-"))), &row).unwrap();
     eprint!("{row}");
-    // condense costs less than sending direct (the target, 0.30, is not met yet: docs/benchmarks.md).
+    // condense costs less than sending direct, and within 5% of its floor: what it pays beyond the new
+    // content is the few rewrites it cannot avoid (the checkpoints, a recall), not cache breaks (before
+    // the fixes of 2026-12-04 Claude Code paid about 8% over it: 0.329 against 0.305). The target, 0.30, is below the floor
+    // of this session for Claude Code and Codex: docs/pruning.md, "The prompt cache through serve".
     assert!(t.billed.cost() < d.billed.cost(), "{row}");
+    assert!(t.billed.cost() <= 1.05 * floor, "more than 5% over the floor: {row}");
     drop(rt);
 }
 
