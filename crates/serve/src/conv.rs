@@ -499,7 +499,11 @@ fn stable_end(messages: &[Arc<Message>]) -> Option<usize> {
     if !(matches!(**first, Message::User { origin: UserOrigin::Summary, .. }) && first.text().starts_with("[Checkpoint c")) {
         return None;
     }
-    Some(messages[1..].iter().take_while(|m| matches!(***m, Message::User { origin: UserOrigin::Prompt | UserOrigin::Host, .. })).count())
+    let run = messages[1..].iter().take_while(|m| matches!(***m, Message::User { origin: UserOrigin::Prompt | UserOrigin::Host, .. })).count();
+    // The mark goes on a prompt (or the summary), not on host context, which a client may send as a
+    // `system` message inside the list.
+    let last_prompt = messages[1..=run].iter().rposition(|m| matches!(**m, Message::User { origin: UserOrigin::Prompt, .. }));
+    Some(last_prompt.map_or(0, |p| p + 1))
 }
 
 /// Writes the message list to send from the segments: whole unchanged units as the client wrote them,
