@@ -193,7 +193,7 @@ The dashboard's sessions list (`/condense/api/sessions`, what `/condense/` polls
 
 /// The peak memory of one request by shape (`--only request-memory`): each shape sent once to a fresh
 /// release server, its VmHWM over the baseline, beside the reservation serve's memory budget takes for it
-/// (12 bytes per byte of body and 8 KiB per message, `crates/serve/src/budget.rs`).
+/// (`PER_BODY_BYTE` per byte of body and `PER_MESSAGE` per message, `crates/serve/src/budget.rs`).
 pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
     let bin = release_binary()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;

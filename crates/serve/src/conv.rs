@@ -102,6 +102,7 @@ pub struct UnitRec {
     /// The exact keys of its messages, when the unit was read in full (a unit matched by its key is not
     /// read at all). The parsed unit itself is not kept: a body of many small messages would hold its
     /// parsed JSON through recording; the render reads again the few units it sends message by message.
+    /// Taken into the client's view once the request is recorded.
     pub keys: Option<Vec<u64>>,
 }
 
@@ -304,10 +305,10 @@ impl Conv {
             units[*u].entries.push(Some(id.clone()));
         }
         // Units read in full are remembered by key, so the next request matches them without reading.
-        for (u, rec) in units.iter().enumerate() {
-            if let (Some(keys), false) = (&rec.keys, raw.units[u].marked) {
+        for (u, rec) in units.iter_mut().enumerate() {
+            if let (Some(keys), false) = (rec.keys.take(), raw.units[u].marked) {
                 if keys.len() == rec.entries.len() {
-                    self.units.entry(raw.units[u].key).or_insert_with(|| keys.clone());
+                    self.units.entry(raw.units[u].key).or_insert(keys);
                 }
             }
         }
