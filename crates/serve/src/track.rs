@@ -253,7 +253,7 @@ impl Track {
     /// Room for `n` more nodes (a request recording many messages at once) and the reply's after them,
     /// which would otherwise double the room at once.
     pub fn reserve(&mut self, n: usize) {
-        self.nodes.reserve_exact(n + 16);
+        self.nodes.reserve(n + 16);
     }
 
     /// The child of `at` (`None`: the roots) that a client message with exact key `key` matches: the

@@ -29,7 +29,7 @@ impl Projection {
     /// the room at once).
     pub fn reserve_entries(&mut self, n: usize) {
         if n > 0 {
-            Arc::make_mut(&mut self.items).reserve_exact(n + 16);
+            Arc::make_mut(&mut self.items).reserve(n + 16);
             Arc::make_mut(&mut self.index).reserve(n + 16);
         }
     }
