@@ -753,3 +753,37 @@ fn mark_last_part(o: &mut OutMessage<'_>, control: &Value) {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(text: &str, origin: UserOrigin) -> Arc<Message> {
+        Arc::new(Message::user_text(text, origin))
+    }
+
+    fn reply(text: &str) -> Arc<Message> {
+        Arc::new(Message::Assistant { content: vec![Block::Text { text: text.into() }], model: None, stop: None, usage: None })
+    }
+
+    /// condense's own mark goes on the last prompt a checkpoint keeps (host context between them is passed
+    /// over), on the summary when it keeps none, and nowhere without a checkpoint.
+    #[test]
+    fn the_stable_end_is_the_last_kept_prompt_after_a_checkpoint() {
+        let summary = || user("[Checkpoint c1: the conversation before this point, summarized]\n## Goal\nx", UserOrigin::Summary);
+        let ctx = [summary(), user("# Environment", UserOrigin::Host), user("one", UserOrigin::Prompt), user("two", UserOrigin::Prompt), user("<env/>", UserOrigin::Host), reply("ok")];
+        assert_eq!(stable_end(&ctx), Some(3));
+        assert_eq!(stable_end(&[summary(), user("# Environment", UserOrigin::Host), reply("ok")]), Some(0));
+        assert_eq!(stable_end(&[summary()]), Some(0));
+        assert_eq!(stable_end(&[user("one", UserOrigin::Prompt), reply("ok")]), None);
+        assert_eq!(stable_end(&[user("[Compressed chain b1: 2 tool calls]", UserOrigin::Summary), user("one", UserOrigin::Prompt)]), None);
+        assert_eq!(stable_end(&[]), None);
+    }
+
+    #[test]
+    fn marks_are_counted_in_the_whole_body() {
+        let body = br#"{"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]}]}"#;
+        assert_eq!(count_marks(body), 2);
+        assert_eq!(count_marks(b"{}"), 0);
+    }
+}
