@@ -18,7 +18,6 @@ mod test;
 
 #[path = "../../crates/cli/tests/support/crash_rounds.rs"]
 mod crash_rounds;
-#[path = "../../crates/cli/tests/support/e2e_clients.rs"]
 mod e2e_clients;
 
 // The allocator the condense binary uses, so the figures are what a user's `condense` does.
@@ -33,6 +32,7 @@ fn main() -> Result<()> {
         Some("soak") => soak::soak(&args[1..]),
         Some("man") => man(&args[1..]),
         Some("test") => test::run(&args[1..]),
+        Some("clients") => test::clients(),
         // A fresh process importing one file into a fresh store, printing its peak memory (for the bench).
         Some("import-peak") => {
             let (file, dir) = (PathBuf::from(&args[1]), PathBuf::from(&args[2]));

@@ -7,6 +7,8 @@
 //! - the real Claude Code, pi and Codex CLIs at the versions pinned in `crates/cli/tests/e2e-clients.txt`,
 //!   installed with npm under `target/e2e-clients` (once: a rerun with the same pins installs nothing).
 //!
+//! `cargo xtask clients` installs the agent CLIs alone and checks that each one runs.
+//!
 //! Debian packages are installed with `apt-get` as root, or through `sudo` when that works without a
 //! password; otherwise the command says what to install and stops.
 
@@ -68,10 +70,35 @@ pub fn run(args: &[String]) -> Result<()> {
     if !missing.is_empty() {
         apt_install(&missing)?;
     }
-    let clients = root.join("target/e2e-clients");
-    println!("xtask test: the pinned agent CLIs in {}", clients.display());
-    crate::e2e_clients::install(&clients).map_err(|e| anyhow::anyhow!(e))?;
+    let clients = install_clients()?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let st = Command::new(cargo).current_dir(&root).args(["test", "--workspace"]).args(args).env("CONDENSE_E2E_CLIENTS", &clients).status()?;
     std::process::exit(st.code().unwrap_or(1));
+}
+
+/// Installs the pinned agent CLIs from npm under `target/e2e-clients` (nothing when the same pins are
+/// there already) and returns the folder.
+fn install_clients() -> Result<std::path::PathBuf> {
+    let clients = crate::root().join("target/e2e-clients");
+    println!("xtask: the pinned agent CLIs in {}", clients.display());
+    crate::e2e_clients::install(&clients).map_err(|e| anyhow::anyhow!(e))?;
+    Ok(clients)
+}
+
+/// `cargo xtask clients`: installs the real Claude Code, pi and Codex CLIs the end-to-end tests drive
+/// and checks that each one runs (`--version`), printing the versions; fails when one does not.
+pub fn clients() -> Result<()> {
+    let dir = install_clients()?;
+    for (package, bin) in crate::e2e_clients::BINARIES {
+        let path = dir.join("node_modules/.bin").join(bin);
+        let out = Command::new(&path).arg("--version").output().with_context(|| format!("running {}", path.display()))?;
+        // pi prints its version on standard error.
+        let version = [&out.stdout, &out.stderr].iter().map(|b| String::from_utf8_lossy(b).trim().to_string()).find(|v| !v.is_empty()).unwrap_or_default();
+        let pinned = crate::e2e_clients::PINS.lines().find_map(|l| l.trim().strip_prefix(package)?.strip_prefix('@')).unwrap_or("");
+        if !out.status.success() || pinned.is_empty() || !version.contains(pinned) {
+            bail!("{package}: `{bin} --version` gave `{version}` ({}), pinned {pinned}", out.status);
+        }
+        println!("xtask clients: {package} ({bin}) {version}");
+    }
+    Ok(())
 }

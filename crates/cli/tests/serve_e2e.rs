@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 
-#[path = "support/e2e_clients.rs"]
+#[path = "../../../xtask/src/e2e_clients.rs"]
 mod e2e_clients;
 
 fn workspace() -> PathBuf {

@@ -1,12 +1,14 @@
-//! The real agent CLIs the end-to-end tests drive, at the versions pinned in `e2e-clients.txt` (one
-//! `package@version` a line), installed with npm into a folder once: a stamp file holds the pins installed,
-//! so the same pins install nothing again. Shared by the tests (`serve_e2e.rs`) and `cargo xtask test`.
+//! The real agent CLIs the end-to-end tests drive, at the versions pinned in
+//! `crates/cli/tests/e2e-clients.txt` (one `package@version` a line), installed from npm into a folder
+//! once: a stamp file holds the pins installed, so the same pins install nothing again. CI installs them
+//! with `cargo xtask clients` (then `cargo xtask test`); the end-to-end tests (`serve_e2e.rs`) include this
+//! file too, so a plain `cargo test` installs them on first use.
 
 use std::path::Path;
 use std::process::Command;
 
 /// The pinned client versions.
-pub const PINS: &str = include_str!("../e2e-clients.txt");
+pub const PINS: &str = include_str!("../../crates/cli/tests/e2e-clients.txt");
 
 /// Installs the pinned clients into `dir` (its `node_modules`) unless they are there already.
 pub fn install(dir: &Path) -> Result<(), String> {
@@ -29,3 +31,6 @@ pub fn install(dir: &Path) -> Result<(), String> {
     }
     std::fs::write(&stamp, pinned.join("\n")).map_err(io)
 }
+
+/// Each client's command in `node_modules/.bin`, by package.
+pub const BINARIES: [(&str, &str); 3] = [("@anthropic-ai/claude-code", "claude"), ("@mariozechner/pi-coding-agent", "pi"), ("@openai/codex", "codex")];
