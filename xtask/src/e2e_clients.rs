@@ -31,6 +31,3 @@ pub fn install(dir: &Path) -> Result<(), String> {
     }
     std::fs::write(&stamp, pinned.join("\n")).map_err(io)
 }
-
-/// Each client's command in `node_modules/.bin`, by package.
-pub const BINARIES: [(&str, &str); 3] = [("@anthropic-ai/claude-code", "claude"), ("@mariozechner/pi-coding-agent", "pi"), ("@openai/codex", "codex")];

@@ -85,11 +85,14 @@ fn install_clients() -> Result<std::path::PathBuf> {
     Ok(clients)
 }
 
+/// Each client's command in `node_modules/.bin`, by package.
+const BINARIES: [(&str, &str); 3] = [("@anthropic-ai/claude-code", "claude"), ("@mariozechner/pi-coding-agent", "pi"), ("@openai/codex", "codex")];
+
 /// `cargo xtask clients`: installs the real Claude Code, pi and Codex CLIs the end-to-end tests drive
 /// and checks that each one runs (`--version`), printing the versions; fails when one does not.
 pub fn clients() -> Result<()> {
     let dir = install_clients()?;
-    for (package, bin) in crate::e2e_clients::BINARIES {
+    for (package, bin) in BINARIES {
         let path = dir.join("node_modules/.bin").join(bin);
         let out = Command::new(&path).arg("--version").output().with_context(|| format!("running {}", path.display()))?;
         // pi prints its version on standard error.
