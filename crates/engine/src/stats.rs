@@ -1,5 +1,6 @@
 //! Counts that describe a session: what `condense stats` prints.
 
+use crate::simulate::Prices;
 use condense_events::{Message, Usage, UserOrigin};
 use condense_render::Projection;
 use condense_tokens::estimate;
@@ -59,7 +60,7 @@ pub struct ProviderCost {
 
 /// The cache-priced cost of a usage (see [`ProviderCost`]).
 pub fn cache_priced(u: &Usage) -> f64 {
-    0.1 * u.cache_read as f64 + 1.25 * (u.input + u.cache_write) as f64
+    Prices::default().units(u.input + u.cache_read + u.cache_write, u.cache_read, 0)
 }
 
 /// What sending `p`'s active branch as an append-only history costs at cache prices: one request per
@@ -67,10 +68,11 @@ pub fn cache_priced(u: &Usage) -> f64 {
 /// what the request before it carried.
 pub fn direct_cost(p: &Projection) -> f64 {
     let overhead = p.request_overhead();
+    let prices = Prices::default();
     let (mut total, mut before, mut cost) = (overhead, 0u64, 0.0);
     for m in p.branch_messages() {
         if matches!(*m, Message::Assistant { .. }) {
-            cost += 0.1 * before as f64 + 1.25 * (total - before) as f64;
+            cost += prices.units(total, before, 0);
             before = total;
         }
         total += estimate(&m);

@@ -518,26 +518,27 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     let own_mark = stable_end.filter(|&k| api == Api::Anthropic && k < segs.len() && count_marks(&raw.buf) < 4);
     // Which units go out whole and untouched, and which are read for their messages' own JSON.
     let count = |u: usize| rec.units[u].entries.len();
-    let mut whole: Vec<Option<usize>> = vec![None; segs.len()];
     // Where a client unit is sent complete, marked or not (a marked one is read for its marks only).
     let mut complete_at: Vec<Option<usize>> = vec![None; segs.len()];
     let mut i = 0;
     while i < segs.len() {
         if let Seg::Client(u, 0) = segs[i] {
             let k = count(u);
-            let complete = k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y == j));
-            if complete {
+            if k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y == j)) {
                 complete_at[i] = Some(u);
-            }
-            // The unit that takes condense's mark is read, so the mark can go on it.
-            if complete && !raw.units[u].marked && !own_mark.is_some_and(|e| (i..i + k).contains(&e)) {
-                whole[i] = Some(u);
                 i += k;
                 continue;
             }
         }
         i += 1;
     }
+    // Those that go out as the client wrote them: unmarked, and not the one that takes condense's mark
+    // (it is read, so the mark can go on it).
+    let mut whole: Vec<Option<usize>> = complete_at
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.filter(|&u| !raw.units[u].marked && !own_mark.is_some_and(|e| (i..i + count(u)).contains(&e))))
+        .collect();
     // An Anthropic unit next to a rewritten message of the same role is merged with it, so it is read.
     let role_of = |i: usize| -> Option<String> {
         match &segs[i] {
@@ -625,7 +626,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
                 // notice): after a condense tool round's call and result too, so the next request reads
                 // them from the cache instead of paying for them again.
                 let end = pieces.len().checked_sub(1 + usize::from(notice)).filter(|e| last && matches!(pieces[*e], Piece::Msg(_)));
-                let at = end.or_else(|| src.iter().rposition(|s| *s == Some((*u, *j)))).or_else(|| last.then(|| pieces.len().saturating_sub(1 + usize::from(notice))));
+                let at = end.or_else(|| src.iter().rposition(|s| *s == Some((*u, *j))));
                 if let Some(Piece::Msg(o)) = at.and_then(|a| pieces.get_mut(a)) {
                     mark_last_part(o, control);
                 }
