@@ -796,6 +796,19 @@ pub fn anthropic_reply(content: &[Value], model: Option<String>) -> Message {
     Message::Assistant { content: assistant_blocks(Some(Value::Array(content.to_vec())), &mut |_| {}), model, stop: None, usage: None }
 }
 
+/// A non-streaming reply of `api`: the assistant message and the usage (serve reads the upstream's with
+/// it, the HTTP summarizer its model's).
+pub fn reply_of(api: Api, v: &Value) -> Option<(Message, Option<Usage>)> {
+    let model = v.get("model").and_then(Value::as_str).map(str::to_string);
+    let usage = v.get("usage").filter(|u| u.is_object()).map(|u| usage_of(api, u));
+    let m = match api {
+        Api::Anthropic => anthropic_reply(v.get("content")?.as_array()?, model),
+        Api::Chat => chat_reply(v.get("choices")?.get(0)?.get("message")?, model),
+        Api::Responses => responses_reply(v.get("output")?.as_array()?, model),
+    };
+    Some((m, usage))
+}
+
 /// The assistant message of a Chat completion's `message` object.
 pub fn chat_reply(message: &Value, model: Option<String>) -> Message {
     let parsed = parse_chat(

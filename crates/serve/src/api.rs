@@ -2,8 +2,7 @@
 //! the reply of a non-streaming response and how several rounds merge into the one reply the client
 //! sees, and how a conversation identifies itself.
 
-use condense_events::{Message, Usage};
-use condense_formats::wire::{self, Api};
+use condense_formats::wire::Api;
 use serde_json::{json, Value};
 
 /// The stable code a client sees when no request can be sent (seed 001).
@@ -40,17 +39,7 @@ pub fn error_text(body: &[u8]) -> String {
     v.get("error").and_then(|e| e.get("message")).and_then(Value::as_str).map_or_else(|| String::from_utf8_lossy(body).chars().take(500).collect(), str::to_string)
 }
 
-/// A non-streaming reply: the assistant message and the usage.
-pub fn reply_of(api: Api, v: &Value) -> Option<(Message, Option<Usage>)> {
-    let model = v.get("model").and_then(Value::as_str).map(str::to_string);
-    let usage = v.get("usage").filter(|u| u.is_object()).map(|u| wire::usage_of(api, u));
-    let m = match api {
-        Api::Anthropic => wire::anthropic_reply(v.get("content")?.as_array()?, model),
-        Api::Chat => wire::chat_reply(v.get("choices")?.get(0)?.get("message")?, model),
-        Api::Responses => wire::responses_reply(v.get("output")?.as_array()?, model),
-    };
-    Some((m, usage))
-}
+pub use condense_formats::wire::reply_of;
 
 /// Removes the calls of condense's tools from a non-streaming reply body, so the client never sees them.
 pub fn strip_internal(api: Api, v: &mut Value, internal: &dyn Fn(&str) -> bool) {

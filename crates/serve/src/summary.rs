@@ -8,7 +8,7 @@
 //! (`summarizer_fallbacks` in `/condense/status`) and logged (target `condense::summary`).
 
 use condense_formats::wire::Api;
-use condense_summarize::{Extractive, HttpApi, HttpConfig, HttpSummarizer, Item, SummarizeError, Summarizer, WithFallback};
+use condense_summarize::{Extractive, HttpConfig, HttpSummarizer, Item, SummarizeError, Summarizer, WithFallback};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -62,11 +62,7 @@ impl Route {
         let model = self.model.clone().unwrap_or_else(|| native.to_string());
         let mut cfg = HttpConfig::new(&self.base, &model, None);
         (cfg.idle, cfg.total) = (IDLE, TOTAL);
-        cfg.api = match self.api {
-            Api::Anthropic => HttpApi::Anthropic,
-            Api::Chat => HttpApi::Chat,
-            Api::Responses => HttpApi::Responses,
-        };
+        cfg.api = self.api;
         let upstream = Through { cfg, headers: self.headers.clone(), all: self.all, started: std::time::Instant::now() };
         let fallbacks = self.fallbacks.clone();
         let notice = move |_: u64, reason: &str| {

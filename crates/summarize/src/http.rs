@@ -10,6 +10,8 @@
 //! summarizer.
 
 use crate::{Item, SummarizeError, Summarizer};
+use condense_events::Block;
+use condense_formats::wire::{reply_of, Api};
 use std::time::Duration;
 
 /// Settings of the HTTP summarizer.
@@ -28,23 +30,12 @@ pub struct HttpConfig {
     /// Characters of each output sent (the head and tail are kept when longer).
     pub max_chars_per_output: usize,
     /// The API the endpoint speaks (default: Chat Completions).
-    pub api: HttpApi,
+    pub api: Api,
     /// Headers sent with every call besides the content type (a client's own credentials, when serve
     /// summarizes through the upstream): never logged, never written anywhere.
     pub headers: Vec<(String, String)>,
 }
 
-/// The API an [`HttpSummarizer`] speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HttpApi {
-    /// OpenAI Chat Completions: `POST {base}/chat/completions`.
-    #[default]
-    Chat,
-    /// Anthropic Messages: `POST {base}/messages`.
-    Anthropic,
-    /// OpenAI Responses: `POST {base}/responses`.
-    Responses,
-}
 
 impl HttpConfig {
     /// Settings with the default timeouts.
@@ -56,7 +47,7 @@ impl HttpConfig {
             idle: Duration::from_secs(20),
             total: Duration::from_secs(180),
             max_chars_per_output: 12_000,
-            api: HttpApi::Chat,
+            api: Api::Chat,
             headers: Vec::new(),
         }
     }
@@ -144,7 +135,7 @@ impl HttpSummarizer {
     fn chat(&self, system: &str, user: &str, max_tokens: u64) -> Result<String, SummarizeError> {
         let fail = |reason: String| SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason };
         let (url, body) = match self.cfg.api {
-            HttpApi::Chat => (
+            Api::Chat => (
                 format!("{}/chat/completions", self.cfg.base_url),
                 serde_json::json!({
                     "model": self.cfg.model,
@@ -152,7 +143,7 @@ impl HttpSummarizer {
                     "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
                 }),
             ),
-            HttpApi::Anthropic => (
+            Api::Anthropic => (
                 format!("{}/messages", self.cfg.base_url),
                 serde_json::json!({
                     "model": self.cfg.model,
@@ -161,7 +152,7 @@ impl HttpSummarizer {
                     "messages": [{"role": "user", "content": user}],
                 }),
             ),
-            HttpApi::Responses => (
+            Api::Responses => (
                 format!("{}/responses", self.cfg.base_url),
                 serde_json::json!({"model": self.cfg.model, "instructions": system, "input": user, "store": false}),
             ),
@@ -193,19 +184,8 @@ impl HttpSummarizer {
             return Err(fail(format!("status {status}: {}", clip_middle(&text, 200))));
         }
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(format!("reply is not JSON: {e}")))?;
-        let texts = |items: Option<&Vec<serde_json::Value>>, kind: &str| -> Option<String> {
-            let parts: Vec<&str> = items?.iter().filter(|b| b["type"] == kind).filter_map(|b| b["text"].as_str()).collect();
-            (!parts.is_empty()).then(|| parts.concat())
-        };
-        let content = match self.cfg.api {
-            HttpApi::Chat => v["choices"][0]["message"]["content"].as_str().map(str::to_string),
-            HttpApi::Anthropic => texts(v["content"].as_array(), "text"),
-            HttpApi::Responses => {
-                let items = v["output"].as_array().into_iter().flatten().filter(|o| o["type"] == "message");
-                let parts: Vec<String> = items.filter_map(|o| texts(o["content"].as_array(), "output_text")).collect();
-                (!parts.is_empty()).then(|| parts.concat())
-            }
-        };
+        // The reply read as serve reads the upstream's: its text blocks, joined.
+        let content = reply_of(self.cfg.api, &v).map(|(m, _)| m).filter(|m| m.content().iter().any(|b| matches!(b, Block::Text { .. }))).map(|m| m.text());
         content.ok_or_else(|| fail("reply has no message content".into()))
     }
 }

@@ -21,7 +21,7 @@ pub mod http;
 
 pub use close::Close;
 
-pub use http::{HttpApi, HttpConfig, HttpSummarizer};
+pub use http::{HttpConfig, HttpSummarizer};
 
 /// One output of a batch, as the summarizer sees it.
 #[derive(Debug, Clone, Copy)]
