@@ -32,8 +32,8 @@ pub struct Route {
     pub(crate) api: Api,
     /// The upstream's base URL with `/v1`.
     pub(crate) base: String,
-    /// The client's headers as they go upstream with its requests.
-    pub(crate) headers: axum::http::HeaderMap,
+    /// The client's headers as they go upstream with its requests (the request's own, shared).
+    pub(crate) headers: Arc<axum::http::HeaderMap>,
     /// `--summary-model`, when given.
     pub(crate) model: Option<String>,
     /// Batch summaries and checkpoint handoffs too (`--summaries upstream`).
@@ -78,7 +78,7 @@ impl Route {
 struct Through {
     cfg: HttpConfig,
     /// The client's headers, made the summarizer's only when a call is made (most preparations make none).
-    headers: axum::http::HeaderMap,
+    headers: Arc<axum::http::HeaderMap>,
     all: bool,
     /// When the preparation that uses it began: no call runs past the recovery's deadline.
     started: std::time::Instant,

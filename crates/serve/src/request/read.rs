@@ -62,6 +62,9 @@ struct FunctionName {
 pub(crate) struct Req {
     pub(crate) api: Api,
     pub(crate) headers: HeaderMap,
+    /// The client's headers as they go upstream (hop-by-hop ones left out), worked out once: the forward
+    /// and the summaries through the upstream both send them.
+    pub(crate) upstream_headers: Arc<HeaderMap>,
     pub(crate) query: String,
     /// The client's body, field by field as it wrote them: ranges of the body `raw.buf`.
     pub(crate) fields: Arc<Vec<(String, std::ops::Range<usize>)>>,
@@ -185,14 +188,15 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
         + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
     let overhead = overhead_bytes.div_ceil(4) as u64;
-    let summary = summary_route(st, api, &parts.headers);
-    let req = Req { api, headers: parts.headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, summary, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
+    let upstream_headers = Arc::new(crate::request::response::upstream_headers(&parts.headers));
+    let summary = summary_route(st, api, &upstream_headers);
+    let req = Req { api, headers: parts.headers, upstream_headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, summary, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
     Ok((req, bytes, arrived))
 }
 
 /// How this request's summaries reach the upstream: its API, the upstream it goes to, and the client's
 /// headers as they go with it (`None` when a summarizer is configured or `--summaries extractive`).
-fn summary_route(st: &State, api: Api, headers: &axum::http::HeaderMap) -> Option<crate::summary::Route> {
+fn summary_route(st: &State, api: Api, headers: &Arc<HeaderMap>) -> Option<crate::summary::Route> {
     use crate::summary::Summaries;
     if st.cfg.summarizer.is_some() || st.cfg.summaries == Summaries::Extractive {
         return None;
@@ -204,7 +208,7 @@ fn summary_route(st: &State, api: Api, headers: &axum::http::HeaderMap) -> Optio
     Some(crate::summary::Route {
         api,
         base: format!("{base}/v1"),
-        headers: crate::request::response::upstream_headers(headers),
+        headers: headers.clone(),
         model: st.cfg.summary_model.clone(),
         all: st.cfg.summaries == Summaries::Upstream,
         fallbacks: st.upstream_fallbacks.clone(),

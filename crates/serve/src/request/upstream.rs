@@ -4,7 +4,7 @@
 use crate::billing::Side;
 use crate::state::State;
 use crate::request::read::Req;
-use crate::request::response::{api_error, stream_back, upstream_headers};
+use crate::request::response::{api_error, stream_back};
 use crate::conv::Built;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
@@ -42,7 +42,7 @@ pub(crate) async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest
 /// POSTs a JSON `body` to `url` with the client's headers; an upstream that cannot be reached is a 502 in
 /// the request's API format.
 async fn post(st: &State, req: &Req, url: String, body: impl Into<reqwest::Body>) -> Result<reqwest::Response, Response> {
-    let mut headers = upstream_headers(&req.headers);
+    let mut headers = (*req.upstream_headers).clone();
     headers.insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     st.http
         .request(Method::POST, url)
