@@ -250,6 +250,9 @@ pub struct ServeArgs {
     /// Largest request body accepted (bytes, at least 1024)
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1024..))]
     pub max_body_bytes: Option<u64>,
+    /// Most messages a request may hold (default 100,000, the Anthropic API's own limit); past it, a 413
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_messages: Option<u64>,
     /// Most rounds of condense's own tool calls answered inside one client request
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tool_rounds: Option<u32>,

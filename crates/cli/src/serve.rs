@@ -52,6 +52,9 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
     if let Some(n) = a.max_body_bytes {
         cfg.max_body_bytes = usize::try_from(n).map_err(|_| anyhow!("--max-body-bytes {n} is more than this machine can address"))?;
     }
+    if let Some(n) = a.max_messages {
+        cfg.max_messages = usize::try_from(n).map_err(|_| anyhow!("--max-messages {n} is more than this machine can address"))?;
+    }
     if let Some(n) = a.max_tool_rounds {
         cfg.max_tool_rounds = n;
     }

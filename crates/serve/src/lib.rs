@@ -79,6 +79,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 pub const DEFAULT_MAX_BODY: usize = 64 << 20;
 /// The default bound on condense-tool rounds per client request.
 pub const DEFAULT_MAX_ROUNDS: u32 = 8;
+/// Most messages (list items) a request may hold: the Anthropic Messages API's own limit, and what
+/// bounds the memory recording a request of tiny messages takes (~1.5 KB a message, `docs/serve.md`).
+pub const DEFAULT_MAX_MESSAGES: usize = 100_000;
 
 /// Runs a CLI command against the server's open store: `(argv) → (stdout, stderr, exit code)`. The CLI
 /// binary supplies it, so `condense sessions` and friends work while the server holds the store.
@@ -97,6 +100,8 @@ pub struct ServeConfig {
     pub openai_upstream: String,
     /// Largest request body accepted, bytes.
     pub max_body_bytes: usize,
+    /// Most messages (items of `messages` or `input`) a request may hold; past it, a 413.
+    pub max_messages: usize,
     /// condense-tool rounds per client request at most.
     pub max_tool_rounds: u32,
     /// The store's configuration file (pruning, summarizer, model table).
@@ -155,6 +160,7 @@ impl ServeConfig {
             anthropic_upstream: DEFAULT_ANTHROPIC_UPSTREAM.into(),
             openai_upstream: DEFAULT_OPENAI_UPSTREAM.into(),
             max_body_bytes: DEFAULT_MAX_BODY,
+            max_messages: DEFAULT_MAX_MESSAGES,
             max_tool_rounds: DEFAULT_MAX_ROUNDS,
             file: FileConfig::default(),
             summarizer: None,

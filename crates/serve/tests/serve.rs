@@ -1373,6 +1373,29 @@ async fn limits_on_size_time_and_memory_hold() {
     pending.abort();
 }
 
+/// Issue 35, item 3: a body of 500,000 one-letter messages took 719 MB to record (~1.4 KB a message,
+/// a body of 33 bytes each); past the Anthropic API's own limit of 100,000 messages a request is refused
+/// with a 413 in its API's format before anything is split or recorded, and the conversation goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_of_more_messages_than_the_limit_is_refused_before_it_is_recorded() {
+    let s = setup(vec![Step::Text("after the refusal".into())], vec![]).await;
+    for api in [Api::Chat, Api::Anthropic, Api::Responses] {
+        let mut agent = Agent::new(api, false, &s.url());
+        while agent.history.len() <= condense_serve::DEFAULT_MAX_MESSAGES {
+            agent.user("x");
+        }
+        let (status, body) = agent.request().await.expect_err("over the limit");
+        assert_eq!(status, 413, "{api:?}: {body}");
+        assert!(body.contains("100001 messages, over the 100000"), "{api:?}: {body}");
+        let kind = if api == Api::Anthropic { "\"type\":\"error\"" } else { "\"error\":{" };
+        assert!(body.contains(kind), "{api:?}: not in the API's error format: {body}");
+    }
+    assert!(s.fake.log().is_empty(), "nothing reached the provider");
+    assert_eq!(s.status().await["active_sessions"].as_array().map(Vec::len), Some(0), "nothing was recorded");
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    assert_eq!(agent.turn("a request of one message").await.unwrap(), "after the refusal");
+}
+
 /// Issue 35, item 8: an upstream stream with bytes that are not UTF-8 ahead of its events reaches the
 /// client whole (the bytes are read as the SSE format says: replaced, not fatal), and a 200 that is not an
 /// event stream, to a streaming request, reaches the client as it came instead of as a broken stream.

@@ -143,6 +143,12 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
         let Some(list) = field(api.list_field()) else { return Err(bad(format!("`{}` must be a list", api.list_field()))) };
         let items: Option<Vec<std::ops::Range<usize>>> =
             serde_json::from_str::<Vec<&RawValue>>(list.get()).ok().map(|v| v.into_iter().map(|i| range_in(&bytes, i.get())).collect());
+        // Counted before anything is split or recorded: recording takes memory by the message.
+        let max = st.cfg.max_messages;
+        if let Some(n) = items.as_ref().map(Vec::len).filter(|&n| n > max) {
+            let m = format!("condense serve: the request holds {n} messages, over the {max} a request may hold (--max-messages)");
+            return Err(api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &m));
+        }
         // Responses takes `input` as a plain string too: one user message.
         let listed = match (&items, serde_json::from_str::<String>(list.get())) {
             (None, Ok(text)) if api == Api::Responses => Some(json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])),
