@@ -581,3 +581,60 @@ fn stages_folded_again_from_the_log_decide_as_the_warm_ones() {
         assert_eq!(x, y, "event {}", i + 1);
     }
 }
+
+/// `liveReadsTokens` (issue 34, item 3): a file read stays verbatim after its turn is pruned while it is
+/// the newest call on its file and fits the budget, and its turn's chain waits for it; once a later edit
+/// of the file supersedes it, the next prune stubs it (`OutputStubbed`) and the chain compresses. Off
+/// (the default) the same read leaves the context at the first prune. A reopened store folds the
+/// setting back from the log.
+#[test]
+fn live_file_reads_stay_verbatim_until_a_later_edit_supersedes_them() {
+    let file = "pub fn parse_config_value(input: &str) -> Result<Value, ConfigError> {}\n".repeat(60);
+    // The read's output as the context shows it now (`None`: not there as a tool result).
+    let shown = |s: &Session| {
+        s.render().unwrap().messages.iter().find_map(|m| match &**m {
+            Message::ToolResult { call_id, content, .. } if call_id == "r1" => {
+                Some(content.iter().filter_map(|b| if let Block::Text { text } = b { Some(text.as_str()) } else { None }).collect::<String>())
+            }
+            _ => None,
+        })
+    };
+    for tokens in [0, 20_000] {
+        let mut l = Live::new(PruneConfig { live_reads_tokens: tokens, ..eager() });
+        l.prompt("read src/config.rs and list the folder");
+        l.tool("r1", "read", r#"{"path":"src/config.rs"}"#, &file, false);
+        l.tool("b1", "bash", r#"{"command":"ls"}"#, &"listing line\n".repeat(100), false);
+        l.reply("read it");
+        l.prompt("what does it parse?");
+        l.reply("config values");
+        let kept = shown(&l.s);
+        if tokens == 0 {
+            assert_ne!(kept.as_deref(), Some(file.as_str()), "off: the read is pruned with its turn");
+            continue;
+        }
+        assert_eq!(kept.as_deref(), Some(file.as_str()), "the newest read of the file stays verbatim");
+        assert_eq!(l.chains(), 0, "its turn's chain waits for it");
+        let p = l.s.projection().unwrap();
+        let bash = p.index().records.values().find(|r| r.tool == "bash").unwrap().ref_n;
+        assert!(p.index().summaries.contains_key(&bash), "the other outputs of the batch are stubs");
+        drop(p);
+        // A later edit of the same file supersedes the read: the next prune stubs it.
+        l.prompt("rename it");
+        l.tool("e1", "edit", r#"{"path":"src/config.rs","oldText":"parse_config_value","newText":"parse_value"}"#, "edited", false);
+        l.reply("renamed");
+        l.prompt("thanks");
+        l.reply("welcome");
+        assert_ne!(shown(&l.s).as_deref(), Some(file.as_str()), "superseded, the read is stubbed");
+        assert!(l.chains() >= 1, "the chain it held back compresses");
+        let stubbed = l.s.projection().unwrap().index().records.values().find(|r| r.tool == "read").unwrap().ref_n;
+        let events = l.store.log().read(l.s.id(), 1, l.s.head().unwrap()).unwrap();
+        assert!(
+            events.iter().any(|e| matches!(&e.body, Event::Decision(DecisionEvent::OutputStubbed { ref_n, summary }) if *ref_n == stubbed && summary.contains("parse_config_value"))),
+            "an OutputStubbed decision with the read's stub"
+        );
+        assert!(condense_render::check(&l.s.render().unwrap().messages[..]).is_empty());
+        // The setting is in the log: a fresh fold has it.
+        let head = l.s.head().unwrap();
+        assert_eq!(l.s.projection_at(head).unwrap().config().live_reads_tokens, tokens);
+    }
+}

@@ -94,6 +94,16 @@ impl Stage for Chains {
             if inside.iter().any(|r| r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace) {
                 continue; // Deferred until the recovery ages out (seed 000, Implementation 2).
             }
+            // A file read `liveReadsTokens` keeps verbatim defers the chain until it is stubbed:
+            // compressed now, it would leave the context.
+            let kept_read = |r: &Record| {
+                pass.keepable_read(r)
+                    && pass.summary(r.ref_n).is_none()
+                    && pass.outcome(r.batch) == Some(condense_events::BatchOutcome::Summarized)
+            };
+            if pass.config.live_reads_tokens > 0 && inside.iter().any(|r| kept_read(r)) {
+                continue;
+            }
             let protected: BTreeMap<u32, std::borrow::Cow<'_, str>> = inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, pass.text_of(r))).collect();
             let mut infos = Vec::new();
             for i in span.first..=span.last {

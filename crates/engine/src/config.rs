@@ -195,7 +195,7 @@ fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
 pub const KEYS: &[&str] = &[
     "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
     "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
-    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext", "models", "listPrices",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext", "liveReadsTokens", "models", "listPrices",
 ];
 
 fn err(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -258,6 +258,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
             "thinkingStrip" => raw.thinking_strip = Some(boolean()?),
             "condenseArgsChars" => raw.condense_args_chars = Some(num()?),
             "minPruneTokens" => raw.min_prune_tokens = Some(num()?),
+            "liveReadsTokens" => raw.live_reads_tokens = Some(num()?),
             "cachedPrice" => prices.cached = num()?,
             "uncachedPrice" => prices.uncached = num()?,
             "summarizer" => summarizer = summarizer_choice(value)?,
@@ -299,6 +300,7 @@ pub fn to_json(c: &PruneConfig, prices: Prices) -> Value {
         "condenseArgsChars": c.condense_args_chars,
         "minPruneTokens": c.min_prune_tokens,
         "recoverLargeContext": c.recover_large_context,
+        "liveReadsTokens": c.live_reads_tokens,
         "cachedPrice": prices.cached,
         "uncachedPrice": prices.uncached,
     })
@@ -324,6 +326,16 @@ mod tests {
         assert!(matches!(f.summarizer, SummarizerChoice::Http { idle_secs: 20, total_secs: 180, .. }));
         assert_eq!(parse_file(r#"{"summarizer":{"kind":"http","model":"m"}}"#).unwrap_err().key, "summarizer.baseUrl");
         assert_eq!(parse_file(r#"{"summarizer":{"kind":"gpt"}}"#).unwrap_err().key, "summarizer.kind");
+        // liveReadsTokens: off by default, capped, shown back; written to the log as its own event only
+        // when on, so a store that leaves it off holds the events it held before.
+        assert_eq!(parse("{}").unwrap().0.normalize().live_reads_tokens, 0);
+        let live = parse(r#"{"liveReadsTokens":20000.5}"#).unwrap().0.normalize();
+        assert_eq!(live.live_reads_tokens, 20_000);
+        assert_eq!(to_json(&live, Prices::default())["liveReadsTokens"], 20_000);
+        assert_eq!(parse(r#"{"liveReadsTokens":1e12}"#).unwrap().0.normalize().live_reads_tokens, condense_events::LIVE_READS_CAP);
+        assert_eq!(parse(r#"{"liveReadsTokens":"all"}"#).unwrap_err().key, "liveReadsTokens");
+        assert_eq!(condense_events::SourceEvent::configured(PruneConfig::default()).len(), 1);
+        assert!(matches!(condense_events::SourceEvent::configured(live)[..], [_, condense_events::SourceEvent::LiveReadsConfigured { tokens: 20_000 }]));
         // recoverLargeContext: on when omitted, false turns it off, an invalid value turns it off and says so.
         assert!(parse_file("{}").unwrap().raw.normalize().recover_large_context);
         assert!(!parse_file(r#"{"recoverLargeContext":false}"#).unwrap().raw.normalize().recover_large_context);

@@ -42,7 +42,9 @@ impl Store {
                 Event::Decision(d) => match d {
                     DecisionEvent::Note { .. } => false,
                     DecisionEvent::OutputCaptured(r) => copied_refs.contains(&r.ref_n),
-                    DecisionEvent::OutputSpilled { ref_n, .. } | DecisionEvent::OutputAliased { ref_n, .. } => copied_refs.contains(ref_n),
+                    DecisionEvent::OutputSpilled { ref_n, .. } | DecisionEvent::OutputAliased { ref_n, .. } | DecisionEvent::OutputStubbed { ref_n, .. } => {
+                        copied_refs.contains(ref_n)
+                    }
                     DecisionEvent::BatchClosed { refs, .. } => refs.iter().all(|r| copied_refs.contains(r)),
                     DecisionEvent::FrontierAdvanced { entry } | DecisionEvent::ErrorArgsPurged { entry, .. } => on_path.contains(entry),
                     DecisionEvent::ChainCompressed { first, last, .. } => on_path.contains(first) && on_path.contains(last),

@@ -60,7 +60,7 @@ impl Drop for ClearDown {
 fn is_prune(d: &DecisionEvent) -> bool {
     matches!(
         d,
-        DecisionEvent::BatchClosed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. } | DecisionEvent::ChainReplyCut { .. }
+        DecisionEvent::BatchClosed { .. } | DecisionEvent::OutputStubbed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. } | DecisionEvent::ChainReplyCut { .. }
     )
 }
 
@@ -358,7 +358,7 @@ impl Session {
 
     /// Sets the pruning configuration from here on (written as an event, so a replay uses it too).
     pub fn configure(&self, config: PruneConfig) -> Result<Seq> {
-        self.append(vec![SourceEvent::PruneConfigured(config)])
+        self.append(SourceEvent::configured(config))
     }
 
     /// Runs the pruning pipeline as before a model request, stores its decisions, and renders the

@@ -68,7 +68,18 @@ pub struct PruneConfig {
     pub min_prune_tokens: u64,
     /// Recover a large context when the session moves to a model with a smaller window (seed 004).
     pub recover_large_context: bool,
+    /// Live file reads kept verbatim, tokens (0: off, the default). A *live* read is the newest read of a
+    /// file that no later read or edit of the same file has followed; when a batch closes, the newest live
+    /// reads that fit in this many tokens stay verbatim instead of becoming stubs, and each is stubbed at a
+    /// later prune once it is superseded or newer ones take its room (`OutputStubbed`). Retention for
+    /// cost: `docs/pruning.md`, "File reads hold the facts". Not in the log's `PruneConfigured` (whose
+    /// layout stores already hold): written as `LiveReadsConfigured` after it when not 0.
+    #[serde(skip)]
+    pub live_reads_tokens: u64,
 }
+
+/// The largest `liveReadsTokens` accepted.
+pub const LIVE_READS_CAP: u64 = 200_000;
 
 /// The largest budget trigger accepted.
 pub const AUTO_BUDGET_CAP: u64 = 300_000;
@@ -95,6 +106,7 @@ impl Default for PruneConfig {
             condense_args_chars: 40,
             min_prune_tokens: 1000,
             recover_large_context: true,
+            live_reads_tokens: 0,
         }
     }
 }
@@ -159,6 +171,8 @@ pub struct RawConfig {
     pub min_prune_tokens: Option<f64>,
     /// See [`PruneConfig::recover_large_context`].
     pub recover_large_context: Option<bool>,
+    /// See [`PruneConfig::live_reads_tokens`].
+    pub live_reads_tokens: Option<f64>,
 }
 
 /// The scalar convention of seed 000: unset, negative, NaN or non-finite → the default; an explicit 0 is
@@ -194,6 +208,7 @@ impl RawConfig {
             condense_args_chars: normalize_count(self.condense_args_chars, d.condense_args_chars),
             min_prune_tokens: normalize_count(self.min_prune_tokens, d.min_prune_tokens),
             recover_large_context: self.recover_large_context.unwrap_or(d.recover_large_context),
+            live_reads_tokens: normalize_count(self.live_reads_tokens, d.live_reads_tokens).min(LIVE_READS_CAP),
         }
     }
 }

@@ -31,7 +31,7 @@ mod config;
 mod message;
 
 pub use config::{
-    normalize_count, BatchingMode, PruneConfig, PruneOn, RawConfig, AUTO_BUDGET_CAP, AUTO_BUDGET_PRESETS,
+    normalize_count, BatchingMode, PruneConfig, PruneOn, RawConfig, AUTO_BUDGET_CAP, AUTO_BUDGET_PRESETS, LIVE_READS_CAP,
     AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET, DEFAULT_AUTO_BUDGET, FIRST_TURNS_BUDGET, IN_THE_LOOP_PROMPTS, MIN_BATCH_CHARS_PRESETS, RECOVERY_GRACE_PRESETS, ROLLING_WINDOW_PRESETS,
 };
 pub use message::{host_context_kind, host_summary_text, Block, Context, Message, StopReason, Usage, UserOrigin};
@@ -175,9 +175,27 @@ pub enum SourceEvent {
     /// a row (`CONTEXT_COMPACTION_FAILED: PROVIDER_OVERFLOW_AFTER_RETRY`): a new attempt, which gets its
     /// own checkpoint and retry. (Appended last: stored logs read as before.)
     RequestRetried,
+    /// `liveReadsTokens` of the configuration the `PruneConfigured` just before it set (a key newer than
+    /// the layout of `PruneConfigured` stores already hold; written only when not 0, so a store that
+    /// leaves it off reads as before). Last in this enum so that older logs decode as before.
+    LiveReadsConfigured {
+        /// See `PruneConfig::live_reads_tokens`.
+        tokens: u64,
+    },
 }
 
 impl SourceEvent {
+    /// The events that make `config` the pruning configuration in force: `PruneConfigured`, and
+    /// `LiveReadsConfigured` after it when `liveReadsTokens` is not 0.
+    pub fn configured(config: PruneConfig) -> Vec<SourceEvent> {
+        let tokens = config.live_reads_tokens;
+        let mut events = vec![SourceEvent::PruneConfigured(config)];
+        if tokens > 0 {
+            events.push(SourceEvent::LiveReadsConfigured { tokens });
+        }
+        events
+    }
+
     fn kind(&self) -> &'static str {
         match self {
             SourceEvent::SessionStarted { .. } => "session_started",
@@ -191,6 +209,7 @@ impl SourceEvent {
             SourceEvent::ConfigChanged { .. } => "config_changed",
             SourceEvent::ImportDiagnostic { .. } => "import_diagnostic",
             SourceEvent::PruneConfigured(_) => "prune_configured",
+            SourceEvent::LiveReadsConfigured { .. } => "live_reads_configured",
             SourceEvent::ImportStarted { .. } => "import_started",
             SourceEvent::ImportCompleted { .. } => "import_completed",
             SourceEvent::RequestOverhead { .. } => "request_overhead",
@@ -422,6 +441,15 @@ pub enum DecisionEvent {
         /// What the reply's text renders as.
         text: String,
     },
+    /// An output its batch left verbatim (a file read still live: no later read or edit of the file)
+    /// renders as its stub from now on: a later call superseded it, or newer live reads took its room.
+    /// Decided at a prune that happens anyway. Last in this enum so that older logs decode as before.
+    OutputStubbed {
+        /// The output's ref.
+        ref_n: u32,
+        /// Its summary (the stub).
+        summary: String,
+    },
 }
 
 impl DecisionEvent {
@@ -432,6 +460,7 @@ impl DecisionEvent {
             DecisionEvent::OutputSpilled { .. } => "output_spilled",
             DecisionEvent::OutputAliased { .. } => "output_aliased",
             DecisionEvent::BatchClosed { .. } => "batch_closed",
+            DecisionEvent::OutputStubbed { .. } => "output_stubbed",
             DecisionEvent::FrontierAdvanced { .. } => "frontier_advanced",
             DecisionEvent::ErrorArgsPurged { .. } => "error_args_purged",
             DecisionEvent::ChainCompressed { .. } => "chain_compressed",

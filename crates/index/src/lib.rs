@@ -246,6 +246,9 @@ impl Index {
                     self.summaries.insert(*r, Arc::from(s.as_str()));
                 }
             }
+            DecisionEvent::OutputStubbed { ref_n, summary } => {
+                self.summaries.insert(*ref_n, Arc::from(summary.as_str()));
+            }
             DecisionEvent::FrontierAdvanced { entry } => self.frontier = Some(entry.clone()),
             DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {
                 Arc::make_mut(&mut self.purged).insert((entry.clone(), call_id.clone()), *chars);

@@ -175,10 +175,9 @@ impl Conv {
 
     /// Starts a new session for a conversation.
     pub fn create(session: Session, identity: &str, client: &str, prune: PruneConfig) -> Result<Conv> {
-        session.append(vec![
-            SourceEvent::SessionStarted { source: format!("serve:{client}"), source_id: Some(identity.to_string()), cwd: None, timestamp: None },
-            SourceEvent::PruneConfigured(prune),
-        ])?;
+        let mut events = vec![SourceEvent::SessionStarted { source: format!("serve:{client}"), source_id: Some(identity.to_string()), cwd: None, timestamp: None }];
+        events.extend(SourceEvent::configured(prune));
+        session.append(events)?;
         let synced = Some(session.head()?);
         Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new(), native_model: None })
     }

@@ -80,6 +80,9 @@ use std::sync::Arc;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
+/// Tools that read a file whole (pi, Claude Code and others): the reads `liveReadsTokens` may keep.
+pub const READ_TOOLS: [&str; 4] = ["read", "Read", "view", "read_file"];
+
 /// Why the pipeline runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {
@@ -316,6 +319,7 @@ impl<'a> Pass<'a> {
                 self.closed += 1;
                 self.summaries.extend(summaries.iter().cloned());
             }
+            DecisionEvent::OutputStubbed { ref_n, summary } => drop(self.summaries.insert(*ref_n, summary.clone())),
             _ => {}
         }
         self.decisions.push(d);
@@ -377,6 +381,24 @@ impl<'a> Pass<'a> {
     /// The summary of output `ref_n` (written earlier or in this pass).
     pub fn summary(&self, ref_n: u32) -> Option<&str> {
         self.summaries.get(&ref_n).map(String::as_str).or_else(|| self.index.summaries.get(&ref_n).map(|s| &**s))
+    }
+
+    /// Whether `r` is a read `liveReadsTokens` may keep verbatim: a file read ([`READ_TOOLS`]), not
+    /// protected, aliased or spilled (those render as they do anyway).
+    pub fn keepable_read(&self, r: &Record) -> bool {
+        READ_TOOLS.contains(&r.tool.as_str()) && !r.protected && !self.is_aliased(r.ref_n) && !self.is_spilled(r.ref_n)
+    }
+
+    /// How batch `batch` was closed, by this pass or earlier (`None`: still open).
+    pub fn outcome(&self, batch: u32) -> Option<condense_events::BatchOutcome> {
+        self.decisions
+            .iter()
+            .rev()
+            .find_map(|d| match d {
+                DecisionEvent::BatchClosed { batch: b, outcome, .. } if *b == batch => Some(*outcome),
+                _ => None,
+            })
+            .or_else(|| self.index.outcomes.get(&batch).copied())
     }
 
     /// How many batches this pass closed so far.

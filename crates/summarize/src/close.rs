@@ -6,7 +6,7 @@
 use crate::{Item, Summarizer};
 use condense_events::{BatchOutcome, DecisionEvent, PruneConfig, PruneOn, Record, AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET, FIRST_TURNS_BUDGET, IN_THE_LOOP_PROMPTS};
 use condense_stage::{Pass, Shape, Stage, StageError, Trigger};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The summarize stage, for one pass.
 pub struct Close<'s> {
@@ -17,6 +17,18 @@ impl<'s> Close<'s> {
     /// The stage, summarizing with `summarizer`.
     pub fn new(summarizer: &'s dyn Summarizer) -> Self {
         Close { summarizer }
+    }
+
+    /// The summaries of `recs`, one each, and how many bytes their originals hold.
+    fn summaries(&self, pass: &Pass<'_>, recs: &[&Record]) -> Result<(Vec<String>, usize), StageError> {
+        if recs.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        let bodies: Vec<std::borrow::Cow<'_, str>> = recs.iter().map(|r| pass.text_of(r)).collect();
+        let items: Vec<Item<'_>> =
+            recs.iter().zip(&bodies).map(|(r, text)| Item { ref_n: r.ref_n, tool: &r.tool, arguments: &r.arguments, text, is_error: r.is_error }).collect();
+        let sums = self.summarizer.summarize(&items).map_err(|e| StageError { stage: "summarize", reason: e.to_string() })?;
+        Ok((sums, bodies.iter().map(|b| b.len()).sum()))
     }
 }
 
@@ -61,6 +73,13 @@ impl Stage for Close<'_> {
                 }
             }
         };
+        // `liveReadsTokens`: the newest live file reads that fit stay verbatim; earlier ones no longer
+        // live or no longer in the budget get their stubs now.
+        let (keep, stub_now) = if cfg.live_reads_tokens > 0 && !closing.is_empty() {
+            live_reads(pass, &closing, &pending, cfg.live_reads_tokens)
+        } else {
+            (BTreeSet::new(), Vec::new())
+        };
         let mut closed = Vec::new();
         for b in closing {
             let recs = &pending[&b];
@@ -71,22 +90,11 @@ impl Stage for Close<'_> {
             } else if recs.iter().all(|r| pass.is_aliased(r.ref_n)) {
                 (BatchOutcome::SkippedDeduped, Vec::new())
             } else {
-                let todo: Vec<&&Record> =
-                    recs.iter().filter(|r| !pass.is_aliased(r.ref_n) && !pass.is_spilled(r.ref_n) && !r.protected).collect();
-                let bodies: Vec<std::borrow::Cow<'_, str>> = todo.iter().map(|r| pass.text_of(r)).collect();
-                let items: Vec<Item<'_>> = todo
-                    .iter()
-                    .zip(&bodies)
-                    .map(|(r, text)| Item { ref_n: r.ref_n, tool: &r.tool, arguments: &r.arguments, text, is_error: r.is_error })
-                    .collect();
-                let sums = if items.is_empty() {
-                    Vec::new()
-                } else {
-                    self.summarizer.summarize(&items).map_err(|e| StageError { stage: "summarize", reason: e.to_string() })?
-                };
-                let raw: usize = bodies.iter().map(|b| b.len()).sum();
+                let todo: Vec<&Record> =
+                    recs.iter().copied().filter(|r| !pass.is_aliased(r.ref_n) && !pass.is_spilled(r.ref_n) && !r.protected && !keep.contains(&r.ref_n)).collect();
+                let (sums, raw) = self.summaries(pass, &todo)?;
                 let short: usize = sums.iter().map(String::len).sum();
-                if !items.is_empty() && short >= raw {
+                if !todo.is_empty() && short >= raw {
                     (BatchOutcome::SkippedOversized, Vec::new())
                 } else {
                     (BatchOutcome::Summarized, todo.iter().map(|r| r.ref_n).zip(sums).collect())
@@ -94,6 +102,8 @@ impl Stage for Close<'_> {
             };
             closed.push(DecisionEvent::BatchClosed { batch: b, refs, outcome, summaries });
         }
+        let (sums, _) = self.summaries(pass, &stub_now)?;
+        closed.extend(stub_now.iter().zip(sums).map(|(r, summary)| DecisionEvent::OutputStubbed { ref_n: r.ref_n, summary }));
         for d in closed {
             pass.push(d);
         }
@@ -121,6 +131,60 @@ pub fn budget_threshold(cfg: &PruneConfig, shape: &Shape) -> u64 {
     } else {
         t
     }
+}
+
+/// Tools that read or change a file: a later one supersedes a read of the same file.
+const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Edit", "write", "Write", "MultiEdit", "write_file", "replace", "str_replace_editor"];
+
+/// The reads to keep verbatim as the batches `closing` close, and the reads kept by earlier prunes that
+/// get their stubs now. A read is *live* while it is the newest call on one of its files (by the
+/// arguments naming a path or file) among every read and edit so far; the newest live reads are kept
+/// while their outputs fit in `budget` tokens (chars/4).
+fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<&Record>>, budget: u64) -> (BTreeSet<u32>, Vec<&'a Record>) {
+    let idx = pass.index;
+    let mut newest: BTreeMap<String, u32> = BTreeMap::new();
+    for r in idx.records.values().chain(pass.captured().map(|(r, _)| r)) {
+        if FILE_TOOLS.contains(&r.tool.as_str()) {
+            for p in file_paths(&r.arguments) {
+                let e = newest.entry(p).or_insert(0);
+                *e = (*e).max(r.ref_n);
+            }
+        }
+    }
+    let live = |r: &Record| file_paths(&r.arguments).iter().any(|p| newest.get(p) == Some(&r.ref_n));
+    // Reads earlier prunes left verbatim (their batch summarized, no summary of their own), and the
+    // reads of the batches closing now.
+    let earlier: Vec<&'a Record> = idx
+        .records
+        .values()
+        .filter(|r| pass.keepable_read(r) && !idx.open_batches.contains(&r.batch) && idx.outcomes.get(&r.batch) == Some(&BatchOutcome::Summarized) && pass.summary(r.ref_n).is_none())
+        .collect();
+    let now = closing.iter().flat_map(|b| pending[b].iter().copied()).filter(|r| pass.keepable_read(r));
+    let mut candidates: Vec<&Record> = earlier.iter().copied().chain(now).filter(|r| live(r)).collect();
+    candidates.sort_by_key(|r| std::cmp::Reverse(r.ref_n));
+    let mut keep = BTreeSet::new();
+    let mut used = 0;
+    for r in candidates {
+        used += r.chars.div_ceil(4);
+        if used > budget {
+            break;
+        }
+        keep.insert(r.ref_n);
+    }
+    let stub_now = earlier.into_iter().filter(|r| !keep.contains(&r.ref_n)).collect();
+    (keep, stub_now)
+}
+
+/// The string values of a call's arguments under a key naming a path or file.
+pub fn file_paths(arguments: &str) -> Vec<String> {
+    let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(arguments) else { return Vec::new() };
+    o.iter()
+        .filter(|(k, _)| {
+            let k = k.to_ascii_lowercase();
+            k.contains("path") || k.contains("file")
+        })
+        .filter_map(|(_, v)| v.as_str().map(str::to_string))
+        .collect()
 }
 
 #[cfg(test)]

@@ -186,8 +186,12 @@ impl Projection {
                 self.overflow_failed = false;
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }
-            SourceEvent::PruneConfigured(cfg) => {
-                self.config = cfg.clone();
+            SourceEvent::PruneConfigured(_) | SourceEvent::LiveReadsConfigured { .. } => {
+                match ev {
+                    SourceEvent::PruneConfigured(cfg) => self.config = cfg.clone(),
+                    SourceEvent::LiveReadsConfigured { tokens } => self.config.live_reads_tokens = *tokens,
+                    _ => {}
+                }
                 *self.phase_cache.get_mut().expect("phase cache lock") = PhaseCache::default();
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }

@@ -14,7 +14,7 @@ impl Projection {
         }
         let idx = &self.decisions;
         let entries: Vec<&str> = match d {
-            DecisionEvent::OutputSpilled { ref_n, .. } => idx.records.get(ref_n).map(|r| r.entry.as_str()).into_iter().collect(),
+            DecisionEvent::OutputSpilled { ref_n, .. } | DecisionEvent::OutputStubbed { ref_n, .. } => idx.records.get(ref_n).map(|r| r.entry.as_str()).into_iter().collect(),
             DecisionEvent::BatchClosed { refs, .. } => {
                 refs.iter().filter_map(|r| idx.records.get(r)).flat_map(|r| [r.entry.as_str(), r.call_entry.as_str()]).collect()
             }

@@ -226,6 +226,7 @@ fn describe(e: &Event) -> Option<(&'static str, String)> {
             DecisionEvent::BatchClosed { batch, refs: r, outcome, .. } => ("batch", format!("batch {batch} ({}): {}", refs(r), outcome.name())),
             DecisionEvent::OutputSpilled { ref_n, bytes, .. } => ("spill", format!("t{ref_n} spilled to a blob ({bytes} bytes); the context keeps a preview")),
             DecisionEvent::OutputAliased { ref_n, original } => ("alias", format!("t{ref_n} repeats t{original}: shown as a reference to it")),
+            DecisionEvent::OutputStubbed { ref_n, .. } => ("batch", format!("t{ref_n} (a file read kept whole while live) stubbed")),
             DecisionEvent::ErrorArgsPurged { call_id, chars, .. } => ("purge", format!("arguments of the failed call {call_id} purged ({chars} characters)")),
             DecisionEvent::ChainCompressed { block, refs: r, .. } => ("chain", format!("chain compressed into b{block}{}", if r.is_empty() { String::new() } else { format!(" ({})", refs(r)) })),
             DecisionEvent::ChainReplyCut { block, .. } => ("chain", format!("final reply of b{block} cut to its head")),
@@ -246,6 +247,7 @@ fn describe(e: &Event) -> Option<(&'static str, String)> {
             SourceEvent::ProviderOverflow { message } => ("error", format!("provider overflow: {}", cut(message))),
             SourceEvent::RequestRetried => ("retry", "request retried after a double overflow".to_string()),
             SourceEvent::PruneConfigured(_) | SourceEvent::ConfigChanged { .. } => ("config", "pruning configured".to_string()),
+            SourceEvent::LiveReadsConfigured { tokens } => ("config", format!("live file reads kept verbatim up to {tokens} tokens")),
             _ => return None,
         },
     })
