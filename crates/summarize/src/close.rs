@@ -145,13 +145,13 @@ fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<
     let mut newest: BTreeMap<String, u32> = BTreeMap::new();
     for r in idx.records.values().chain(pass.captured().map(|(r, _)| r)) {
         if FILE_TOOLS.contains(&r.tool.as_str()) {
-            for p in file_paths(&r.arguments) {
+            for p in condense_stage::path_arguments(&r.arguments) {
                 let e = newest.entry(p).or_insert(0);
                 *e = (*e).max(r.ref_n);
             }
         }
     }
-    let live = |r: &Record| file_paths(&r.arguments).iter().any(|p| newest.get(p) == Some(&r.ref_n));
+    let live = |r: &Record| condense_stage::path_arguments(&r.arguments).iter().any(|p| newest.get(p) == Some(&r.ref_n));
     // Reads earlier prunes left verbatim (their batch summarized, no summary of their own), and the
     // reads of the batches closing now.
     let earlier: Vec<&'a Record> = idx
@@ -173,18 +173,6 @@ fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<
     }
     let stub_now = earlier.into_iter().filter(|r| !keep.contains(&r.ref_n)).collect();
     (keep, stub_now)
-}
-
-/// The string values of a call's arguments under a key naming a path or file.
-pub fn file_paths(arguments: &str) -> Vec<String> {
-    let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(arguments) else { return Vec::new() };
-    o.iter()
-        .filter(|(k, _)| {
-            let k = k.to_ascii_lowercase();
-            k.contains("path") || k.contains("file")
-        })
-        .filter_map(|(_, v)| v.as_str().map(str::to_string))
-        .collect()
 }
 
 #[cfg(test)]
