@@ -582,6 +582,32 @@ fn stages_folded_again_from_the_log_decide_as_the_warm_ones() {
     }
 }
 
+/// A line of the file the live-read tests read.
+const CONFIG_FILE: &str = "pub fn parse_config_value(input: &str) -> Result<Value, ConfigError> {}\n";
+
+/// The output of call `r1` as the context shows it now (`None`: not there as a tool result).
+fn read_shown(s: &Session) -> Option<String> {
+    s.render().unwrap().messages.iter().find_map(|m| match &**m {
+        Message::ToolResult { call_id, content, .. } if call_id == "r1" => {
+            Some(content.iter().filter_map(|b| if let Block::Text { text } = b { Some(text.as_str()) } else { None }).collect::<String>())
+        }
+        _ => None,
+    })
+}
+
+/// A session under `cfg` whose first turn reads `file` (call `r1`) and lists a folder, and whose second
+/// turn answers a question about it: three assistant turns, one prune after the first turn's reply.
+fn read_then_answer(cfg: PruneConfig, file: &str) -> Live {
+    let mut l = Live::new(cfg);
+    l.prompt("read src/config.rs and list the folder");
+    l.tool("r1", "read", r#"{"path":"src/config.rs"}"#, file, false);
+    l.tool("b1", "bash", r#"{"command":"ls"}"#, &"listing line\n".repeat(100), false);
+    l.reply("read it");
+    l.prompt("what does it parse?");
+    l.reply("config values");
+    l
+}
+
 /// `liveReadsTokens` (issue 34, item 3): a file read stays verbatim after its turn is pruned while it is
 /// the newest call on its file and fits the budget, and its turn's chain waits for it; once a later edit
 /// of the file supersedes it, the next prune stubs it (`OutputStubbed`) and the chain compresses. Off
@@ -589,25 +615,10 @@ fn stages_folded_again_from_the_log_decide_as_the_warm_ones() {
 /// setting back from the log.
 #[test]
 fn live_file_reads_stay_verbatim_until_a_later_edit_supersedes_them() {
-    let file = "pub fn parse_config_value(input: &str) -> Result<Value, ConfigError> {}\n".repeat(60);
-    // The read's output as the context shows it now (`None`: not there as a tool result).
-    let shown = |s: &Session| {
-        s.render().unwrap().messages.iter().find_map(|m| match &**m {
-            Message::ToolResult { call_id, content, .. } if call_id == "r1" => {
-                Some(content.iter().filter_map(|b| if let Block::Text { text } = b { Some(text.as_str()) } else { None }).collect::<String>())
-            }
-            _ => None,
-        })
-    };
+    let file = CONFIG_FILE.repeat(60);
     for tokens in [0, 20_000] {
-        let mut l = Live::new(PruneConfig { live_reads_tokens: tokens, ..eager() });
-        l.prompt("read src/config.rs and list the folder");
-        l.tool("r1", "read", r#"{"path":"src/config.rs"}"#, &file, false);
-        l.tool("b1", "bash", r#"{"command":"ls"}"#, &"listing line\n".repeat(100), false);
-        l.reply("read it");
-        l.prompt("what does it parse?");
-        l.reply("config values");
-        let kept = shown(&l.s);
+        let mut l = read_then_answer(PruneConfig { live_reads_tokens: tokens, ..eager() }, &file);
+        let kept = read_shown(&l.s);
         if tokens == 0 {
             assert_ne!(kept.as_deref(), Some(file.as_str()), "off: the read is pruned with its turn");
             continue;
@@ -624,7 +635,7 @@ fn live_file_reads_stay_verbatim_until_a_later_edit_supersedes_them() {
         l.reply("renamed");
         l.prompt("thanks");
         l.reply("welcome");
-        assert_ne!(shown(&l.s).as_deref(), Some(file.as_str()), "superseded, the read is stubbed");
+        assert_ne!(read_shown(&l.s).as_deref(), Some(file.as_str()), "superseded, the read is stubbed");
         assert!(l.chains() >= 1, "the chain it held back compresses");
         let stubbed = l.s.projection().unwrap().index().records.values().find(|r| r.tool == "read").unwrap().ref_n;
         let events = l.store.log().read(l.s.id(), 1, l.s.head().unwrap()).unwrap();
@@ -637,4 +648,27 @@ fn live_file_reads_stay_verbatim_until_a_later_edit_supersedes_them() {
         let head = l.s.head().unwrap();
         assert_eq!(l.s.projection_at(head).unwrap().config().live_reads_tokens, tokens);
     }
+}
+
+/// `liveReadsTurns`: under `liveReadsTokens`, a read nothing supersedes stays verbatim only while it is
+/// at most that many assistant turns old; at the first prune past that it gets its stub.
+#[test]
+fn live_file_reads_age_out_after_live_reads_turns() {
+    let file = CONFIG_FILE.repeat(60);
+    let mut l = read_then_answer(PruneConfig { live_reads_tokens: 20_000, live_reads_turns: 4, ..eager() }, &file);
+    assert_eq!(read_shown(&l.s).as_deref(), Some(file.as_str()), "3 turns old: kept");
+    // Other work, with outputs to prune, ages the read past 4 turns.
+    for i in 0..3 {
+        l.prompt(&format!("task {i}"));
+        l.tool(&format!("x{i}"), "bash", r#"{"command":"make"}"#, &format!("build line {i}\n").repeat(100), false);
+        l.reply("done");
+    }
+    l.prompt("thanks");
+    l.reply("welcome");
+    assert_ne!(read_shown(&l.s).as_deref(), Some(file.as_str()), "older than 4 turns: stubbed though still live");
+    let head = l.s.head().unwrap();
+    let events = l.store.log().read(l.s.id(), 1, head).unwrap();
+    assert!(events.iter().any(|e| matches!(&e.body, Event::Decision(DecisionEvent::OutputStubbed { .. }))));
+    assert!(events.iter().any(|e| matches!(&e.body, Event::Source(SourceEvent::LiveReadsConfigured { tokens: 20_000, turns: 4 }))));
+    assert_eq!(l.s.projection_at(head).unwrap().config().live_reads_turns, 4);
 }

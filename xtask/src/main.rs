@@ -871,8 +871,9 @@ fn quality(md: &mut String, scratch: &Path) -> Result<()> {
     live_reads_pass(md, scratch, &files, &med)
 }
 
-/// The same sessions with `liveReadsTokens` 20,000 (off by default): retention for cost, against
-/// pi-condense's retention on the corpus pi sessions (issue 34's table).
+/// The same sessions with `liveReadsTokens` 20,000 (off by default), for as long as a read is live and
+/// then at most 10 turns (`liveReadsTurns`): retention for cost, against pi-condense's retention on the
+/// corpus pi sessions (issue 34's table).
 fn live_reads_pass(md: &mut String, scratch: &Path, files: &[PathBuf], med: &dyn Fn(Vec<f64>) -> f64) -> Result<()> {
     const TOKENS: u64 = 20_000;
     let peers: [(&str, f64); 5] = [
@@ -882,31 +883,34 @@ fn live_reads_pass(md: &mut String, scratch: &Path, files: &[PathBuf], med: &dyn
         ("01-youtube", 0.987),
         ("03-raddit", 0.956),
     ];
-    let dir = scratch.join("quality-live-reads");
-    let _ = std::fs::remove_dir_all(&dir);
-    let store = Store::open(&dir)?;
-    let config = condense_events::PruneConfig { live_reads_tokens: TOKENS, ..Default::default() };
-    let (mut cost, mut pi_cost, mut rows) = (Vec::new(), Vec::new(), Vec::new());
-    let mut total = condense_engine::simulate::Figures::default();
-    for f in files {
-        let name = f.strip_prefix(corpus()).unwrap_or(f).display().to_string();
-        let imported = condense_formats::import_file(f)?;
-        let fig = condense_engine::simulate::replay(&store, &name, imported.events, config.clone(), Default::default())?;
-        if fig.tool_calls >= 100 {
-            cost.push(fig.cost_ratio());
-            if name.starts_with("pi/") {
-                pi_cost.push(fig.cost_ratio());
+    for turns in [0, 10] {
+        let dir = scratch.join("quality-live-reads");
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir)?;
+        let config = condense_events::PruneConfig { live_reads_tokens: TOKENS, live_reads_turns: turns, ..Default::default() };
+        let (mut cost, mut pi_cost, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+        let mut total = condense_engine::simulate::Figures::default();
+        for f in files {
+            let name = f.strip_prefix(corpus()).unwrap_or(f).display().to_string();
+            let imported = condense_formats::import_file(f)?;
+            let fig = condense_engine::simulate::replay(&store, &name, imported.events, config.clone(), Default::default())?;
+            if fig.tool_calls >= 100 {
+                cost.push(fig.cost_ratio());
+                if name.starts_with("pi/") {
+                    pi_cost.push(fig.cost_ratio());
+                }
             }
+            if let Some((_, peer)) = peers.iter().find(|(k, _)| name.contains(k)) {
+                rows.push(format!("{name}: {:.3} (pi-condense {peer:.3}), cost {:.1}%", fig.retention(), fig.cost_ratio() * 100.0));
+            }
+            total.add(&fig);
         }
-        if let Some((_, peer)) = peers.iter().find(|(k, _)| name.contains(k)) {
-            rows.push(format!("{name}: {:.3} (pi-condense {peer:.3}), cost {:.1}%", fig.retention(), fig.cost_ratio() * 100.0));
-        }
-        total.add(&fig);
+        let limit = if turns == 0 { String::new() } else { format!(", `liveReadsTurns` {turns}") };
+        writeln!(md, "\nWith `liveReadsTokens` {TOKENS}{limit} (off by default; docs/pruning.md, \"File reads hold the facts\"): retention {:.3} in total; median cost {:.2}% of raw for the sessions with at least 100 tool calls, {:.2}% for the pi ones; {} cache breaks. The pi sessions' retention: {}.",
+            total.retention(), med(cost) * 100.0, med(pi_cost) * 100.0, total.cache_breaks, rows.join("; "))?;
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    writeln!(md, "\nWith `liveReadsTokens` {TOKENS} (off by default; docs/pruning.md, \"File reads hold the facts\"): retention {:.3} in total; median cost {:.2}% of raw for the sessions with at least 100 tool calls, {:.2}% for the pi ones; {} cache breaks. The pi sessions' retention: {}.",
-        total.retention(), med(cost) * 100.0, med(pi_cost) * 100.0, total.cache_breaks, rows.join("; "))?;
-    drop(store);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -195,7 +195,7 @@ fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
 pub const KEYS: &[&str] = &[
     "enabled", "batchingMode", "minBatchChars", "protectedTools", "protectedPaths", "spillThreshold",
     "spillPreviewBytes", "pruneOn", "autoBudgetThreshold", "rollingWindow", "recoveryGraceTurns", "purgeErrors",
-    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext", "liveReadsTokens", "models", "listPrices",
+    "purgeMinChars", "purgeAfterTurns", "dedup", "thinkingStrip", "condenseArgsChars", "minPruneTokens", "cachedPrice", "uncachedPrice", "summarizer", "recoverLargeContext", "liveReadsTokens", "liveReadsTurns", "models", "listPrices",
 ];
 
 fn err(key: &str, reason: impl Into<String>) -> ConfigError {
@@ -259,6 +259,7 @@ pub fn parse_file(text: &str) -> Result<FileConfig, ConfigError> {
             "condenseArgsChars" => raw.condense_args_chars = Some(num()?),
             "minPruneTokens" => raw.min_prune_tokens = Some(num()?),
             "liveReadsTokens" => raw.live_reads_tokens = Some(num()?),
+            "liveReadsTurns" => raw.live_reads_turns = Some(num()?),
             "cachedPrice" => prices.cached = num()?,
             "uncachedPrice" => prices.uncached = num()?,
             "summarizer" => summarizer = summarizer_choice(value)?,
@@ -301,6 +302,7 @@ pub fn to_json(c: &PruneConfig, prices: Prices) -> Value {
         "minPruneTokens": c.min_prune_tokens,
         "recoverLargeContext": c.recover_large_context,
         "liveReadsTokens": c.live_reads_tokens,
+        "liveReadsTurns": c.live_reads_turns,
         "cachedPrice": prices.cached,
         "uncachedPrice": prices.uncached,
     })
@@ -335,7 +337,11 @@ mod tests {
         assert_eq!(parse(r#"{"liveReadsTokens":1e12}"#).unwrap().0.normalize().live_reads_tokens, condense_events::LIVE_READS_CAP);
         assert_eq!(parse(r#"{"liveReadsTokens":"all"}"#).unwrap_err().key, "liveReadsTokens");
         assert_eq!(condense_events::SourceEvent::configured(PruneConfig::default()).len(), 1);
-        assert!(matches!(condense_events::SourceEvent::configured(live)[..], [_, condense_events::SourceEvent::LiveReadsConfigured { tokens: 20_000 }]));
+        assert!(matches!(condense_events::SourceEvent::configured(live)[..], [_, condense_events::SourceEvent::LiveReadsConfigured { tokens: 20_000, turns: 0 }]));
+        let aged = parse(r#"{"liveReadsTokens":8000,"liveReadsTurns":10}"#).unwrap().0.normalize();
+        assert_eq!((aged.live_reads_tokens, aged.live_reads_turns), (8_000, 10));
+        assert_eq!(to_json(&aged, Prices::default())["liveReadsTurns"], 10);
+        assert!(matches!(condense_events::SourceEvent::configured(aged)[..], [_, condense_events::SourceEvent::LiveReadsConfigured { tokens: 8_000, turns: 10 }]));
         // recoverLargeContext: on when omitted, false turns it off, an invalid value turns it off and says so.
         assert!(parse_file("{}").unwrap().raw.normalize().recover_large_context);
         assert!(!parse_file(r#"{"recoverLargeContext":false}"#).unwrap().raw.normalize().recover_large_context);

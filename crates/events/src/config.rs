@@ -76,6 +76,10 @@ pub struct PruneConfig {
     /// layout stores already hold): written as `LiveReadsConfigured` after it when not 0.
     #[serde(skip)]
     pub live_reads_tokens: u64,
+    /// Under `liveReadsTokens`, a read stays verbatim at most this many assistant turns after its call,
+    /// live or not (0: no limit, the default). Written with `liveReadsTokens` in `LiveReadsConfigured`.
+    #[serde(skip)]
+    pub live_reads_turns: u64,
 }
 
 /// The largest `liveReadsTokens` accepted.
@@ -107,6 +111,7 @@ impl Default for PruneConfig {
             min_prune_tokens: 1000,
             recover_large_context: true,
             live_reads_tokens: 0,
+            live_reads_turns: 0,
         }
     }
 }
@@ -173,6 +178,8 @@ pub struct RawConfig {
     pub recover_large_context: Option<bool>,
     /// See [`PruneConfig::live_reads_tokens`].
     pub live_reads_tokens: Option<f64>,
+    /// See [`PruneConfig::live_reads_turns`].
+    pub live_reads_turns: Option<f64>,
 }
 
 /// The scalar convention of seed 000: unset, negative, NaN or non-finite → the default; an explicit 0 is
@@ -209,6 +216,7 @@ impl RawConfig {
             min_prune_tokens: normalize_count(self.min_prune_tokens, d.min_prune_tokens),
             recover_large_context: self.recover_large_context.unwrap_or(d.recover_large_context),
             live_reads_tokens: normalize_count(self.live_reads_tokens, d.live_reads_tokens).min(LIVE_READS_CAP),
+            live_reads_turns: normalize_count(self.live_reads_turns, d.live_reads_turns),
         }
     }
 }

@@ -181,6 +181,8 @@ pub enum SourceEvent {
     LiveReadsConfigured {
         /// See `PruneConfig::live_reads_tokens`.
         tokens: u64,
+        /// See `PruneConfig::live_reads_turns`.
+        turns: u64,
     },
 }
 
@@ -188,10 +190,10 @@ impl SourceEvent {
     /// The events that make `config` the pruning configuration in force: `PruneConfigured`, and
     /// `LiveReadsConfigured` after it when `liveReadsTokens` is not 0.
     pub fn configured(config: PruneConfig) -> Vec<SourceEvent> {
-        let tokens = config.live_reads_tokens;
+        let (tokens, turns) = (config.live_reads_tokens, config.live_reads_turns);
         let mut events = vec![SourceEvent::PruneConfigured(config)];
         if tokens > 0 {
-            events.push(SourceEvent::LiveReadsConfigured { tokens });
+            events.push(SourceEvent::LiveReadsConfigured { tokens, turns });
         }
         events
     }

@@ -42,7 +42,7 @@ impl Recorded {
             }
             Event::Source(SourceEvent::LeafMoved { leaf }) => self.leaf = leaf.clone(),
             Event::Source(SourceEvent::PruneConfigured(c)) => self.config = c.clone(),
-            Event::Source(SourceEvent::LiveReadsConfigured { tokens }) => self.config.live_reads_tokens = *tokens,
+            Event::Source(SourceEvent::LiveReadsConfigured { tokens, turns }) => (self.config.live_reads_tokens, self.config.live_reads_turns) = (*tokens, *turns),
             Event::Decision(d) => self.index.apply(d),
             _ => {}
         }

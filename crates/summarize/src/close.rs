@@ -138,8 +138,9 @@ const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Ed
 
 /// The reads to keep verbatim as the batches `closing` close, and the reads kept by earlier prunes that
 /// get their stubs now. A read is *live* while it is the newest call on one of its files (by the
-/// arguments naming a path or file) among every read and edit so far; the newest live reads are kept
-/// while their outputs fit in `budget` tokens (chars/4).
+/// arguments naming a path or file) among every read and edit so far, and, under `liveReadsTurns`, at most
+/// that many assistant turns old; the newest live reads are kept while their outputs fit in `budget`
+/// tokens (chars/4).
 fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<&Record>>, budget: u64) -> (BTreeSet<u32>, Vec<&'a Record>) {
     let idx = pass.index;
     let mut newest: BTreeMap<String, u32> = BTreeMap::new();
@@ -151,7 +152,10 @@ fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<
             }
         }
     }
-    let live = |r: &Record| condense_stage::path_arguments(&r.arguments).iter().any(|p| newest.get(p) == Some(&r.ref_n));
+    // `liveReadsTurns`: a read older than that many assistant turns is no longer kept, live or not.
+    let (turns, max_age) = (u64::from(pass.shape.turns()), pass.config.live_reads_turns);
+    let young = |r: &Record| max_age == 0 || turns.saturating_sub(u64::from(r.turn)) <= max_age;
+    let live = |r: &Record| young(r) && condense_stage::path_arguments(&r.arguments).iter().any(|p| newest.get(p) == Some(&r.ref_n));
     // Reads earlier prunes left verbatim (their batch summarized, no summary of their own), and the
     // reads of the batches closing now.
     let earlier: Vec<&'a Record> = idx

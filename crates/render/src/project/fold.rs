@@ -189,7 +189,7 @@ impl Projection {
             SourceEvent::PruneConfigured(_) | SourceEvent::LiveReadsConfigured { .. } => {
                 match ev {
                     SourceEvent::PruneConfigured(cfg) => self.config = cfg.clone(),
-                    SourceEvent::LiveReadsConfigured { tokens } => self.config.live_reads_tokens = *tokens,
+                    SourceEvent::LiveReadsConfigured { tokens, turns } => (self.config.live_reads_tokens, self.config.live_reads_turns) = (*tokens, *turns),
                     _ => {}
                 }
                 *self.phase_cache.get_mut().expect("phase cache lock") = PhaseCache::default();

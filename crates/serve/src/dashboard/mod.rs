@@ -247,7 +247,10 @@ fn describe(e: &Event) -> Option<(&'static str, String)> {
             SourceEvent::ProviderOverflow { message } => ("error", format!("provider overflow: {}", cut(message))),
             SourceEvent::RequestRetried => ("retry", "request retried after a double overflow".to_string()),
             SourceEvent::PruneConfigured(_) | SourceEvent::ConfigChanged { .. } => ("config", "pruning configured".to_string()),
-            SourceEvent::LiveReadsConfigured { tokens } => ("config", format!("live file reads kept verbatim up to {tokens} tokens")),
+            SourceEvent::LiveReadsConfigured { tokens, turns } => ("config", match turns {
+                0 => format!("live file reads kept verbatim up to {tokens} tokens"),
+                n => format!("live file reads kept verbatim up to {tokens} tokens, {n} turns each at most"),
+            }),
             _ => return None,
         },
     })
