@@ -647,6 +647,7 @@ fn live_file_reads_stay_verbatim_until_a_later_edit_supersedes_them() {
         // The setting is in the log: a fresh fold has it.
         let head = l.s.head().unwrap();
         assert_eq!(l.s.projection_at(head).unwrap().config().live_reads_tokens, tokens);
+        assert_eq!(l.s.projection_at(head).unwrap().config(), l.s.projection().unwrap().config(), "the fold in memory is the fold of the log");
     }
 }
 
@@ -671,4 +672,5 @@ fn live_file_reads_age_out_after_live_reads_turns() {
     assert!(events.iter().any(|e| matches!(&e.body, Event::Decision(DecisionEvent::OutputStubbed { .. }))));
     assert!(events.iter().any(|e| matches!(&e.body, Event::Source(SourceEvent::LiveReadsConfigured { tokens: 20_000, turns: 4 }))));
     assert_eq!(l.s.projection_at(head).unwrap().config().live_reads_turns, 4);
+    assert_eq!(l.s.projection_at(head).unwrap().config(), l.s.projection().unwrap().config(), "the fold in memory is the fold of the log");
 }

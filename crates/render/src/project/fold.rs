@@ -186,15 +186,13 @@ impl Projection {
                 self.overflow_failed = false;
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }
-            SourceEvent::PruneConfigured(_) | SourceEvent::LiveReadsConfigured { .. } => {
-                match ev {
-                    SourceEvent::PruneConfigured(cfg) => self.config = cfg.clone(),
-                    SourceEvent::LiveReadsConfigured { tokens, turns } => (self.config.live_reads_tokens, self.config.live_reads_turns) = (*tokens, *turns),
-                    _ => {}
-                }
+            SourceEvent::PruneConfigured(cfg) => {
+                self.config = cfg.as_stored();
                 *self.phase_cache.get_mut().expect("phase cache lock") = PhaseCache::default();
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }
+            // Only the pipeline reads these keys: nothing rendered changes.
+            SourceEvent::LiveReadsConfigured { tokens, turns } => (self.config.live_reads_tokens, self.config.live_reads_turns) = (*tokens, *turns),
             SourceEvent::ModelChanged { provider, model, context_window, max_output } => {
                 self.model_change_leaf = Some(self.leaf);
                 self.model = Some(ModelInfo {
