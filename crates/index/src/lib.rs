@@ -37,6 +37,16 @@ use condense_events::{BatchOutcome, DecisionEvent, Record};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+mod paths;
+pub use paths::{json_strings, path_arguments};
+
+/// Tools that read a file whole (pi, Claude Code and others): the reads `liveReadsTokens` may keep.
+pub const READ_TOOLS: [&str; 4] = ["read", "Read", "view", "read_file"];
+
+/// Tools that read or change a file whole or in part: a later one supersedes a read of the same file
+/// (`liveReadsTokens`), and [`Index::newest_file_call`] follows them.
+pub const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Edit", "write", "Write", "MultiEdit", "write_file", "replace", "str_replace_editor"];
+
 /// A spilled output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spill {
@@ -196,6 +206,11 @@ pub struct Index {
     pub recoveries: usize,
     /// The diagnostics of smaller-model recovery (`Note`s of stage `recovery`), in order.
     pub recovery_notes: Vec<String>,
+    /// For each file a call of [`FILE_TOOLS`] named (its path arguments), the newest such call's ref.
+    pub newest_file_call: Arc<BTreeMap<String, u32>>,
+    /// File reads ([`READ_TOOLS`]) of summarized batches that got no summary of their own (aliased,
+    /// spilled, protected, or kept by `liveReadsTokens`) and no `OutputStubbed` since.
+    pub unsummarized_reads: Arc<std::collections::BTreeSet<u32>>,
 }
 
 /// What a ref names.
@@ -219,6 +234,13 @@ impl Index {
                 }
             }
             DecisionEvent::OutputCaptured(r) => {
+                if FILE_TOOLS.contains(&r.tool.as_str()) {
+                    let newest = Arc::make_mut(&mut self.newest_file_call);
+                    for p in path_arguments(&r.arguments) {
+                        let e = newest.entry(p).or_insert(r.ref_n);
+                        *e = (*e).max(r.ref_n);
+                    }
+                }
                 Arc::make_mut(&mut self.by_entry).insert(r.entry.clone(), r.ref_n);
                 Arc::make_mut(&mut self.by_call_entry).entry(r.call_entry.clone()).or_default().push(r.ref_n);
                 Arc::make_mut(&mut self.by_call).entry(r.call_id.clone()).or_default().push(r.ref_n);
@@ -237,7 +259,7 @@ impl Index {
             DecisionEvent::OutputAliased { ref_n, original } => {
                 Arc::make_mut(&mut self.aliases).insert(*ref_n, *original);
             }
-            DecisionEvent::BatchClosed { batch, outcome, summaries, .. } => {
+            DecisionEvent::BatchClosed { batch, refs, outcome, summaries } => {
                 self.outcomes.insert(*batch, *outcome);
                 if self.open_batches.contains(batch) {
                     Arc::make_mut(&mut self.open_batches).remove(batch);
@@ -245,9 +267,21 @@ impl Index {
                 for (r, s) in summaries {
                     self.summaries.insert(*r, Arc::from(s.as_str()));
                 }
+                if *outcome == BatchOutcome::Summarized {
+                    let reads = refs.iter().filter(|r| {
+                        !summaries.iter().any(|(s, _)| s == *r) && self.records.get(r).is_some_and(|rec| READ_TOOLS.contains(&rec.tool.as_str()))
+                    });
+                    let reads: Vec<u32> = reads.copied().collect();
+                    if !reads.is_empty() {
+                        Arc::make_mut(&mut self.unsummarized_reads).extend(reads);
+                    }
+                }
             }
             DecisionEvent::OutputStubbed { ref_n, summary } => {
                 self.summaries.insert(*ref_n, Arc::from(summary.as_str()));
+                if self.unsummarized_reads.contains(ref_n) {
+                    Arc::make_mut(&mut self.unsummarized_reads).remove(ref_n);
+                }
             }
             DecisionEvent::FrontierAdvanced { entry } => self.frontier = Some(entry.clone()),
             DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {

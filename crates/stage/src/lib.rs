@@ -77,14 +77,10 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-mod paths;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use paths::{json_strings, path_arguments};
-
-/// Tools that read a file whole (pi, Claude Code and others): the reads `liveReadsTokens` may keep.
-pub const READ_TOOLS: [&str; 4] = ["read", "Read", "view", "read_file"];
+pub use condense_index::{json_strings, path_arguments, FILE_TOOLS, READ_TOOLS};
 
 /// Why the pipeline runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -133,9 +133,6 @@ pub fn budget_threshold(cfg: &PruneConfig, shape: &Shape) -> u64 {
     }
 }
 
-/// Tools that read or change a file: a later one supersedes a read of the same file.
-const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Edit", "write", "Write", "MultiEdit", "write_file", "replace", "str_replace_editor"];
-
 /// The reads to keep verbatim as the batches `closing` close, and the reads kept by earlier prunes that
 /// get their stubs now. A read is *live* while it is the newest call on one of its files (by the
 /// arguments naming a path or file) among every read and edit so far, and, under `liveReadsTurns`, at most
@@ -143,25 +140,26 @@ const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Ed
 /// tokens (chars/4).
 fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<&Record>>, budget: u64) -> (BTreeSet<u32>, Vec<&'a Record>) {
     let idx = pass.index;
-    let mut newest: BTreeMap<String, u32> = BTreeMap::new();
-    for r in idx.records.values().chain(pass.captured().map(|(r, _)| r)) {
-        if FILE_TOOLS.contains(&r.tool.as_str()) {
-            for p in condense_stage::path_arguments(&r.arguments) {
-                let e = newest.entry(p).or_insert(0);
-                *e = (*e).max(r.ref_n);
-            }
+    // The newest call on each file: the index's, and the calls this pass captured (newer).
+    let mut captured: BTreeMap<String, u32> = BTreeMap::new();
+    for (r, _) in pass.captured().filter(|(r, _)| condense_stage::FILE_TOOLS.contains(&r.tool.as_str())) {
+        for p in condense_stage::path_arguments(&r.arguments) {
+            let e = captured.entry(p).or_insert(r.ref_n);
+            *e = (*e).max(r.ref_n);
         }
     }
+    let newest = |p: &String| captured.get(p).or_else(|| idx.newest_file_call.get(p)).copied();
     // `liveReadsTurns`: a read older than that many assistant turns is no longer kept, live or not.
     let (turns, max_age) = (u64::from(pass.shape.turns()), pass.config.live_reads_turns);
     let young = |r: &Record| max_age == 0 || turns.saturating_sub(u64::from(r.turn)) <= max_age;
-    let live = |r: &Record| young(r) && condense_stage::path_arguments(&r.arguments).iter().any(|p| newest.get(p) == Some(&r.ref_n));
+    let live = |r: &Record| young(r) && condense_stage::path_arguments(&r.arguments).iter().any(|p| newest(p) == Some(r.ref_n));
     // Reads earlier prunes left verbatim (their batch summarized, no summary of their own), and the
     // reads of the batches closing now.
     let earlier: Vec<&'a Record> = idx
-        .records
-        .values()
-        .filter(|r| pass.keepable_read(r) && !idx.open_batches.contains(&r.batch) && idx.outcomes.get(&r.batch) == Some(&BatchOutcome::Summarized) && pass.summary(r.ref_n).is_none())
+        .unsummarized_reads
+        .iter()
+        .filter_map(|r| idx.records.get(r))
+        .filter(|r| pass.keepable_read(r) && pass.summary(r.ref_n).is_none())
         .collect();
     let now = closing.iter().flat_map(|b| pending[b].iter().copied()).filter(|r| pass.keepable_read(r));
     let mut candidates: Vec<&Record> = earlier.iter().copied().chain(now).filter(|r| live(r)).collect();
