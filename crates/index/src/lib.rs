@@ -208,8 +208,8 @@ pub struct Index {
     pub recovery_notes: Vec<String>,
     /// For each file a call of [`FILE_TOOLS`] named (its path arguments), the newest such call's ref.
     pub newest_file_call: Arc<BTreeMap<String, u32>>,
-    /// File reads ([`READ_TOOLS`]) of summarized batches that got no summary of their own (aliased,
-    /// spilled, protected, or kept by `liveReadsTokens`) and no `OutputStubbed` since.
+    /// File reads ([`READ_TOOLS`]) of summarized batches that got no summary of their own and are not
+    /// aliased, spilled or protected (so: kept verbatim by `liveReadsTokens`), and no `OutputStubbed` since.
     pub unsummarized_reads: Arc<std::collections::BTreeSet<u32>>,
 }
 
@@ -268,8 +268,12 @@ impl Index {
                     self.summaries.insert(*r, Arc::from(s.as_str()));
                 }
                 if *outcome == BatchOutcome::Summarized {
+                    // Aliased, spilled and protected reads render as they do anyway: only the kept ones.
                     let reads = refs.iter().filter(|r| {
-                        !summaries.iter().any(|(s, _)| s == *r) && self.records.get(r).is_some_and(|rec| READ_TOOLS.contains(&rec.tool.as_str()))
+                        !summaries.iter().any(|(s, _)| s == *r)
+                            && !self.aliases.contains_key(r)
+                            && !self.spills.contains_key(r)
+                            && self.records.get(r).is_some_and(|rec| !rec.protected && READ_TOOLS.contains(&rec.tool.as_str()))
                     });
                     let reads: Vec<u32> = reads.copied().collect();
                     if !reads.is_empty() {
