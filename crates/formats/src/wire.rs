@@ -278,6 +278,12 @@ fn memmem(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
 }
 
+/// How many cache marks a request body holds (a mention of the key in a text counts too: the count errs
+/// high).
+pub fn cache_marks(body: &[u8]) -> usize {
+    memchr::memmem::find_iter(body, b"\"cache_control\"").count()
+}
+
 /// Splits a list given as JSON values (tests and tools; serve passes the request body itself).
 pub fn split_values(api: Api, list: &[Value]) -> Result<RawRequest, WireError> {
     let mut buf = Vec::new();

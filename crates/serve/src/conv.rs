@@ -486,17 +486,17 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
     let idx = p.index();
     let recoveries = idx.recovery_notes.iter().filter(|n| n.starts_with(condense_engine::recover::DIAG_PREPARED)).count() as u64;
     let figures = ((idx.summaries.len() + idx.spills.len()) as u64, idx.checkpoints.len() as u64, recoveries, idx.chains.len() as u64);
-    Segments { segs, notice, tools, tokens, figures, stable_end: stable_end(messages) }
+    Segments { segs, notice, tools, tokens, figures, stable_end: stable_end(messages, |m| p.is_checkpoint_summary(m)) }
 }
 
 /// After a checkpoint, the context opens with its summary, the host context it carried and the prompts
 /// it kept (and any prompts right after them): nothing changes these until the next checkpoint, while
 /// what follows is pruned and chained as the session goes on. The position of the last of them, where
 /// condense puts a cache mark of its own (Anthropic): a chain compressed after the checkpoint then
-/// re-sends only what follows the mark, not everything after the system prompt.
-fn stable_end(messages: &[Arc<Message>]) -> Option<usize> {
-    let first = messages.first()?;
-    if !(matches!(**first, Message::User { origin: UserOrigin::Summary, .. }) && first.text().starts_with("[Checkpoint c")) {
+/// re-sends only what follows the mark, not everything after the system prompt. `is_checkpoint` tells a
+/// checkpoint's summary message (the render knows its own, `Projection::is_checkpoint_summary`).
+fn stable_end(messages: &[Arc<Message>], is_checkpoint: impl Fn(&Arc<Message>) -> bool) -> Option<usize> {
+    if !is_checkpoint(messages.first()?) {
         return None;
     }
     let run = messages[1..].iter().take_while(|m| matches!(***m, Message::User { origin: UserOrigin::Prompt | UserOrigin::Host, .. })).count();
@@ -514,7 +514,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     let tools = &tools[..];
     // condense's own mark at the end of what stays until the next checkpoint (Anthropic allows four;
     // one is left when the client's request holds fewer).
-    let own_mark = stable_end.filter(|&k| api == Api::Anthropic && k < segs.len() && count_marks(&raw.buf) < 4);
+    let own_mark = stable_end.filter(|&k| api == Api::Anthropic && k < segs.len() && wire::cache_marks(&raw.buf) < 4);
     // Which units go out whole and untouched, and which are read for their messages' own JSON.
     let count = |u: usize| rec.units[u].entries.len();
     // Where a client unit is sent complete, marked or not (a marked one is read for its marks only).
@@ -736,12 +736,6 @@ impl Conv {
     }
 }
 
-/// How many cache marks a request body holds (a mention of the word in a text counts too: the count
-/// errs towards leaving condense's own mark out).
-fn count_marks(body: &[u8]) -> usize {
-    body.windows(15).filter(|w| *w == b"\"cache_control\"").count()
-}
-
 fn mark_last_part(o: &mut OutMessage<'_>, control: &Value) {
     if let Some(last) = o.parts.to_mut().last_mut() {
         if let Value::String(s) = last {
@@ -770,7 +764,9 @@ mod tests {
     /// over), on the summary when it keeps none, and nowhere without a checkpoint.
     #[test]
     fn the_stable_end_is_the_last_kept_prompt_after_a_checkpoint() {
-        let summary = || user("[Checkpoint c1: the conversation before this point, summarized]\n## Goal\nx", UserOrigin::Summary);
+        let cp = user("[Checkpoint c1: the conversation before this point, summarized]\n## Goal\nx", UserOrigin::Summary);
+        let summary = || cp.clone();
+        let stable_end = |messages: &[Arc<Message>]| stable_end(messages, |m| Arc::ptr_eq(m, &cp));
         let ctx = [summary(), user("# Environment", UserOrigin::Host), user("one", UserOrigin::Prompt), user("two", UserOrigin::Prompt), user("<env/>", UserOrigin::Host), reply("ok")];
         assert_eq!(stable_end(&ctx), Some(3));
         assert_eq!(stable_end(&[summary(), user("# Environment", UserOrigin::Host), reply("ok")]), Some(0));
@@ -783,7 +779,7 @@ mod tests {
     #[test]
     fn marks_are_counted_in_the_whole_body() {
         let body = br#"{"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]}]}"#;
-        assert_eq!(count_marks(body), 2);
-        assert_eq!(count_marks(b"{}"), 0);
+        assert_eq!(wire::cache_marks(body), 2);
+        assert_eq!(wire::cache_marks(b"{}"), 0);
     }
 }

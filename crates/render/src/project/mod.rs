@@ -340,6 +340,12 @@ impl Projection {
         &self.decisions
     }
 
+    /// Whether `m` is the summary message of a checkpoint as the render places it (the same message, not
+    /// a look-alike text).
+    pub fn is_checkpoint_summary(&self, m: &Arc<Message>) -> bool {
+        self.checkpoint_msgs.values().any(|c| Arc::ptr_eq(c, m))
+    }
+
     /// The pruning configuration in force.
     pub fn config(&self) -> &PruneConfig {
         &self.config
