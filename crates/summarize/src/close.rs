@@ -153,14 +153,8 @@ fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<
     let (turns, max_age) = (u64::from(pass.shape.turns()), pass.config.live_reads_turns);
     let young = |r: &Record| max_age == 0 || turns.saturating_sub(u64::from(r.turn)) <= max_age;
     let live = |r: &Record| young(r) && condense_stage::path_arguments(&r.arguments).iter().any(|p| newest(p) == Some(r.ref_n));
-    // Reads earlier prunes left verbatim (their batch summarized, no summary of their own), and the
-    // reads of the batches closing now.
-    let earlier: Vec<&'a Record> = idx
-        .unsummarized_reads
-        .iter()
-        .filter_map(|r| idx.records.get(r))
-        .filter(|r| pass.keepable_read(r) && pass.summary(r.ref_n).is_none())
-        .collect();
+    // Reads earlier prunes kept verbatim (the index follows them), and the reads of the batches closing now.
+    let earlier: Vec<&'a Record> = idx.unsummarized_reads.iter().filter_map(|r| idx.records.get(r)).collect();
     let now = closing.iter().flat_map(|b| pending[b].iter().copied()).filter(|r| pass.keepable_read(r));
     let mut candidates: Vec<&Record> = earlier.iter().copied().chain(now).filter(|r| live(r)).collect();
     candidates.sort_by_key(|r| std::cmp::Reverse(r.ref_n));
