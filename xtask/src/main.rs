@@ -801,21 +801,27 @@ fn switch_bench(md: &mut String, scratch: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The simulate figures over the corpus with the defaults.
-fn quality(md: &mut String, scratch: &Path) -> Result<()> {
-    writeln!(md, "\n## Pruning: quality over the corpus (defaults)\n")?;
-    writeln!(md, "`condense simulate` with the defaults it ships, every pi, Claude Code and Codex session of the corpus. Ratios are rendered over raw input tokens summed over requests, and rendered over raw cost (0.1 per cached-prefix token, 1.25 per other input token). pi-condense 2.9.1 figures from `PEERS.md` where it was measured.\n")?;
-    writeln!(md, "| session | tool calls | requests | raw peak | rendered peak | tokens | cost | cache breaks | retention | stubs | spills | dedups | chains | refs exact | validity errors | pi-condense tokens / cost / breaks |")?;
-    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
-    // pi-condense on the same sessions (PEERS.md): tokens %, cost %, cache breaks.
-    let peers: [(&str, f64, f64, u64); 6] = [
-        ("badlogic__pi-mono/before-compaction", 35.9, 51.2, 32),
-        ("badlogic__pi-mono/large-session", 25.4, 35.4, 67),
-        ("badlogic__pi-mono/session.jsonl", 13.8, 27.1, 30),
-        ("01-youtube", 39.8, 58.9, 14),
-        ("02-inline", 77.1, 95.7, 4),
-        ("03-raddit", 45.2, 71.6, 17),
-    ];
+/// pi-condense on the corpus pi sessions (PEERS.md): tokens %, cost %, cache breaks, and its retention
+/// (issue 34's table, where it was measured).
+const PEERS: [(&str, f64, f64, u64, Option<f64>); 6] = [
+    ("badlogic__pi-mono/before-compaction", 35.9, 51.2, 32, Some(0.852)),
+    ("badlogic__pi-mono/large-session", 25.4, 35.4, 67, Some(0.920)),
+    ("badlogic__pi-mono/session.jsonl", 13.8, 27.1, 30, Some(0.911)),
+    ("01-youtube", 39.8, 58.9, 14, Some(0.987)),
+    ("02-inline", 77.1, 95.7, 4, None),
+    ("03-raddit", 45.2, 71.6, 17, Some(0.956)),
+];
+
+/// The median of ratios (the mean of the middle two for an even count; 0 when empty).
+fn median_ratio(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 { 0.0 } else if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
+/// Every pi, Claude Code and Codex session of the corpus replayed under `config` into a scratch store:
+/// each session's name (its path in the corpus) and figures.
+fn replay_corpus(scratch: &Path, config: &condense_events::PruneConfig) -> Result<Vec<(String, condense_engine::simulate::Figures)>> {
     let dir = scratch.join("quality");
     let _ = std::fs::remove_dir_all(&dir);
     let store = Store::open(&dir)?;
@@ -823,17 +829,32 @@ fn quality(md: &mut String, scratch: &Path) -> Result<()> {
     for fmt in ["pi", "claude-code", "codex"] {
         walk(&corpus().join(fmt), &mut files);
     }
+    let mut out = Vec::with_capacity(files.len());
+    for f in &files {
+        let name = f.strip_prefix(corpus()).unwrap_or(f).display().to_string();
+        let imported = condense_formats::import_file(f)?;
+        let fig = condense_engine::simulate::replay(&store, &name, imported.events, config.clone(), Default::default())?;
+        out.push((name, fig));
+    }
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(out)
+}
+
+/// The simulate figures over the corpus with the defaults.
+fn quality(md: &mut String, scratch: &Path) -> Result<()> {
+    writeln!(md, "\n## Pruning: quality over the corpus (defaults)\n")?;
+    writeln!(md, "`condense simulate` with the defaults it ships, every pi, Claude Code and Codex session of the corpus. Ratios are rendered over raw input tokens summed over requests, and rendered over raw cost (0.1 per cached-prefix token, 1.25 per other input token). pi-condense 2.9.1 figures from `PEERS.md` where it was measured.\n")?;
+    writeln!(md, "| session | tool calls | requests | raw peak | rendered peak | tokens | cost | cache breaks | retention | stubs | spills | dedups | chains | refs exact | validity errors | pi-condense tokens / cost / breaks |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
     let (mut tok, mut cost, mut all_cost, mut retention) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // The corpus pi sessions with at least 100 tool calls (issue 10, item 2): cost ratios, and against
     // pi-condense: (fewer tokens, lower cost, no more breaks).
     let (mut pi_cost, mut beats) = (Vec::new(), Vec::new());
     let mut total = condense_engine::simulate::Figures::default();
-    for f in &files {
-        let name = f.strip_prefix(corpus()).unwrap_or(f).display().to_string();
-        let imported = condense_formats::import_file(f)?;
-        let fig = condense_engine::simulate::replay(&store, &name, imported.events, Default::default(), Default::default())?;
-        let peer = peers.iter().find(|(k, ..)| name.contains(k));
-        let peer_text = peer.map_or(String::new(), |(_, t, c, b)| format!("{t:.1}% / {c:.1}% / {b}"));
+    for (name, fig) in replay_corpus(scratch, &Default::default())? {
+        let peer = PEERS.iter().find(|(k, ..)| name.contains(k));
+        let peer_text = peer.map_or(String::new(), |(_, t, c, b, _)| format!("{t:.1}% / {c:.1}% / {b}"));
         writeln!(md, "| {name} | {} | {} | {} | {} | {:.1}% | {:.1}% | {} | {:.3} | {} | {} | {} | {} | {}/{} | {} | {peer_text} |", fig.tool_calls, fig.turns,
             fig.raw_tokens_peak, fig.rendered_tokens_peak, fig.token_ratio() * 100.0, fig.cost_ratio() * 100.0, fig.cache_breaks, fig.retention(), fig.stubs,
             fig.spills, fig.dedups, fig.chains, fig.refs_recovered_exact, fig.refs_checked, fig.validity_errors)?;
@@ -842,7 +863,7 @@ fn quality(md: &mut String, scratch: &Path) -> Result<()> {
             cost.push(fig.cost_ratio());
             if name.starts_with("pi/") {
                 pi_cost.push(fig.cost_ratio());
-                if let Some((_, t, c, b)) = peer {
+                if let Some((_, t, c, b, _)) = peer {
                     beats.push((fig.token_ratio() * 100.0 < *t, fig.cost_ratio() * 100.0 < *c, fig.cache_breaks <= *b));
                 }
             }
@@ -855,61 +876,39 @@ fn quality(md: &mut String, scratch: &Path) -> Result<()> {
         }
         total.add(&fig);
     }
-    let med = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        let n = v.len();
-        if n == 0 { 0.0 } else if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-    };
     let n_big = tok.len();
     writeln!(md, "\nSessions with at least 100 tool calls: {n_big}; median tokens {:.2}% of raw (target ≤ 25%), median cost {:.2}% of raw (target ≤ 35%). Highest cost ratio of any session: {:.1}%. Retention {:.3} in total (issue 34 target: ≥ 0.90), median {:.3} (issue 10 target: ≥ 0.85). Refs recovered byte-exact: {}/{}; validity errors: {}.",
-        med(tok) * 100.0, med(cost) * 100.0, all_cost.iter().copied().fold(0.0, f64::max) * 100.0, total.retention(), med(retention), total.refs_recovered_exact, total.refs_checked, total.validity_errors)?;
+        median_ratio(tok) * 100.0, median_ratio(cost) * 100.0, all_cost.iter().copied().fold(0.0, f64::max) * 100.0, total.retention(), median_ratio(retention), total.refs_recovered_exact, total.refs_checked, total.validity_errors)?;
     let count = |pick: fn(&(bool, bool, bool)) -> bool| beats.iter().filter(|b| pick(b)).count();
     writeln!(md, "\nThe {} corpus pi sessions with at least 100 tool calls (issue 10, target 2): median cost {:.2}% of raw (target ≤ 22%); against pi-condense, fewer tokens on {}, lower cost on {}, no more cache breaks on {} of {}.",
-        pi_cost.len(), med(pi_cost) * 100.0, count(|b| b.0), count(|b| b.1), count(|b| b.2), beats.len())?;
-    drop(store);
-    let _ = std::fs::remove_dir_all(&dir);
-    live_reads_pass(md, scratch, &files, &med)
+        pi_cost.len(), median_ratio(pi_cost) * 100.0, count(|b| b.0), count(|b| b.1), count(|b| b.2), beats.len())?;
+    live_reads_pass(md, scratch)
 }
 
 /// The same sessions with `liveReadsTokens` 20,000 (off by default), for as long as a read is live and
 /// then at most 10 turns (`liveReadsTurns`): retention for cost, against pi-condense's retention on the
 /// corpus pi sessions (issue 34's table).
-fn live_reads_pass(md: &mut String, scratch: &Path, files: &[PathBuf], med: &dyn Fn(Vec<f64>) -> f64) -> Result<()> {
+fn live_reads_pass(md: &mut String, scratch: &Path) -> Result<()> {
     const TOKENS: u64 = 20_000;
-    let peers: [(&str, f64); 5] = [
-        ("badlogic__pi-mono/before-compaction", 0.852),
-        ("badlogic__pi-mono/large-session", 0.920),
-        ("badlogic__pi-mono/session.jsonl", 0.911),
-        ("01-youtube", 0.987),
-        ("03-raddit", 0.956),
-    ];
     for turns in [0, 10] {
-        let dir = scratch.join("quality-live-reads");
-        let _ = std::fs::remove_dir_all(&dir);
-        let store = Store::open(&dir)?;
         let config = condense_events::PruneConfig { live_reads_tokens: TOKENS, live_reads_turns: turns, ..Default::default() };
         let (mut cost, mut pi_cost, mut rows) = (Vec::new(), Vec::new(), Vec::new());
         let mut total = condense_engine::simulate::Figures::default();
-        for f in files {
-            let name = f.strip_prefix(corpus()).unwrap_or(f).display().to_string();
-            let imported = condense_formats::import_file(f)?;
-            let fig = condense_engine::simulate::replay(&store, &name, imported.events, config.clone(), Default::default())?;
+        for (name, fig) in replay_corpus(scratch, &config)? {
             if fig.tool_calls >= 100 {
                 cost.push(fig.cost_ratio());
                 if name.starts_with("pi/") {
                     pi_cost.push(fig.cost_ratio());
                 }
             }
-            if let Some((_, peer)) = peers.iter().find(|(k, _)| name.contains(k)) {
+            if let Some(peer) = PEERS.iter().find(|(k, ..)| name.contains(k)).and_then(|p| p.4) {
                 rows.push(format!("{name}: {:.3} (pi-condense {peer:.3}), cost {:.1}%", fig.retention(), fig.cost_ratio() * 100.0));
             }
             total.add(&fig);
         }
         let limit = if turns == 0 { String::new() } else { format!(", `liveReadsTurns` {turns}") };
         writeln!(md, "\nWith `liveReadsTokens` {TOKENS}{limit} (off by default; docs/pruning.md, \"File reads hold the facts\"): retention {:.3} in total; median cost {:.2}% of raw for the sessions with at least 100 tool calls, {:.2}% for the pi ones; {} cache breaks. The pi sessions' retention: {}.",
-            total.retention(), med(cost) * 100.0, med(pi_cost) * 100.0, total.cache_breaks, rows.join("; "))?;
-        drop(store);
-        let _ = std::fs::remove_dir_all(&dir);
+            total.retention(), median_ratio(cost) * 100.0, median_ratio(pi_cost) * 100.0, total.cache_breaks, rows.join("; "))?;
     }
     Ok(())
 }
