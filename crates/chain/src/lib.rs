@@ -1,9 +1,9 @@
 //! Chains: a user prompt, the tool-using assistant turns it caused, and the final text-only reply that
 //! closed it. Closed chains older than the rolling window are compressed into one block with a `bN` ref
-//! whose body fuses the summaries of the outputs inside, each cut to its first line and the paths it
-//! names (or, when none were summarized, a deterministic digest: call count, tool histogram, first and
-//! last arguments). Protected outputs are relocated into
-//! the block verbatim.
+//! whose body fuses the summaries of the outputs inside, each cut to its first line (or, when none were
+//! summarized, a deterministic digest: call count, tool histogram, first and last arguments), and lists
+//! the names the chain's turns used that came from earlier tool outputs ([`used_names`]). Protected
+//! outputs are relocated into the block verbatim.
 //!
 //! # Example
 //!
@@ -16,11 +16,13 @@
 //! assert_eq!(spans, vec![Span { first: 0, last: 3 }]);
 //! // The block that stands for the chain names each output by its ref, one line each.
 //! let calls = [CallInfo { ref_n: Some(4), tool: "read", arguments: r#"{"path":"src/lib.rs"}"#, summary: Some("t4 read (src/lib.rs): 120 lines"), protected_output: None }];
-//! let body = block_body(2, &calls);
+//! let body = block_body(2, &calls, &[]);
 //! assert!(body.contains("b2") && body.contains("t4"), "{body}");
 //! ```
 
-use std::collections::BTreeMap;
+use condense_events::{Block, Message};
+use condense_index::facts::{facts_into, FactSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 mod stage;
 pub use stage::Chains;
@@ -47,6 +49,86 @@ pub struct CallInfo<'a> {
     pub summary: Option<&'a str>,
     /// The output, when protected (relocated verbatim).
     pub protected_output: Option<&'a str>,
+}
+
+/// Where each fact ([`condense_index::facts`]) of a branch's tool outputs and user messages first
+/// appears, as positions on the branch, taken in one message at a time: what a compressed chain's
+/// "names used" line is chosen from.
+#[derive(Debug, Clone, Default)]
+pub struct FactsSeen {
+    outputs: BTreeMap<String, usize>,
+    users: BTreeMap<String, usize>,
+    scanned: usize,
+}
+
+/// A fact set that records where each fact was first added.
+struct FirstAt<'a>(&'a mut BTreeMap<String, usize>, usize);
+
+impl FactSet for FirstAt<'_> {
+    fn has(&self, fact: &str) -> bool {
+        self.0.contains_key(fact)
+    }
+    fn add(&mut self, fact: String) {
+        self.0.insert(fact, self.1);
+    }
+}
+
+/// A fact set that keeps the order facts were first added in.
+#[derive(Default)]
+struct InOrder {
+    seen: BTreeSet<String>,
+    list: Vec<String>,
+}
+
+impl FactSet for InOrder {
+    fn has(&self, fact: &str) -> bool {
+        self.seen.contains(fact)
+    }
+    fn add(&mut self, fact: String) {
+        self.seen.insert(fact.clone());
+        self.list.push(fact);
+    }
+}
+
+impl FactsSeen {
+    /// How many messages of the branch were taken in.
+    pub fn scanned(&self) -> usize {
+        self.scanned
+    }
+
+    /// Takes in the branch's next message (position [`FactsSeen::scanned`]).
+    pub fn add(&mut self, m: &Message) {
+        let at = self.scanned;
+        self.scanned += 1;
+        let into = match m {
+            Message::ToolResult { .. } => &mut self.outputs,
+            Message::User { .. } => &mut self.users,
+            Message::Assistant { .. } => return,
+        };
+        for b in m.content() {
+            if let Block::Text { text } = b {
+                facts_into(text, &mut FirstAt(into, at));
+            }
+        }
+    }
+
+    /// The names `messages` used (the facts of the assistant ones' text and call arguments, in the order
+    /// they first appear) that a tool output at or before position `upto` held and no user message at or
+    /// before it did: what the turns carried over from what tools showed them.
+    pub fn used_names<'m>(&self, upto: usize, messages: impl IntoIterator<Item = &'m Message>) -> Vec<String> {
+        let mut found = InOrder::default();
+        for m in messages.into_iter().filter(|m| matches!(m, Message::Assistant { .. })) {
+            for b in m.content() {
+                match b {
+                    Block::Text { text } => facts_into(text, &mut found),
+                    Block::ToolCall { arguments, .. } => facts_into(arguments, &mut found),
+                    _ => {}
+                }
+            }
+        }
+        let before = |map: &BTreeMap<String, usize>, f: &str| map.get(f).is_some_and(|&at| at <= upto);
+        found.list.into_iter().filter(|f| before(&self.outputs, f) && !before(&self.users, f)).collect()
+    }
 }
 
 /// Closed chains among the branch's messages. `is_prompt(i)` says whether entry `i` is a user prompt,
@@ -100,8 +182,8 @@ pub const REPLY_HEAD_CHARS: usize = 100;
 /// What the final reply `m` of compressed chain `block` renders as, cut to its first
 /// [`REPLY_HEAD_CHARS`] characters (text blocks joined by a line end, cut at a character boundary) and a
 /// marker naming the block; `None` when the reply is short enough that the marker would not save anything.
-pub fn reply_cut(block: u32, m: &condense_events::Message) -> Option<String> {
-    if !matches!(m, condense_events::Message::Assistant { .. }) {
+pub fn reply_cut(block: u32, m: &Message) -> Option<String> {
+    if !matches!(m, Message::Assistant { .. }) {
         return None;
     }
     let whole = reply_text(m);
@@ -116,23 +198,26 @@ pub fn reply_cut(block: u32, m: &condense_events::Message) -> Option<String> {
 
 /// The text of a final reply: its text blocks joined by a line end (what a cut reply shows the head of,
 /// and what the chain's query gives back).
-pub fn reply_text(m: &condense_events::Message) -> String {
+pub fn reply_text(m: &Message) -> String {
     let texts: Vec<&str> = m
         .content()
         .iter()
         .filter_map(|b| match b {
-            condense_events::Block::Text { text } => Some(text.as_str()),
+            Block::Text { text } => Some(text.as_str()),
             _ => None,
         })
         .collect();
     texts.join("\n")
 }
 
-/// Names of each output a chain block keeps from its summary (the most frequent first).
-const CHAIN_NAMES: usize = 2;
+/// The most names a block lists as used by its turns (a bound for chains that wrote whole files made of
+/// names read earlier; the rest stay one recovery away).
+pub const USED_NAMES: usize = 128;
 
-/// The text of a compressed chain block.
-pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
+/// The text of a compressed chain block: a line per summarized output (its summary's first line: ref, tool,
+/// what was asked, size) or, when none was summarized, a digest of the calls; then `used`, the names the
+/// chain's turns carried over from earlier tool outputs (see [`used_names`]), at most [`USED_NAMES`].
+pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
     let summaries: Vec<&str> = calls.iter().filter_map(|c| c.summary).collect();
     // The refs, when no summary line names them.
     let refs: Vec<String> = if summaries.is_empty() { calls.iter().filter_map(|c| c.ref_n.map(|r| format!("t{r}"))).collect() } else { Vec::new() };
@@ -158,33 +243,16 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>]) -> String {
             }
         }
     } else {
-        // A name the block shows once is not shown again (outputs of one chain share their names).
-        let mut shown: Vec<&str> = Vec::new();
+        // A summary's first line (ref, tool, size); the original stays one recovery away.
         for s in summaries {
             out.push('\n');
-            // A summary's first line (ref, tool, size) and the paths it names; the original stays one
-            // recovery away.
-            for (i, l) in s.lines().enumerate().filter(|(i, l)| *i == 0 || l.starts_with("  paths: ") || l.starts_with("  names: ")) {
-                if i > 0 {
-                    out.push('\n');
-                }
-                match l.strip_prefix("  names: ") {
-                    // The most frequent names only (a summary's are ranked).
-                    Some(names) => {
-                        let top: Vec<&str> = names.split(", ").take(CHAIN_NAMES).filter(|n| !shown.contains(n)).collect();
-                        if top.is_empty() {
-                            // Nothing new: the line goes, with the line end before it.
-                            out.pop();
-                            continue;
-                        }
-                        shown.extend(&top);
-                        out.push_str("  names: ");
-                        out.push_str(&top.join(", "));
-                    }
-                    None => out.push_str(l),
-                }
-            }
+            out.push_str(s.lines().next().unwrap_or_default());
         }
+    }
+    let used: Vec<&str> = used.iter().copied().filter(|n| !out.contains(n)).take(USED_NAMES).collect();
+    if !used.is_empty() {
+        out.push_str("\nnames used: ");
+        out.push_str(&used.join(", "));
     }
     for c in calls {
         if let (Some(text), Some(r)) = (c.protected_output, c.ref_n) {
@@ -234,32 +302,54 @@ mod tests {
             CallInfo { ref_n: None, tool: "bash", arguments: "{\"command\":\"ls\"}", summary: None, protected_output: Some("keep me") },
         ];
         assert_eq!(
-            block_body(2, &calls),
+            block_body(2, &calls, &[]),
             "[Compressed chain b2: 2 tool calls; outputs t1]\ntools: bash×1, read×1\nfirst: read {\"path\":\"a\"}\nlast: bash {\"command\":\"ls\"}\nOriginals: context_tree_query b2 or tN."
         );
     }
 
-    /// With summaries, each output's line names it (the header does not repeat the refs), with the paths
-    /// and the most frequent names its summary keeps; nothing else of the summary.
+    /// With summaries, each output's line is its summary's first line (the header does not repeat the
+    /// refs); the names the turns used follow, less those the block shows already, at most
+    /// [`USED_NAMES`].
     #[test]
-    fn body_with_summaries_keeps_each_first_line_paths_and_top_names() {
+    fn body_with_summaries_keeps_each_first_line_and_the_names_used() {
         let summary = "t3 bash (cargo test): 900 chars, 30 lines\n  ! error: x\n  paths: src/a.rs\n  names: parse_config, ConfigError, load_all\n  | tail";
-        let calls = [CallInfo { ref_n: Some(3), tool: "bash", arguments: "{}", summary: Some(summary), protected_output: None }];
-        assert_eq!(
-            block_body(4, &calls),
-            "[Compressed chain b4: 1 tool call]\nt3 bash (cargo test): 900 chars, 30 lines\n  paths: src/a.rs\n  names: parse_config, ConfigError\nOriginals: context_tree_query b4 or tN."
-        );
-        // A name shown for an earlier output of the block is not shown again; a line left with none goes.
-        let again = "t4 read (src/a.rs): 500 chars, 20 lines\n  names: ConfigError, parse_config";
         let other = "t5 read (src/b.rs): 400 chars, 10 lines\n  names: ConfigError, load_all";
         let calls = [
             CallInfo { ref_n: Some(3), tool: "bash", arguments: "{}", summary: Some(summary), protected_output: None },
-            CallInfo { ref_n: Some(4), tool: "read", arguments: "{}", summary: Some(again), protected_output: None },
             CallInfo { ref_n: Some(5), tool: "read", arguments: "{}", summary: Some(other), protected_output: None },
         ];
         assert_eq!(
-            block_body(4, &calls),
-            "[Compressed chain b4: 3 tool calls]\nt3 bash (cargo test): 900 chars, 30 lines\n  paths: src/a.rs\n  names: parse_config, ConfigError\nt4 read (src/a.rs): 500 chars, 20 lines\nt5 read (src/b.rs): 400 chars, 10 lines\n  names: load_all\nOriginals: context_tree_query b4 or tN."
+            block_body(4, &calls, &["load_all", "src/b.rs", "ConfigError"]),
+            "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars, 30 lines\nt5 read (src/b.rs): 400 chars, 10 lines\nnames used: load_all, ConfigError\nOriginals: context_tree_query b4 or tN."
         );
+        assert!(!block_body(4, &calls, &[]).contains("names used"));
+        let many: Vec<String> = (0..USED_NAMES + 5).map(|i| format!("name_{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let body = block_body(4, &calls, &many);
+        assert!(body.contains(&format!("name_{}\n", USED_NAMES - 1)) && !body.contains(&format!("name_{},", USED_NAMES)), "{body}");
+    }
+
+    /// The names used are the facts of the assistant messages (text and call arguments, in the order they
+    /// appear) that an output at or before the position held and no user message at or before it did.
+    #[test]
+    fn names_used_came_from_an_earlier_output_and_not_from_the_user() {
+        use condense_events::UserOrigin;
+        let text = |t: &str| vec![Block::Text { text: t.into() }];
+        let branch = [
+            Message::user_text("fix parse_config in src/lib.rs", UserOrigin::Prompt),
+            Message::Assistant { content: vec![Block::ToolCall { id: "c1".into(), name: "read".into(), arguments: r#"{"path":"src/lib.rs"}"#.into() }], model: None, stop: None, usage: None },
+            Message::ToolResult { call_id: "c1".into(), tool_name: "read".into(), content: text("fn parse_config() -> ConfigError { load_all(); LATE_NAME }"), is_error: false },
+            Message::Assistant { content: text("ConfigError comes from load_all; parse_config stays; NEW_NAME is mine"), model: None, stop: None, usage: None },
+            Message::ToolResult { call_id: "c2".into(), tool_name: "bash".into(), content: text("NEW_NAME"), is_error: false },
+        ];
+        let mut seen = FactsSeen::default();
+        for m in &branch {
+            seen.add(m);
+        }
+        assert_eq!(seen.scanned(), 5);
+        assert_eq!(seen.used_names(3, &branch[..4]), vec!["ConfigError".to_string(), "load_all".to_string()]);
+        // An output after the position does not count.
+        assert!(!seen.used_names(3, &branch[3..4]).contains(&"NEW_NAME".to_string()));
+        assert!(seen.used_names(4, &branch[3..4]).contains(&"NEW_NAME".to_string()));
     }
 }

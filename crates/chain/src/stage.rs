@@ -7,7 +7,7 @@
 //! branch found so far (scanned only where the branch grew) and how many of the first ones are
 //! compressed; both are dropped when the branch's shape is rebuilt.
 
-use crate::{block_body, reply_cut, CallInfo, ChainScan, Span};
+use crate::{block_body, reply_cut, CallInfo, ChainScan, FactsSeen, Span};
 use condense_events::{DecisionEvent, Event, Message, Record, UserOrigin, QUERY_TOOL_NAME};
 use condense_stage::{is_final_reply, Pass, Stage, StageError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,6 +28,18 @@ pub struct Chains {
     /// log; a block whose reply proves too short to cut is dropped when it is looked at (a pure function
     /// of the log all the same).
     uncut: BTreeMap<u32, String>,
+    /// The names each compressed chain's block lists as used, by the chain's first entry (folded from the
+    /// log; only blocks that list any).
+    used_by_first: BTreeMap<String, Vec<String>>,
+    /// Cache: the facts of the branch's outputs and user messages, scanned as far as chains were compressed.
+    seen: FactsSeen,
+    /// Cache: the names listed by the blocks on the branch after the latest checkpoint (its boundary's
+    /// position, `None` before any), the chains those blocks stand for, and how many of the first spans
+    /// need no look again.
+    listed: BTreeSet<String>,
+    listed_firsts: BTreeSet<String>,
+    listed_after: Option<Option<usize>>,
+    listed_scan: usize,
 }
 
 impl Chains {
@@ -37,6 +49,7 @@ impl Chains {
             *self = Chains {
                 firsts: std::mem::take(&mut self.firsts),
                 uncut: std::mem::take(&mut self.uncut),
+                used_by_first: std::mem::take(&mut self.used_by_first),
                 generation: pass.shape.generation(),
                 ..Chains::default()
             };
@@ -52,6 +65,42 @@ impl Chains {
     }
 }
 
+/// How a block's line of the names its chain used starts ([`block_body`]).
+const USED_PREFIX: &str = "names used: ";
+
+impl Chains {
+    /// Brings [`Chains::listed`] to the blocks on the branch after the latest checkpoint (a checkpoint
+    /// stands for the blocks before its boundary, which leave the context).
+    fn follow_listed(&mut self, pass: &Pass<'_>) {
+        let branch = pass.branch;
+        let boundary = pass.index.checkpoints.values().next_back().and_then(|c| pass.position(&c.boundary));
+        if self.listed_after != Some(boundary) {
+            self.listed.clear();
+            self.listed_firsts.clear();
+            self.listed_after = Some(boundary);
+            self.listed_scan = 0;
+        }
+        let mut settled = true;
+        for (i, span) in self.spans.iter().enumerate().skip(self.listed_scan) {
+            let first = branch.entry(span.first).0;
+            let done = if boundary.is_some_and(|b| span.first <= b) || self.listed_firsts.contains(first) {
+                true
+            } else if let Some(names) = self.used_by_first.get(first) {
+                self.listed.extend(names.iter().cloned());
+                self.listed_firsts.insert(first.to_string());
+                true
+            } else {
+                // Compressed with no names to list, or not compressed (yet).
+                self.firsts.contains(first) && !self.used_by_first.contains_key(first)
+            };
+            settled &= done;
+            if settled {
+                self.listed_scan = i + 1;
+            }
+        }
+    }
+}
+
 impl Stage for Chains {
     fn name(&self) -> &'static str {
         "chain"
@@ -59,9 +108,12 @@ impl Stage for Chains {
 
     fn fold(&mut self, event: &Event) {
         match event {
-            Event::Decision(DecisionEvent::ChainCompressed { block, first, last, .. }) => {
+            Event::Decision(DecisionEvent::ChainCompressed { block, first, last, body, .. }) => {
                 self.firsts.insert(first.clone());
                 self.uncut.insert(*block, last.clone());
+                if let Some(names) = body.lines().find_map(|l| l.strip_prefix(USED_PREFIX)) {
+                    self.used_by_first.insert(first.clone(), names.split(", ").map(str::to_string).collect());
+                }
             }
             Event::Decision(DecisionEvent::ChainReplyCut { block, .. }) => {
                 self.uncut.remove(block);
@@ -72,6 +124,7 @@ impl Stage for Chains {
 
     fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
         self.follow(pass);
+        self.follow_listed(pass);
         let branch = pass.branch;
         let compressed = |first: usize| self.firsts.contains(branch.entry(first).0);
         let mut done = self.compressed;
@@ -82,6 +135,8 @@ impl Stage for Chains {
         let grace = pass.config.recovery_grace_turns as u32;
         let utg = pass.shape.utg();
         let mut block = pass.index.next_block();
+        // Names a block of this pass lists already.
+        let mut listed_now: BTreeSet<String> = BTreeSet::new();
         let newest = self.spans.last().map(|s| s.last);
         let mut blocks = Vec::new();
         // The chains this pass compresses: block and the position of the final reply.
@@ -119,12 +174,23 @@ impl Stage for Chains {
                     });
                 }
             }
+            // The names the chain's turns carried over from earlier outputs, less those a block in the
+            // context lists already.
+            while self.seen.scanned() <= span.last {
+                self.seen.add(branch.entry(self.seen.scanned()).1);
+            }
+            let used = self.seen.used_names(span.last, (span.first..=span.last).map(|i| &**branch.entry(i).1));
+            let fresh: Vec<&str> = used.iter().map(String::as_str).filter(|n| !self.listed.contains(*n) && !listed_now.contains(*n)).collect();
+            let body = block_body(block, &infos, &fresh);
+            if let Some(names) = body.lines().find_map(|l| l.strip_prefix(USED_PREFIX)) {
+                listed_now.extend(names.split(", ").map(str::to_string));
+            }
             blocks.push(DecisionEvent::ChainCompressed {
                 block,
                 first: branch.entry(span.first).0.to_string(),
                 last: branch.entry(span.last).0.to_string(),
                 refs: inside.iter().map(|r| r.ref_n).collect(),
-                body: block_body(block, &infos),
+                body,
             });
             compressed_now.push((block, span.last));
             block += 1;
@@ -201,5 +267,60 @@ mod tests {
         let d = log.run(&mut [&mut Given(vec![(q, "original".into())]), &mut stage], Trigger::Request).unwrap();
         let blocks: Vec<&str> = d.iter().filter_map(|d| match d { DecisionEvent::ChainCompressed { first, .. } => Some(first.as_str()), _ => None }).collect();
         assert_eq!(blocks, vec!["u2"], "{d:?}");
+    }
+
+    /// A block lists the names its chain's turns used that an earlier output showed them, once for the
+    /// blocks in the context: a later block leaves out what an earlier one lists, until a checkpoint
+    /// takes the earlier block out of the context. A stage folded afresh from the log decides the same.
+    #[test]
+    fn blocks_list_the_names_used_once_until_a_checkpoint() {
+        let mut log = Recorded::new(PruneConfig { rolling_window: 1, ..PruneConfig::default() });
+        let mut stage = Chains::default();
+        let turn = |log: &mut Recorded, n: u32, output: &str, answer: &str| {
+            log.message(&format!("u{n}"), prompt("go on"), &mut []);
+            log.message(&format!("a{n}"), calls(&[(&format!("c{n}"), "read", r#"{"path":"f.rs"}"#)]), &mut []);
+            log.message(&format!("r{n}"), result(&format!("c{n}"), "read", output, false), &mut []);
+            log.message(&format!("f{n}"), reply(answer), &mut []);
+        };
+        let given = |n: u32, output: &str| Given(vec![(record(n, n, &format!("r{n}"), &format!("a{n}"), &format!("c{n}"), "read", output, &format!("h{n}")), output.into())]);
+        let body = |d: &[DecisionEvent]| {
+            d.iter()
+                .find_map(|d| match d {
+                    DecisionEvent::ChainCompressed { body, .. } => Some(body.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("no block: {d:?}"))
+        };
+        let (o1, o2, o3) = ("fn parse_config() -> ConfigError", "fn load_all() { parse_config() }", "load_all and parse_config");
+        turn(&mut log, 1, o1, "parse_config returns ConfigError; my_new_name is mine");
+        log.run(&mut [&mut given(1, o1), &mut stage], Trigger::Request).unwrap();
+        turn(&mut log, 2, o2, "load_all calls parse_config");
+        let d = log.run(&mut [&mut given(2, o2), &mut stage], Trigger::Request).unwrap();
+        assert!(body(&d).ends_with("\nnames used: parse_config, ConfigError\nOriginals: context_tree_query b1 or tN."), "{}", body(&d));
+        turn(&mut log, 3, o3, "load_all again, with parse_config");
+        let mut fresh = Chains::default();
+        for e in log.events() {
+            fresh.fold(e);
+        }
+        let d = log.run(&mut [&mut given(3, o3), &mut fresh], Trigger::Request).unwrap();
+        assert!(body(&d).ends_with("\nnames used: load_all\nOriginals: context_tree_query b2 or tN."), "{}", body(&d));
+        // A checkpoint covering chains 1 and 2 takes their blocks out: chain 3's block lists their names again.
+        log.append(
+            Event::Decision(DecisionEvent::CheckpointCommitted {
+                n: 1,
+                boundary: "f2".into(),
+                summary: "s".into(),
+                kept: Vec::new(),
+                covers: vec![1, 2],
+                recovery: false,
+                bounded: Vec::new(),
+                tokens_before: 0,
+                tokens_after: 0,
+            }),
+            &mut [&mut fresh],
+        );
+        turn(&mut log, 4, "x", "done");
+        let d = log.run(&mut [&mut given(4, "x"), &mut fresh], Trigger::Request).unwrap();
+        assert!(body(&d).ends_with("\nnames used: load_all, parse_config\nOriginals: context_tree_query b3 or tN."), "{}", body(&d));
     }
 }

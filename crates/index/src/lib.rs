@@ -37,6 +37,7 @@ use condense_events::{BatchOutcome, DecisionEvent, Record};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub mod facts;
 mod paths;
 pub use paths::{json_strings, path_arguments};
 

@@ -113,14 +113,7 @@ impl Default for Extractive {
     }
 }
 
-/// Whether a run of `A-Z a-z 0-9 _` is a code identifier rather than a word or a number: at least 6
-/// characters, a letter or `_` first, and an `_`, a digit or an upper-case letter after the first
-/// character (`parse_config`, `ConfigError`, `build_42x`). The rule of retention's identifier facts and
-/// of the names a summary keeps.
-#[inline]
-pub fn is_code_identifier(run: &[u8]) -> bool {
-    run.len() >= 6 && (run[0].is_ascii_alphabetic() || run[0] == b'_') && run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase())
-}
+pub use condense_index::facts::is_code_identifier;
 
 /// The code identifiers of `text` ([`is_code_identifier`]) other than constants in capitals, the most
 /// frequent first (ties in order of first appearance), at most `max`.

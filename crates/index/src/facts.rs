@@ -1,0 +1,176 @@
+//! The distinctive tokens of a text, its *facts* (issue 34): the paths, identifiers, numbers and quoted
+//! strings an agent carries from a tool output into what it writes. `simulate`'s retention counts them;
+//! a compressed chain keeps the ones its turns used. The rule is documented in `docs/pruning.md`.
+
+use std::collections::{BTreeSet, HashSet};
+
+/// Whether a run of `A-Z a-z 0-9 _` is a code identifier rather than a word or a number: at least 6
+/// characters, a letter or `_` first, and an `_`, a digit or an upper-case letter after the first
+/// character (`parse_config`, `ConfigError`, `build_42x`). The rule of the identifier facts and of the
+/// names a summary keeps.
+#[inline]
+pub fn is_code_identifier(run: &[u8]) -> bool {
+    run.len() >= 6 && (run[0].is_ascii_alphabetic() || run[0] == b'_') && run[1..].iter().any(|&c| c == b'_' || c.is_ascii_digit() || c.is_ascii_uppercase())
+}
+
+/// Byte classes of the fact scan.
+const PATH: u8 = 1; // A-Z a-z 0-9 _ . ~ @ + - /
+const WORD: u8 = 2; // A-Z a-z 0-9 _
+const SLASH: u8 = 4;
+const DOT: u8 = 8;
+
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        if c.is_ascii_alphanumeric() || c == b'_' {
+            t[b] = PATH | WORD;
+        } else if c == b'.' {
+            t[b] = PATH | DOT;
+        } else if c == b'-' || c == b'~' || c == b'@' || c == b'+' {
+            t[b] = PATH;
+        } else if c == b'/' {
+            t[b] = PATH | SLASH;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// File extensions that make a run without a `/` a path (`lib.rs`, `package.json`).
+pub const EXTENSIONS: &[&str] = &[
+    "bash", "c", "cc", "cfg", "cjs", "conf", "cpp", "cs", "css", "csv", "dart", "env", "ex", "exs", "go", "gradle", "h", "hpp", "hs", "html", "ini",
+    "ipynb", "java", "jl", "js", "json", "jsonl", "jsx", "kt", "lock", "log", "lua", "md", "mdx", "mjs", "mk", "ml", "nix", "php", "proto", "py",
+    "r", "rb", "rs", "scala", "scss", "sh", "sql", "svelte", "swift", "toml", "ts", "tsx", "txt", "vue", "xml", "yaml", "yml", "zsh",
+];
+
+/// Whether `run` ends in a known file extension after at least one character.
+fn has_extension(run: &[u8]) -> bool {
+    match run.iter().rposition(|&c| c == b'.') {
+        Some(dot) if dot > 0 && run.len() - dot - 1 <= 6 => {
+            let ext = &run[dot + 1..];
+            EXTENSIONS.iter().any(|e| e.as_bytes().eq_ignore_ascii_case(ext))
+        }
+        _ => false,
+    }
+}
+
+/// A path-class run as a path fact: trimmed of `.`, `,` and `-` at both ends, at least 4 characters and
+/// 2 alphanumerics, holding a `/` or ending in a file extension.
+fn path_fact(run: &[u8]) -> Option<&[u8]> {
+    let keep = |c: &u8| !matches!(c, b'.' | b',' | b'-');
+    let start = run.iter().position(keep)?;
+    let end = run.iter().rposition(keep)? + 1;
+    let run = &run[start..end];
+    (run.len() >= 4 && run.iter().filter(|c| c.is_ascii_alphanumeric()).count() >= 2 && (run.contains(&b'/') || has_extension(run))).then_some(run)
+}
+
+/// Whether the `'` at `at` stands free: not an apostrophe between two letters or digits (`don't`).
+fn free_quote(b: &[u8], at: usize) -> bool {
+    !(at > 0 && b[at - 1].is_ascii_alphanumeric() && b.get(at + 1).is_some_and(u8::is_ascii_alphanumeric))
+}
+
+/// A set the fact scan adds to.
+pub trait FactSet {
+    /// Whether `fact` is in the set.
+    fn has(&self, fact: &str) -> bool;
+    /// Adds `fact`.
+    fn add(&mut self, fact: String);
+}
+
+impl FactSet for BTreeSet<String> {
+    fn has(&self, fact: &str) -> bool {
+        self.contains(fact)
+    }
+    fn add(&mut self, fact: String) {
+        self.insert(fact);
+    }
+}
+
+impl FactSet for HashSet<String> {
+    fn has(&self, fact: &str) -> bool {
+        self.contains(fact)
+    }
+    fn add(&mut self, fact: String) {
+        self.insert(fact);
+    }
+}
+
+/// The distinctive tokens of `text` (issue 34):
+/// - paths: runs of `A-Z a-z 0-9 _ . ~ @ + - /` holding a `/` or ending in a file extension (`.rs`,
+///   `.json`, …), at least 4 characters and 2 alphanumerics once `.`, `,` and `-` are trimmed off both ends;
+/// - identifiers: `[A-Za-z_][A-Za-z0-9_]{5,}` holding an `_`, a digit or an upper-case letter after the
+///   first character;
+/// - numbers: runs of at least 4 digits not glued to letters (nor to `_`);
+/// - quoted strings: 8 to 80 characters between a pair of `"`, `` ` `` or free-standing `'` on one line,
+///   not starting or ending with a space.
+pub fn facts(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    facts_into(text, &mut out);
+    out
+}
+
+/// [`facts`], added to `out`, in one pass over the bytes: every delimiter is ASCII, so a run of ASCII
+/// bytes between delimiters is valid UTF-8 on its own.
+pub fn facts_into(text: &str, out: &mut impl FactSet) {
+    let b = text.as_bytes();
+    let mut add = |run: &[u8]| {
+        let s = std::str::from_utf8(run).expect("cut at ASCII delimiters");
+        if !out.has(s) {
+            out.add(s.to_string());
+        }
+    };
+    let (mut path_from, mut path_marked, mut word_from) = (0, false, 0);
+    for i in 0..=b.len() {
+        let class = b.get(i).map_or(0, |&c| CLASS[c as usize]);
+        if class & WORD == 0 {
+            if i - word_from >= 4 {
+                let run = &b[word_from..i];
+                if run.iter().all(u8::is_ascii_digit) || is_code_identifier(run) {
+                    add(run);
+                }
+            }
+            word_from = i + 1;
+        }
+        if class & PATH == 0 {
+            // Only a run holding a `/` or a `.` can be a path.
+            if path_marked && i - path_from >= 4 {
+                if let Some(run) = path_fact(&b[path_from..i]) {
+                    add(run);
+                }
+            }
+            path_from = i + 1;
+            path_marked = false;
+        } else if class & (SLASH | DOT) != 0 {
+            path_marked = true;
+        }
+    }
+    // Quoted strings: on each line, the text between the 1st and 2nd quote of a kind, the 3rd and 4th,
+    // ... Quotes are visited in order; a line end between two of them starts the pairing over.
+    let mut open: [Option<usize>; 3] = [None; 3];
+    let mut last = 0;
+    for at in memchr::memchr3_iter(b'"', b'\'', b'`', b) {
+        if memchr::memchr(b'\n', &b[last..at]).is_some() {
+            open = [None; 3];
+        }
+        last = at;
+        let k = match b[at] {
+            b'"' => 0,
+            b'\'' if free_quote(b, at) => 1,
+            b'\'' => continue,
+            _ => 2,
+        };
+        let Some(from) = open[k].take() else {
+            open[k] = Some(at);
+            continue;
+        };
+        let inner = &text[from + 1..at];
+        // 8 to 80 characters: at least 8 bytes, at most 320.
+        if inner.len() < 8 || inner.len() > 320 || !(8..=80).contains(&inner.chars().count()) || inner.starts_with(' ') || inner.ends_with(' ') {
+            continue;
+        }
+        add(inner.as_bytes());
+    }
+}
+
