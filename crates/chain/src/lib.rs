@@ -2,7 +2,7 @@
 //! closed it. Closed chains older than the rolling window are compressed into one block with a `bN` ref
 //! whose body fuses the summaries of the outputs inside, each cut to its first line (or, when none were
 //! summarized, a deterministic digest: call count, tool histogram, first and last arguments), and lists
-//! the names the chain's turns used that came from earlier tool outputs ([`used_names`]). Protected
+//! the names the chain's turns used that came from earlier tool outputs ([`FactsSeen::used_names`]). Protected
 //! outputs are relocated into the block verbatim.
 //!
 //! # Example
@@ -216,7 +216,7 @@ pub const USED_NAMES: usize = 128;
 
 /// The text of a compressed chain block: a line per summarized output (its summary's first line: ref, tool,
 /// what was asked, size) or, when none was summarized, a digest of the calls; then `used`, the names the
-/// chain's turns carried over from earlier tool outputs (see [`used_names`]), at most [`USED_NAMES`].
+/// chain's turns carried over from earlier tool outputs (see [`FactsSeen::used_names`]), at most [`USED_NAMES`].
 pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
     let summaries: Vec<&str> = calls.iter().filter_map(|c| c.summary).collect();
     // The refs, when no summary line names them.
