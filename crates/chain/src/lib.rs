@@ -214,6 +214,14 @@ pub fn reply_text(m: &Message) -> String {
 /// names read earlier; the rest stay one recovery away).
 pub const USED_NAMES: usize = 128;
 
+/// How a block's line of the names its chain's turns used starts.
+const USED_PREFIX: &str = "names used: ";
+
+/// The names a block's body lists as used by its chain's turns (none when it lists none).
+pub fn names_listed(body: &str) -> Vec<String> {
+    body.lines().find_map(|l| l.strip_prefix(USED_PREFIX)).map_or_else(Vec::new, |names| names.split(", ").map(str::to_string).collect())
+}
+
 /// The text of a compressed chain block: a line per summarized output (its summary's first line: ref, tool,
 /// what was asked, size) or, when none was summarized, a digest of the calls; then `used`, the names the
 /// chain's turns carried over from earlier tool outputs (see [`FactsSeen::used_names`]), at most [`USED_NAMES`].
@@ -251,7 +259,8 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
     }
     let used: Vec<&str> = used.iter().copied().filter(|n| !out.contains(n)).take(USED_NAMES).collect();
     if !used.is_empty() {
-        out.push_str("\nnames used: ");
+        out.push('\n');
+        out.push_str(USED_PREFIX);
         out.push_str(&used.join(", "));
     }
     for c in calls {
@@ -323,6 +332,7 @@ mod tests {
             "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars, 30 lines\nt5 read (src/b.rs): 400 chars, 10 lines\nnames used: load_all, ConfigError\nOriginals: context_tree_query b4 or tN."
         );
         assert!(!block_body(4, &calls, &[]).contains("names used"));
+        assert_eq!(names_listed(&block_body(4, &calls, &["load_all", "x_y_z"])), vec!["load_all", "x_y_z"]);
         let many: Vec<String> = (0..USED_NAMES + 5).map(|i| format!("name_{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let body = block_body(4, &calls, &many);

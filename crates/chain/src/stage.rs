@@ -2,12 +2,16 @@
 //! (`ChainCompressed`), unless a recovery inside one is still in its grace window; the long final reply of
 //! a compressed chain is cut (`ChainReplyCut`) at the first prune where its chain is not the newest.
 //!
-//! State: the first entry of every compressed chain and the compressed chains whose reply is not cut
-//! yet, folded from the log. Cache: the closed chains of the
-//! branch found so far (scanned only where the branch grew) and how many of the first ones are
-//! compressed; both are dropped when the branch's shape is rebuilt.
+//! A block lists the names its chain's turns used that came from earlier tool outputs, once for the
+//! blocks in the context (those after the latest checkpoint on the branch).
+//!
+//! State: the first entry of every compressed chain, the compressed chains whose reply is not cut yet and
+//! the names each block lists, folded from the log. Cache: the closed chains of the branch found so far
+//! (scanned only where the branch grew) and how many of the first ones are compressed, the facts of the
+//! branch's outputs and user messages ([`FactsSeen`]) and the names the blocks in the context list; all
+//! are dropped when the branch's shape is rebuilt.
 
-use crate::{block_body, reply_cut, CallInfo, ChainScan, FactsSeen, Span};
+use crate::{block_body, names_listed, reply_cut, CallInfo, ChainScan, FactsSeen, Span};
 use condense_events::{DecisionEvent, Event, Message, Record, UserOrigin, QUERY_TOOL_NAME};
 use condense_stage::{is_final_reply, Pass, Stage, StageError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -65,9 +69,6 @@ impl Chains {
     }
 }
 
-/// How a block's line of the names its chain used starts ([`block_body`]).
-const USED_PREFIX: &str = "names used: ";
-
 impl Chains {
     /// Brings [`Chains::listed`] to the blocks on the branch after the latest checkpoint (a checkpoint
     /// stands for the blocks before its boundary, which leave the context).
@@ -111,8 +112,9 @@ impl Stage for Chains {
             Event::Decision(DecisionEvent::ChainCompressed { block, first, last, body, .. }) => {
                 self.firsts.insert(first.clone());
                 self.uncut.insert(*block, last.clone());
-                if let Some(names) = body.lines().find_map(|l| l.strip_prefix(USED_PREFIX)) {
-                    self.used_by_first.insert(first.clone(), names.split(", ").map(str::to_string).collect());
+                let names = names_listed(body);
+                if !names.is_empty() {
+                    self.used_by_first.insert(first.clone(), names);
                 }
             }
             Event::Decision(DecisionEvent::ChainReplyCut { block, .. }) => {
@@ -182,9 +184,7 @@ impl Stage for Chains {
             let used = self.seen.used_names(span.last, (span.first..=span.last).map(|i| &**branch.entry(i).1));
             let fresh: Vec<&str> = used.iter().map(String::as_str).filter(|n| !self.listed.contains(*n) && !listed_now.contains(*n)).collect();
             let body = block_body(block, &infos, &fresh);
-            if let Some(names) = body.lines().find_map(|l| l.strip_prefix(USED_PREFIX)) {
-                listed_now.extend(names.split(", ").map(str::to_string));
-            }
+            listed_now.extend(names_listed(&body));
             blocks.push(DecisionEvent::ChainCompressed {
                 block,
                 first: branch.entry(span.first).0.to_string(),
