@@ -1031,3 +1031,30 @@ fn clients_own_bookkeeping_lines_are_skipped_quietly_and_an_unknown_type_is_name
     assert!(imported.diagnostics.is_empty(), "{:?}", imported.diagnostics);
     assert_eq!(fold(&imported.events).render().messages.len(), 2);
 }
+
+/// pi leaves a turn that ended in a provider error or was aborted out of every request it sends (its
+/// `transformMessages`): the render does too, with the results that answer its calls, and the turns
+/// after it render as pi sends them.
+#[test]
+fn pi_turns_that_failed_are_not_replayed() {
+    let input = r#"{"type":"session","version":3,"id":"s","timestamp":"t","cwd":"/w"}
+{"type":"message","id":"e1","parentId":null,"timestamp":"t","message":{"role":"user","content":"edit the files"}}
+{"type":"message","id":"e2","parentId":"e1","timestamp":"t","message":{"role":"assistant","content":[{"type":"text","text":"Editing both"},{"type":"toolCall","id":"c1","name":"edit","arguments":{"path":"a.rs","oldText":"x","newText":"y"}},{"type":"toolCall","id":"c2","name":"edit","arguments":{"path":"b.rs","oldText":"x","newText":"y"}}],"stopReason":"error","errorMessage":"terminated"}}
+{"type":"message","id":"e3","parentId":"e2","timestamp":"t","message":{"role":"user","content":"go on"}}
+{"type":"message","id":"e4","parentId":"e3","timestamp":"t","message":{"role":"assistant","content":[{"type":"toolCall","id":"c3","name":"bash","arguments":{"command":"sleep 100"}}],"stopReason":"aborted"}}
+{"type":"message","id":"e5","parentId":"e4","timestamp":"t","message":{"role":"toolResult","toolCallId":"c3","toolName":"bash","content":[{"type":"text","text":"aborted"}],"isError":true}}
+{"type":"message","id":"e6","parentId":"e5","timestamp":"t","message":{"role":"user","content":"read it instead"}}
+{"type":"message","id":"e7","parentId":"e6","timestamp":"t","message":{"role":"assistant","content":[{"type":"toolCall","id":"c4","name":"read","arguments":{"path":"a.rs"}}],"stopReason":"toolUse"}}
+{"type":"message","id":"e8","parentId":"e7","timestamp":"t","message":{"role":"toolResult","toolCallId":"c4","toolName":"read","content":[{"type":"text","text":"fn a() {}"}],"isError":false}}
+{"type":"message","id":"e9","parentId":"e8","timestamp":"t","message":{"role":"assistant","content":[{"type":"text","text":"done"}],"stopReason":"stop"}}
+"#;
+    let imported = import_bytes("t.jsonl", input.as_bytes()).expect("import");
+    let r = fold(&imported.events).render();
+    assert!(check(&r.messages).is_empty(), "{:?}", check(&r.messages));
+    assert_eq!(r.report.failed_turns, 2);
+    assert_eq!(r.report.synthetic_results, Vec::<String>::new(), "the failed turns' calls get no synthetic results");
+    assert_eq!(r.report.orphan_results, vec!["c3".to_string()], "the result answering an aborted call is dropped");
+    let shown: Vec<String> = r.messages.iter().map(|m| condense_tests::readable(std::slice::from_ref(m))).collect();
+    assert_eq!(r.messages.len(), 6, "{shown:#?}");
+    assert!(shown.iter().all(|m| !m.contains("Editing both") && !m.contains("sleep 100") && !m.contains("aborted")), "{shown:#?}");
+}

@@ -542,8 +542,9 @@ fn simulate_switch_replays_a_session_onto_a_smaller_model() {
     let dir = tempfile::tempdir().unwrap();
     let store = condense_tests::open_store(dir.path()).unwrap();
     let events = condense_tests::corpus_events("pi/badlogic__pi-mono/large-session.jsonl");
-    // At request 200 the context is over 24k tokens (under 32k: compressed chains' replies render cut).
-    let f = replay_with(&store, "switched", events.clone(), PruneConfig::default(), Prices::default(), None, Some(Switch { window: 24_000, at: 200 })).unwrap();
+    // At request 200 the context is over 16k tokens (under 24k: compressed chains' replies render cut,
+    // and the turn pi never replays is left out).
+    let f = replay_with(&store, "switched", events.clone(), PruneConfig::default(), Prices::default(), None, Some(Switch { window: 16_000, at: 200 })).unwrap();
     assert!(f.recoveries >= 1 && f.archives == f.recoveries, "{f:?}");
     assert_eq!((f.recoveries_blocked, f.over_budget_requests, f.validity_errors), (0, 0, 0), "{:?}", f.blocked_reasons);
     assert_eq!(f.refs_recovered_exact, f.refs_checked);

@@ -915,9 +915,10 @@ fn simulate_switch_reports_recoveries_and_refuses_a_malformed_switch() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/corpus/pi/badlogic__pi-mono/large-session.jsonl");
-    // At request 200 the session's context is over 24k tokens (not over 32k since the final replies of
-    // compressed chains render cut), so a 24k model needs a recovery there.
-    let (code, out, err) = condense(&store, &["simulate", file, "--switch", "24000@200", "--json"]);
+    // At request 200 the session's context is over 16k tokens (not over 24k since the final replies of
+    // compressed chains render cut and the turn pi never replays is left out), so a 16k model needs a
+    // recovery there.
+    let (code, out, err) = condense(&store, &["simulate", file, "--switch", "16000@200", "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["total"]["recoveries"].as_u64().unwrap() >= 1, "{}", v["total"]);

@@ -41,6 +41,7 @@ pub(crate) fn verify(store: &Store, json_out: bool) -> Result<ExitCode> {
             "synthetic_results": rendered.report.synthetic_results.len(),
             "orphan_results": rendered.report.orphan_results.len(),
             "empty_assistants": rendered.report.empty_assistants,
+            "failed_turns": rendered.report.failed_turns,
             "duplicate_calls": rendered.report.duplicate_calls,
         }));
         if !json_out && (!same || !violations.is_empty()) {

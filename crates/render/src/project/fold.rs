@@ -230,6 +230,7 @@ impl Projection {
             Node::Compaction { .. } => inc.valid = false,
             Node::Message(m, Meta::User) => Arc::make_mut(&mut inc.out).push(m.clone()),
             Node::Message(_, Meta::Assistant { empty: true, .. }) => inc.report.empty_assistants += 1,
+            Node::Message(_, Meta::Failed) => inc.report.failed_turns += 1,
             Node::Message(m, Meta::Assistant { calls, dedup, .. }) => {
                 let out = Arc::make_mut(&mut inc.out);
                 let m = dedup.as_ref().unwrap_or(m);
@@ -275,6 +276,7 @@ impl Projection {
     pub(super) fn meta(&mut self, m: &Message) -> Meta {
         match m {
             Message::User { .. } => Meta::User,
+            Message::Assistant { stop: Some(condense_events::StopReason::Error | condense_events::StopReason::Aborted), .. } => Meta::Failed,
             Message::Assistant { content, model, stop, usage } => {
                 let mut seen: Vec<&str> = Vec::new();
                 let mut kept = Vec::with_capacity(content.len());

@@ -35,6 +35,10 @@ enum Meta {
     /// rendered in place of the original when the provider would reject the repeat.
     Assistant { calls: Box<[u32]>, empty: bool, dedup: Option<Arc<Message>> },
     Result { call: u32 },
+    /// An assistant message that ended in a provider error or was aborted: the host does not replay it
+    /// (pi leaves such turns out of every request), so neither does the render, and its calls open
+    /// nothing (results answering them are orphans).
+    Failed,
 }
 
 #[derive(Debug, Clone)]
@@ -283,6 +287,9 @@ pub struct RenderReport {
     pub orphan_results: Vec<String>,
     /// Assistant messages dropped because they had no content at all.
     pub empty_assistants: usize,
+    /// Assistant messages left out because they ended in a provider error or were aborted (the host
+    /// does not replay them).
+    pub failed_turns: usize,
     /// Assistant messages rendered without a repeated tool-call id (the first call with the id stays).
     pub duplicate_calls: usize,
 }

@@ -399,7 +399,7 @@ pub(super) fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental 
                 }
                 slot => answers[slot as usize - 1] = pos as u32 + 1,
             },
-            Meta::User => {}
+            Meta::User | Meta::Failed => {}
         }
     }
     // Pass 2: emit, placing results right after their calls.
@@ -436,6 +436,7 @@ pub(super) fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental 
                 }
             }
             Meta::Result { .. } => {}
+            Meta::Failed => report.failed_turns += 1,
             Meta::User => out.push((*m).clone()),
         }
     }
