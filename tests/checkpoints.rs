@@ -523,3 +523,18 @@ fn host_context_survives_chains_and_checkpoints() {
     let r = l.s.prepare().unwrap();
     assert_eq!((has(&r.messages, &env("/w/one")), has(&r.messages, &env("/w/two"))), (0, 1), "{}", readable(&r.messages[..]));
 }
+
+/// `simulate --window` replays a session as if its model had that window from the start: the replies are
+/// that model's, so no model switch is pending, and what outgrows the window is checkpointed (seed 001,
+/// with its retained tail), not recovered as after a switch to a smaller model (seed 004). Before the
+/// replies were taken as the window's model's, all 20 of this session's checkpoints were recoveries.
+#[test]
+fn a_simulated_window_checkpoints_rather_than_recovers() {
+    use condense_engine::simulate::{replay_with, Prices};
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
+    let events = condense_tests::corpus_events("pi/badlogic__pi-mono/before-compaction.jsonl");
+    let f = replay_with(&store, "windowed", events, condense_events::PruneConfig::default(), Prices::default(), Some(32_000), None).unwrap();
+    assert!(f.checkpoints >= 10, "{} checkpoints", f.checkpoints);
+    assert_eq!((f.recoveries, f.archives, f.compaction_failures, f.validity_errors), (0, 0, 0, 0));
+}

@@ -189,7 +189,65 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
             condense_events::QUERY_TOOL_NAME
         ));
     }
+    // The names the agent used that came from what tools showed it, in what room the sections leave (and
+    // at most NAMES_SHARE percent of the handoff): a compressed chain's block lists them, and a checkpoint
+    // summarizes the blocks away.
+    let room = (max_chars * NAMES_SHARE / 100).min(max_chars.saturating_sub(s.len()));
+    let names = names_used(messages, room.saturating_sub("## Names used\n\n".len()));
+    if !names.is_empty() {
+        s.push_str(&format!("## Names used\n{names}\n"));
+    }
     clip(&s, max_chars)
+}
+
+/// The share of a handoff, in percent, its "Names used" section may take at most.
+pub const NAMES_SHARE: usize = 50;
+
+/// The names (facts, [`condense_index::facts`]) the assistant messages of `messages` used that one of its
+/// tool outputs held and none of its user messages did, the newest use first, each once, joined by `, `
+/// in at most `room` bytes.
+fn names_used(messages: &[(String, std::sync::Arc<Message>)], room: usize) -> String {
+    use condense_index::facts::facts_into;
+    let (mut outputs, mut users) = (BTreeSet::new(), BTreeSet::new());
+    for (_, m) in messages {
+        let into = match **m {
+            Message::ToolResult { .. } => &mut outputs,
+            Message::User { .. } => &mut users,
+            Message::Assistant { .. } => continue,
+        };
+        for b in m.content() {
+            if let Block::Text { text } = b {
+                facts_into(text, into);
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut listed = BTreeSet::new();
+    for (_, m) in messages.iter().rev().filter(|(_, m)| matches!(**m, Message::Assistant { .. })) {
+        let mut used = BTreeSet::new();
+        for b in m.content() {
+            match b {
+                Block::Text { text } => facts_into(text, &mut used),
+                Block::ToolCall { arguments, .. } => facts_into(arguments, &mut used),
+                _ => {}
+            }
+        }
+        for name in used {
+            if !outputs.contains(&name) || users.contains(&name) || listed.contains(&name) {
+                continue;
+            }
+            let sep = if out.is_empty() { 0 } else { 2 };
+            if out.len() + sep + name.len() > room {
+                return out;
+            }
+            if sep > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&name);
+            listed.insert(name);
+        }
+    }
+    out
 }
 
 /// The recovery handoff seed 004 lists, extracted verbatim when no summarizer compute is configured: the
@@ -422,9 +480,34 @@ mod tests {
         ];
         let s = handoff(1, &msgs, &[3, 9], 4000);
         assert!(s.starts_with("[Checkpoint c1"));
+        assert!(!s.contains("## Names used"), "no tool output, no names: {s}");
         for section in ["## Goal\nPort the parser to Rust", "## Progress\n- Reading the grammar first.", "## Files read\ngrammar.y", "## Files modified\nsrc/parse.rs", "## Next steps", "t3–t9"] {
             assert!(s.contains(section), "missing {section:?} in\n{s}");
         }
+    }
+
+    /// The names the agent used that a tool output showed it (not the user), newest use first, in what
+    /// room the other sections leave, at most half the handoff.
+    #[test]
+    fn handoff_lists_the_names_used_newest_first_within_its_room() {
+        let prompt = (String::new(), Arc::new(Message::user_text("fix parse_config", UserOrigin::Prompt)));
+        let said = |t: &str| (String::new(), Arc::new(Message::Assistant { content: vec![Block::Text { text: t.into() }], model: None, stop: None, usage: None }));
+        let output = |t: &str| (String::new(), Arc::new(Message::ToolResult { call_id: "c".into(), tool_name: "read".into(), content: vec![Block::Text { text: t.into() }], is_error: false }));
+        let msgs = vec![
+            prompt,
+            output("fn parse_config() -> ConfigError { load_all(); NEVER_USED }"),
+            said("ConfigError first, my_own_name too"),
+            said("then load_all and parse_config"),
+        ];
+        let s = handoff(1, &msgs, &[], 4000);
+        assert!(s.ends_with("## Names used\nload_all, ConfigError"), "{s:?}");
+        // Cut to its room: only the newest names that fit.
+        let many: Vec<String> = (0..400).map(|i| format!("name_{i:03}")).collect();
+        let msgs = vec![output(&many.join(" ")), said(&many.join(" "))];
+        let s = handoff(1, &msgs, &[], 2000);
+        let names = s.split("## Names used\n").nth(1).unwrap();
+        assert!(names.len() <= 2000 * NAMES_SHARE / 100 && names.starts_with("name_000, name_001"), "{s}");
+        assert!(s.len() <= 2000);
     }
 
     #[test]

@@ -634,6 +634,9 @@ pub struct Switch {
 /// The model a switch moves to (what the replayed replies after it are taken to be written by).
 pub const SWITCHED_MODEL: &str = "switched";
 
+/// The model of a simulated window (what the replayed replies are taken to be written by until a switch).
+pub const SIMULATED_MODEL: &str = "simulated";
+
 /// [`replay`] as if the model had a context window of `window` tokens (the session's own model changes
 /// are replaced by one with that window, and the checkpoint controller runs before each request), and
 /// with an optional model switch (`condense simulate --switch WINDOW@REQUEST`): before request `at` the
@@ -653,7 +656,7 @@ pub fn replay_with(
     let session = store.create_session(name)?;
     session.configure(config)?;
     if let Some(w) = window {
-        session.append(vec![SourceEvent::ModelChanged { provider: None, model: "simulated".into(), context_window: Some(w), max_output: None }])?;
+        session.append(vec![SourceEvent::ModelChanged { provider: None, model: SIMULATED_MODEL.into(), context_window: Some(w), max_output: None }])?;
     }
     // Usage recorded in a session describes the original host's requests, not the pruned ones replayed
     // here: it must not anchor the controller's estimate. At a simulated window, the session's own model
@@ -689,6 +692,13 @@ pub fn replay_with(
             SourceEvent::ModelChanged { .. } if switched => continue,
             SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, stop, usage, .. }) } if switched => {
                 SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, model: Some(SWITCHED_MODEL.into()), stop, usage }) }
+            }
+            // At a simulated window the replies are the simulated model's, as after a switch they are the
+            // new model's: written by another model, they would keep the session in the transition the
+            // window's model change opens, where every overflow is a recovery (seed 004) rather than a
+            // checkpoint (seed 001).
+            SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, stop, usage, .. }) } if window.is_some() => {
+                SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, model: Some(SIMULATED_MODEL.into()), stop, usage }) }
             }
             ev => ev,
         };
