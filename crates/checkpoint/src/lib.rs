@@ -30,6 +30,7 @@
 //! ```
 
 use condense_events::{Block, Message, UserOrigin};
+use condense_index::facts::FactsSeen;
 use condense_tokens::estimate;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -204,36 +205,22 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
 pub const NAMES_SHARE: usize = 50;
 
 /// The names (facts, [`condense_index::facts`]) the assistant messages of `messages` used that one of its
-/// tool outputs held and none of its user messages did, the newest use first, each once, joined by `, `
-/// in at most `room` bytes.
+/// tool outputs held and none of its user messages did ([`FactsSeen::used_names`] over the whole span),
+/// the newest use first (a message's own in sorted order), each once, joined by `, ` in at most `room`
+/// bytes.
 fn names_used(messages: &[(String, std::sync::Arc<Message>)], room: usize) -> String {
-    use condense_index::facts::facts_into;
-    let (mut outputs, mut users) = (BTreeSet::new(), BTreeSet::new());
+    let mut seen = FactsSeen::default();
     for (_, m) in messages {
-        let into = match **m {
-            Message::ToolResult { .. } => &mut outputs,
-            Message::User { .. } => &mut users,
-            Message::Assistant { .. } => continue,
-        };
-        for b in m.content() {
-            if let Block::Text { text } = b {
-                facts_into(text, into);
-            }
-        }
+        seen.add(m);
     }
+    let last = messages.len().saturating_sub(1);
     let mut out = String::new();
     let mut listed = BTreeSet::new();
     for (_, m) in messages.iter().rev().filter(|(_, m)| matches!(**m, Message::Assistant { .. })) {
-        let mut used = BTreeSet::new();
-        for b in m.content() {
-            match b {
-                Block::Text { text } => facts_into(text, &mut used),
-                Block::ToolCall { arguments, .. } => facts_into(arguments, &mut used),
-                _ => {}
-            }
-        }
+        let mut used = seen.used_names(last, [&**m]);
+        used.sort();
         for name in used {
-            if !outputs.contains(&name) || users.contains(&name) || listed.contains(&name) {
+            if !listed.insert(name.clone()) {
                 continue;
             }
             let sep = if out.is_empty() { 0 } else { 2 };
@@ -244,7 +231,6 @@ fn names_used(messages: &[(String, std::sync::Arc<Message>)], room: usize) -> St
                 out.push_str(", ");
             }
             out.push_str(&name);
-            listed.insert(name);
         }
     }
     out

@@ -2,7 +2,8 @@
 //! strings an agent carries from a tool output into what it writes. `simulate`'s retention counts them;
 //! a compressed chain keeps the ones its turns used. The rule is documented in `docs/pruning.md`.
 
-use std::collections::{BTreeSet, HashSet};
+use condense_events::{Block, Message};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 /// Whether a run of `A-Z a-z 0-9 _` is a code identifier rather than a word or a number: at least 6
 /// characters, a letter or `_` first, and an `_`, a digit or an upper-case letter after the first
@@ -174,3 +175,111 @@ pub fn facts_into(text: &str, out: &mut impl FactSet) {
     }
 }
 
+/// Where each fact ([`facts`]) of a branch's tool outputs and user messages first
+/// appears, as positions on the branch, taken in one message at a time: what a compressed chain's
+/// "names used" line is chosen from.
+#[derive(Debug, Clone, Default)]
+pub struct FactsSeen {
+    outputs: BTreeMap<String, usize>,
+    users: BTreeMap<String, usize>,
+    scanned: usize,
+}
+
+/// A fact set that records where each fact was first added.
+struct FirstAt<'a>(&'a mut BTreeMap<String, usize>, usize);
+
+impl FactSet for FirstAt<'_> {
+    fn has(&self, fact: &str) -> bool {
+        self.0.contains_key(fact)
+    }
+    fn add(&mut self, fact: String) {
+        self.0.insert(fact, self.1);
+    }
+}
+
+/// A fact set that keeps the order facts were first added in.
+#[derive(Default)]
+struct InOrder {
+    seen: BTreeSet<String>,
+    list: Vec<String>,
+}
+
+impl FactSet for InOrder {
+    fn has(&self, fact: &str) -> bool {
+        self.seen.contains(fact)
+    }
+    fn add(&mut self, fact: String) {
+        self.seen.insert(fact.clone());
+        self.list.push(fact);
+    }
+}
+
+impl FactsSeen {
+    /// How many messages of the branch were taken in.
+    pub fn scanned(&self) -> usize {
+        self.scanned
+    }
+
+    /// Takes in the branch's next message (position [`FactsSeen::scanned`]).
+    pub fn add(&mut self, m: &Message) {
+        let at = self.scanned;
+        self.scanned += 1;
+        let into = match m {
+            Message::ToolResult { .. } => &mut self.outputs,
+            Message::User { .. } => &mut self.users,
+            Message::Assistant { .. } => return,
+        };
+        for b in m.content() {
+            if let Block::Text { text } = b {
+                facts_into(text, &mut FirstAt(into, at));
+            }
+        }
+    }
+
+    /// The names `messages` used (the facts of the assistant ones' text and call arguments, in the order
+    /// they first appear) that a tool output at or before position `upto` held and no user message at or
+    /// before it did: what the turns carried over from what tools showed them.
+    pub fn used_names<'m>(&self, upto: usize, messages: impl IntoIterator<Item = &'m Message>) -> Vec<String> {
+        let mut found = InOrder::default();
+        for m in messages.into_iter().filter(|m| matches!(m, Message::Assistant { .. })) {
+            for b in m.content() {
+                match b {
+                    Block::Text { text } => facts_into(text, &mut found),
+                    Block::ToolCall { arguments, .. } => facts_into(arguments, &mut found),
+                    _ => {}
+                }
+            }
+        }
+        let before = |map: &BTreeMap<String, usize>, f: &str| map.get(f).is_some_and(|&at| at <= upto);
+        found.list.into_iter().filter(|f| before(&self.outputs, f) && !before(&self.users, f)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use condense_events::UserOrigin;
+
+    /// The names used are the facts of the assistant messages (text and call arguments, in the order they
+    /// appear) that an output at or before the position held and no user message at or before it did.
+    #[test]
+    fn names_used_came_from_an_earlier_output_and_not_from_the_user() {
+        let text = |t: &str| vec![Block::Text { text: t.into() }];
+        let branch = [
+            Message::user_text("fix parse_config in src/lib.rs", UserOrigin::Prompt),
+            Message::Assistant { content: vec![Block::ToolCall { id: "c1".into(), name: "read".into(), arguments: r#"{"path":"src/lib.rs"}"#.into() }], model: None, stop: None, usage: None },
+            Message::ToolResult { call_id: "c1".into(), tool_name: "read".into(), content: text("fn parse_config() -> ConfigError { load_all(); LATE_NAME }"), is_error: false },
+            Message::Assistant { content: text("ConfigError comes from load_all; parse_config stays; NEW_NAME is mine"), model: None, stop: None, usage: None },
+            Message::ToolResult { call_id: "c2".into(), tool_name: "bash".into(), content: text("NEW_NAME"), is_error: false },
+        ];
+        let mut seen = FactsSeen::default();
+        for m in &branch {
+            seen.add(m);
+        }
+        assert_eq!(seen.scanned(), 5);
+        assert_eq!(seen.used_names(3, &branch[..4]), vec!["ConfigError".to_string(), "load_all".to_string()]);
+        // An output after the position does not count.
+        assert!(!seen.used_names(3, &branch[3..4]).contains(&"NEW_NAME".to_string()));
+        assert!(seen.used_names(4, &branch[3..4]).contains(&"NEW_NAME".to_string()));
+    }
+}
