@@ -5,8 +5,8 @@
 //! A block lists the names its chain's turns used that came from earlier tool outputs, once for the
 //! blocks in the context (those after the latest checkpoint on the branch).
 //!
-//! State: the first entry of every compressed chain, the compressed chains whose reply is not cut yet and
-//! the names each block lists, folded from the log. Cache: the closed chains of the branch found so far
+//! State: every compressed chain's block by its first entry and the compressed chains whose reply is not
+//! cut yet, folded from the log (a block's names are read from its body in the index). Cache: the closed chains of the branch found so far
 //! (scanned only where the branch grew) and how many of the first ones are compressed, the facts of the
 //! branch's outputs and user messages ([`FactsSeen`]) and the names the blocks in the context list; all
 //! are dropped when the branch's shape is rebuilt.
@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The chain stage.
 #[derive(Debug, Clone, Default)]
 pub struct Chains {
-    firsts: BTreeSet<String>,
+    /// Every compressed chain's block, by the chain's first entry (folded from the log).
+    blocks: BTreeMap<String, u32>,
     /// The shape generation the spans belong to.
     generation: u64,
     /// Messages of the branch scanned.
@@ -32,9 +33,6 @@ pub struct Chains {
     /// log; a block whose reply proves too short to cut is dropped when it is looked at (a pure function
     /// of the log all the same).
     uncut: BTreeMap<u32, String>,
-    /// The names each compressed chain's block lists as used, by the chain's first entry (folded from the
-    /// log; only blocks that list any).
-    used_by_first: BTreeMap<String, Vec<String>>,
     /// Cache: the facts of the branch's outputs and user messages, scanned as far as chains were compressed.
     seen: FactsSeen,
     /// Cache: the names listed by the blocks on the branch after the latest checkpoint (its boundary's
@@ -51,9 +49,8 @@ impl Chains {
     fn follow(&mut self, pass: &Pass<'_>) {
         if self.generation != pass.shape.generation() || self.covered > pass.branch.count() {
             *self = Chains {
-                firsts: std::mem::take(&mut self.firsts),
+                blocks: std::mem::take(&mut self.blocks),
                 uncut: std::mem::take(&mut self.uncut),
-                used_by_first: std::mem::take(&mut self.used_by_first),
                 generation: pass.shape.generation(),
                 ..Chains::default()
             };
@@ -84,16 +81,16 @@ impl Chains {
         let mut settled = true;
         for (i, span) in self.spans.iter().enumerate().skip(self.listed_scan) {
             let first = branch.entry(span.first).0;
-            let done = if boundary.is_some_and(|b| span.first <= b) || self.listed_firsts.contains(first) {
-                true
-            } else if let Some(names) = self.used_by_first.get(first) {
-                self.listed.extend(names.iter().cloned());
-                self.listed_firsts.insert(first.to_string());
-                true
-            } else {
-                // Compressed with no names to list, or not compressed (yet).
-                self.firsts.contains(first) && !self.used_by_first.contains_key(first)
-            };
+            // A block before the boundary left the context; a block in it lists its names (read from its
+            // body in the index) once.
+            let done = boundary.is_some_and(|b| span.first <= b)
+                || self.listed_firsts.contains(first)
+                || self.blocks.get(first).is_some_and(|b| {
+                    let body = pass.index.chains.get(b).map_or("", |c| c.body.as_str());
+                    self.listed.extend(names_listed(body));
+                    self.listed_firsts.insert(first.to_string());
+                    true
+                });
             settled &= done;
             if settled {
                 self.listed_scan = i + 1;
@@ -109,13 +106,9 @@ impl Stage for Chains {
 
     fn fold(&mut self, event: &Event) {
         match event {
-            Event::Decision(DecisionEvent::ChainCompressed { block, first, last, body, .. }) => {
-                self.firsts.insert(first.clone());
+            Event::Decision(DecisionEvent::ChainCompressed { block, first, last, .. }) => {
+                self.blocks.insert(first.clone(), *block);
                 self.uncut.insert(*block, last.clone());
-                let names = names_listed(body);
-                if !names.is_empty() {
-                    self.used_by_first.insert(first.clone(), names);
-                }
             }
             Event::Decision(DecisionEvent::ChainReplyCut { block, .. }) => {
                 self.uncut.remove(block);
@@ -128,7 +121,7 @@ impl Stage for Chains {
         self.follow(pass);
         self.follow_listed(pass);
         let branch = pass.branch;
-        let compressed = |first: usize| self.firsts.contains(branch.entry(first).0);
+        let compressed = |first: usize| self.blocks.contains_key(branch.entry(first).0);
         let mut done = self.compressed;
         while self.spans.get(done).is_some_and(|s| compressed(s.first)) {
             done += 1;
