@@ -48,6 +48,21 @@ pub const READ_TOOLS: [&str; 4] = ["read", "Read", "view", "read_file"];
 /// (`liveReadsTokens`), and [`Index::newest_file_call`] follows them.
 pub const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Edit", "write", "Write", "MultiEdit", "write_file", "replace", "str_replace_editor"];
 
+/// Notes file call `r` (one of [`FILE_TOOLS`]) in `newest`: for each file its path arguments name, the
+/// newest such call's ref.
+pub fn note_file_call(newest: &mut BTreeMap<String, u32>, r: &Record) {
+    for p in path_arguments(&r.arguments) {
+        let e = newest.entry(p).or_insert(r.ref_n);
+        *e = (*e).max(r.ref_n);
+    }
+}
+
+/// Whether `r` reads a file whole ([`READ_TOOLS`]) and is not protected: a read `liveReadsTokens` may
+/// keep verbatim, unless a duplicate or spilled (those render as they do anyway).
+pub fn is_file_read(r: &Record) -> bool {
+    READ_TOOLS.contains(&r.tool.as_str()) && !r.protected
+}
+
 /// A spilled output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spill {
@@ -236,11 +251,7 @@ impl Index {
             }
             DecisionEvent::OutputCaptured(r) => {
                 if FILE_TOOLS.contains(&r.tool.as_str()) {
-                    let newest = Arc::make_mut(&mut self.newest_file_call);
-                    for p in path_arguments(&r.arguments) {
-                        let e = newest.entry(p).or_insert(r.ref_n);
-                        *e = (*e).max(r.ref_n);
-                    }
+                    note_file_call(Arc::make_mut(&mut self.newest_file_call), r);
                 }
                 Arc::make_mut(&mut self.by_entry).insert(r.entry.clone(), r.ref_n);
                 Arc::make_mut(&mut self.by_call_entry).entry(r.call_entry.clone()).or_default().push(r.ref_n);
@@ -274,7 +285,7 @@ impl Index {
                         !summaries.iter().any(|(s, _)| s == *r)
                             && !self.aliases.contains_key(r)
                             && !self.spills.contains_key(r)
-                            && self.records.get(r).is_some_and(|rec| !rec.protected && READ_TOOLS.contains(&rec.tool.as_str()))
+                            && self.records.get(r).is_some_and(is_file_read)
                     });
                     let reads: Vec<u32> = reads.copied().collect();
                     if !reads.is_empty() {

@@ -385,7 +385,7 @@ impl<'a> Pass<'a> {
     /// Whether `r` is a read `liveReadsTokens` may keep verbatim: a file read ([`READ_TOOLS`]), not
     /// protected, aliased or spilled (those render as they do anyway).
     pub fn keepable_read(&self, r: &Record) -> bool {
-        READ_TOOLS.contains(&r.tool.as_str()) && !r.protected && !self.is_aliased(r.ref_n) && !self.is_spilled(r.ref_n)
+        condense_index::is_file_read(r) && !self.is_aliased(r.ref_n) && !self.is_spilled(r.ref_n)
     }
 
     /// How batch `batch` was closed, by this pass or earlier (`None`: still open).

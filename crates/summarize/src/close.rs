@@ -143,10 +143,7 @@ fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<
     // The newest call on each file: the index's, and the calls this pass captured (newer).
     let mut captured: BTreeMap<String, u32> = BTreeMap::new();
     for (r, _) in pass.captured().filter(|(r, _)| condense_stage::FILE_TOOLS.contains(&r.tool.as_str())) {
-        for p in condense_stage::path_arguments(&r.arguments) {
-            let e = captured.entry(p).or_insert(r.ref_n);
-            *e = (*e).max(r.ref_n);
-        }
+        condense_index::note_file_call(&mut captured, r);
     }
     let newest = |p: &String| captured.get(p).or_else(|| idx.newest_file_call.get(p)).copied();
     // `liveReadsTurns`: a read older than that many assistant turns is no longer kept, live or not.
