@@ -84,10 +84,8 @@ pub struct PruneConfig {
 
 impl PruneConfig {
     /// What a `PruneConfigured` record of this configuration holds once stored: the keys its layout
-    /// skips (`liveReadsTokens`, `liveReadsTurns`) at their defaults. A fold takes a `PruneConfigured`
-    /// as this, whether it was read from the log or appended in this process, and the skipped keys from
-    /// the `LiveReadsConfigured` after it.
-    pub fn as_stored(&self) -> PruneConfig {
+    /// skips (`liveReadsTokens`, `liveReadsTurns`) at their defaults (see [`PruneConfig::take_in`]).
+    pub(crate) fn as_stored(&self) -> PruneConfig {
         PruneConfig { live_reads_tokens: 0, live_reads_turns: 0, ..self.clone() }
     }
 }

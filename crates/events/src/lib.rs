@@ -186,6 +186,19 @@ pub enum SourceEvent {
     },
 }
 
+impl PruneConfig {
+    /// Takes in `e` when it sets the configuration in force: a `PruneConfigured` as stored (the keys its
+    /// layout skips at their defaults, whether it was read from the log or appended in this process), the
+    /// `LiveReadsConfigured` after it for those keys; any other event changes nothing.
+    pub fn take_in(&mut self, e: &SourceEvent) {
+        match e {
+            SourceEvent::PruneConfigured(c) => *self = c.as_stored(),
+            SourceEvent::LiveReadsConfigured { tokens, turns } => (self.live_reads_tokens, self.live_reads_turns) = (*tokens, *turns),
+            _ => {}
+        }
+    }
+}
+
 impl SourceEvent {
     /// The events that make `config` the pruning configuration in force: `PruneConfigured`, and
     /// `LiveReadsConfigured` after it when `liveReadsTokens` is not 0.

@@ -41,8 +41,7 @@ impl Recorded {
                 self.leaf = Some(id.clone());
             }
             Event::Source(SourceEvent::LeafMoved { leaf }) => self.leaf = leaf.clone(),
-            Event::Source(SourceEvent::PruneConfigured(c)) => self.config = c.as_stored(),
-            Event::Source(SourceEvent::LiveReadsConfigured { tokens, turns }) => (self.config.live_reads_tokens, self.config.live_reads_turns) = (*tokens, *turns),
+            Event::Source(e @ (SourceEvent::PruneConfigured(_) | SourceEvent::LiveReadsConfigured { .. })) => self.config.take_in(e),
             Event::Decision(d) => self.index.apply(d),
             _ => {}
         }

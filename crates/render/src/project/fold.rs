@@ -186,13 +186,13 @@ impl Projection {
                 self.overflow_failed = false;
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }
-            SourceEvent::PruneConfigured(cfg) => {
-                self.config = cfg.as_stored();
+            SourceEvent::PruneConfigured(_) => {
+                self.config.take_in(ev);
                 *self.phase_cache.get_mut().expect("phase cache lock") = PhaseCache::default();
                 self.inc.get_mut().expect("render cache lock").valid = false;
             }
             // Only the pipeline reads these keys: nothing rendered changes.
-            SourceEvent::LiveReadsConfigured { tokens, turns } => (self.config.live_reads_tokens, self.config.live_reads_turns) = (*tokens, *turns),
+            SourceEvent::LiveReadsConfigured { .. } => self.config.take_in(ev),
             SourceEvent::ModelChanged { provider, model, context_window, max_output } => {
                 self.model_change_leaf = Some(self.leaf);
                 self.model = Some(ModelInfo {
