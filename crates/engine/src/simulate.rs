@@ -687,18 +687,15 @@ pub fn replay_with(
             budget = Some(condense_checkpoint::Budget::of_model(sw.window, None));
             switched = true;
         }
-        // After the switch the session's own model changes are left out and its replies are the new model's.
+        // After the switch the session's own model changes are left out and its replies are the new model's;
+        // before it, at a simulated window, the window's model's: written by another model, they would keep
+        // the session in the transition the window's model change opens, where every overflow is a
+        // recovery (seed 004) rather than a checkpoint (seed 001).
+        let replies_by = if switched { Some(SWITCHED_MODEL) } else { window.map(|_| SIMULATED_MODEL) };
         let ev = match ev {
             SourceEvent::ModelChanged { .. } if switched => continue,
-            SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, stop, usage, .. }) } if switched => {
-                SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, model: Some(SWITCHED_MODEL.into()), stop, usage }) }
-            }
-            // At a simulated window the replies are the simulated model's, as after a switch they are the
-            // new model's: written by another model, they would keep the session in the transition the
-            // window's model change opens, where every overflow is a recovery (seed 004) rather than a
-            // checkpoint (seed 001).
-            SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, stop, usage, .. }) } if window.is_some() => {
-                SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, model: Some(SIMULATED_MODEL.into()), stop, usage }) }
+            SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, stop, usage, .. }) } if replies_by.is_some() => {
+                SourceEvent::EntryAppended { id, parent, entry: Entry::Message(Message::Assistant { content, model: replies_by.map(str::to_string), stop, usage }) }
             }
             ev => ev,
         };
