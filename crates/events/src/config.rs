@@ -130,19 +130,14 @@ pub const DEFAULT_AUTO_BUDGET: u64 = 1_200;
 /// The budget trigger's threshold once the user is in the loop (see [`IN_THE_LOOP_PROMPTS`]), under
 /// `pruneOn: agent-message`: the next final reply will prune everything read at once, so a prune before it
 /// breaks the cache for little. Used when larger than `autoBudgetThreshold` (see `docs/pruning.md`).
-pub const AWAITING_REPLY_BUDGET: u64 = 15_000;
+pub const AWAITING_REPLY_BUDGET: u64 = 14_000;
 
 /// User prompts answering a final reply after which the user counts as in the loop.
 pub const IN_THE_LOOP_PROMPTS: u32 = 2;
 
 /// The budget trigger's threshold in the first turns of a session whose user is not in the loop yet
 /// (fewer than [`AUTONOMOUS_AFTER_TURNS`]), when larger than `autoBudgetThreshold`.
-pub const FIRST_TURNS_BUDGET: u64 = 4_000;
-
-/// What the budget trigger counts of a call's arguments: the characters past this many. A turn whose
-/// outputs close is condensed (its long argument values become markers), so a file written or an edit
-/// weighs on the budget as its output does; a command line does not.
-pub const LONG_ARGUMENTS_CHARS: u64 = 1_000;
+pub const FIRST_TURNS_BUDGET: u64 = 3_000;
 
 /// Assistant turns after which a session whose user is not in the loop counts as an autonomous run (one
 /// prompt running into many calls): the budget trigger then prunes at `autoBudgetThreshold`.

@@ -4,10 +4,7 @@
 //! uses now.
 
 use crate::{Item, Summarizer};
-use condense_events::{
-    BatchOutcome, Block, DecisionEvent, PruneConfig, PruneOn, Record, AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET, FIRST_TURNS_BUDGET, IN_THE_LOOP_PROMPTS,
-    LONG_ARGUMENTS_CHARS,
-};
+use condense_events::{BatchOutcome, DecisionEvent, PruneConfig, PruneOn, Record, AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET, FIRST_TURNS_BUDGET, IN_THE_LOOP_PROMPTS};
 use condense_stage::{Pass, Shape, Stage, StageError, Trigger};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -67,7 +64,7 @@ impl Stage for Close<'_> {
                     .map(|r| r.chars.div_ceil(4))
                     .sum();
                 let threshold = budget_threshold(cfg, shape);
-                if threshold > 0 && verbatim_tokens + condensable_tokens(pass, &seen, &pending, &visible) >= threshold {
+                if threshold > 0 && verbatim_tokens >= threshold {
                     seen
                 } else if cfg.prune_on == PruneOn::AgentMessage {
                     pending.iter().filter(|(_, recs)| read_before(shape.last_final(), recs)).map(|(b, _)| *b).collect()
@@ -112,28 +109,6 @@ impl Stage for Close<'_> {
         }
         Ok(())
     }
-}
-
-/// What closing the batches `seen` takes out of their turns besides the outputs, in tokens (chars/4): a
-/// turn whose outputs are all closed renders condensed, its thinking stripped (`thinkingStrip`) and its
-/// long argument values shortened to markers (`condenseArgsChars`). Each turn holding one of their calls
-/// counts once: its thinking, and what each call's arguments hold past [`LONG_ARGUMENTS_CHARS`] (a file
-/// written or an edit, not a command line). Counted with the outputs, this is what a prune would save, so
-/// a run of large writes and long reasoning prunes as a run of large outputs does.
-fn condensable_tokens(pass: &Pass<'_>, seen: &[u32], pending: &BTreeMap<u32, Vec<&Record>>, visible: &dyn Fn(&Record) -> bool) -> u64 {
-    let cfg = pass.config;
-    let turns: BTreeSet<&str> = seen.iter().flat_map(|b| pending[b].iter()).filter(|r| visible(r)).map(|r| r.call_entry.as_str()).collect();
-    let chars: u64 = turns
-        .iter()
-        .filter_map(|e| pass.position(e))
-        .flat_map(|i| pass.branch.entry(i).1.content())
-        .map(|b| match b {
-            Block::Thinking { thinking, .. } if cfg.thinking_strip => thinking.chars().count() as u64,
-            Block::ToolCall { arguments, .. } if cfg.condense_args_chars > 0 => (arguments.chars().count() as u64).saturating_sub(LONG_ARGUMENTS_CHARS),
-            _ => 0,
-        })
-        .sum();
-    chars.div_ceil(4)
 }
 
 /// The budget trigger's threshold for this request (0: off). Under `pruneOn: agent-message` it depends
@@ -196,7 +171,6 @@ fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use condense_events::Message;
     use condense_stage::testing::{calls, prompt, record, reply, result, Given, Recorded};
 
     /// Against a recorded log: under `pruneOn: agent-message` a batch stays open until a final reply
@@ -290,42 +264,5 @@ mod tests {
         assert!(!closes(off, 0, autonomous), "0 turns the trigger off");
         let large = PruneConfig { auto_budget_threshold: 20_000, ..d };
         assert!(!closes(large, 0, autonomous), "a larger configured budget applies everywhere");
-    }
-
-    /// What closing a batch takes out of its turn counts toward the budget with its outputs: a file
-    /// written (the arguments past `LONG_ARGUMENTS_CHARS`) and the turn's reasoning, which a condensed turn
-    /// drops, close the batch of a one-line output in the first turns; a command line does not, and
-    /// neither counts when the configuration keeps it (`condenseArgsChars` 0, `thinkingStrip` off).
-    #[test]
-    fn writes_and_reasoning_weigh_on_the_budget_as_outputs_do() {
-        let closes = |cfg: PruneConfig, turn: Message| -> bool {
-            let mut log = Recorded::new(cfg);
-            let extractive = crate::Extractive::default();
-            let mut stage = Close::new(&extractive);
-            log.message("u0", prompt("go"), &mut []);
-            log.message("a1", turn, &mut []);
-            log.message("r1", result("c1", "write", "Successfully wrote the file", false), &mut []);
-            log.message("a2", calls(&[("c2", "bash", "{}")]), &mut []);
-            let text = "Successfully wrote the file";
-            let given = Given(vec![(record(1, 1, "r1", "a1", "c1", "write", text, "h1"), text.to_string())]);
-            let d = log.run(&mut [&mut { given }, &mut stage], Trigger::Request).unwrap();
-            d.iter().any(|d| matches!(d, DecisionEvent::BatchClosed { batch: 1, .. }))
-        };
-        // Past the first-turns budget by a little once the first 1,000 characters are left out.
-        let chars = (FIRST_TURNS_BUDGET as usize + 100) * 4 + LONG_ARGUMENTS_CHARS as usize;
-        let write = |n: usize| calls(&[("c1", "write", &format!(r#"{{"path":"a.rs","content":"{}"}}"#, "x".repeat(n)))]);
-        let thinking = |n: usize| Message::Assistant {
-            content: vec![Block::Thinking { thinking: "y".repeat(n), signature: None }, Block::ToolCall { id: "c1".into(), name: "write".into(), arguments: "{}".into() }],
-            model: None,
-            stop: None,
-            usage: None,
-        };
-        let d = PruneConfig::default();
-        assert!(closes(d.clone(), write(chars)), "a large write closes its batch");
-        assert!(!closes(d.clone(), write(chars - 1_000)), "the first 1,000 characters of arguments do not count");
-        assert!(closes(d.clone(), thinking(chars)), "long reasoning closes its batch");
-        assert!(!closes(d.clone(), thinking(chars / 2)), "under the budget");
-        assert!(!closes(PruneConfig { condense_args_chars: 0, ..d.clone() }, write(chars)), "arguments kept whole weigh nothing");
-        assert!(!closes(PruneConfig { thinking_strip: false, ..d }, thinking(chars)), "reasoning kept weighs nothing");
     }
 }
