@@ -608,6 +608,31 @@ fn read_then_answer(cfg: PruneConfig, file: &str) -> Live {
     l
 }
 
+/// Once the user is in the loop, the budget trigger waits for `AWAITING_REPLY_BUDGET` (14,000) tokens of
+/// outputs the model has read before a reply: a file of ~52 KB (~13,000 tokens) read whole stays verbatim
+/// for the request that writes from it, where at 10,000 it became a stub as soon as the model had seen it
+/// once (docs/pruning.md, "Waiting longer for the reply"); the chain's reply still prunes it.
+#[test]
+fn a_file_read_whole_stays_for_the_write_that_follows_it() {
+    let file = CONFIG_FILE.repeat(720);
+    assert!((10_000..condense_events::AWAITING_REPLY_BUDGET).contains(&(file.len() as u64 / 4)), "{}", file.len());
+    let mut l = Live::new(PruneConfig::default());
+    for i in 0..4 {
+        l.chain(&format!("task {i}"), &format!("x{i}"), "make", &format!("build line {i}"), "done");
+    }
+    l.prompt("rewrite src/config.rs from scratch");
+    l.tool("r1", "read", r#"{"path":"src/config.rs"}"#, &file, false);
+    l.tool("r2", "read", r#"{"path":"src/config.rs","offset":720}"#, "pub fn tail() {}\n", false);
+    // The request that writes the new file: the model has seen the whole read once, and it is still there.
+    l.s.prepare().unwrap();
+    assert_eq!(read_shown(&l.s).as_deref(), Some(file.as_str()), "the read stays for the write");
+    l.tool("w1", "write", r#"{"path":"src/config.rs","content":"pub fn parse_config_value() {}"}"#, "written", false);
+    l.reply("rewritten");
+    l.prompt("thanks");
+    l.s.prepare().unwrap();
+    assert_ne!(read_shown(&l.s).as_deref(), Some(file.as_str()), "the chain's reply prunes it");
+}
+
 /// `liveReadsTokens` (issue 34, item 3): a file read stays verbatim after its turn is pruned while it is
 /// the newest call on its file and fits the budget, and its turn's chain waits for it; once a later edit
 /// of the file supersedes it, the next prune stubs it (`OutputStubbed`) and the chain compresses. Off
