@@ -146,12 +146,7 @@ impl Stage for Chains {
             }
             // A file read `liveReadsTokens` keeps verbatim defers the chain until it is stubbed:
             // compressed now, it would leave the context.
-            let kept_read = |r: &Record| {
-                pass.keepable_read(r)
-                    && pass.summary(r.ref_n).is_none()
-                    && pass.outcome(r.batch) == Some(condense_events::BatchOutcome::Summarized)
-            };
-            if pass.config.live_reads_tokens > 0 && inside.iter().any(|r| kept_read(r)) {
+            if pass.config.live_reads_tokens > 0 && inside.iter().any(|r| pass.kept_verbatim(r)) {
                 continue;
             }
             let protected: BTreeMap<u32, std::borrow::Cow<'_, str>> = inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, pass.text_of(r))).collect();

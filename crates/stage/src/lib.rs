@@ -388,8 +388,15 @@ impl<'a> Pass<'a> {
         condense_index::is_file_read(r) && !self.is_aliased(r.ref_n) && !self.is_spilled(r.ref_n)
     }
 
+    /// Whether `r` is a read `liveReadsTokens` keeps verbatim now: a [`Pass::keepable_read`] whose batch
+    /// closed summarized (by this pass or earlier) without a summary for it, and no stub since (the rule
+    /// of [`condense_index::Index::unsummarized_reads`], with this pass's decisions counted).
+    pub fn kept_verbatim(&self, r: &Record) -> bool {
+        self.keepable_read(r) && self.summary(r.ref_n).is_none() && self.outcome(r.batch) == Some(condense_events::BatchOutcome::Summarized)
+    }
+
     /// How batch `batch` was closed, by this pass or earlier (`None`: still open).
-    pub fn outcome(&self, batch: u32) -> Option<condense_events::BatchOutcome> {
+    fn outcome(&self, batch: u32) -> Option<condense_events::BatchOutcome> {
         self.decisions
             .iter()
             .rev()
