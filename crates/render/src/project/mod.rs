@@ -294,6 +294,13 @@ pub struct RenderReport {
     pub duplicate_calls: usize,
 }
 
+impl RenderReport {
+    /// Whether rendering repaired nothing (every field at its default).
+    pub fn is_clean(&self) -> bool {
+        *self == RenderReport::default()
+    }
+}
+
 /// A rendered context and the report of its repairs.
 #[derive(Debug, Clone, Default)]
 pub struct Rendered {

@@ -21,9 +21,7 @@ impl Projection {
             DecisionEvent::ErrorArgsPurged { entry, .. } => vec![entry.as_str()],
             // The chain's span is replaced whole, where nothing in the render was repaired.
             DecisionEvent::ChainCompressed { .. } => {
-                let r = &inc.report;
-                let clean = r.synthetic_results.is_empty() && r.orphan_results.is_empty() && r.empty_assistants == 0 && r.failed_turns == 0 && r.duplicate_calls == 0 && inc.pending.is_empty();
-                return clean.then(Vec::new);
+                return (inc.report.is_clean() && inc.pending.is_empty()).then(Vec::new);
             }
             DecisionEvent::ChainReplyCut { block, .. } => idx.chains.get(block).map(|c| c.last.as_str()).into_iter().collect(),
             _ => return None,
