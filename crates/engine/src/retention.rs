@@ -3,7 +3,7 @@
 //! The extraction rule is documented in `docs/pruning.md`.
 
 use condense_events::{Block, Message};
-use condense_index::facts::{facts_into, FactSet};
+use condense_index::facts::{argument_facts_into, facts_into, FactSet};
 use std::collections::{BTreeSet, HashSet};
 
 /// The text a message shows, tool-call arguments included (what an assistant message uses, and where a
@@ -18,20 +18,56 @@ pub fn shown_text(m: &Message) -> String {
 }
 
 /// Each block of a message as [`shown_text`] shows it, before the line end that follows every block: text
-/// as it is, a tool call as its name, a space and its arguments, thinking and images as nothing.
+/// as it is, a tool call as its name, a space and its arguments (as sent; when they hold an escape, each
+/// string value follows decoded on a line of its own, as the model reads it), thinking and images as
+/// nothing.
 fn shown_blocks(m: &Message) -> impl Iterator<Item = std::borrow::Cow<'_, str>> {
     m.content().iter().map(|b| match b {
         Block::Text { text } => std::borrow::Cow::Borrowed(text.as_str()),
-        Block::ToolCall { name, arguments, .. } => std::borrow::Cow::Owned(format!("{name} {arguments}")),
+        Block::ToolCall { name, arguments, .. } => {
+            let mut shown = format!("{name} {arguments}");
+            if arguments.contains('\\') {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(arguments) {
+                    decoded_strings(&v, &mut shown);
+                }
+            }
+            std::borrow::Cow::Owned(shown)
+        }
         Block::Thinking { .. } | Block::Image { .. } => std::borrow::Cow::Borrowed(""),
     })
 }
 
-/// The facts of a message's [`shown_text`], block by block: every block ends a line there, and a tool
-/// call's name and arguments are separated by a space, so no fact spans two blocks.
-fn facts_of(m: &Message, out: &mut impl FactSet) {
-    for block in shown_blocks(m) {
-        facts_into(&block, out);
+/// Each string value of `v`, after a line end.
+fn decoded_strings(v: &serde_json::Value, out: &mut String) {
+    match v {
+        serde_json::Value::String(s) => {
+            out.push('\n');
+            out.push_str(s);
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| decoded_strings(x, out)),
+        serde_json::Value::Object(o) => o.values().for_each(|x| decoded_strings(x, out)),
+        serde_json::Value::Number(_) | serde_json::Value::Bool(_) | serde_json::Value::Null => {}
+    }
+}
+
+/// The facts of a user message or tool output: of its text blocks.
+fn text_facts(m: &Message, out: &mut impl FactSet) {
+    for b in m.content() {
+        if let Block::Text { text } = b {
+            facts_into(text, out);
+        }
+    }
+}
+
+/// The facts an assistant message uses (issue 34): of its text and of its tool calls' argument values
+/// ([`argument_facts_into`]; not the tool's name, not the arguments' keys).
+fn used_facts(m: &Message, out: &mut impl FactSet) {
+    for b in m.content() {
+        match b {
+            Block::Text { text } => facts_into(text, out),
+            Block::ToolCall { arguments, .. } => argument_facts_into(arguments, out),
+            Block::Thinking { .. } | Block::Image { .. } => {}
+        }
     }
 }
 
@@ -47,8 +83,8 @@ impl Seen {
     /// Takes in a message of the session (in order).
     pub fn add(&mut self, m: &Message) {
         match m {
-            Message::ToolResult { .. } => facts_of(m, &mut self.from_tools),
-            Message::User { .. } => facts_of(m, &mut self.from_users),
+            Message::ToolResult { .. } => text_facts(m, &mut self.from_tools),
+            Message::User { .. } => text_facts(m, &mut self.from_users),
             Message::Assistant { .. } => {}
         }
     }
@@ -57,7 +93,7 @@ impl Seen {
     /// earlier tool output held and no user message did.
     pub fn needed(&self, answer: &Message) -> Vec<String> {
         let mut all = BTreeSet::new();
-        facts_of(answer, &mut all);
+        used_facts(answer, &mut all);
         all.into_iter().filter(|f| self.from_tools.contains(f) && !self.from_users.contains(f)).collect()
     }
 }
@@ -99,5 +135,31 @@ mod tests {
         assert_eq!(needed, ["4096", "frobnicate_all"], "not the user's path, not what no tool showed");
         let kept = Message::user_text("[summary] frobnicate_all was called", UserOrigin::Summary);
         assert_eq!(retained(&needed, &[std::sync::Arc::new(kept)]), 1);
+    }
+
+    #[test]
+    fn a_call_uses_its_argument_values_not_its_keys_or_its_name() {
+        let mut seen = Seen::default();
+        seen.add(&Message::ToolResult {
+            call_id: "c".into(),
+            tool_name: "bash".into(),
+            content: vec![Block::Text { text: "edit_file takes file_path and new_string; parse_config(\"some quoted text\") in src/a.rs".into() }],
+            is_error: false,
+        });
+        let call = Block::ToolCall {
+            id: "c2".into(),
+            name: "edit_file".into(),
+            arguments: r#"{"file_path":"src/a.rs","new_string":"x\nparse_config(\"some quoted text\")"}"#.into(),
+        };
+        let answer = Message::Assistant { content: vec![call.clone()], model: None, stop: None, usage: None };
+        let needed = seen.needed(&answer);
+        // The escapes decoded: the value's second line starts with the name, and the quotes pair.
+        assert_eq!(needed, ["parse_config", "some quoted text", "src/a.rs"], "no key, no tool name");
+        // The call as sent (its quotes escaped) holds the quoted string for a later request: the context
+        // shows each value decoded too.
+        let context = [std::sync::Arc::new(answer)];
+        assert_eq!(retained(&needed, &context), 3);
+        let shown = shown_text(&Message::Assistant { content: vec![call], model: None, stop: None, usage: None });
+        assert!(shown.contains("\nparse_config(\"some quoted text\")"), "the value decoded on a line of its own: {shown}");
     }
 }

@@ -112,6 +112,26 @@ pub fn facts(text: &str) -> BTreeSet<String> {
     out
 }
 
+/// The facts of a tool call's arguments as issue 34 defines them, the *values*: of each string and
+/// number in the JSON arguments (neither the keys nor the tool's name, and a string's escapes decoded, so
+/// a line of code written by an edit starts its line as it does in the file), or of the whole text when
+/// it is not JSON (a host's free-form tool input).
+pub fn argument_facts_into(arguments: &str, out: &mut impl FactSet) {
+    fn values(v: &serde_json::Value, out: &mut impl FactSet) {
+        match v {
+            serde_json::Value::String(s) => facts_into(s, out),
+            serde_json::Value::Number(n) => facts_into(&n.to_string(), out),
+            serde_json::Value::Array(a) => a.iter().for_each(|x| values(x, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|x| values(x, out)),
+            serde_json::Value::Bool(_) | serde_json::Value::Null => {}
+        }
+    }
+    match serde_json::from_str::<serde_json::Value>(arguments) {
+        Ok(v) => values(&v, out),
+        Err(_) => facts_into(arguments, out),
+    }
+}
+
 /// [`facts`], added to `out`, in one pass over the bytes: every delimiter is ASCII, so a run of ASCII
 /// bytes between delimiters is valid UTF-8 on its own.
 pub fn facts_into(text: &str, out: &mut impl FactSet) {
@@ -308,6 +328,19 @@ mod tests {
     /// The byte scan finds what the rule as first written finds, on random texts built from the
     /// characters that matter (delimiters, quotes, line ends, digits, case, multi-byte characters) and on
     /// every tool output and message of the corpus pi sessions.
+    #[test]
+    fn a_call_s_facts_are_its_argument_values() {
+        let of = |args: &str| {
+            let mut out = BTreeSet::new();
+            argument_facts_into(args, &mut out);
+            out
+        };
+        let args = r#"{"file_path":"src/lib.rs","offset":12000,"edits":[{"old_text":"a\nload_all(\"quoted value\")"}],"replace_all":true}"#;
+        assert_eq!(of(args), set(&["12000", "load_all", "quoted value", "src/lib.rs"]), "values only, escapes decoded");
+        // Not JSON (a free-form tool input): the whole text.
+        assert_eq!(of("*** Update File: src/main.rs\n+fn parse_config()"), facts("*** Update File: src/main.rs\n+fn parse_config()"));
+    }
+
     #[test]
     fn the_byte_scan_is_the_rule() {
         let pieces = ["a", "Z", "_", "7", "1234", ".", "/", "-", " ", "\n", "\r\n", "\"", "'", "`", "é", "ß", "ERROR", "Failed", "~", "@", "+", ",", ".rs", ".json", "src/x.rs", "x_y9", "parseConfig", "::", "日本"];
