@@ -45,13 +45,13 @@ fn every_phase_on_a_hand_built_session() {
     add(result("c3", "bash", "gcc -c src/a.c\nsrc/a.c:3: error: expected ';'\n".repeat(30), false));
     s.prepare().unwrap();
     add(asst(vec![Block::Text { text: "Fixed the missing semicolon.".into() }]));
-    // Chain 2: a huge read (spilled).
+    // Chain 2: a huge read (spilled: a read spills from four times the threshold).
     add(Message::user_text("show me the data file", UserOrigin::Prompt));
     s.prepare().unwrap();
     add(asst(vec![call("c4", "read", "{\"path\":\"data.csv\"}")]));
-    add(result("c4", "read", "row,value\n".repeat(800), false));
+    add(result("c4", "read", "row,value\n".repeat(2_100), false));
     s.prepare().unwrap();
-    add(asst(vec![Block::Text { text: "The file has 800 rows.".into() }]));
+    add(asst(vec![Block::Text { text: "The file has 2100 rows.".into() }]));
     // Chain 3: the model recovers t2; the host also recorded an orphan result without its call.
     add(Message::user_text("what exactly did make print?", UserOrigin::Prompt));
     s.prepare().unwrap();

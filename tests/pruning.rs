@@ -324,7 +324,7 @@ fn pipeline_stubs_dedups_spills_and_every_ref_recovers_exactly() {
     l.prompt("build it");
     l.tool("c1", "bash", "{\"command\":\"make\"}", &log, false);
     l.tool("c2", "bash", "{\"command\":\"make\"}", &(log.clone() + "   \r\n"), false);
-    l.tool("c3", "read", "{\"path\":\"big.txt\"}", &huge, false);
+    l.tool("c3", "bash", "{\"command\":\"cat big.txt\"}", &huge, false);
     l.tool("c4", "bash", "{\"command\":\"ls\"}", "a\nb", false);
     l.reply("built");
     l.prompt("next");
@@ -631,6 +631,31 @@ fn a_file_read_whole_stays_for_the_write_that_follows_it() {
     l.prompt("thanks");
     l.s.prepare().unwrap();
     assert_ne!(read_shown(&l.s).as_deref(), Some(file.as_str()), "the chain's reply prunes it");
+}
+
+/// What the agent asked to read, a file or a web page of ~80,000 characters (above `spillThreshold`,
+/// 65,536), reaches the model whole in the request that answers it: a spill pointer there left the model
+/// a 2 KB head of a document it was asked about (issue 34, item 3: the corpus subagent that fetched the
+/// hooks documentation and answered from it kept 1 of 22 facts). A command's output that large is still
+/// spilled, and so is a read past four times the threshold.
+#[test]
+fn what_the_agent_asked_to_read_reaches_it_whole_and_a_huge_output_is_spilled() {
+    let page = CONFIG_FILE.repeat(1_100);
+    assert!(page.len() > 65_536 && page.len() as u64 >= PruneConfig::default().spill_threshold, "{}", page.len());
+    let huge = CONFIG_FILE.repeat(3_700);
+    for (tool, text, spilled) in [("WebFetch", &page, false), ("read", &page, false), ("bash", &page, true), ("Read", &huge, true)] {
+        let mut l = Live::new(PruneConfig::default());
+        l.prompt("what does it say about parse_config_value?");
+        l.tool("r1", tool, r#"{"path":"docs/hooks.md"}"#, text, false);
+        l.s.prepare().unwrap();
+        let shown = read_shown(&l.s).unwrap();
+        if spilled {
+            assert!(shown.starts_with(&format!("[t1 · {tool} · ")) && shown.contains("spilled to storage") && shown.len() < 4_000, "{tool}: {}", &shown[..200]);
+        } else {
+            assert_eq!(&shown, text, "{tool}: whole, for the answer");
+            assert!(l.s.projection().unwrap().index().spills.is_empty());
+        }
+    }
 }
 
 /// `liveReadsTokens` (issue 34, item 3): a file read stays verbatim after its turn is pruned while it is

@@ -34,7 +34,8 @@ pub struct PruneConfig {
     pub protected_tools: Vec<String>,
     /// Globs matched against path arguments; a matching call's output is never stubbed.
     pub protected_paths: Vec<String>,
-    /// Outputs of at least this many characters are spilled to a blob file before summarization.
+    /// Outputs of at least this many characters are spilled to a blob file before summarization (file reads
+    /// and fetched pages from four times as many: `condense_spill::READ_SPILL_FACTOR`).
     pub spill_threshold: u64,
     /// Bytes of a spilled output shown as a preview in its stub.
     pub spill_preview_bytes: u64,

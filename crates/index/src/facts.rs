@@ -256,7 +256,7 @@ impl FactsSeen {
         }
     }
 
-    /// The names `messages` used (the facts of the assistant ones' text and call arguments, in the order
+    /// The names `messages` used (the facts of the assistant ones' text and call argument values, in the order
     /// they first appear) that a tool output at or before position `upto` held and no user message at or
     /// before it did: what the turns carried over from what tools showed them.
     pub fn used_names<'m>(&self, upto: usize, messages: impl IntoIterator<Item = &'m Message>) -> Vec<String> {
@@ -265,7 +265,7 @@ impl FactsSeen {
             for b in m.content() {
                 match b {
                     Block::Text { text } => facts_into(text, &mut found),
-                    Block::ToolCall { arguments, .. } => facts_into(arguments, &mut found),
+                    Block::ToolCall { arguments, .. } => argument_facts_into(arguments, &mut found),
                     _ => {}
                 }
             }
@@ -377,8 +377,8 @@ mod tests {
         assert!(facts("a / b // c").is_empty(), "slashes alone are not a path");
     }
 
-    /// The names used are the facts of the assistant messages (text and call arguments, in the order they
-    /// appear) that an output at or before the position held and no user message at or before it did.
+    /// The names used are the facts of the assistant messages (text and call argument values, in the order
+    /// they appear) that an output at or before the position held and no user message at or before it did.
     #[test]
     fn names_used_came_from_an_earlier_output_and_not_from_the_user() {
         let text = |t: &str| vec![Block::Text { text: t.into() }];
@@ -398,5 +398,14 @@ mod tests {
         // An output after the position does not count.
         assert!(!seen.used_names(3, &branch[3..4]).contains(&"NEW_NAME".to_string()));
         assert!(seen.used_names(4, &branch[3..4]).contains(&"NEW_NAME".to_string()));
+        // A call's argument values, decoded: the name that starts the second line of an edit is
+        // `load_all`, not `nload_all`, and the key `new_text` is not a name used.
+        let edit = Message::Assistant {
+            content: vec![Block::ToolCall { id: "c3".into(), name: "edit".into(), arguments: r#"{"new_text":"x\nload_all()"}"#.into() }],
+            model: None,
+            stop: None,
+            usage: None,
+        };
+        assert_eq!(seen.used_names(4, [&edit]), vec!["load_all".to_string()]);
     }
 }

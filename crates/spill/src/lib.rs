@@ -1,5 +1,7 @@
 //! Spilling: an output of at least `spillThreshold` characters goes to a blob file before summarization,
-//! and its stub shows a head preview of `spillPreviewBytes` bytes (cut at a character boundary).
+//! and its stub shows a head preview of `spillPreviewBytes` bytes (cut at a character boundary). What the
+//! agent read on purpose, a file read or a fetched page ([`threshold`]), is spilled only from
+//! [`READ_SPILL_FACTOR`] times that: the model is shown what it asked to read.
 //!
 //! The spill stage ([`Spill`]) keeps no state: each capture of the pass that is large enough and not
 //! protected is stored as a blob (`OutputSpilled`).
@@ -15,7 +17,7 @@
 //! ```
 
 use condense_events::DecisionEvent;
-use condense_stage::{Pass, Stage, StageError};
+use condense_stage::{Pass, Stage, StageError, READ_TOOLS};
 
 /// The spill stage.
 #[derive(Debug, Clone, Default)]
@@ -30,7 +32,7 @@ impl Stage for Spill {
         let cfg = pass.config;
         let todo: Vec<(u32, std::borrow::Cow<'_, str>)> = pass
             .captured()
-            .filter(|(r, _)| should_spill(r.chars, cfg.spill_threshold) && !r.protected)
+            .filter(|(r, _)| should_spill(r.chars, threshold(&r.tool, cfg.spill_threshold)) && !r.protected)
             .map(|(r, text)| (r.ref_n, text.clone()))
             .collect();
         for (ref_n, text) in todo {
@@ -38,6 +40,25 @@ impl Stage for Spill {
             pass.push(DecisionEvent::OutputSpilled { ref_n, blob, bytes: text.len() as u64, preview: preview(&text, cfg.spill_preview_bytes) });
         }
         Ok(())
+    }
+}
+
+/// Tools that fetch a page: with the file reads ([`READ_TOOLS`]), what the agent asked to read.
+pub const FETCH_TOOLS: [&str; 2] = ["WebFetch", "web_fetch"];
+
+/// How many times `spillThreshold` a file read ([`READ_TOOLS`]) or fetched page ([`FETCH_TOOLS`]) must reach to be spilled.
+/// A spilled output reaches the model as a 2 KB head: a file or page it asked for and answers from
+/// would have to be recalled whole. The hosts bound these reads themselves (pi's `read` at 50 KB, Claude
+/// Code's `Read` at 256 KB), while a command can print without limit. With the default threshold a
+/// read is spilled from 262,144 characters (~65,000 tokens).
+pub const READ_SPILL_FACTOR: u64 = 4;
+
+/// The spill threshold of an output of `tool` under `spill_threshold` (0 disables spilling).
+pub fn threshold(tool: &str, spill_threshold: u64) -> u64 {
+    if READ_TOOLS.contains(&tool) || FETCH_TOOLS.contains(&tool) {
+        spill_threshold.saturating_mul(READ_SPILL_FACTOR)
+    } else {
+        spill_threshold
     }
 }
 
@@ -65,6 +86,9 @@ mod tests {
         assert!(!should_spill(65_535, 65_536));
         assert!(should_spill(65_536, 65_536));
         assert!(!should_spill(1 << 30, 0));
+        assert_eq!(threshold("bash", 65_536), 65_536);
+        assert_eq!(threshold("Read", 65_536), 262_144);
+        assert_eq!(threshold("WebFetch", 0), 0, "off stays off");
         assert_eq!(preview("héllo", 2), "h");
         assert_eq!(preview("héllo", 3), "hé");
         assert_eq!(preview("abc", 2048), "abc");
