@@ -1058,3 +1058,27 @@ fn pi_turns_that_failed_are_not_replayed() {
     assert_eq!(r.messages.len(), 6, "{shown:#?}");
     assert!(shown.iter().all(|m| !m.contains("Editing both") && !m.contains("sleep 100") && !m.contains("aborted")), "{shown:#?}");
 }
+
+/// A pi extension's `custom_message` that describes the world (a `<system-reminder>` with the workspace
+/// tree, the date and the working directory, as the corpus's `volatile-project-context`) is host context,
+/// as the same text is when serve reads it in a request (issue 34, item 1); other custom messages stay
+/// injected.
+#[test]
+fn pi_custom_messages_that_describe_the_world_are_host_context() {
+    let input = r#"{"type":"session","version":3,"id":"s","timestamp":"t","cwd":"/w"}
+{"type":"custom_message","id":"c1","parentId":null,"timestamp":"t","customType":"volatile-project-context","content":"<system-reminder>\n<workspace-tree>\n- src/\n</workspace-tree>\nToday is 2026-07-14.\n</system-reminder>","display":false}
+{"type":"message","id":"a1","parentId":"c1","timestamp":"t","message":{"role":"user","content":"go"}}
+{"type":"custom_message","id":"c2","parentId":"a1","timestamp":"t","customType":"ctx","content":"injected context","display":false}
+"#;
+    let imported = import_bytes("t.jsonl", input.as_bytes()).expect("import");
+    let origins: Vec<(String, condense_events::UserOrigin)> = imported
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            SourceEvent::EntryAppended { id, entry: condense_events::Entry::Message(condense_events::Message::User { origin, .. }), .. } => Some((id.clone(), *origin)),
+            _ => None,
+        })
+        .collect();
+    use condense_events::UserOrigin::{Host, Injected, Prompt};
+    assert_eq!(origins, [("c1".to_string(), Host), ("a1".to_string(), Prompt), ("c2".to_string(), Injected)]);
+}

@@ -132,10 +132,8 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                     },
                     "custom_message" => {
                         let content = line.value.get_mut("content").map(Value::take).unwrap_or(Value::Null);
-                        Entry::Message(Message::User {
-                            content: user_blocks(content, &mut |m| diags.push(diag(n, m))),
-                            origin: UserOrigin::Injected,
-                        })
+                        let content = user_blocks(content, &mut |m| diags.push(diag(n, m)));
+                        Entry::Message(Message::User { origin: custom_origin(&content), content })
                     }
                     "model_change" => {
                         let model = str_of(&line.value, "modelId").or_else(|| str_of(&line.value, "model"));
@@ -224,7 +222,8 @@ fn message(mut m: Value, _line: u64, diag: &mut dyn FnMut(String)) -> Entry {
         }
         "custom" | "hookMessage" => {
             let content = m.get_mut("content").map(Value::take).unwrap_or(Value::Null);
-            Entry::Message(Message::User { content: user_blocks(content, diag), origin: UserOrigin::Injected })
+            let content = user_blocks(content, diag);
+            Entry::Message(Message::User { origin: custom_origin(&content), content })
         }
         "branchSummary" => Entry::BranchSummary {
             from: str_of(&m, "fromId").map(str::to_string),
@@ -477,6 +476,22 @@ mod fast_shape {
         }
     }
 
+}
+
+/// An extension's message: host context when every text of it is (`<system-reminder>` with the
+/// workspace tree, the date and the working directory), as serve classifies the same text in a request;
+/// otherwise injected.
+fn custom_origin(content: &[Block]) -> UserOrigin {
+    let mut texts = content.iter().filter_map(|b| match b {
+        Block::Text { text } if !text.trim().is_empty() => Some(text.as_str()),
+        _ => None,
+    });
+    let first = texts.next();
+    if first.is_some_and(|t| condense_events::host_context_kind(t).is_some()) && texts.all(|t| condense_events::host_context_kind(t).is_some()) {
+        UserOrigin::Host
+    } else {
+        UserOrigin::Injected
+    }
 }
 
 #[cfg(test)]
