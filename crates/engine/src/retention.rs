@@ -3,7 +3,7 @@
 //! The extraction rule is documented in `docs/pruning.md`.
 
 use condense_events::{Block, Message};
-use condense_index::facts::{argument_facts_into, facts_into, FactSet};
+use condense_index::facts::{argument_facts_into, facts_into, for_each_argument_value, FactSet};
 use std::collections::{BTreeSet, HashSet};
 
 /// The text a message shows, tool-call arguments included (what an assistant message uses, and where a
@@ -19,35 +19,22 @@ pub fn shown_text(m: &Message) -> String {
 
 /// Each block of a message as [`shown_text`] shows it, before the line end that follows every block: text
 /// as it is, a tool call as its name, a space and its arguments (as sent; when they hold an escape, each
-/// string value follows decoded on a line of its own, as the model reads it), thinking and images as
-/// nothing.
+/// value follows decoded on a line of its own, as the model reads it), thinking and images as nothing.
 fn shown_blocks(m: &Message) -> impl Iterator<Item = std::borrow::Cow<'_, str>> {
     m.content().iter().map(|b| match b {
         Block::Text { text } => std::borrow::Cow::Borrowed(text.as_str()),
         Block::ToolCall { name, arguments, .. } => {
             let mut shown = format!("{name} {arguments}");
             if arguments.contains('\\') {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(arguments) {
-                    decoded_strings(&v, &mut shown);
-                }
+                for_each_argument_value(arguments, |v| {
+                    shown.push('\n');
+                    shown.push_str(v);
+                });
             }
             std::borrow::Cow::Owned(shown)
         }
         Block::Thinking { .. } | Block::Image { .. } => std::borrow::Cow::Borrowed(""),
     })
-}
-
-/// Each string value of `v`, after a line end.
-fn decoded_strings(v: &serde_json::Value, out: &mut String) {
-    match v {
-        serde_json::Value::String(s) => {
-            out.push('\n');
-            out.push_str(s);
-        }
-        serde_json::Value::Array(a) => a.iter().for_each(|x| decoded_strings(x, out)),
-        serde_json::Value::Object(o) => o.values().for_each(|x| decoded_strings(x, out)),
-        serde_json::Value::Number(_) | serde_json::Value::Bool(_) | serde_json::Value::Null => {}
-    }
 }
 
 /// The facts of a user message or tool output: of its text blocks.
@@ -151,15 +138,14 @@ mod tests {
             name: "edit_file".into(),
             arguments: r#"{"file_path":"src/a.rs","new_string":"x\nparse_config(\"some quoted text\")"}"#.into(),
         };
-        let answer = Message::Assistant { content: vec![call.clone()], model: None, stop: None, usage: None };
+        let answer = Message::Assistant { content: vec![call], model: None, stop: None, usage: None };
         let needed = seen.needed(&answer);
         // The escapes decoded: the value's second line starts with the name, and the quotes pair.
         assert_eq!(needed, ["parse_config", "some quoted text", "src/a.rs"], "no key, no tool name");
         // The call as sent (its quotes escaped) holds the quoted string for a later request: the context
         // shows each value decoded too.
-        let context = [std::sync::Arc::new(answer)];
-        assert_eq!(retained(&needed, &context), 3);
-        let shown = shown_text(&Message::Assistant { content: vec![call], model: None, stop: None, usage: None });
+        let shown = shown_text(&answer);
         assert!(shown.contains("\nparse_config(\"some quoted text\")"), "the value decoded on a line of its own: {shown}");
+        assert_eq!(retained(&needed, &[std::sync::Arc::new(answer)]), 3);
     }
 }

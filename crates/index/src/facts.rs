@@ -112,23 +112,27 @@ pub fn facts(text: &str) -> BTreeSet<String> {
     out
 }
 
-/// The facts of a tool call's arguments as issue 34 defines them, the *values*: of each string and
-/// number in the JSON arguments (neither the keys nor the tool's name, and a string's escapes decoded, so
-/// a line of code written by an edit starts its line as it does in the file), or of the whole text when
-/// it is not JSON (a host's free-form tool input).
-pub fn argument_facts_into(arguments: &str, out: &mut impl FactSet) {
-    fn values(v: &serde_json::Value, out: &mut impl FactSet) {
+/// Calls `f` with each string (decoded) and number of a tool call's JSON arguments, in order, neither
+/// the keys nor the tool's name: the *values* issue 34 takes a call's facts from. Returns whether the
+/// arguments were JSON (a host's free-form tool input is not).
+pub fn for_each_argument_value(arguments: &str, mut f: impl FnMut(&str)) -> bool {
+    fn walk(v: &serde_json::Value, f: &mut impl FnMut(&str)) {
         match v {
-            serde_json::Value::String(s) => facts_into(s, out),
-            serde_json::Value::Number(n) => facts_into(&n.to_string(), out),
-            serde_json::Value::Array(a) => a.iter().for_each(|x| values(x, out)),
-            serde_json::Value::Object(o) => o.values().for_each(|x| values(x, out)),
+            serde_json::Value::String(s) => f(s),
+            serde_json::Value::Number(n) => f(&n.to_string()),
+            serde_json::Value::Array(a) => a.iter().for_each(|x| walk(x, f)),
+            serde_json::Value::Object(o) => o.values().for_each(|x| walk(x, f)),
             serde_json::Value::Bool(_) | serde_json::Value::Null => {}
         }
     }
-    match serde_json::from_str::<serde_json::Value>(arguments) {
-        Ok(v) => values(&v, out),
-        Err(_) => facts_into(arguments, out),
+    serde_json::from_str::<serde_json::Value>(arguments).map(|v| walk(&v, &mut f)).is_ok()
+}
+
+/// The facts of a tool call's arguments: of its values ([`for_each_argument_value`], so a line of code
+/// written by an edit starts its line as it does in the file), or of the whole text when it is not JSON.
+pub fn argument_facts_into(arguments: &str, out: &mut impl FactSet) {
+    if !for_each_argument_value(arguments, |v| facts_into(v, out)) {
+        facts_into(arguments, out);
     }
 }
 
@@ -325,9 +329,6 @@ mod tests {
         out
     }
 
-    /// The byte scan finds what the rule as first written finds, on random texts built from the
-    /// characters that matter (delimiters, quotes, line ends, digits, case, multi-byte characters) and on
-    /// every tool output and message of the corpus pi sessions.
     #[test]
     fn a_call_s_facts_are_its_argument_values() {
         let of = |args: &str| {
@@ -341,6 +342,9 @@ mod tests {
         assert_eq!(of("*** Update File: src/main.rs\n+fn parse_config()"), facts("*** Update File: src/main.rs\n+fn parse_config()"));
     }
 
+    /// The byte scan finds what the rule as first written finds, on random texts built from the
+    /// characters that matter (delimiters, quotes, line ends, digits, case, multi-byte characters) and on
+    /// every tool output and message of the corpus pi sessions.
     #[test]
     fn the_byte_scan_is_the_rule() {
         let pieces = ["a", "Z", "_", "7", "1234", ".", "/", "-", " ", "\n", "\r\n", "\"", "'", "`", "é", "ß", "ERROR", "Failed", "~", "@", "+", ",", ".rs", ".json", "src/x.rs", "x_y9", "parseConfig", "::", "日本"];
