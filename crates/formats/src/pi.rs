@@ -478,16 +478,10 @@ mod fast_shape {
 
 }
 
-/// An extension's message: host context when every text of it is (`<system-reminder>` with the
-/// workspace tree, the date and the working directory), as serve classifies the same text in a request;
-/// otherwise injected.
+/// An extension's message: host context when it is (`<system-reminder>` with the workspace tree, the
+/// date and the working directory), as serve classifies the same text in a request; otherwise injected.
 fn custom_origin(content: &[Block]) -> UserOrigin {
-    let mut texts = content.iter().filter_map(|b| match b {
-        Block::Text { text } if !text.trim().is_empty() => Some(text.as_str()),
-        _ => None,
-    });
-    let first = texts.next();
-    if first.is_some_and(|t| condense_events::host_context_kind(t).is_some()) && texts.all(|t| condense_events::host_context_kind(t).is_some()) {
+    if crate::wire::is_host_context(content) {
         UserOrigin::Host
     } else {
         UserOrigin::Injected

@@ -109,14 +109,29 @@ impl WireMessage {
     }
 }
 
-/// Why a user message is there: host context when every text of it is (`<system-reminder>`,
-/// `<environment_context>`, AGENTS.md), injected when it is only other tags (`<command-name>`), else a
-/// prompt.
+/// The non-blank texts of a message's blocks, trimmed.
+fn texts(blocks: &[Block]) -> Vec<&str> {
+    blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.trim()), _ => None }).filter(|t| !t.is_empty()).collect()
+}
+
+/// Whether a message is host context: it has text and every text of it is (`<system-reminder>`,
+/// `<environment_context>`, AGENTS.md). A request's user message and a pi extension's message alike.
+pub(crate) fn is_host_context(blocks: &[Block]) -> bool {
+    all_host(&texts(blocks))
+}
+
+/// Whether there are texts and every one is host context.
+fn all_host(texts: &[&str]) -> bool {
+    !texts.is_empty() && texts.iter().all(|t| condense_events::host_context_kind(t).is_some())
+}
+
+/// Why a user message is there: host context ([`is_host_context`]), injected when it is only other tags
+/// (`<command-name>`), else a prompt.
 fn origin_of(blocks: &[Block]) -> UserOrigin {
-    let texts: Vec<&str> = blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.trim()), _ => None }).filter(|t| !t.is_empty()).collect();
+    let texts = texts(blocks);
     if texts.is_empty() {
         UserOrigin::Prompt
-    } else if texts.iter().all(|t| condense_events::host_context_kind(t).is_some()) {
+    } else if all_host(&texts) {
         UserOrigin::Host
     } else if texts.iter().all(|t| t.starts_with('<') && t.ends_with('>')) {
         UserOrigin::Injected
