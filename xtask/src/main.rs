@@ -270,7 +270,7 @@ fn bench(args: &[String]) -> Result<()> {
     std::fs::create_dir_all(&scratch)?;
     let mut md = String::new();
     writeln!(md, "# Benchmarks\n")?;
-    writeln!(md, "Written by `cargo xtask bench{}` (release build). Machine: {} cores, {}. Every figure below was measured in the same run.\n",
+    writeln!(md, "Written by `cargo xtask bench{}` (release build). Machine: {} cores, {}. Every figure of a section was measured in one run; `cargo xtask bench --only SECTION` measures one section again and splices it in, so sections may come from different runs (and builds).\n",
         if quick { " --quick" } else { "" }, std::thread::available_parallelism().map_or(0, |n| n.get()), mem_total())?;
     import_bench(&mut md, &scratch, sizes.contains(&100_000))?;
     corpus_render(&mut md, &scratch)?;

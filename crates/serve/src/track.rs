@@ -10,7 +10,8 @@
 
 use condense_events::{Block, Message};
 use condense_render::Projection;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// A fingerprint of a message as the client sees it.
 pub type Fp = [u8; 16];
@@ -136,38 +137,75 @@ pub fn canonical(arguments: &str) -> String {
     }
 }
 
-/// One message as the client sees it, and where it ends in the log.
+/// No node: the parent of a root, the sibling before a first child, the child of a leaf.
+const NONE: u32 = u32::MAX;
+
+/// A node's index as the links hold it (a tree of 4 G nodes would need ~300 GB first).
+fn link(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(NONE)
+}
+
+fn unlink(n: u32) -> Option<usize> {
+    (n != NONE).then_some(n as usize)
+}
+
+/// One message as the client sees it, and where it ends in the log. Kept small (72 bytes and the entry id),
+/// since serve holds one per message of every conversation in memory: links instead of child lists, the
+/// rare tail beside the tree.
 #[derive(Debug, Clone)]
 struct Node {
-    parent: Option<usize>,
     fp: Fp,
-    /// The exact key of the client message this node was last matched with (or recorded from).
-    exact: Option<u64>,
+    /// The exact key of the client message this node was last matched with (or recorded from), when
+    /// `has_exact`.
+    exact: u64,
     /// The entry this node stands for (for a continued reply, its last assistant entry).
-    entry: String,
-    /// The entry the client's next message follows when it is not `entry`: the last internal result
-    /// after it.
-    tail: Option<String>,
-    /// Whether the node is exactly one entry, so the client's wire JSON can stand for it.
-    single: bool,
-    /// pi's token estimate of what the client sees of it.
-    tokens: u64,
+    entry: Box<str>,
     /// For an assistant entry whose calls were all condense's own: what the client has seen of the reply
     /// so far (the next assistant entry continues it).
     open: Option<Box<Visible>>,
+    parent: u32,
+    /// The sibling added just before this one (children are searched newest first).
+    prev: u32,
+    /// The newest child.
+    last_child: u32,
+    /// pi's token estimate of what the client sees of it (saturating).
+    tokens: u32,
+    has_exact: bool,
+    /// Whether the node is exactly one entry, so the client's wire JSON can stand for it.
+    single: bool,
 }
 
 /// The visible tree of one session.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Track {
     nodes: Vec<Node>,
-    children: BTreeMap<Option<usize>, Vec<usize>>,
+    /// The newest root.
+    last_root: u32,
+    /// The entry the client's next message follows when it is not the node's own: the last internal
+    /// result after it (few nodes have one).
+    tails: BTreeMap<u32, Box<str>>,
     /// The node each entry belongs to.
-    owner: BTreeMap<String, usize>,
-    /// Tool-call id → name, for the calls of condense's own tools (their results are internal).
-    internal_calls: BTreeMap<String, String>,
-    /// Tool-call id → name of every call (a client's tool result names no tool; its call does).
-    call_names: BTreeMap<String, String>,
+    owner: BTreeMap<Box<str>, u32>,
+    /// The calls of condense's own tools (their results are internal).
+    internal_calls: BTreeSet<Box<str>>,
+    /// Tool-call id → name of every call (a client's tool result names no tool; its call does); the
+    /// names shared through `names`.
+    call_names: BTreeMap<Box<str>, Arc<str>>,
+    names: BTreeSet<Arc<str>>,
+}
+
+impl Default for Track {
+    fn default() -> Self {
+        Track {
+            nodes: Vec::new(),
+            last_root: NONE,
+            tails: BTreeMap::new(),
+            owner: BTreeMap::new(),
+            internal_calls: BTreeSet::new(),
+            call_names: BTreeMap::new(),
+            names: BTreeSet::new(),
+        }
+    }
 }
 
 /// Where a request's history leaves the tree.
@@ -192,7 +230,7 @@ impl Track {
                 // Host compactions and markers are not what a client sends: their children hang on.
                 None => {
                     if let Some(&o) = parent.and_then(|p| t.owner.get(p)) {
-                        t.owner.insert(id.to_string(), o);
+                        t.owner.insert(id.into(), o);
                     }
                 }
             }
@@ -205,12 +243,12 @@ impl Track {
     pub fn add(&mut self, id: &str, parent: Option<&str>, m: &Message, internal: &dyn Fn(&str) -> bool, exact: Option<u64>) {
         let owner = parent.and_then(|p| self.owner.get(p).copied());
         if let Message::ToolResult { call_id, .. } = m {
-            if self.internal_calls.contains_key(call_id) {
+            if self.internal_calls.contains(call_id.as_str()) {
                 // condense answered this itself: part of the reply's node, after which the client goes on.
                 if let Some(o) = owner {
-                    self.nodes[o].tail = Some(id.to_string());
-                    self.nodes[o].single = false;
-                    self.owner.insert(id.to_string(), o);
+                    self.tails.insert(o, id.into());
+                    self.nodes[o as usize].single = false;
+                    self.owner.insert(id.into(), o);
                 }
                 return;
             }
@@ -219,41 +257,65 @@ impl Track {
         let calls: Vec<(&str, &str)> = m.tool_calls().map(|(id, name, _)| (id, name)).collect();
         for (cid, name) in &calls {
             if internal(name) {
-                self.internal_calls.insert(cid.to_string(), name.to_string());
+                self.internal_calls.insert((*cid).into());
             }
-            self.call_names.insert(cid.to_string(), name.to_string());
+            let shared = match self.names.get(*name) {
+                Some(n) => n.clone(),
+                None => {
+                    let n: Arc<str> = (*name).into();
+                    self.names.insert(n.clone());
+                    n
+                }
+            };
+            self.call_names.insert((*cid).into(), shared);
         }
         let only_internal = !calls.is_empty() && calls.iter().all(|(_, n)| internal(n));
         // An assistant entry after a reply that called only condense's tools continues that reply.
         let continued = match (m, owner) {
-            (Message::Assistant { .. }, Some(o)) => self.nodes[o].open.as_deref().map(|prev| (self.nodes[o].parent, prev.clone())),
+            (Message::Assistant { .. }, Some(o)) => {
+                let node = &self.nodes[o as usize];
+                node.open.as_deref().map(|prev| (node.parent, prev.clone()))
+            }
             _ => None,
         };
         let own_tokens = condense_tokens::estimate(m);
         let (vparent, vis, single, tokens) = match continued {
-            Some((vp, prev)) => (vp, prev.extend(&vis), false, owner.map_or(0, |o| self.nodes[o].tokens) + own_tokens),
-            None => (owner, vis, true, own_tokens),
+            Some((vp, prev)) => (vp, prev.extend(&vis), false, owner.map_or(0, |o| u64::from(self.nodes[o as usize].tokens)) + own_tokens),
+            None => (owner.unwrap_or(NONE), vis, true, own_tokens),
         };
-        let ix = self.nodes.len();
+        let ix = link(self.nodes.len());
+        let prev = match unlink(vparent) {
+            Some(p) => std::mem::replace(&mut self.nodes[p].last_child, ix),
+            None => std::mem::replace(&mut self.last_root, ix),
+        };
         self.nodes.push(Node {
-            parent: vparent,
             fp: vis.fp(),
-            exact,
-            entry: id.to_string(),
-            tail: None,
-            single,
-            tokens,
+            exact: exact.unwrap_or(0),
+            entry: id.into(),
             open: only_internal.then(|| Box::new(vis)),
+            parent: vparent,
+            prev,
+            last_child: NONE,
+            tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+            has_exact: exact.is_some(),
+            single,
         });
-        // Most nodes have one child: room for one, not the four a first push makes.
-        self.children.entry(vparent).or_insert_with(|| Vec::with_capacity(1)).push(ix);
-        self.owner.insert(id.to_string(), ix);
+        self.owner.insert(id.into(), ix);
     }
 
     /// Room for `n` more nodes (a request recording many messages at once) and the reply's after them,
     /// which would otherwise double the room at once.
     pub fn reserve(&mut self, n: usize) {
         self.nodes.reserve(n + 16);
+    }
+
+    /// The children of `at` (`None`: the roots), the newest first.
+    fn children(&self, at: Option<usize>) -> impl Iterator<Item = usize> + '_ {
+        let first = match at {
+            Some(a) => self.nodes.get(a).map_or(NONE, |n| n.last_child),
+            None => self.last_root,
+        };
+        std::iter::successors(unlink(first), |&n| unlink(self.nodes[n].prev))
     }
 
     /// The child of `at` (`None`: the roots) that a client message with exact key `key` matches: the
@@ -263,39 +325,39 @@ impl Track {
         if let Some(n) = self.step_exact(at, key) {
             return Some(n);
         }
-        let children = self.children.get(&at)?;
+        self.children(at).next()?;
         let f = fp();
-        let found = children.iter().rev().find(|&&n| self.nodes[n].fp == f).copied();
+        let found = self.children(at).find(|&n| self.nodes[n].fp == f);
         if let Some(n) = found {
-            self.nodes[n].exact = Some(key);
+            let node = &mut self.nodes[n];
+            (node.exact, node.has_exact) = (key, true);
         }
         found
     }
 
     /// The newest child of `at` whose remembered exact key is `key`.
     pub fn step_exact(&self, at: Option<usize>, key: u64) -> Option<usize> {
-        self.children.get(&at)?.iter().rev().find(|&&n| self.nodes[n].exact == Some(key)).copied()
+        self.children(at).find(|&n| self.nodes[n].has_exact && self.nodes[n].exact == key)
     }
 
     /// The entry node `n` stands for, when it is exactly one entry.
     pub fn single_entry(&self, n: usize) -> Option<String> {
-        self.nodes[n].single.then(|| self.nodes[n].entry.clone())
+        self.nodes[n].single.then(|| self.nodes[n].entry.to_string())
     }
 
     /// The entry the client's next message after node `n` follows.
     pub fn tail(&self, n: usize) -> &str {
-        let node = &self.nodes[n];
-        node.tail.as_deref().unwrap_or(&node.entry)
+        self.tails.get(&link(n)).unwrap_or(&self.nodes[n].entry)
     }
 
     /// The token estimate of node `n` as the client sees it.
     pub fn tokens(&self, n: usize) -> u64 {
-        self.nodes[n].tokens
+        u64::from(self.nodes[n].tokens)
     }
 
     /// The name of the tool a call id belongs to, when serve has seen the call.
     pub fn call_name(&self, id: &str) -> Option<&str> {
-        self.call_names.get(id).map(String::as_str)
+        self.call_names.get(id).map(|n| &**n)
     }
 
     /// Matches a request's messages against the tree, step by step (see [`Track::step`]).
@@ -382,6 +444,31 @@ mod tests {
         // A different first message starts a new root.
         let m = matched(&mut t, &[Message::user_text("other", UserOrigin::Prompt)]);
         assert_eq!((m.count, m.parent), (0, None));
+    }
+
+    /// A client that resends the same message twice from one point (a retry) forked the tree: the newest
+    /// branch is the one its next request continues, by exact key and by fingerprint alike, and each root
+    /// and child list keeps every branch.
+    #[test]
+    fn the_newest_of_alike_children_is_the_one_continued() {
+        let mut t = Track::default();
+        let u = Message::user_text("go", UserOrigin::Prompt);
+        t.add("e1", None, &u, &internal, Some(exact(&u)));
+        let a = asst(vec![Block::Text { text: "same".into() }]);
+        t.add("e2", Some("e1"), &a, &internal, Some(exact(&a)));
+        t.add("e3", Some("e1"), &a, &internal, Some(exact(&a)));
+        t.add("e4", None, &u, &internal, None);
+        // By exact key: e1 (the root remembered with it), then e3, the newer child of e1.
+        let m = matched(&mut t, &[u.clone(), a.clone()]);
+        assert_eq!((m.count, m.parent.as_deref()), (2, Some("e3")));
+        // By fingerprint (white space the client changed): the newest alike root is e4, which has no child.
+        let spaced = asst(vec![Block::Text { text: " same ".into() }]);
+        let m = matched(&mut t, &[Message::user_text(" go", UserOrigin::Prompt), spaced.clone()]);
+        assert_eq!((m.count, m.parent.as_deref()), (1, Some("e4")));
+        // From e1 the fingerprint finds e3, which then remembers the new key.
+        assert_eq!(t.step(Some(0), exact(&spaced), &mut || Visible::of(&spaced, &internal).fp()), Some(2));
+        assert_eq!(t.step_exact(Some(0), exact(&spaced)), Some(2));
+        assert_eq!((t.len(), t.tokens(2), t.single_entry(1).as_deref()), (4, condense_tokens::estimate(&a), Some("e2")));
     }
 
     #[test]
