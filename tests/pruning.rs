@@ -595,11 +595,13 @@ fn read_shown(s: &Session) -> Option<String> {
     })
 }
 
-/// A session under `cfg` whose first turn reads `file` (call `r1`) and lists a folder, and whose second
-/// turn answers a question about it: three assistant turns, one prune after the first turn's reply.
+/// A session under `cfg` whose first turn writes `src/config.rs`, reads it back (`file`, call `r1`) and
+/// lists a folder, and whose second turn answers a question about it: four assistant turns, one prune
+/// after the first turn's reply.
 fn read_then_answer(cfg: PruneConfig, file: &str) -> Live {
     let mut l = Live::new(cfg);
-    l.prompt("read src/config.rs and list the folder");
+    l.prompt("write src/config.rs, read it back and list the folder");
+    l.tool("w0", "write", r#"{"path":"src/config.rs","content":"pub fn parse_config_value() {}"}"#, "written", false);
     l.tool("r1", "read", r#"{"path":"src/config.rs"}"#, file, false);
     l.tool("b1", "bash", r#"{"command":"ls"}"#, &"listing line\n".repeat(100), false);
     l.reply("read it");
@@ -658,16 +660,16 @@ fn what_the_agent_asked_to_read_reaches_it_whole_and_a_huge_output_is_spilled() 
     }
 }
 
-/// `liveReadsTokens` (issue 34, item 3): a file read stays verbatim after its turn is pruned while it is
-/// the newest call on its file and fits the budget, and its turn's chain waits for it; once a later edit
-/// of the file supersedes it, the next prune stubs it (`OutputStubbed`) and the chain compresses. Off
-/// (the default) the same read leaves the context at the first prune. A reopened store folds the
+/// `liveReadsTokens` (issue 34, item 3): a read of a file the agent wrote stays verbatim after its turn is
+/// pruned while it is the newest call on its file and fits the budget, and its turn's chain waits for it;
+/// once a later edit of the file supersedes it, the next prune stubs it (`OutputStubbed`) and the chain
+/// compresses. Off (0) the same read leaves the context at the first prune. A reopened store folds the
 /// setting back from the log.
 #[test]
 fn live_file_reads_stay_verbatim_until_a_later_edit_supersedes_them() {
     let file = CONFIG_FILE.repeat(60);
     for tokens in [0, 20_000] {
-        let mut l = read_then_answer(PruneConfig { live_reads_tokens: tokens, ..eager() }, &file);
+        let mut l = read_then_answer(PruneConfig { live_reads_tokens: tokens, live_reads_turns: 0, ..eager() }, &file);
         let kept = read_shown(&l.s);
         if tokens == 0 {
             assert_ne!(kept.as_deref(), Some(file.as_str()), "off: the read is pruned with its turn");
@@ -699,6 +701,63 @@ fn live_file_reads_stay_verbatim_until_a_later_edit_supersedes_them() {
         assert_eq!(l.s.projection_at(head).unwrap().config().live_reads_tokens, tokens);
         assert_eq!(l.s.projection_at(head).unwrap().config(), l.s.projection().unwrap().config(), "the fold in memory is the fold of the log");
     }
+}
+
+/// The agent writes a page, checks it in a browser, reads it back through a read selector
+/// (`page.html:raw`) and rewrites it four requests later (the corpus's `01-youtube`, which lost 140 facts
+/// at the rewrite): with the defaults, the read of its own file stays verbatim until the rewrite, while a
+/// read of a file it never wrote, pruned at the same time, becomes a stub; once the rewrite supersedes it,
+/// the next prune stubs it too (docs/pruning.md, "Reading back its own files").
+#[test]
+fn a_file_the_agent_reads_back_stays_until_it_writes_it_again() {
+    let page = CONFIG_FILE.repeat(300);
+    let mut l = Live::new(PruneConfig::default());
+    l.prompt("make a comparison page and check it");
+    l.tool("w1", "write", r#"{"path":"/tmp/page.html","content":"<html>first</html>"}"#, "written", false);
+    l.tool("c1", "browser", r#"{"action":"open"}"#, "opened", false);
+    l.tool("r1", "read", r#"{"path":"/tmp/page.html:raw"}"#, &page, false);
+    l.tool("r2", "read", r#"{"path":"docs/guide.md"}"#, &page.replace("parse", "guide"), false);
+    for i in 0..3 {
+        l.tool(&format!("c{}", i + 2), "browser", r#"{"action":"run"}"#, &format!("checked {i}"), false);
+    }
+    // The request that rewrites the page: the budget trigger has pruned both reads' turns.
+    l.s.prepare().unwrap();
+    let p = l.s.projection().unwrap();
+    let ref_of = |call: &str| p.index().records.values().find(|r| r.call_id == call).unwrap().ref_n;
+    assert!(p.index().outcomes.len() >= 2, "the reads' batches closed: {:?}", p.index().outcomes);
+    assert!(p.index().summaries.contains_key(&ref_of("r2")), "a file it never wrote: a stub");
+    assert!(!p.index().summaries.contains_key(&ref_of("r1")), "its own file: no stub");
+    drop(p);
+    assert_eq!(read_shown(&l.s).as_deref(), Some(page.as_str()), "the page it reads back stays for the rewrite");
+    l.tool("w2", "write", r#"{"path":"/tmp/page.html","content":"<html>second</html>"}"#, "written", false);
+    l.tool("b1", "bash", r#"{"command":"make"}"#, &"build line\n".repeat(2_000), false);
+    l.tool("c9", "browser", r#"{"action":"run"}"#, "checked", false);
+    l.s.prepare().unwrap();
+    assert_ne!(read_shown(&l.s).as_deref(), Some(page.as_str()), "superseded by the rewrite: stubbed");
+    let events = l.store.log().read(l.s.id(), 1, l.s.head().unwrap()).unwrap();
+    assert!(events.iter().any(|e| matches!(&e.body, Event::Source(SourceEvent::LiveReadsConfigured { tokens: 12_000, turns: 5 }))), "the defaults are in the log");
+    assert!(events.iter().any(|e| matches!(&e.body, Event::Decision(DecisionEvent::OutputStubbed { .. }))));
+}
+
+/// In an autonomous run (past the first 40 turns of one prompt, as Claude Code and Codex run) a read of
+/// the agent's own file is pruned like any output: no reply comes to end the run, so a kept read would
+/// stay for all of it.
+#[test]
+fn in_an_autonomous_run_a_read_back_file_is_pruned_like_any_output() {
+    let page = CONFIG_FILE.repeat(300);
+    let mut l = Live::new(PruneConfig::default());
+    l.prompt("refactor the whole crate");
+    l.tool("w1", "write", r#"{"path":"src/page.rs","content":"pub fn first() {}"}"#, "written", false);
+    for i in 0..condense_events::AUTONOMOUS_AFTER_TURNS {
+        l.tool(&format!("s{i}"), "bash", r#"{"command":"cargo check"}"#, &format!("ok {i}"), false);
+    }
+    l.tool("r1", "read", r#"{"path":"src/page.rs"}"#, &page, false);
+    l.tool("c1", "bash", r#"{"command":"cargo check"}"#, "ok", false);
+    l.s.prepare().unwrap();
+    assert_ne!(read_shown(&l.s).as_deref(), Some(page.as_str()), "pruned by the autonomous budget");
+    let p = l.s.projection().unwrap();
+    let r1 = p.index().records.values().find(|r| r.call_id == "r1").unwrap().ref_n;
+    assert!(p.index().summaries.contains_key(&r1));
 }
 
 /// `liveReadsTurns`: under `liveReadsTokens`, a read nothing supersedes stays verbatim only while it is

@@ -328,15 +328,18 @@ mod tests {
         assert!(matches!(f.summarizer, SummarizerChoice::Http { idle_secs: 20, total_secs: 180, .. }));
         assert_eq!(parse_file(r#"{"summarizer":{"kind":"http","model":"m"}}"#).unwrap_err().key, "summarizer.baseUrl");
         assert_eq!(parse_file(r#"{"summarizer":{"kind":"gpt"}}"#).unwrap_err().key, "summarizer.kind");
-        // liveReadsTokens: off by default, capped, shown back; written to the log as its own event only
-        // when on, so a store that leaves it off holds the events it held before.
-        assert_eq!(parse("{}").unwrap().0.normalize().live_reads_tokens, 0);
-        let live = parse(r#"{"liveReadsTokens":20000.5}"#).unwrap().0.normalize();
+        // liveReadsTokens: 12,000 and 5 turns by default, capped, shown back; written to the log as its
+        // own event only when on, so a store that turns it off holds the events stores held before it.
+        let d = parse("{}").unwrap().0.normalize();
+        assert_eq!((d.live_reads_tokens, d.live_reads_turns), (condense_events::DEFAULT_LIVE_READS_TOKENS, condense_events::DEFAULT_LIVE_READS_TURNS));
+        assert!(matches!(condense_events::SourceEvent::configured(d)[..], [_, condense_events::SourceEvent::LiveReadsConfigured { tokens: 12_000, turns: 5 }]));
+        let off = parse(r#"{"liveReadsTokens":0}"#).unwrap().0.normalize();
+        assert_eq!(condense_events::SourceEvent::configured(off).len(), 1);
+        let live = parse(r#"{"liveReadsTokens":20000.5,"liveReadsTurns":0}"#).unwrap().0.normalize();
         assert_eq!(live.live_reads_tokens, 20_000);
         assert_eq!(to_json(&live, Prices::default())["liveReadsTokens"], 20_000);
         assert_eq!(parse(r#"{"liveReadsTokens":1e12}"#).unwrap().0.normalize().live_reads_tokens, condense_events::LIVE_READS_CAP);
         assert_eq!(parse(r#"{"liveReadsTokens":"all"}"#).unwrap_err().key, "liveReadsTokens");
-        assert_eq!(condense_events::SourceEvent::configured(PruneConfig::default()).len(), 1);
         assert!(matches!(condense_events::SourceEvent::configured(live)[..], [_, condense_events::SourceEvent::LiveReadsConfigured { tokens: 20_000, turns: 0 }]));
         let aged = parse(r#"{"liveReadsTokens":8000,"liveReadsTurns":10}"#).unwrap().0.normalize();
         assert_eq!((aged.live_reads_tokens, aged.live_reads_turns), (8_000, 10));

@@ -69,23 +69,27 @@ pub struct PruneConfig {
     pub min_prune_tokens: u64,
     /// Recover a large context when the session moves to a model with a smaller window (seed 004).
     pub recover_large_context: bool,
-    /// Live file reads kept verbatim, tokens (0: off, the default). A *live* read is the newest read of a
-    /// file that no later read or edit of the same file has followed; when a batch closes, the newest live
-    /// reads that fit in this many tokens stay verbatim instead of becoming stubs, and each is stubbed at a
-    /// later prune once it is superseded or newer ones take its room (`OutputStubbed`). Retention for
-    /// cost: `docs/pruning.md`, "File reads hold the facts". Not in the log's `PruneConfigured` (whose
-    /// layout stores already hold): written as `LiveReadsConfigured` after it when not 0.
+    /// Live file reads kept verbatim, tokens (0: off; [`DEFAULT_LIVE_READS_TOKENS`] by default). A *live*
+    /// read reads back a file the agent wrote or edited before it, and no later read or edit of the same
+    /// file has followed it; when a batch closes, the newest live reads that fit in this many tokens stay
+    /// verbatim instead of becoming stubs, and each is stubbed at a later prune once it is superseded, older
+    /// than `liveReadsTurns`, or newer ones take its room (`OutputStubbed`). None is kept in an autonomous
+    /// run. `docs/pruning.md`, "Reading back its own files". Not in the log's `PruneConfigured` (whose
+    /// layout stores already hold): written as `LiveReadsConfigured` after it when not 0, so a log without
+    /// one has it off.
     #[serde(skip)]
     pub live_reads_tokens: u64,
     /// Under `liveReadsTokens`, a read stays verbatim at most this many assistant turns after its call,
-    /// live or not (0: no limit, the default). Written with `liveReadsTokens` in `LiveReadsConfigured`.
+    /// live or not (0: no limit; [`DEFAULT_LIVE_READS_TURNS`] by default). Written with `liveReadsTokens`
+    /// in `LiveReadsConfigured`.
     #[serde(skip)]
     pub live_reads_turns: u64,
 }
 
 impl PruneConfig {
     /// What a `PruneConfigured` record of this configuration holds once stored: the keys its layout
-    /// skips (`liveReadsTokens`, `liveReadsTurns`) at their defaults (see [`PruneConfig::take_in`]).
+    /// skips (`liveReadsTokens`, `liveReadsTurns`) at 0, off, as stores written before them hold them
+    /// (a `LiveReadsConfigured` after it sets them; see [`PruneConfig::take_in`]).
     pub(crate) fn as_stored(&self) -> PruneConfig {
         PruneConfig { live_reads_tokens: 0, live_reads_turns: 0, ..self.clone() }
     }
@@ -119,11 +123,18 @@ impl Default for PruneConfig {
             condense_args_chars: 40,
             min_prune_tokens: 1000,
             recover_large_context: true,
-            live_reads_tokens: 0,
-            live_reads_turns: 0,
+            live_reads_tokens: DEFAULT_LIVE_READS_TOKENS,
+            live_reads_turns: DEFAULT_LIVE_READS_TURNS,
         }
     }
 }
+
+/// `liveReadsTokens`' default: the agent's own files it reads back stay verbatim up to this many tokens
+/// (chosen from the corpus figures, `docs/pruning.md`, "Reading back its own files").
+pub const DEFAULT_LIVE_READS_TOKENS: u64 = 12_000;
+
+/// `liveReadsTurns`' default: a read is kept at most this many assistant turns.
+pub const DEFAULT_LIVE_READS_TURNS: u64 = 5;
 
 /// The budget trigger's default, chosen from the corpus figures (see `docs/pruning.md`).
 pub const DEFAULT_AUTO_BUDGET: u64 = 1_200;

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 pub mod facts;
 mod paths;
-pub use paths::{json_strings, path_arguments};
+pub use paths::{file_of, json_strings, path_arguments};
 
 /// Tools that read a file whole (pi, Claude Code and others): the reads `liveReadsTokens` may keep.
 pub const READ_TOOLS: [&str; 4] = ["read", "Read", "view", "read_file"];
@@ -48,12 +48,32 @@ pub const READ_TOOLS: [&str; 4] = ["read", "Read", "view", "read_file"];
 /// (`liveReadsTokens`), and [`Index::newest_file_call`] follows them.
 pub const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Edit", "write", "Write", "MultiEdit", "write_file", "replace", "str_replace_editor"];
 
-/// Notes file call `r` (one of [`FILE_TOOLS`]) in `newest`: for each file its path arguments name, the
-/// newest such call's ref.
+/// Notes file call `r` (one of [`FILE_TOOLS`]) in `newest`: for each file its path arguments name (a read
+/// selector left out: [`file_of`]), the newest such call's ref.
 pub fn note_file_call(newest: &mut BTreeMap<String, u32>, r: &Record) {
     for p in path_arguments(&r.arguments) {
-        let e = newest.entry(p).or_insert(r.ref_n);
+        let e = newest.entry(file_of(&p).to_string()).or_insert(r.ref_n);
         *e = (*e).max(r.ref_n);
+    }
+}
+
+/// Whether `r` writes or edits a file: one of [`FILE_TOOLS`] other than the reads, and not SWE-agent's
+/// `str_replace_editor` asked to `view`.
+pub fn is_file_write(r: &Record) -> bool {
+    let tool = r.tool.as_str();
+    FILE_TOOLS.contains(&tool)
+        && !READ_TOOLS.contains(&tool)
+        && !(tool == "str_replace_editor" && json_strings(&r.arguments).windows(2).any(|kv| kv[0] == "command" && kv[1] == "view"))
+}
+
+/// Notes `r` in `written` when it writes or edits files ([`is_file_write`]): for each file, the first such
+/// call's ref (the agent's own files, whose reads `liveReadsTokens` keeps).
+pub fn note_file_write(written: &mut BTreeMap<String, u32>, r: &Record) {
+    if is_file_write(r) {
+        for p in path_arguments(&r.arguments) {
+            let e = written.entry(file_of(&p).to_string()).or_insert(r.ref_n);
+            *e = (*e).min(r.ref_n);
+        }
     }
 }
 
@@ -224,6 +244,8 @@ pub struct Index {
     pub recovery_notes: Vec<String>,
     /// For each file a call of [`FILE_TOOLS`] named (its path arguments), the newest such call's ref.
     pub newest_file_call: Arc<BTreeMap<String, u32>>,
+    /// For each file the agent wrote or edited ([`is_file_write`]), the first such call's ref.
+    pub written_files: Arc<BTreeMap<String, u32>>,
     /// File reads ([`READ_TOOLS`]) of summarized batches that got no summary of their own and are not
     /// aliased, spilled or protected (so: kept verbatim by `liveReadsTokens`), and no `OutputStubbed` since.
     pub unsummarized_reads: Arc<std::collections::BTreeSet<u32>>,
@@ -252,6 +274,9 @@ impl Index {
             DecisionEvent::OutputCaptured(r) => {
                 if FILE_TOOLS.contains(&r.tool.as_str()) {
                     note_file_call(Arc::make_mut(&mut self.newest_file_call), r);
+                    if is_file_write(r) {
+                        note_file_write(Arc::make_mut(&mut self.written_files), r);
+                    }
                 }
                 Arc::make_mut(&mut self.by_entry).insert(r.entry.clone(), r.ref_n);
                 Arc::make_mut(&mut self.by_call_entry).entry(r.call_entry.clone()).or_default().push(r.ref_n);
@@ -406,5 +431,46 @@ mod chunk_map_tests {
         *copy.get_mut(&5000).expect("present") = 7;
         assert_eq!((m.get(&5000), copy.get(&5000)), (Some(&10000), Some(&7)), "the original's chunk was not changed");
         assert_eq!(copy.get_mut(&4), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(ref_n: u32, tool: &str, arguments: &str) -> Record {
+        Record {
+            ref_n,
+            batch: 1,
+            entry: format!("r{ref_n}"),
+            call_entry: format!("a{ref_n}"),
+            call_id: format!("c{ref_n}"),
+            occurrence: format!("c{ref_n}@r{ref_n}"),
+            tool: tool.into(),
+            arguments: arguments.into(),
+            is_error: false,
+            chars: 10,
+            hash: String::new(),
+            turn: ref_n,
+            utg: 1,
+            protected: false,
+        }
+    }
+
+    /// The agent's own files are those it wrote or edited, by file (a read selector left out), from its
+    /// first write; reads, and SWE-agent's editor asked to `view`, write nothing.
+    #[test]
+    fn the_agent_s_own_files_are_those_it_wrote_or_edited() {
+        let mut written = BTreeMap::new();
+        for r in [
+            call(1, "read", r#"{"path":"a.rs"}"#),
+            call(2, "str_replace_editor", r#"{"command":"view","path":"b.rs"}"#),
+            call(3, "write", r#"{"path":"/tmp/page.html"}"#),
+            call(4, "str_replace_editor", r#"{"command":"str_replace","path":"b.rs:10-20"}"#),
+            call(5, "Edit", r#"{"file_path":"/tmp/page.html","old_string":"x","new_string":"y"}"#),
+        ] {
+            note_file_write(&mut written, &r);
+        }
+        assert_eq!(written.into_iter().collect::<Vec<_>>(), vec![("/tmp/page.html".to_string(), 3), ("b.rs".to_string(), 4)]);
     }
 }

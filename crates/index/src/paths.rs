@@ -69,3 +69,34 @@ fn unescape(raw: &str) -> String {
     }
     s
 }
+
+/// The file a path argument names, without a read selector after it: `src/app.ts:120-180` (a line range)
+/// and `page.html:raw` name `src/app.ts` and `page.html`. A selector is a `:` and letters, digits, `-` or `,`
+/// after a file name with an extension; anything else (`C:\dir`, `host:port/x`, a name without a dot) is
+/// the path as it is.
+pub fn file_of(path: &str) -> &str {
+    let Some(i) = path.rfind(':') else { return path };
+    let (name, selector) = (&path[..i], &path[i + 1..]);
+    let file = name.rsplit(['/', '\\']).next().unwrap_or(name);
+    let is_selector = !selector.is_empty() && selector.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b',');
+    if is_selector && file.contains('.') && !file.ends_with('.') {
+        name
+    } else {
+        path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::file_of;
+
+    #[test]
+    fn a_read_selector_is_not_part_of_the_file() {
+        assert_eq!(file_of("src/app.ts:120-180"), "src/app.ts");
+        assert_eq!(file_of("/tmp/page.html:raw"), "/tmp/page.html");
+        assert_eq!(file_of("a.rs:1-5,9"), "a.rs");
+        for kept in ["src/app.ts", "C:\\work\\x", "C:", "dir/Makefile:12", "x.rs:", "x.rs:a b", "host:8080/a.rs", "notes.:1"] {
+            assert_eq!(file_of(kept), kept);
+        }
+    }
+}

@@ -75,8 +75,9 @@ impl Stage for Close<'_> {
         };
         // `liveReadsTokens`: the newest live file reads that fit stay verbatim; earlier ones no longer
         // live or no longer in the budget get their stubs now.
+        // In an autonomous run none is kept (those kept before it get their stubs as its batches close).
         let (keep, stub_now) = if cfg.live_reads_tokens > 0 && !closing.is_empty() {
-            live_reads(pass, &closing, &pending, cfg.live_reads_tokens)
+            live_reads(pass, &closing, &pending, if autonomous_run(cfg, shape) { 0 } else { cfg.live_reads_tokens })
         } else {
             (BTreeSet::new(), Vec::new())
         };
@@ -133,23 +134,38 @@ pub fn budget_threshold(cfg: &PruneConfig, shape: &Shape) -> u64 {
     }
 }
 
+/// Whether the session is in an autonomous run (under `pruneOn: agent-message`, past the first
+/// [`AUTONOMOUS_AFTER_TURNS`] turns with the user not in the loop), where [`budget_threshold`] prunes by
+/// `autoBudgetThreshold` and `liveReadsTokens` keeps no read: no reply comes to end the run, so a kept
+/// read would stay its whole length, and the measured Claude Code runs did not write from them.
+pub fn autonomous_run(cfg: &PruneConfig, shape: &Shape) -> bool {
+    cfg.prune_on == PruneOn::AgentMessage && shape.answered() < IN_THE_LOOP_PROMPTS && shape.turns() >= AUTONOMOUS_AFTER_TURNS
+}
+
 /// The reads to keep verbatim as the batches `closing` close, and the reads kept by earlier prunes that
-/// get their stubs now. A read is *live* while it is the newest call on one of its files (by the
-/// arguments naming a path or file) among every read and edit so far, and, under `liveReadsTurns`, at most
-/// that many assistant turns old; the newest live reads are kept while their outputs fit in `budget`
-/// tokens (chars/4).
+/// get their stubs now. A read is *live* while it reads one of the agent's own files (one it wrote or
+/// edited before the read) and is the newest call on that file (by the arguments naming a path or file,
+/// a read selector such as `:120-180` left out) among every read and edit so far, and, under
+/// `liveReadsTurns`, at most that many assistant turns old; the newest live reads are kept while their
+/// outputs fit in `budget` tokens (chars/4).
 fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<&Record>>, budget: u64) -> (BTreeSet<u32>, Vec<&'a Record>) {
     let idx = pass.index;
     // The newest call on each file: the index's, and the calls this pass captured (newer).
-    let mut captured: BTreeMap<String, u32> = BTreeMap::new();
+    let (mut captured, mut written): (BTreeMap<String, u32>, BTreeMap<String, u32>) = Default::default();
     for (r, _) in pass.captured().filter(|(r, _)| condense_stage::FILE_TOOLS.contains(&r.tool.as_str())) {
         condense_index::note_file_call(&mut captured, r);
+        condense_index::note_file_write(&mut written, r);
     }
-    let newest = |p: &String| captured.get(p).or_else(|| idx.newest_file_call.get(p)).copied();
+    let newest = |p: &str| captured.get(p).or_else(|| idx.newest_file_call.get(p)).copied();
+    // The first write of a file: the index's, else one this pass captured (newer).
+    let first_write = |p: &str| idx.written_files.get(p).or_else(|| written.get(p)).copied();
     // `liveReadsTurns`: a read older than that many assistant turns is no longer kept, live or not.
     let (turns, max_age) = (u64::from(pass.shape.turns()), pass.config.live_reads_turns);
     let young = |r: &Record| max_age == 0 || turns.saturating_sub(u64::from(r.turn)) <= max_age;
-    let live = |r: &Record| young(r) && condense_stage::path_arguments(&r.arguments).iter().any(|p| newest(p) == Some(r.ref_n));
+    let live = |r: &Record| {
+        young(r)
+            && condense_stage::path_arguments(&r.arguments).iter().map(|p| condense_index::file_of(p)).any(|f| newest(f) == Some(r.ref_n) && first_write(f).is_some_and(|w| w < r.ref_n))
+    };
     // Reads earlier prunes kept verbatim (the index follows them), and the reads of the batches closing now.
     let earlier: Vec<&'a Record> = idx.unsummarized_reads.iter().filter_map(|r| idx.records.get(r)).collect();
     let now = closing.iter().flat_map(|b| pending[b].iter().copied()).filter(|r| pass.keepable_read(r));
