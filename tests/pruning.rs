@@ -735,7 +735,7 @@ fn a_file_the_agent_reads_back_stays_until_it_writes_it_again() {
     l.s.prepare().unwrap();
     assert_ne!(read_shown(&l.s).as_deref(), Some(page.as_str()), "superseded by the rewrite: stubbed");
     let events = l.store.log().read(l.s.id(), 1, l.s.head().unwrap()).unwrap();
-    assert!(events.iter().any(|e| matches!(&e.body, Event::Source(SourceEvent::LiveReadsConfigured { tokens: 12_000, turns: 5 }))), "the defaults are in the log");
+    assert!(events.iter().any(|e| matches!(&e.body, Event::Source(SourceEvent::LiveReadsConfigured { tokens: 12_000, turns: 8 }))), "the defaults are in the log");
     assert!(events.iter().any(|e| matches!(&e.body, Event::Decision(DecisionEvent::OutputStubbed { .. }))));
 }
 

@@ -332,7 +332,7 @@ mod tests {
         // own event only when on, so a store that turns it off holds the events stores held before it.
         let d = parse("{}").unwrap().0.normalize();
         assert_eq!((d.live_reads_tokens, d.live_reads_turns), (condense_events::DEFAULT_LIVE_READS_TOKENS, condense_events::DEFAULT_LIVE_READS_TURNS));
-        assert!(matches!(condense_events::SourceEvent::configured(d)[..], [_, condense_events::SourceEvent::LiveReadsConfigured { tokens: 12_000, turns: 5 }]));
+        assert!(matches!(condense_events::SourceEvent::configured(d)[..], [_, condense_events::SourceEvent::LiveReadsConfigured { tokens: 12_000, turns: 8 }]));
         let off = parse(r#"{"liveReadsTokens":0}"#).unwrap().0.normalize();
         assert_eq!(condense_events::SourceEvent::configured(off).len(), 1);
         let live = parse(r#"{"liveReadsTokens":20000.5,"liveReadsTurns":0}"#).unwrap().0.normalize();

@@ -134,7 +134,7 @@ impl Default for PruneConfig {
 pub const DEFAULT_LIVE_READS_TOKENS: u64 = 12_000;
 
 /// `liveReadsTurns`' default: a read is kept at most this many assistant turns.
-pub const DEFAULT_LIVE_READS_TURNS: u64 = 5;
+pub const DEFAULT_LIVE_READS_TURNS: u64 = 8;
 
 /// The budget trigger's default, chosen from the corpus figures (see `docs/pruning.md`).
 pub const DEFAULT_AUTO_BUDGET: u64 = 1_200;
