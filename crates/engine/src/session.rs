@@ -194,7 +194,10 @@ impl Session {
     fn append_caught_up(&self, proj: &mut Live, events: Vec<SourceEvent>) -> Result<Seq> {
         let before = proj.model().and_then(|m| m.context_window);
         let switched = events.iter().any(|e| matches!(e, SourceEvent::ModelChanged { .. }));
-        let head = self.append_locked(proj, events.into_iter().map(Event::Source).collect())?;
+        // Mapped as they are written: a request of many small messages held its events twice.
+        let entries = events.iter().filter(|e| matches!(e, SourceEvent::EntryAppended { .. })).count();
+        proj.reserve_entries(entries);
+        let head = self.write_chunks(proj, proj.seq(), events.into_iter().map(Event::Source), proj.seq(), !self.store.inner.defer_durability)?;
         // Only a model change can make a route unsupported: other appends (every request) skip the check.
         match recover::route_unsupported(proj, before.filter(|_| switched)) {
             Some(text) => self.append_locked(proj, vec![Event::Decision(DecisionEvent::Note { stage: "recovery".into(), text })]),
@@ -244,7 +247,7 @@ impl Session {
 
     /// Writes `events` after `head`, pipelined in chunks, and applies to `proj` those acknowledged past
     /// `known` (the projection's seq).
-    fn write_chunks(&self, proj: &mut Live, mut head: Seq, events: Vec<Event>, known: Seq, durable: bool) -> Result<Seq> {
+    fn write_chunks(&self, proj: &mut Live, mut head: Seq, events: impl IntoIterator<Item = Event>, known: Seq, durable: bool) -> Result<Seq> {
         let log = &self.store.inner.log;
         let mut in_flight: Option<(Vec<Event>, crossbeam_channel::Receiver<condense_log::Result<Seq>>)> = None;
         let mut events = events.into_iter().peekable();

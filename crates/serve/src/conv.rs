@@ -288,20 +288,31 @@ impl Conv {
         if new.is_empty() && leaf != matched_parent {
             events.push(SourceEvent::LeafMoved { leaf: matched_parent.clone() });
         }
-        let mut parent = matched_parent;
-        let mut appended: Vec<(String, Option<String>, usize)> = Vec::with_capacity(new.len());
-        for ((u, m), id) in new.iter().zip(&ids) {
-            events.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.clone(), entry: Entry::Message(m.clone()) });
-            appended.push((id.clone(), parent.clone(), *u));
-            parent = Some(id.clone());
+        // The messages move into their events (a request of many small messages held each twice); the
+        // client's view takes them from the projection once the log has them.
+        let mut parent = matched_parent.clone();
+        let mut unit_of: Vec<usize> = Vec::with_capacity(new.len());
+        for ((u, m), id) in new.into_iter().zip(&ids) {
+            let before = std::mem::replace(&mut parent, Some(id.clone()));
+            events.push(SourceEvent::EntryAppended { id: id.clone(), parent: before, entry: Entry::Message(m) });
+            unit_of.push(u);
         }
         if !events.is_empty() {
             self.append_entries(events, internal)?;
         }
-        self.track.reserve(new.len());
-        for ((id, parent, u), (_, m)) in appended.iter().zip(&new) {
-            self.track.add(id, parent.as_deref(), m, &is, Some(crate::track::exact(m)));
-            units[*u].entries.push(Some(id.clone()));
+        if !ids.is_empty() {
+            let track = &mut self.track;
+            track.reserve(ids.len());
+            session.with_projection(|p| {
+                let mut parent = matched_parent.as_deref();
+                for (id, &u) in ids.iter().zip(&unit_of) {
+                    let m = p.entry_message(id).ok_or_else(|| EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") })?;
+                    track.add(id, parent, m, &is, Some(crate::track::exact(m)));
+                    units[u].entries.push(Some(id.clone()));
+                    parent = Some(id);
+                }
+                Ok::<(), EngineError>(())
+            })??;
         }
         // Units read in full are remembered by key, so the next request matches them without reading.
         for (u, rec) in units.iter_mut().enumerate() {
