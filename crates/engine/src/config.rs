@@ -328,7 +328,7 @@ mod tests {
         assert!(matches!(f.summarizer, SummarizerChoice::Http { idle_secs: 20, total_secs: 180, .. }));
         assert_eq!(parse_file(r#"{"summarizer":{"kind":"http","model":"m"}}"#).unwrap_err().key, "summarizer.baseUrl");
         assert_eq!(parse_file(r#"{"summarizer":{"kind":"gpt"}}"#).unwrap_err().key, "summarizer.kind");
-        // liveReadsTokens: 12,000 and 5 turns by default, capped, shown back; written to the log as its
+        // liveReadsTokens: 12,000 and 8 turns by default, capped, shown back; written to the log as its
         // own event only when on, so a store that turns it off holds the events stores held before it.
         let d = parse("{}").unwrap().0.normalize();
         assert_eq!((d.live_reads_tokens, d.live_reads_turns), (condense_events::DEFAULT_LIVE_READS_TOKENS, condense_events::DEFAULT_LIVE_READS_TURNS));

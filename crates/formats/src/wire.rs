@@ -268,6 +268,8 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
     if api != Api::Anthropic {
         req.system = probes.iter().take_while(|(r, _)| matches!(*r, "system" | "developer")).count();
     }
+    // At most one unit per item: room for them at once, not by doubling.
+    req.units.reserve_exact(items.len() - req.system);
     let mut i = req.system;
     while i < items.len() {
         let mut j = i + 1;

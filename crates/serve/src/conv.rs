@@ -119,8 +119,8 @@ struct Planned {
 /// Where a request's messages went in the log.
 #[derive(Debug, Clone)]
 pub struct Recorded {
-    /// Per unit of the request.
-    pub units: Vec<UnitRec>,
+    /// Per unit of the request (shared by the request's rounds, read only).
+    pub units: Arc<[UnitRec]>,
     /// The entry the reply follows.
     pub last: Option<String>,
     /// Tokens of the client's messages (pi's estimate).
@@ -322,7 +322,7 @@ impl Conv {
                 }
             }
         }
-        Ok(Recorded { units, last: parent, tokens_in })
+        Ok(Recorded { units: units.into(), last: parent, tokens_in })
     }
 
     /// Matches the request's units against the client's view of the session: what it holds of each unit,
@@ -443,7 +443,7 @@ impl Conv {
             units[u].entries.push(Some(id.clone()));
             parent = Some(id);
         }
-        let rec = Recorded { units, last: parent, tokens_in: 0 };
+        let rec = Recorded { units: units.into(), last: parent, tokens_in: 0 };
         let rendered = p.render();
         Ok(write(api, raw, &rec, segments(api, &rec, internal, &p, &rendered.messages))?)
     }
