@@ -684,8 +684,8 @@ fn put(out: &mut Vec<u8>, v: &impl serde::Serialize) {
 pub enum Piece<'a> {
     /// List elements as the client wrote them (a whole unit, unchanged).
     Raw(Vec<&'a [u8]>),
-    /// A message in wire form.
-    Msg(OutMessage<'a>),
+    /// A message in wire form (boxed: a list of many small unchanged units holds a piece each).
+    Msg(Box<OutMessage<'a>>),
 }
 
 /// Writes the wire message list of `api` as JSON: the system prefix, then the pieces in order. For
@@ -774,7 +774,7 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>]) -> Vec<u8> {
 
 /// The wire message list of `api` from the messages of a context, as values (see [`write_list`]).
 pub fn assemble(api: Api, messages: Vec<OutMessage<'_>>) -> Vec<Value> {
-    let pieces: Vec<Piece<'_>> = messages.into_iter().map(Piece::Msg).collect();
+    let pieces: Vec<Piece<'_>> = messages.into_iter().map(|m| Piece::Msg(Box::new(m))).collect();
     serde_json::from_slice(&write_list(api, &[], &pieces)).expect("a list just written")
 }
 

@@ -120,7 +120,7 @@ struct Planned {
 #[derive(Debug, Clone)]
 pub struct Recorded {
     /// Per unit of the request (shared by the request's rounds, read only).
-    pub units: Arc<[UnitRec]>,
+    pub units: Arc<Vec<UnitRec>>,
     /// The entry the reply follows.
     pub last: Option<String>,
     /// Tokens of the client's messages (pi's estimate).
@@ -322,7 +322,7 @@ impl Conv {
                 }
             }
         }
-        Ok(Recorded { units: units.into(), last: parent, tokens_in })
+        Ok(Recorded { units: Arc::new(units), last: parent, tokens_in })
     }
 
     /// Matches the request's units against the client's view of the session: what it holds of each unit,
@@ -443,7 +443,7 @@ impl Conv {
             units[u].entries.push(Some(id.clone()));
             parent = Some(id);
         }
-        let rec = Recorded { units: units.into(), last: parent, tokens_in: 0 };
+        let rec = Recorded { units: Arc::new(units), last: parent, tokens_in: 0 };
         let rendered = p.render();
         Ok(write(api, raw, &rec, segments(api, &rec, internal, &p, &rendered.messages))?)
     }
@@ -454,7 +454,7 @@ enum Seg {
     /// Message `.1` of the request's unit `.0`.
     Client(usize, usize),
     /// Written from the neutral model (`None`: nothing the API can carry).
-    New(Option<OutMessage<'static>>),
+    New(Option<Box<OutMessage<'static>>>),
 }
 
 /// The rendered context mapped for writing (see [`segments`]).
@@ -488,7 +488,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
         .iter()
         .map(|m| match from.get(&(Arc::as_ptr(m) as usize)) {
             Some(&(u, j)) => Seg::Client(u, j),
-            None => Seg::New(wire::from_neutral(api, m)),
+            None => Seg::New(wire::from_neutral(api, m).map(Box::new)),
         })
         .collect();
     let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
@@ -617,7 +617,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
         }
         match seg {
             Seg::Client(u, j) => {
-                pieces.push(Piece::Msg(read[&u].messages[j].out()));
+                pieces.push(Piece::Msg(Box::new(read[&u].messages[j].out())));
                 src.push(Some((u, j)));
             }
             Seg::New(Some(o)) => {
