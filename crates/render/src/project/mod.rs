@@ -381,6 +381,32 @@ mod tests {
         p
     }
 
+    /// Room for a request's entries is taken once, exactly, and the reply after them fits in what is left:
+    /// asking for `n + 16` again at the reply doubled the room of 100,000 entries for one more.
+    #[test]
+    fn room_for_many_entries_is_taken_once_and_the_reply_does_not_double_it() {
+        let mut p = Projection::new();
+        p.reserve_entries(10_000);
+        let room = p.items.capacity();
+        assert!((10_000..=10_016).contains(&room), "exactly the entries and a few: {room}");
+        for i in 0..10_000 {
+            let parent = (i > 0).then(|| format!("e{}", i - 1));
+            let m = Message::user_text("x", UserOrigin::Prompt);
+            p.apply(i as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry: Entry::Message(m) }));
+        }
+        p.reserve_entries(1);
+        assert_eq!(p.items.capacity(), room, "the reply fits in the few left");
+        // Past the few, the room grows by an eighth, not by doubling.
+        for _ in 0..17 {
+            p.reserve_entries(1);
+            let n = p.items.len();
+            let m = Message::user_text("y", UserOrigin::Prompt);
+            p.apply(n as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{n}"), parent: Some(format!("e{}", n - 1)), entry: Entry::Message(m) }));
+        }
+        let grown = p.items.capacity();
+        assert!(grown > room && grown <= room + room / 8 + 32, "{room} -> {grown}");
+    }
+
     /// `render_since` says how many leading messages the render before it handed out too: all of them
     /// when the branch only grew, as far as the first one a later result replaced, none after a branch
     /// move (the render is made again).
