@@ -196,8 +196,7 @@ impl Session {
         let switched = events.iter().any(|e| matches!(e, SourceEvent::ModelChanged { .. }));
         // Mapped as they are written: a request of many small messages held its events twice.
         let entries = events.iter().filter(|e| matches!(e, SourceEvent::EntryAppended { .. })).count();
-        proj.reserve_entries(entries);
-        let head = self.write_chunks(proj, proj.seq(), events.into_iter().map(Event::Source), proj.seq(), !self.store.inner.defer_durability)?;
+        let head = self.append_counted(proj, events.into_iter().map(Event::Source), 0, entries)?;
         // Only a model change can make a route unsupported: other appends (every request) skip the check.
         match recover::route_unsupported(proj, before.filter(|_| switched)) {
             Some(text) => self.append_locked(proj, vec![Event::Decision(DecisionEvent::Note { stage: "recovery".into(), text })]),
@@ -233,10 +232,15 @@ impl Session {
     /// under); the rest go into it once acknowledged. Should the log refuse them, a projection ahead of the
     /// log is cleared, to be folded again from the log when next read.
     fn append_applied(&self, proj: &mut Live, events: Vec<Event>, applied: usize) -> Result<Seq> {
+        let entries = events.iter().skip(applied).filter(|e| matches!(e, Event::Source(SourceEvent::EntryAppended { .. }))).count();
+        self.append_counted(proj, events, applied, entries)
+    }
+
+    /// [`Session::append_applied`] with the entries among `events` past the first `applied` counted.
+    fn append_counted(&self, proj: &mut Live, events: impl IntoIterator<Item = Event>, applied: usize, entries: usize) -> Result<Seq> {
         let written_from = proj.seq() - applied as u64;
         // Room for the entries at once (a request recording many messages would grow the projection by
         // doubling, the old and the new buffer alive together).
-        let entries = events.iter().skip(applied).filter(|e| matches!(e, Event::Source(SourceEvent::EntryAppended { .. }))).count();
         proj.reserve_entries(entries);
         let result = self.write_chunks(proj, written_from, events, written_from + applied as u64, !self.store.inner.defer_durability);
         if result.is_err() && applied > 0 {

@@ -51,9 +51,14 @@ pub const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit",
 /// Notes file call `r` (one of [`FILE_TOOLS`]) in `newest`: for each file its path arguments name (a read
 /// selector left out: [`file_of`]), the newest such call's ref.
 pub fn note_file_call(newest: &mut BTreeMap<String, u32>, r: &Record) {
+    note_files(newest, r, u32::max);
+}
+
+/// For each file `r`'s path arguments name (a read selector left out), `keep` of the ref noted and `r`'s.
+fn note_files(by_file: &mut BTreeMap<String, u32>, r: &Record, keep: fn(u32, u32) -> u32) {
     for p in path_arguments(&r.arguments) {
-        let e = newest.entry(file_of(&p).to_string()).or_insert(r.ref_n);
-        *e = (*e).max(r.ref_n);
+        let e = by_file.entry(file_of(&p).to_string()).or_insert(r.ref_n);
+        *e = keep(*e, r.ref_n);
     }
 }
 
@@ -70,10 +75,7 @@ pub fn is_file_write(r: &Record) -> bool {
 /// call's ref (the agent's own files, whose reads `liveReadsTokens` keeps).
 pub fn note_file_write(written: &mut BTreeMap<String, u32>, r: &Record) {
     if is_file_write(r) {
-        for p in path_arguments(&r.arguments) {
-            let e = written.entry(file_of(&p).to_string()).or_insert(r.ref_n);
-            *e = (*e).min(r.ref_n);
-        }
+        note_files(written, r, u32::min);
     }
 }
 
@@ -274,8 +276,9 @@ impl Index {
             DecisionEvent::OutputCaptured(r) => {
                 if FILE_TOOLS.contains(&r.tool.as_str()) {
                     note_file_call(Arc::make_mut(&mut self.newest_file_call), r);
+                    // Asked first, so a read leaves the shared map uncopied.
                     if is_file_write(r) {
-                        note_file_write(Arc::make_mut(&mut self.written_files), r);
+                        note_files(Arc::make_mut(&mut self.written_files), r, u32::min);
                     }
                 }
                 Arc::make_mut(&mut self.by_entry).insert(r.entry.clone(), r.ref_n);

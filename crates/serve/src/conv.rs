@@ -288,13 +288,13 @@ impl Conv {
         if new.is_empty() && leaf != matched_parent {
             events.push(SourceEvent::LeafMoved { leaf: matched_parent.clone() });
         }
+        // Each new message follows the one before it, the first the matched history.
+        let parent_of = |k: usize| if k == 0 { matched_parent.as_deref() } else { Some(ids[k - 1].as_str()) };
         // The messages move into their events (a request of many small messages held each twice); the
         // client's view takes them from the projection once the log has them.
-        let mut parent = matched_parent.clone();
         let mut unit_of: Vec<usize> = Vec::with_capacity(new.len());
-        for ((u, m), id) in new.into_iter().zip(&ids) {
-            let before = std::mem::replace(&mut parent, Some(id.clone()));
-            events.push(SourceEvent::EntryAppended { id: id.clone(), parent: before, entry: Entry::Message(m) });
+        for (k, (u, m)) in new.into_iter().enumerate() {
+            events.push(SourceEvent::EntryAppended { id: ids[k].clone(), parent: parent_of(k).map(str::to_string), entry: Entry::Message(m) });
             unit_of.push(u);
         }
         if !events.is_empty() {
@@ -304,12 +304,10 @@ impl Conv {
             let track = &mut self.track;
             track.reserve(ids.len());
             session.with_projection(|p| {
-                let mut parent = matched_parent.as_deref();
-                for (id, &u) in ids.iter().zip(&unit_of) {
+                for (k, (id, &u)) in ids.iter().zip(&unit_of).enumerate() {
                     let m = p.entry_message(id).ok_or_else(|| EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") })?;
-                    track.add(id, parent, m, &is, Some(crate::track::exact(m)));
+                    track.add(id, parent_of(k), m, &is, Some(crate::track::exact(m)));
                     units[u].entries.push(Some(id.clone()));
-                    parent = Some(id);
                 }
                 Ok::<(), EngineError>(())
             })??;
@@ -322,7 +320,8 @@ impl Conv {
                 }
             }
         }
-        Ok(Recorded { units: Arc::new(units), last: parent, tokens_in })
+        let last = ids.last().cloned().or(matched_parent);
+        Ok(Recorded { units: Arc::new(units), last, tokens_in })
     }
 
     /// Matches the request's units against the client's view of the session: what it holds of each unit,

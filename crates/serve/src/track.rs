@@ -304,9 +304,11 @@ impl Track {
     }
 
     /// Room for `n` more nodes (a request recording many messages at once) and the reply's after them,
-    /// which would otherwise double the room at once.
+    /// taken as the projection takes room for its entries ([`condense_render::room_to_reserve`]).
     pub fn reserve(&mut self, n: usize) {
-        self.nodes.reserve(n + 16);
+        if let Some(more) = condense_render::room_to_reserve(self.nodes.len(), self.nodes.capacity(), n) {
+            self.nodes.reserve_exact(more);
+        }
     }
 
     /// The children of `at` (`None`: the roots), the newest first.

@@ -123,14 +123,12 @@ impl Stage for Close<'_> {
 /// A configured threshold larger than these applies everywhere.
 pub fn budget_threshold(cfg: &PruneConfig, shape: &Shape) -> u64 {
     let t = cfg.auto_budget_threshold;
-    if t == 0 || cfg.prune_on != PruneOn::AgentMessage {
+    if t == 0 || cfg.prune_on != PruneOn::AgentMessage || autonomous_run(cfg, shape) {
         t
     } else if shape.answered() >= IN_THE_LOOP_PROMPTS {
         t.max(AWAITING_REPLY_BUDGET)
-    } else if shape.turns() < AUTONOMOUS_AFTER_TURNS {
-        t.max(FIRST_TURNS_BUDGET)
     } else {
-        t
+        t.max(FIRST_TURNS_BUDGET)
     }
 }
 

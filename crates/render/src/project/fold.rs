@@ -4,6 +4,14 @@
 use super::phases::synthetic;
 use super::*;
 
+/// The room to reserve exactly for `n` more elements of a list of `len` in `capacity`, when what is left
+/// is short: `n` and a few after them (a reply to a request recording many messages), and at least an
+/// eighth of the list, so small appends stay amortized. Asking `Vec::reserve` for `n` and the few again
+/// on every append doubled a list of 100,000 for one more element.
+pub fn room_to_reserve(len: usize, capacity: usize, n: usize) -> Option<usize> {
+    (n > capacity - len).then(|| n.max(len / 8) + 16)
+}
+
 impl Projection {
     /// Absorbs one event the caller gives up, moving its message bodies into the projection instead of
     /// copying them.
@@ -30,9 +38,7 @@ impl Projection {
     /// together), and the reply after it fits in the few (asking for them again doubled the room of
     /// 100,000 entries for one more). The room grows by at least an eighth, so small appends stay amortized.
     pub fn reserve_entries(&mut self, n: usize) {
-        let room = self.items.capacity() - self.items.len();
-        if n > room {
-            let more = n.max(self.items.len() / 8) + 16;
+        if let Some(more) = room_to_reserve(self.items.len(), self.items.capacity(), n) {
             Arc::make_mut(&mut self.items).reserve_exact(more);
             Arc::make_mut(&mut self.index).reserve(more);
         }

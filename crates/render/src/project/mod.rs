@@ -317,6 +317,7 @@ fn summary_message(summary: &str) -> Arc<Message> {
 
 mod branch;
 mod fold;
+pub use fold::room_to_reserve;
 mod measure;
 mod patch;
 mod phases;
