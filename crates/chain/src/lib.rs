@@ -15,7 +15,7 @@
 //! let spans = closed_chains(kinds.len(), |i| kinds[i] == "prompt", |i| kinds[i] == "final", |i| kinds[i] == "calls");
 //! assert_eq!(spans, vec![Span { first: 0, last: 3 }]);
 //! // The block that stands for the chain names each output by its ref, one line each.
-//! let calls = [CallInfo { ref_n: Some(4), tool: "read", arguments: r#"{"path":"src/lib.rs"}"#, summary: Some("t4 read (src/lib.rs): 120 lines"), protected_output: None }];
+//! let calls = [CallInfo { ref_n: Some(4), tool: "read", arguments: r#"{"path":"src/lib.rs"}"#, summary: Some("t4 read (src/lib.rs): 120 lines"), protected_output: None, output_chars: 4_800 }];
 //! let body = block_body(2, &calls, &[]);
 //! assert!(body.contains("b2") && body.contains("t4"), "{body}");
 //! ```
@@ -49,6 +49,8 @@ pub struct CallInfo<'a> {
     pub summary: Option<&'a str>,
     /// The output, when protected (relocated verbatim).
     pub protected_output: Option<&'a str>,
+    /// The output's size in characters (0 when not captured).
+    pub output_chars: u64,
 }
 
 /// Closed chains among the branch's messages. `is_prompt(i)` says whether entry `i` is a user prompt,
@@ -134,6 +136,16 @@ pub fn reply_text(m: &Message) -> String {
 /// names read earlier; the rest stay one recovery away).
 pub const USED_NAMES: usize = 128;
 
+/// A document (a file read, a fetched page, a subagent's report: [`condense_index::is_document_tool`]) of
+/// at least this many characters keeps its [`DOCUMENT_NAMES`] most frequent names (its summary's first
+/// ones) in the block of its chain, under its summary's first line: what the agent later writes comes
+/// from the names of the long files it read, and the block outlives their stubs (docs/pruning.md, "The
+/// names of long documents").
+pub const DOCUMENT_NAMES_FROM: u64 = 16_000;
+
+/// How many of a long document's names a block keeps ([`DOCUMENT_NAMES_FROM`]).
+pub const DOCUMENT_NAMES: usize = 16;
+
 /// How a block's line of the names its chain's turns used starts.
 const USED_PREFIX: &str = "names used: ";
 
@@ -143,7 +155,8 @@ pub fn names_listed(body: &str) -> Vec<String> {
 }
 
 /// The text of a compressed chain block: a line per summarized output (its summary's first line: ref, tool,
-/// what was asked, size) or, when none was summarized, a digest of the calls; then `used`, the names the
+/// what was asked, size; for a long document its first names, [`DOCUMENT_NAMES_FROM`]) or, when none was
+/// summarized, a digest of the calls; then `used`, the names the
 /// chain's turns carried over from earlier tool outputs (see [`FactsSeen::used_names`]), at most [`USED_NAMES`].
 pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
     let summaries: Vec<&str> = calls.iter().filter_map(|c| c.summary).collect();
@@ -171,10 +184,19 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
             }
         }
     } else {
-        // A summary's first line (ref, tool, size); the original stays one recovery away.
-        for s in summaries {
+        // A summary's first line (ref, tool, size); the original stays one recovery away. A long
+        // document keeps its most frequent names too.
+        for c in calls {
+            let Some(s) = c.summary else { continue };
             out.push('\n');
             out.push_str(s.lines().next().unwrap_or_default());
+            let long_document = c.output_chars >= DOCUMENT_NAMES_FROM && condense_index::is_document_tool(c.tool);
+            if let Some(names) = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES)).filter(|_| long_document) {
+                let kept: Vec<&str> = names.split(' ').take(DOCUMENT_NAMES).collect();
+                out.push('\n');
+                out.push_str(condense_index::SUMMARY_NAMES);
+                out.push_str(&kept.join(" "));
+            }
         }
     }
     let used: Vec<&str> = used.iter().copied().filter(|n| !out.contains(n)).take(USED_NAMES).collect();
@@ -227,8 +249,8 @@ mod tests {
     #[test]
     fn body_without_summaries_is_a_digest() {
         let calls = [
-            CallInfo { ref_n: Some(1), tool: "read", arguments: "{\"path\":\"a\"}", summary: None, protected_output: None },
-            CallInfo { ref_n: None, tool: "bash", arguments: "{\"command\":\"ls\"}", summary: None, protected_output: Some("keep me") },
+            CallInfo { ref_n: Some(1), tool: "read", arguments: "{\"path\":\"a\"}", summary: None, protected_output: None, output_chars: 0 },
+            CallInfo { ref_n: None, tool: "bash", arguments: "{\"command\":\"ls\"}", summary: None, protected_output: Some("keep me"), output_chars: 7 },
         ];
         assert_eq!(
             block_body(2, &calls, &[]),
@@ -244,8 +266,8 @@ mod tests {
         let summary = "t3 bash (cargo test): 900 chars, 30 lines\n  ! error: x\n  paths: src/a.rs\n  names: parse_config, ConfigError, load_all\n  | tail";
         let other = "t5 read (src/b.rs): 400 chars, 10 lines\n  names: ConfigError, load_all";
         let calls = [
-            CallInfo { ref_n: Some(3), tool: "bash", arguments: "{}", summary: Some(summary), protected_output: None },
-            CallInfo { ref_n: Some(5), tool: "read", arguments: "{}", summary: Some(other), protected_output: None },
+            CallInfo { ref_n: Some(3), tool: "bash", arguments: "{}", summary: Some(summary), protected_output: None, output_chars: 900 },
+            CallInfo { ref_n: Some(5), tool: "read", arguments: "{}", summary: Some(other), protected_output: None, output_chars: 400 },
         ];
         assert_eq!(
             block_body(4, &calls, &["load_all", "src/b.rs", "ConfigError"]),
@@ -257,5 +279,31 @@ mod tests {
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let body = block_body(4, &calls, &many);
         assert!(body.contains(&format!("name_{}\n", USED_NAMES - 1)) && !body.contains(&format!("name_{},", USED_NAMES)), "{body}");
+    }
+
+    /// A long document (a file read, a fetched page, a subagent's report of at least
+    /// [`DOCUMENT_NAMES_FROM`] characters) keeps its first [`DOCUMENT_NAMES`] names under its line; a
+    /// shorter one, or a command's output of any size, its line alone. A name it keeps is not listed
+    /// again as used.
+    #[test]
+    fn a_long_document_keeps_its_first_names_in_the_block() {
+        let names: Vec<String> = (0..40).map(|i| format!("name_{i:02}")).collect();
+        let read = format!("t3 Read (src/big.rs): 20000 chars, 500 lines\n  paths: src/a.rs\n{}{}", condense_index::SUMMARY_NAMES, names.join(" "));
+        let small = format!("t4 read (src/small.rs): 2000 chars, 50 lines\n{}small_name", condense_index::SUMMARY_NAMES);
+        let bash = format!("t5 bash (cat src/big.rs): 20000 chars, 500 lines\n{}bash_name", condense_index::SUMMARY_NAMES);
+        let calls = [
+            CallInfo { ref_n: Some(3), tool: "Read", arguments: "{}", summary: Some(&read), protected_output: None, output_chars: DOCUMENT_NAMES_FROM },
+            CallInfo { ref_n: Some(4), tool: "read", arguments: "{}", summary: Some(&small), protected_output: None, output_chars: DOCUMENT_NAMES_FROM - 1 },
+            CallInfo { ref_n: Some(5), tool: "bash", arguments: "{}", summary: Some(&bash), protected_output: None, output_chars: 20_000 },
+        ];
+        let body = block_body(6, &calls, &["name_03", "other_name"]);
+        assert_eq!(
+            body,
+            format!(
+                "[Compressed chain b6: 3 tool calls]\nt3 Read (src/big.rs): 20000 chars, 500 lines\n{}{}\nt4 read (src/small.rs): 2000 chars, 50 lines\nt5 bash (cat src/big.rs): 20000 chars, 500 lines\nnames used: other_name\nOriginals: context_tree_query b6 or tN.",
+                condense_index::SUMMARY_NAMES,
+                names[..DOCUMENT_NAMES].join(" ")
+            )
+        );
     }
 }

@@ -161,6 +161,7 @@ impl Stage for Chains {
                         arguments: args,
                         summary: rec.and_then(|r| pass.summary(r.ref_n)),
                         protected_output: rec.and_then(|r| protected.get(&r.ref_n)).map(|t| &**t),
+                        output_chars: rec.map_or(0, |r| r.chars),
                     });
                 }
             }

@@ -44,6 +44,23 @@ pub use paths::{file_of, json_strings, path_arguments};
 /// Tools that read a file whole (pi, Claude Code and others): the reads `liveReadsTokens` may keep.
 pub const READ_TOOLS: [&str; 4] = ["read", "Read", "view", "read_file"];
 
+/// Tools that fetch a page: with the file reads ([`READ_TOOLS`]), what the agent asked to read.
+pub const FETCH_TOOLS: [&str; 2] = ["WebFetch", "web_fetch"];
+
+/// Tools that hand a task to a subagent and answer with its report (Claude Code's `Task`, named `Agent`
+/// since its 2.1.63).
+pub const SUBAGENT_TOOLS: [&str; 2] = ["Task", "Agent"];
+
+/// Whether `tool`'s output is a document the agent asked for and works from, a file read, a fetched page
+/// or a subagent's report, rather than a command's output: its stub keeps more of its names.
+pub fn is_document_tool(tool: &str) -> bool {
+    READ_TOOLS.contains(&tool) || FETCH_TOOLS.contains(&tool) || SUBAGENT_TOOLS.contains(&tool)
+}
+
+/// How the line of a summary that lists its output's names starts (the extractive summarizer writes
+/// it, a compressed chain's block keeps part of it for a long document).
+pub const SUMMARY_NAMES: &str = "  names: ";
+
 /// Tools that read or change a file whole or in part: a later one supersedes a read of the same file
 /// (`liveReadsTokens`), and [`Index::newest_file_call`] follows them.
 pub const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Edit", "write", "Write", "MultiEdit", "write_file", "replace", "str_replace_editor"];

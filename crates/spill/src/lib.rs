@@ -17,7 +17,7 @@
 //! ```
 
 use condense_events::DecisionEvent;
-use condense_stage::{Pass, Stage, StageError, READ_TOOLS};
+use condense_stage::{Pass, Stage, StageError, FETCH_TOOLS, READ_TOOLS};
 
 /// The spill stage.
 #[derive(Debug, Clone, Default)]
@@ -42,9 +42,6 @@ impl Stage for Spill {
         Ok(())
     }
 }
-
-/// Tools that fetch a page: with the file reads ([`READ_TOOLS`]), what the agent asked to read.
-pub const FETCH_TOOLS: [&str; 2] = ["WebFetch", "web_fetch"];
 
 /// How many times `spillThreshold` a file read ([`READ_TOOLS`]) or fetched page ([`FETCH_TOOLS`]) must reach to be spilled.
 /// A spilled output reaches the model as a 2 KB head: a file or page it asked for and answers from

@@ -80,7 +80,7 @@ use std::sync::Arc;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use condense_index::{json_strings, path_arguments, FILE_TOOLS, READ_TOOLS};
+pub use condense_index::{json_strings, path_arguments, FETCH_TOOLS, FILE_TOOLS, READ_TOOLS};
 
 /// Why the pipeline runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

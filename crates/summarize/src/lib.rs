@@ -1,6 +1,7 @@
 //! Summarizing tool outputs. [`Summarizer`] is what the pruning pipeline calls, once per batch; the
 //! embedded default, [`Extractive`], needs no network and no model: it keeps a header naming the ref,
-//! tool and size, the lines that report errors, the paths mentioned, and the head and tail of the text.
+//! tool and size, the lines that report errors, the paths mentioned and, of a document the agent read,
+//! its names (more the longer it is).
 //! Its output depends only on its input, so a replay writes the same summaries.
 //!
 //! # Example
@@ -101,30 +102,67 @@ pub struct Extractive {
     pub tail: usize,
     /// Error lines kept.
     pub error_lines: usize,
-    /// Paths kept.
+    /// Paths kept of a command's (or any other tool's) output.
     pub paths: usize,
-    /// Code names kept (the output's most frequent distinctive identifiers).
+    /// Code names kept of a command's (or any other tool's) output (its most frequent distinctive
+    /// identifiers).
     pub names: usize,
+    /// Paths kept of a document (a file read, a fetched page, a subagent's report:
+    /// [`condense_index::is_document_tool`]), by its size.
+    pub document_paths: Scaled,
+    /// Code names kept of a document, by its size, constants in capitals among them.
+    pub document_names: Scaled,
+}
+
+/// A count that grows with a text's size: one per `bytes_per` bytes, within `min..=max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scaled {
+    /// The count for a short text.
+    pub min: usize,
+    /// Bytes of text per one more.
+    pub bytes_per: usize,
+    /// The count for a long text.
+    pub max: usize,
+}
+
+impl Scaled {
+    /// The count for a text of `len` bytes.
+    pub fn of(&self, len: usize) -> usize {
+        (len / self.bytes_per.max(1)).clamp(self.min, self.max.max(self.min))
+    }
 }
 
 impl Default for Extractive {
+    /// Measured on the corpus (docs/pruning.md, "Which facts were lost, and the names in stubs"): what
+    /// the agent later writes comes from the many names of the files and reports it read, and rarely from
+    /// a command's: a document's stub keeps a name per 350 bytes (8 to 128) and a path per 2,000 (3 to
+    /// 32), a command's stub its three first paths and no names.
     fn default() -> Self {
-        Extractive { line_chars: 80, head: 0, tail: 0, error_lines: 2, paths: 3, names: 8 }
+        Extractive {
+            line_chars: 80,
+            head: 0,
+            tail: 0,
+            error_lines: 2,
+            paths: 3,
+            names: 0,
+            document_paths: Scaled { min: 3, bytes_per: 2_000, max: 32 },
+            document_names: Scaled { min: 8, bytes_per: 350, max: 128 },
+        }
     }
 }
 
 pub use condense_index::facts::is_code_identifier;
 
-/// The code identifiers of `text` ([`is_code_identifier`]) other than constants in capitals, the most
-/// frequent first (ties in order of first appearance), at most `max`.
-fn code_names(text: &str, max: usize) -> Vec<&str> {
+/// The code identifiers of `text` ([`is_code_identifier`]), constants in capitals only with
+/// `constants`, the most frequent first (ties in order of first appearance), at most `max`.
+fn code_names(text: &str, max: usize, constants: bool) -> Vec<&str> {
     if max == 0 {
         return Vec::new();
     }
     let mut seen: std::collections::BTreeMap<&str, (usize, usize)> = std::collections::BTreeMap::new();
     for (k, w) in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).enumerate() {
         let b = w.as_bytes();
-        if !is_code_identifier(b) || b.iter().all(|c| c.is_ascii_uppercase() || *c == b'_' || c.is_ascii_digit()) {
+        if !is_code_identifier(b) || (!constants && b.iter().all(|c| c.is_ascii_uppercase() || *c == b'_' || c.is_ascii_digit())) {
             continue;
         }
         seen.entry(w).or_insert((0, k)).0 += 1;
@@ -185,14 +223,17 @@ impl Extractive {
             out.push_str("\n  ! ");
             out.push_str(&clip(e, self.line_chars));
         }
+        let document = condense_index::is_document_tool(item.tool);
+        let (max_paths, max_names) =
+            if document { (self.document_paths.of(item.text.len()), self.document_names.of(item.text.len())) } else { (self.paths, self.names) };
         let mut paths: Vec<String> = Vec::new();
-        'scan: for l in &lines {
+        'scan: for l in lines.iter().take_while(|_| max_paths > 0) {
             for tok in l.split_whitespace() {
                 if looks_like_path(tok) {
                     let p = path_part(tok).to_string();
                     if !paths.contains(&p) {
                         paths.push(p);
-                        if paths.len() == self.paths {
+                        if paths.len() == max_paths {
                             break 'scan;
                         }
                     }
@@ -203,10 +244,11 @@ impl Extractive {
             out.push_str("\n  paths: ");
             out.push_str(&paths.join(", "));
         }
-        let names = code_names(item.text, self.names);
+        let names = code_names(item.text, max_names, document);
         if !names.is_empty() {
-            out.push_str("\n  names: ");
-            out.push_str(&names.join(", "));
+            out.push('\n');
+            out.push_str(condense_index::SUMMARY_NAMES);
+            out.push_str(&names.join(" "));
         }
         let (h, t) = (self.head, self.tail);
         // A one-line output is its line; a longer one its kept head and tail around a count.
@@ -363,16 +405,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn extractive_keeps_errors_paths_and_names() {
+    fn extractive_keeps_errors_and_paths_of_a_command() {
         let text = "Compiling app v0.1.0 (/work/app)\nwarning: unused parse_config\nerror[E0425]: cannot find value `x` in src/main.rs\n --> src/main.rs:3:5\nfn parse_config() -> ConfigError\nline b\nConfigError::Missing in parse_config\nerror: could not compile `app`\n";
         let s = Extractive::default().one(&Item { ref_n: 7, tool: "bash", arguments: r#"{"command":"cargo build"}"#, text, is_error: true });
         assert_eq!(
             s,
-            "t7 bash (cargo build): 242 chars, 8 lines, error\n  ! error[E0425]: cannot find value `x` in src/main.rs\n  ! fn parse_config() -> ConfigError\n  paths: src/main.rs\n  names: parse_config, ConfigError\n  | … 8 lines …"
+            "t7 bash (cargo build): 242 chars, 8 lines, error\n  ! error[E0425]: cannot find value `x` in src/main.rs\n  ! fn parse_config() -> ConfigError\n  paths: src/main.rs\n  | … 8 lines …"
         );
-        // The most frequent names first, ties in order of first appearance; words and constants are not names.
-        assert_eq!(code_names("Result Result x_y1 HTTP_OK alpha_beta foo2bar alpha_beta", 3), vec!["alpha_beta", "foo2bar"]);
-        assert_eq!(code_names("alpha_beta", 0), Vec::<&str>::new());
+        // The most frequent names first, ties in order of first appearance; words are not names, nor
+        // constants unless asked for.
+        assert_eq!(code_names("Result Result x_y1 HTTP_OK alpha_beta foo2bar alpha_beta", 3, false), vec!["alpha_beta", "foo2bar"]);
+        assert_eq!(code_names("Result Result x_y1 HTTP_OK alpha_beta foo2bar alpha_beta", 3, true), vec!["alpha_beta", "HTTP_OK", "foo2bar"]);
+        assert_eq!(code_names("alpha_beta", 0, true), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_document_s_stub_keeps_names_and_paths_by_its_size() {
+        // A file of 200 distinct names and 40 paths: the stub of a read keeps a name per 350 bytes and a
+        // path per 2,000, a command's stub printing the same text three paths and no names.
+        let text: String = (0..200).map(|i| format!("fn handle_event_{i:03}(ctx: &Ctx) -> Result<()> {{ load(\"src/mod_{i:03}/lib.rs\") }}\n")).collect();
+        let names = |s: &str| s.lines().find_map(|l| l.strip_prefix("  names: ")).map_or(0, |n| n.split(' ').count());
+        let paths = |s: &str| s.lines().find_map(|l| l.strip_prefix("  paths: ")).map_or(0, |p| p.split(", ").count());
+        let read = Extractive::default().one(&Item { ref_n: 2, tool: "Read", arguments: r#"{"file_path":"src/events.rs"}"#, text: &text, is_error: false });
+        let d = Extractive::default();
+        assert_eq!((names(&read), paths(&read)), (d.document_names.of(text.len()), d.document_paths.of(text.len())));
+        assert_eq!((names(&read), paths(&read)), (text.len() / 350, text.len() / 2_000), "{} bytes", text.len());
+        let report = Extractive::default().one(&Item { ref_n: 3, tool: "Agent", arguments: "{}", text: &text, is_error: false });
+        assert_eq!(names(&report), names(&read), "a subagent's report is a document");
+        let bash = Extractive::default().one(&Item { ref_n: 4, tool: "bash", arguments: r#"{"command":"cat src/events.rs"}"#, text: &text, is_error: false });
+        assert_eq!((names(&bash), paths(&bash)), (0, 3));
+        // A short document keeps the minimum; a huge one the maximum; constants count.
+        let short = Extractive::default().one(&Item { ref_n: 5, tool: "read", arguments: "{}", text: "MAX_RETRIES = 3\nretry_count x\n", is_error: false });
+        assert!(short.contains("names: MAX_RETRIES retry_count"), "{short}");
+        assert_eq!(Scaled { min: 8, bytes_per: 350, max: 128 }.of(10_000_000), 128);
     }
 
     struct Broken;
