@@ -136,7 +136,8 @@ pub fn reply_text(m: &Message) -> String {
 /// names read earlier; the rest stay one recovery away).
 pub const USED_NAMES: usize = 128;
 
-/// A document (a file read, a fetched page, a subagent's report: [`condense_index::is_document_tool`]) of
+/// A document (a file read, a fetched page, a subagent's report, a shell command that prints files:
+/// [`condense_index::is_document_output`]) of
 /// at least this many characters keeps its [`DOCUMENT_NAMES`] most frequent names (its summary's first
 /// ones) in the block of its chain, under its summary's first line: what the agent later writes comes
 /// from the names of the long files it read, and the block outlives their stubs (docs/pruning.md, "The
@@ -190,7 +191,7 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
             let Some(s) = c.summary else { continue };
             out.push('\n');
             out.push_str(s.lines().next().unwrap_or_default());
-            let long_document = c.output_chars >= DOCUMENT_NAMES_FROM && condense_index::is_document_tool(c.tool);
+            let long_document = c.output_chars >= DOCUMENT_NAMES_FROM && condense_index::is_document_output(c.tool, c.arguments);
             if let Some(names) = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES)).filter(|_| long_document) {
                 let kept: Vec<&str> = names.split(' ').take(DOCUMENT_NAMES).collect();
                 out.push('\n');

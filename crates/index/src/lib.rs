@@ -57,6 +57,47 @@ pub fn is_document_tool(tool: &str) -> bool {
     READ_TOOLS.contains(&tool) || FETCH_TOOLS.contains(&tool) || SUBAGENT_TOOLS.contains(&tool)
 }
 
+/// Programs whose output is a file's text or excerpts of files (`grep`, `rg` and `ag` print matching
+/// lines): a shell call that runs one of them first reads files, and its output is a document
+/// ([`is_document_output`]). `sed` counts with `-n` (printing lines), not as an editor.
+pub const PRINT_PROGRAMS: [&str; 10] = ["cat", "head", "tail", "nl", "less", "more", "bat", "grep", "rg", "ag"];
+
+/// The shell command a call runs: its `command` or `cmd` argument, a string or an argument vector
+/// (`["bash", "-lc", "cat a.rs"]`) joined by spaces; `None` for a call without one.
+pub fn shell_command(arguments: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(arguments).ok()?;
+    match v.get("command").or_else(|| v.get("cmd"))? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(parts) => Some(parts.iter().filter_map(serde_json::Value::as_str).collect::<Vec<_>>().join(" ")),
+        _ => None,
+    }
+}
+
+/// Whether shell command `command` prints files: its first program, after any `cd DIR &&` and a
+/// `bash -lc` wrapper, is one of [`PRINT_PROGRAMS`] or `sed -n`.
+pub fn prints_files(command: &str) -> bool {
+    let mut rest = command.trim();
+    while let Some(after_cd) = rest.strip_prefix("cd ") {
+        rest = after_cd.split_once("&&").map_or("", |(_, then)| then.trim());
+    }
+    for shell in ["bash -lc ", "bash -c ", "sh -c ", "zsh -lc "] {
+        rest = rest.strip_prefix(shell).unwrap_or(rest);
+    }
+    let mut words = rest.trim_matches(|c| c == '\'' || c == '"' || c == ' ').split_whitespace();
+    match words.next() {
+        Some("sed") => words.next() == Some("-n"),
+        Some(program) => PRINT_PROGRAMS.contains(&program),
+        None => false,
+    }
+}
+
+/// Whether the output of a call to `tool` with `arguments` is a document the agent asked for and works
+/// from: a document tool's ([`is_document_tool`]) or a shell command's that prints files
+/// ([`prints_files`]: how Codex and bash-only agents read).
+pub fn is_document_output(tool: &str, arguments: &str) -> bool {
+    is_document_tool(tool) || shell_command(arguments).is_some_and(|c| prints_files(&c))
+}
+
 /// How the line of a summary that lists its output's names starts (the extractive summarizer writes
 /// it, a compressed chain's block keeps part of it for a long document).
 pub const SUMMARY_NAMES: &str = "  names: ";
@@ -479,6 +520,27 @@ mod tests {
 
     /// The agent's own files are those it wrote or edited, by file (a read selector left out), from its
     /// first write; reads, and SWE-agent's editor asked to `view`, write nothing.
+    #[test]
+    fn a_shell_call_that_prints_files_reads_a_document() {
+        for (arguments, reads) in [
+            (r#"{"command":"sed -n '302,400p' /testbed/pvlib/tools.py"}"#, true),
+            (r#"{"command":"cd /repo && cat src/a.rs"}"#, true),
+            (r#"{"cmd":"nl -ba src/x.ts | sed -n '90,108p'","workdir":"/w"}"#, true),
+            (r#"{"command":["bash","-lc","rg -n parse_config src"]}"#, true),
+            (r#"{"command":"grep -rn TODO ."}"#, true),
+            (r#"{"command":"sed -i 's/a/b/' f.rs"}"#, false),
+            (r#"{"command":"cargo test"}"#, false),
+            (r#"{"command":"cd /repo"}"#, false),
+            (r#"{"command":"view","path":"a.rs"}"#, false),
+            ("not json", false),
+        ] {
+            assert_eq!(is_document_output("bash", arguments), reads, "{arguments}");
+        }
+        assert!(is_document_output("Read", "{}") && is_document_output("Agent", "") && is_document_output("web_fetch", "{}"));
+        assert_eq!(shell_command(r#"{"command":["bash","-lc","ls"]}"#).as_deref(), Some("bash -lc ls"));
+        assert_eq!(shell_command(r#"{"path":"a"}"#), None);
+    }
+
     #[test]
     fn the_agent_s_own_files_are_those_it_wrote_or_edited() {
         let mut written = BTreeMap::new();

@@ -1,7 +1,7 @@
 //! Summarizing tool outputs. [`Summarizer`] is what the pruning pipeline calls, once per batch; the
 //! embedded default, [`Extractive`], needs no network and no model: it keeps a header naming the ref,
-//! tool and size, the lines that report errors, the paths mentioned and, of a document the agent read,
-//! its names (more the longer it is).
+//! tool and size, the lines that report errors, the paths mentioned and, of a document the agent read
+//! (or a command's output that repeats itself), its names (more the longer it is).
 //! Its output depends only on its input, so a replay writes the same summaries.
 //!
 //! # Example
@@ -107,11 +107,14 @@ pub struct Extractive {
     /// Code names kept of a command's (or any other tool's) output (its most frequent distinctive
     /// identifiers).
     pub names: usize,
-    /// Paths kept of a document (a file read, a fetched page, a subagent's report:
-    /// [`condense_index::is_document_tool`]), by its size.
+    /// Paths kept of a document (a file read, a fetched page, a subagent's report, a shell command that
+    /// prints files: [`condense_index::is_document_output`]), by its size.
     pub document_paths: Scaled,
     /// Code names kept of a document, by its size, constants in capitals among them.
     pub document_names: Scaled,
+    /// Code names kept, rarest first, of a command's output that repeats itself ([`repeats_itself`]),
+    /// by its size.
+    pub repeated_names: Scaled,
 }
 
 /// A count that grows with a text's size: one per `bytes_per` bytes, within `min..=max`.
@@ -147,15 +150,32 @@ impl Default for Extractive {
             names: 0,
             document_paths: Scaled { min: 3, bytes_per: 2_000, max: 32 },
             document_names: Scaled { min: 8, bytes_per: 350, max: 128 },
+            repeated_names: Scaled { min: 0, bytes_per: 1_000, max: 64 },
         }
     }
 }
 
 pub use condense_index::facts::is_code_identifier;
 
+/// Whether at least half of `lines` are copies of another: the output repeats a template (a block per
+/// item of a loop, a retried error), and what varies from copy to copy is what tells the items apart.
+fn repeats_itself(lines: &[&str]) -> bool {
+    let distinct: std::collections::BTreeSet<&str> = lines.iter().copied().collect();
+    !lines.is_empty() && (lines.len() - distinct.len()) * 2 >= lines.len()
+}
+
+/// How [`code_names`] ranks the names it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rank {
+    /// The most frequent first.
+    Frequent,
+    /// The rarest first.
+    Rare,
+}
+
 /// The code identifiers of `text` ([`is_code_identifier`]), constants in capitals only with
-/// `constants`, the most frequent first (ties in order of first appearance), at most `max`.
-fn code_names(text: &str, max: usize, constants: bool) -> Vec<&str> {
+/// `constants`, ranked by `rank` (ties in order of first appearance), at most `max`.
+fn code_names(text: &str, max: usize, constants: bool, rank: Rank) -> Vec<&str> {
     if max == 0 {
         return Vec::new();
     }
@@ -168,7 +188,10 @@ fn code_names(text: &str, max: usize, constants: bool) -> Vec<&str> {
         seen.entry(w).or_insert((0, k)).0 += 1;
     }
     let mut ranked: Vec<(&str, (usize, usize))> = seen.into_iter().collect();
-    ranked.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1)));
+    match rank {
+        Rank::Frequent => ranked.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.1 .1.cmp(&b.1 .1))),
+        Rank::Rare => ranked.sort_by(|a, b| a.1 .0.cmp(&b.1 .0).then(a.1 .1.cmp(&b.1 .1))),
+    }
     ranked.into_iter().take(max).map(|(w, _)| w).collect()
 }
 
@@ -223,9 +246,15 @@ impl Extractive {
             out.push_str("\n  ! ");
             out.push_str(&clip(e, self.line_chars));
         }
-        let document = condense_index::is_document_tool(item.tool);
-        let (max_paths, max_names) =
-            if document { (self.document_paths.of(item.text.len()), self.document_names.of(item.text.len())) } else { (self.paths, self.names) };
+        let document = condense_index::is_document_output(item.tool, item.arguments);
+        let len = item.text.len();
+        let (max_paths, max_names, rank) = if document {
+            (self.document_paths.of(len), self.document_names.of(len), Rank::Frequent)
+        } else if repeats_itself(&lines) {
+            (self.paths, self.names.max(self.repeated_names.of(len)), Rank::Rare)
+        } else {
+            (self.paths, self.names, Rank::Frequent)
+        };
         let mut paths: Vec<String> = Vec::new();
         'scan: for l in lines.iter().take_while(|_| max_paths > 0) {
             for tok in l.split_whitespace() {
@@ -244,7 +273,7 @@ impl Extractive {
             out.push_str("\n  paths: ");
             out.push_str(&paths.join(", "));
         }
-        let names = code_names(item.text, max_names, document);
+        let names = code_names(item.text, max_names, document, rank);
         if !names.is_empty() {
             out.push('\n');
             out.push_str(condense_index::SUMMARY_NAMES);
@@ -414,15 +443,15 @@ mod tests {
         );
         // The most frequent names first, ties in order of first appearance; words are not names, nor
         // constants unless asked for.
-        assert_eq!(code_names("Result Result x_y1 HTTP_OK alpha_beta foo2bar alpha_beta", 3, false), vec!["alpha_beta", "foo2bar"]);
-        assert_eq!(code_names("Result Result x_y1 HTTP_OK alpha_beta foo2bar alpha_beta", 3, true), vec!["alpha_beta", "HTTP_OK", "foo2bar"]);
-        assert_eq!(code_names("alpha_beta", 0, true), Vec::<&str>::new());
+        assert_eq!(code_names("Result Result x_y1 HTTP_OK alpha_beta foo2bar alpha_beta", 3, false, Rank::Frequent), vec!["alpha_beta", "foo2bar"]);
+        assert_eq!(code_names("Result Result x_y1 HTTP_OK alpha_beta foo2bar alpha_beta", 3, true, Rank::Frequent), vec!["alpha_beta", "HTTP_OK", "foo2bar"]);
+        assert_eq!(code_names("alpha_beta", 0, true, Rank::Frequent), Vec::<&str>::new());
     }
 
     #[test]
     fn a_document_s_stub_keeps_names_and_paths_by_its_size() {
         // A file of 200 distinct names and 40 paths: the stub of a read keeps a name per 350 bytes and a
-        // path per 2,000, a command's stub printing the same text three paths and no names.
+        // path per 2,000, a command's stub three paths and no names.
         let text: String = (0..200).map(|i| format!("fn handle_event_{i:03}(ctx: &Ctx) -> Result<()> {{ load(\"src/mod_{i:03}/lib.rs\") }}\n")).collect();
         let names = |s: &str| s.lines().find_map(|l| l.strip_prefix("  names: ")).map_or(0, |n| n.split(' ').count());
         let paths = |s: &str| s.lines().find_map(|l| l.strip_prefix("  paths: ")).map_or(0, |p| p.split(", ").count());
@@ -432,12 +461,34 @@ mod tests {
         assert_eq!((names(&read), paths(&read)), (text.len() / 350, text.len() / 2_000), "{} bytes", text.len());
         let report = Extractive::default().one(&Item { ref_n: 3, tool: "Agent", arguments: "{}", text: &text, is_error: false });
         assert_eq!(names(&report), names(&read), "a subagent's report is a document");
-        let bash = Extractive::default().one(&Item { ref_n: 4, tool: "bash", arguments: r#"{"command":"cat src/events.rs"}"#, text: &text, is_error: false });
+        let bash = Extractive::default().one(&Item { ref_n: 4, tool: "bash", arguments: r#"{"command":"cargo run --example dump"}"#, text: &text, is_error: false });
         assert_eq!((names(&bash), paths(&bash)), (0, 3));
+        // A shell command that prints the file reads it as much as `Read` does.
+        let cat = Extractive::default().one(&Item { ref_n: 6, tool: "bash", arguments: r#"{"command":"cat src/events.rs"}"#, text: &text, is_error: false });
+        assert_eq!((names(&cat), paths(&cat)), (names(&read), paths(&read)));
         // A short document keeps the minimum; a huge one the maximum; constants count.
         let short = Extractive::default().one(&Item { ref_n: 5, tool: "read", arguments: "{}", text: "MAX_RETRIES = 3\nretry_count x\n", is_error: false });
         assert!(short.contains("names: MAX_RETRIES retry_count"), "{short}");
         assert_eq!(Scaled { min: 8, bytes_per: 350, max: 128 }.of(10_000_000), 128);
+    }
+
+    #[test]
+    fn a_command_that_repeats_itself_keeps_what_varies() {
+        // A loop over 40 items printing the same error for each: the items' ids are what the agent goes
+        // on with; the names of the error text, repeated 40 times, tell nothing apart.
+        let text: String = (0..40)
+            .map(|i| format!("[{i}/40] vid{i:02}XaQ9...\n  ERROR: RequestBlocked in youtube_transcript_api\n  see TranscriptsDisabled docs\n"))
+            .collect();
+        let s = Extractive::default().one(&Item { ref_n: 9, tool: "bash", arguments: r#"{"command":"python3 fetch_all.py"}"#, text: &text, is_error: false });
+        let names: Vec<&str> = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES)).unwrap_or_default().split(' ').collect();
+        assert_eq!(names.len(), text.len() / 1_000, "{s}");
+        assert!(names.iter().all(|n| n.starts_with("vid")), "the ids, rarest first: {s}");
+        assert_eq!(names[0], "vid00XaQ9");
+        // The same ids in lines that do not repeat: a command's stub keeps no names.
+        let plain: String = (0..40).map(|i| format!("[{i}/40] vid{i:02}XaQ9 fetched {i} lines\n")).collect();
+        let s = Extractive::default().one(&Item { ref_n: 10, tool: "bash", arguments: "{}", text: &plain, is_error: false });
+        assert!(!s.contains("names:"), "{s}");
+        assert!(repeats_itself(&["a", "b", "a", "a"]) && !repeats_itself(&["a", "b", "c", "a"]) && !repeats_itself(&[]));
     }
 
     struct Broken;
