@@ -112,8 +112,8 @@ pub struct Extractive {
     pub document_paths: Scaled,
     /// Code names kept of a document, by its size, constants in capitals among them.
     pub document_names: Scaled,
-    /// Code names kept, rarest first, of a command's output that repeats itself ([`repeats_itself`]),
-    /// by its size.
+    /// Code names kept, rarest first, of a command's output that repeats itself (at least half of its
+    /// non-empty lines copies of another), by its size.
     pub repeated_names: Scaled,
 }
 
