@@ -136,10 +136,11 @@ impl Scaled {
 }
 
 impl Default for Extractive {
-    /// Measured on the corpus (docs/pruning.md, "Which facts were lost, and the names in stubs"): what
-    /// the agent later writes comes from the many names of the files and reports it read, and rarely from
-    /// a command's: a document's stub keeps a name per 350 bytes (8 to 128) and a path per 2,000 (3 to
-    /// 32), a command's stub its three first paths and no names.
+    /// Measured on the corpus (docs/pruning.md, "Documents keep their names"): what the agent later
+    /// writes comes from the many names of the files and reports it read, and rarely from a command's: a
+    /// document's stub keeps a name per 350 bytes (8 to 128) and a path per 2,000 (3 to 32), a command's
+    /// stub its three first paths and no names, unless its output repeats itself: then a name per 1,000
+    /// bytes (up to 64), rarest first, what tells the copies apart.
     fn default() -> Self {
         Extractive {
             line_chars: 80,
