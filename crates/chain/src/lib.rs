@@ -191,8 +191,10 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
             let Some(s) = c.summary else { continue };
             out.push('\n');
             out.push_str(s.lines().next().unwrap_or_default());
-            let long_document = c.output_chars >= DOCUMENT_NAMES_FROM && condense_index::is_document_output(c.tool, c.arguments);
-            if let Some(names) = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES)).filter(|_| long_document) {
+            if c.output_chars >= DOCUMENT_NAMES_FROM
+                && condense_index::is_document_output(c.tool, c.arguments)
+                && let Some(names) = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES))
+            {
                 let kept: Vec<&str> = names.split(' ').take(DOCUMENT_NAMES).collect();
                 out.push('\n');
                 out.push_str(condense_index::SUMMARY_NAMES);

@@ -51,20 +51,14 @@ pub const FETCH_TOOLS: [&str; 2] = ["WebFetch", "web_fetch"];
 /// since its 2.1.63).
 pub const SUBAGENT_TOOLS: [&str; 2] = ["Task", "Agent"];
 
-/// Whether `tool`'s output is a document the agent asked for and works from, a file read, a fetched page
-/// or a subagent's report, rather than a command's output: its stub keeps more of its names.
-pub fn is_document_tool(tool: &str) -> bool {
-    READ_TOOLS.contains(&tool) || FETCH_TOOLS.contains(&tool) || SUBAGENT_TOOLS.contains(&tool)
-}
-
 /// Programs whose output is a file's text or excerpts of files (`grep`, `rg` and `ag` print matching
 /// lines): a shell call that runs one of them first reads files, and its output is a document
 /// ([`is_document_output`]). `sed` counts with `-n` (printing lines), not as an editor.
-pub const PRINT_PROGRAMS: [&str; 10] = ["cat", "head", "tail", "nl", "less", "more", "bat", "grep", "rg", "ag"];
+const PRINT_PROGRAMS: [&str; 10] = ["cat", "head", "tail", "nl", "less", "more", "bat", "grep", "rg", "ag"];
 
 /// The shell command a call runs: its `command` or `cmd` argument, a string or an argument vector
 /// (`["bash", "-lc", "cat a.rs"]`) joined by spaces; `None` for a call without one.
-pub fn shell_command(arguments: &str) -> Option<String> {
+fn shell_command(arguments: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(arguments).ok()?;
     match v.get("command").or_else(|| v.get("cmd"))? {
         serde_json::Value::String(s) => Some(s.clone()),
@@ -75,7 +69,7 @@ pub fn shell_command(arguments: &str) -> Option<String> {
 
 /// Whether shell command `command` prints files: its first program, after any `cd DIR &&` and a
 /// `bash -lc` wrapper, is one of [`PRINT_PROGRAMS`] or `sed -n`.
-pub fn prints_files(command: &str) -> bool {
+fn prints_files(command: &str) -> bool {
     let mut rest = command.trim();
     while let Some(after_cd) = rest.strip_prefix("cd ") {
         rest = after_cd.split_once("&&").map_or("", |(_, then)| then.trim());
@@ -92,10 +86,13 @@ pub fn prints_files(command: &str) -> bool {
 }
 
 /// Whether the output of a call to `tool` with `arguments` is a document the agent asked for and works
-/// from: a document tool's ([`is_document_tool`]) or a shell command's that prints files
-/// ([`prints_files`]: how Codex and bash-only agents read).
+/// from, rather than a command's output: a file read ([`READ_TOOLS`]), a fetched page ([`FETCH_TOOLS`]), a
+/// subagent's report ([`SUBAGENT_TOOLS`]), or the output of a shell command (its `command` or `cmd`
+/// argument) whose first program, after any `cd DIR &&` and a `bash -lc` wrapper, prints files (`cat`,
+/// `head`, `tail`, `nl`, `sed -n`, `grep`, `rg`, …: how Codex and bash-only agents read). Its stub keeps
+/// more of its names.
 pub fn is_document_output(tool: &str, arguments: &str) -> bool {
-    is_document_tool(tool) || shell_command(arguments).is_some_and(|c| prints_files(&c))
+    [&READ_TOOLS[..], &FETCH_TOOLS, &SUBAGENT_TOOLS].iter().any(|tools| tools.contains(&tool)) || shell_command(arguments).is_some_and(|c| prints_files(&c))
 }
 
 /// How the line of a summary that lists its output's names starts (the extractive summarizer writes

@@ -257,16 +257,14 @@ impl Extractive {
             (self.paths, self.names, Rank::Frequent)
         };
         let mut paths: Vec<String> = Vec::new();
-        'scan: for l in lines.iter().take_while(|_| max_paths > 0) {
-            for tok in l.split_whitespace() {
-                if looks_like_path(tok) {
-                    let p = path_part(tok).to_string();
-                    if !paths.contains(&p) {
-                        paths.push(p);
-                        if paths.len() == max_paths {
-                            break 'scan;
-                        }
-                    }
+        'scan: for l in &lines {
+            for tok in l.split_whitespace().filter(|t| looks_like_path(t)) {
+                if paths.len() == max_paths {
+                    break 'scan;
+                }
+                let p = path_part(tok).to_string();
+                if !paths.contains(&p) {
+                    paths.push(p);
                 }
             }
         }
