@@ -783,3 +783,55 @@ fn live_file_reads_age_out_after_live_reads_turns() {
     assert_eq!(l.s.projection_at(head).unwrap().config().live_reads_turns, 4);
     assert_eq!(l.s.projection_at(head).unwrap().config(), l.s.projection().unwrap().config(), "the fold in memory is the fold of the log");
 }
+
+/// What a server keeps warm is bounded by what the projections hold, not only by their number (a few
+/// sessions of many messages held hundreds of megabytes until 64 were warm): with `warm_bytes` for about
+/// two sessions, using a third drops the least recently used, which folds again from the log, the same,
+/// when used next; a session heavier than the bound on its own stays warm while it is the one in use.
+#[test]
+fn warm_sessions_are_bounded_by_what_they_hold() {
+    use condense_engine::StoreOptions;
+    let fill = |s: &Session| {
+        let events = (0..10)
+            .map(|i| SourceEvent::EntryAppended {
+                id: format!("e{i}"),
+                parent: (i > 0).then(|| format!("e{}", i - 1)),
+                entry: Entry::Message(Message::user_text(format!("{i} {}", "words ".repeat(1_700)), UserOrigin::Prompt)),
+            })
+            .collect();
+        s.append(events).unwrap();
+    };
+    let probe = Store::in_memory(StoreOptions { defer_durability: true, ..StoreOptions::default() });
+    let one = probe.create_session("one").unwrap();
+    fill(&one);
+    let weight = one.with_projection(|p| p.weight()).unwrap();
+    assert!(weight > 10 * 10_000 && weight < 10 * (10_300 + condense_render::ENTRY_WEIGHT), "{weight}");
+
+    let store = Store::in_memory(StoreOptions { defer_durability: true, warm_bytes: 2 * weight + weight / 2, ..StoreOptions::default() });
+    let sessions: Vec<Session> = ["a", "b", "c"].iter().map(|n| store.create_session(n).unwrap()).collect();
+    let mut first = Vec::new();
+    for s in &sessions {
+        fill(s);
+        first.push(s.render().unwrap().messages);
+    }
+    assert_eq!(store.warm_count(), 2, "the least recently used of three left memory");
+    // `a` comes back, folded again from the log: the same context. It weighs from the next time a session
+    // is taken, which drops `b`, the least recently used then; `c` stays.
+    let again = sessions[0].render().unwrap().messages;
+    assert_eq!(*again, *first[0]);
+    assert!(!std::sync::Arc::ptr_eq(&again[0], &first[0][0]), "folded again, not kept");
+    let c = sessions[2].render().unwrap().messages;
+    assert!(std::sync::Arc::ptr_eq(&c[0], &first[2][0]), "`c` stayed warm");
+    assert_eq!(store.warm_count(), 2);
+    let b = sessions[1].render().unwrap().messages;
+    assert_eq!(*b, *first[1]);
+    assert!(!std::sync::Arc::ptr_eq(&b[0], &first[1][0]), "`b` was dropped");
+
+    // A bound below one session: the session in use stays, and is not folded again on every use.
+    let small = Store::in_memory(StoreOptions { defer_durability: true, warm_bytes: weight / 2, ..StoreOptions::default() });
+    let s = small.create_session("s").unwrap();
+    fill(&s);
+    let (x, y) = (s.render().unwrap().messages, s.render().unwrap().messages);
+    assert!(std::sync::Arc::ptr_eq(&x[0], &y[0]), "kept while in use");
+    assert_eq!(small.warm_count(), 1);
+}

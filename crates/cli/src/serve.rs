@@ -68,6 +68,9 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
     if let Some(b) = a.memory_budget {
         cfg.memory_budget = b;
     }
+    if let Some(b) = a.warm_bytes {
+        cfg.warm_bytes = b;
+    }
     let file = load_config(a.config.as_deref(), store_dir)?;
     cfg.summarizer = summarizer_of(&file, true);
     cfg.file = file;

@@ -52,13 +52,15 @@ impl Live {
     }
 }
 
-/// The warm projections, bounded: the least recently used one that nobody holds is dropped when there are
-/// more than `limit` (it is folded again from the log when next needed).
+/// The warm projections, bounded: the least recently used ones that nobody holds are dropped while there
+/// are more than `limit` or they weigh more than `bytes` together ([`Projection::weight`]); a dropped one
+/// is folded again from the log when next needed.
 pub(crate) struct Warm {
     /// Each warm session: its projection and pipeline stages, and when it was last used.
     pub(crate) map: BTreeMap<SessionId, (Arc<Mutex<Live>>, u64)>,
     pub(crate) tick: u64,
     pub(crate) limit: usize,
+    pub(crate) bytes: u64,
 }
 
 /// A handle to one session of a store.
@@ -76,6 +78,12 @@ pub struct StoreOptions {
     pub cache_bytes: u64,
     /// Warm projections kept in memory at most (the least recently used beyond it are dropped).
     pub warm_limit: usize,
+    /// What the warm projections may hold together, about (bytes, by [`Projection::weight`]): beyond it the
+    /// least recently used that nobody holds are dropped, down to the one in use. Checked each time a
+    /// session is taken, with what each weighs then (a session folded since weighs from the next time). A
+    /// session used alone is never dropped, however large; sessions used in turn that weigh more than this
+    /// together are folded again from the log each time.
+    pub warm_bytes: u64,
     /// Appends return once written, before they are durable; [`Store::sync`] (or any durable write after
     /// them) makes them durable. For a host whose source resends what a crash would lose (`condense
     /// serve`: the client sends its whole history with every request). Off by default.
@@ -84,9 +92,12 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { cache_bytes: condense_log::DEFAULT_CACHE_BYTES, warm_limit: 64, defer_durability: false }
+        StoreOptions { cache_bytes: condense_log::DEFAULT_CACHE_BYTES, warm_limit: 64, warm_bytes: DEFAULT_WARM_BYTES, defer_durability: false }
     }
 }
+
+/// [`StoreOptions::warm_bytes`] by default: 512 MiB.
+pub const DEFAULT_WARM_BYTES: u64 = 512 << 20;
 
 /// An open store: the event log plus the warm projections of the sessions used lately.
 #[derive(Clone)]
@@ -115,7 +126,7 @@ impl Store {
             inner: Arc::new(Inner {
                 archives: Mutex::new(Vec::new()),
                 log,
-                warm: Mutex::new(Warm { map: BTreeMap::new(), tick: 0, limit: options.warm_limit.max(1) }),
+                warm: Mutex::new(Warm { map: BTreeMap::new(), tick: 0, limit: options.warm_limit.max(1), bytes: options.warm_bytes }),
                 summarizer: Mutex::new(Arc::new(Extractive::default())),
                 defer_durability: options.defer_durability,
             }),
@@ -204,15 +215,26 @@ impl Store {
             slot.1 = tick;
             slot.0.clone()
         };
-        if w.map.len() > w.limit {
-            // Drop the least recently used projections nobody else holds (the one handed out now is held).
-            let mut idle: Vec<(u64, SessionId)> =
-                w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (_, t))| (*t, *id)).collect();
-            idle.sort_unstable();
-            let excess = w.map.len() - w.limit;
-            for (_, id) in idle.into_iter().take(excess) {
-                w.map.remove(&id);
+        // What they weigh together: one in use elsewhere (locked) is weighed when it is idle again.
+        let (mut total, mut idle) = (0u64, Vec::new());
+        for (id, (p, t)) in &w.map {
+            let weight = p.try_lock().map_or(0, |l| l.weight());
+            total += weight;
+            if Arc::strong_count(p) == 1 {
+                idle.push((*t, *id, weight));
             }
+        }
+        // Drop the least recently used projections nobody else holds (the one handed out now is held)
+        // until both bounds hold.
+        idle.sort_unstable();
+        let mut excess = w.map.len().saturating_sub(w.limit);
+        for (_, id, weight) in idle {
+            if excess == 0 && total <= w.bytes {
+                break;
+            }
+            w.map.remove(&id);
+            excess = excess.saturating_sub(1);
+            total -= weight;
         }
         p
     }

@@ -215,6 +215,19 @@ impl Message {
         }
     }
 
+    /// The bytes its text, arguments and data take (their lengths, read without scanning them).
+    pub fn bytes(&self) -> usize {
+        self.content()
+            .iter()
+            .map(|b| match b {
+                Block::Text { text } => text.len(),
+                Block::Thinking { thinking, signature } => thinking.len() + signature.as_ref().map_or(0, String::len),
+                Block::ToolCall { id, name, arguments } => id.len() + name.len() + arguments.len(),
+                Block::Image { mime, data } => mime.len() + data.len(),
+            })
+            .sum()
+    }
+
     /// A user message made of one text block.
     pub fn user_text(text: impl Into<String>, origin: UserOrigin) -> Message {
         Message::User { content: vec![Block::Text { text: text.into() }], origin }

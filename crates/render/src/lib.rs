@@ -38,5 +38,5 @@ mod args;
 mod project;
 mod validity;
 
-pub use project::{room_to_reserve, BranchView, Messages, ModelInfo, Projection, RenderReport, Rendered, TranscriptRow, SYNTHETIC_RESULT_TEXT};
+pub use project::{room_to_reserve, BranchView, Messages, ModelInfo, Projection, RenderReport, Rendered, TranscriptRow, ENTRY_WEIGHT, SYNTHETIC_RESULT_TEXT};
 pub use validity::{check, check_from, recheck, Rule, Violation, RULES};

@@ -112,6 +112,8 @@ pub struct ServeConfig {
     pub cli: Option<CliHandler>,
     /// Warm projections kept in memory at most.
     pub warm_limit: usize,
+    /// What the warm projections may hold together, about (bytes; `StoreOptions::warm_bytes`).
+    pub warm_bytes: u64,
     /// sled's page cache, bytes.
     pub cache_bytes: u64,
     /// Whether every conversation's requests are priced as the provider bills caching, through
@@ -166,6 +168,7 @@ impl ServeConfig {
             summarizer: None,
             cli: None,
             warm_limit: 64,
+            warm_bytes: condense_engine::DEFAULT_WARM_BYTES,
             cache_bytes: 64 << 20,
             price_cache: false,
             auth_token: None,
@@ -302,7 +305,7 @@ pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
     let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;
     // A request's history and the pipeline's decisions are written without waiting for the disk (the
     // client resends its history with every request); a reply is made durable when it is recorded.
-    let options = StoreOptions { cache_bytes: config.cache_bytes, warm_limit: config.warm_limit, defer_durability: true };
+    let options = StoreOptions { cache_bytes: config.cache_bytes, warm_limit: config.warm_limit, warm_bytes: config.warm_bytes, defer_durability: true };
     let store = tokio::task::spawn_blocking(move || Store::open_with(&path, options))
         .await
         .expect("store open task")

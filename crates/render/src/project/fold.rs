@@ -49,6 +49,10 @@ impl Projection {
             self.overflow_streak = 0;
             self.overflow_failed = false;
         }
+        self.weight += ENTRY_WEIGHT + match &node {
+            Node::Message(m, _) => m.bytes() as u64,
+            _ => 0,
+        };
         let parent = parent.and_then(|p| self.index.get(p).copied());
         let ix = self.items.len();
         // A repeated id points at its newest entry; the importers rename duplicates anyway.

@@ -124,6 +124,8 @@ pub struct Projection {
     model_change_leaf: Option<Option<usize>>,
     // Estimated tokens each request carries besides the messages (system prompt, tool declarations).
     overhead: u64,
+    // What the entries hold, about ([`Projection::weight`]).
+    weight: u64,
     // Token estimates of rendered messages by the message's address (lookups only); each entry holds its
     // message, so an address cannot be reused while it is a key. Shared with copies of the projection
     // (an estimate depends on the message alone) and cleared when it outgrows the tree.
@@ -236,6 +238,11 @@ fn cached<K: Ord>(
     own.entry(key).or_insert_with(make).clone()
 }
 
+/// What [`Projection::weight`] counts for an entry besides its message's bytes: a warm session of
+/// 100,000 one-letter messages (its entries, messages, index, token cache, render and pipeline stages)
+/// took about 400–450 bytes of memory a message.
+pub const ENTRY_WEIGHT: u64 = 512;
+
 impl Clone for Projection {
     fn clone(&self) -> Projection {
         Projection {
@@ -260,6 +267,7 @@ impl Clone for Projection {
             usage_anchor: self.usage_anchor,
             model_change_leaf: self.model_change_leaf,
             overhead: self.overhead,
+            weight: self.weight,
             tokens: self.tokens.clone(),
             path_cache: Mutex::new(self.path_cache.lock().expect("path cache lock").clone()),
             message_path_cache: Mutex::new(self.message_path_cache.lock().expect("path cache lock").clone()),
@@ -359,6 +367,14 @@ impl Projection {
     /// a look-alike text).
     pub fn is_checkpoint_summary(&self, m: &Arc<Message>) -> bool {
         self.checkpoint_msgs.values().any(|c| Arc::ptr_eq(c, m))
+    }
+
+    /// About how many bytes of memory the projection holds: its messages' bytes ([`Message::bytes`]) and
+    /// [`ENTRY_WEIGHT`] for each entry (the entry, its message, its index and cache slots, its share of the
+    /// render). What a store's warm projections may hold together is bounded by it
+    /// (`condense_engine::StoreOptions::warm_bytes`).
+    pub fn weight(&self) -> u64 {
+        self.weight
     }
 
     /// The pruning configuration in force.
