@@ -271,8 +271,9 @@ pub struct ServeArgs {
     /// retry-after, or a 413 when it could never fit
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1 << 20..))]
     pub memory_budget: Option<u64>,
-    /// Memory the sessions kept warm (folded, ready to render) may hold together, about (bytes, default
-    /// 512 MiB); beyond it the least recently used are dropped and folded again from the store when next used
+    /// Memory the sessions kept warm (folded, ready to render) may hold together, and the conversations'
+    /// client views theirs, each about (bytes, default 512 MiB); beyond it the least recently used idle
+    /// ones are dropped and folded again from the store when next used
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1 << 20..))]
     pub warm_bytes: Option<u64>,
     /// How serve's log lines on stderr are written (one per request, and what it notices); which lines

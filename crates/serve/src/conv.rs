@@ -64,6 +64,21 @@ pub struct Conv {
     native_model: Option<String>,
 }
 
+/// What serve keeps of a conversation it closed to bound its memory: what its status shows, its bill and
+/// the model its history was written by. The rest (the client's view, the units seen) is folded again from
+/// the log when the conversation comes back.
+pub struct Parked {
+    /// Its figures.
+    pub figures: ConvFigures,
+    /// Its cache-priced cost.
+    pub ledger: Arc<crate::billing::Ledger>,
+    native_model: Option<String>,
+}
+
+/// What [`Conv::weight`] counts for each message of the client's view: its node, entry id and index
+/// entry (~130 bytes), the key of the unit it came in and its hash in the list last sent.
+pub const VIEW_WEIGHT: u64 = 160;
+
 /// What `/condense/status` shows of one conversation.
 #[derive(Debug, Clone, Default)]
 pub struct ConvFigures {
@@ -743,6 +758,24 @@ impl Conv {
     /// The number of visible messages held.
     pub fn visible_len(&self) -> usize {
         self.track.len()
+    }
+
+    /// About how many bytes the conversation holds in memory besides its session's projection: its
+    /// client view's messages at [`VIEW_WEIGHT`] each.
+    pub fn weight(&self) -> u64 {
+        self.track.len() as u64 * VIEW_WEIGHT
+    }
+
+    /// What serve keeps of the conversation once it closes it ([`Parked`]).
+    pub fn park(self) -> Parked {
+        Parked { figures: self.figures, ledger: self.ledger, native_model: self.native_model }
+    }
+
+    /// Takes back what was kept of the conversation when it was closed.
+    pub fn restore(&mut self, parked: Parked) {
+        self.figures = parked.figures;
+        self.ledger = parked.ledger;
+        self.native_model = parked.native_model;
     }
 }
 

@@ -112,7 +112,8 @@ pub struct ServeConfig {
     pub cli: Option<CliHandler>,
     /// Warm projections kept in memory at most.
     pub warm_limit: usize,
-    /// What the warm projections may hold together, about (bytes; `StoreOptions::warm_bytes`).
+    /// What the warm projections may hold together, about (bytes; `StoreOptions::warm_bytes`), and on its
+    /// own what the open conversations' client views may hold (`conv::Conv::weight`).
     pub warm_bytes: u64,
     /// sled's page cache, bytes.
     pub cache_bytes: u64,

@@ -37,13 +37,22 @@ const LATENCY_WINDOW: usize = 100;
 
 pub(crate) type ConvRef = Arc<AsyncMutex<Conv>>;
 
+/// The open conversations by identity, each with when a request last took it (a count of lookups), and
+/// what serve keeps of those it closed to bound its memory ([`crate::conv::Parked`]).
+#[derive(Default)]
+pub(crate) struct Convs {
+    pub(crate) open: BTreeMap<String, (ConvRef, u64)>,
+    pub(crate) parked: BTreeMap<String, crate::conv::Parked>,
+    pub(crate) tick: u64,
+}
+
 /// The server's shared state.
 pub struct State {
     pub(crate) store: Store,
     pub(crate) cfg: ServeConfig,
     pub(crate) http: reqwest::Client,
-    /// Open conversations by identity.
-    pub(crate) convs: AsyncMutex<BTreeMap<String, ConvRef>>,
+    /// Open conversations by identity, and what is kept of those closed.
+    pub(crate) convs: AsyncMutex<Convs>,
     /// Session name of every identity serve has recorded (read from the log at start, and again for a
     /// conversation it does not know: another server on a shared store may have started it).
     pub(crate) names: std::sync::Mutex<BTreeMap<String, String>>,
@@ -77,7 +86,7 @@ impl State {
         Ok(Arc::new(State {
             store,
             http,
-            convs: AsyncMutex::new(BTreeMap::new()),
+            convs: AsyncMutex::new(Convs::default()),
             names: std::sync::Mutex::new(names),
             scanned: std::sync::Mutex::new(scanned),
             counters: Counters::default(),
@@ -99,10 +108,14 @@ impl State {
     pub async fn status(&self) -> Value {
         let c = &self.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let convs: Vec<(String, ConvRef)> = self.convs.lock().await.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let (convs, parked) = {
+            let all = self.convs.lock().await;
+            (all.open.values().map(|(c, _)| c.clone()).collect::<Vec<_>>(), all.parked.values().map(|p| p.figures.clone()).collect::<Vec<_>>())
+        };
         let mut sessions = Vec::new();
-        let (mut stubs, mut checkpoints, mut recoveries) = (0, 0, 0);
-        for (_, conv) in convs {
+        // Conversations closed to bound memory count in the totals with the figures they had.
+        let (mut stubs, mut checkpoints, mut recoveries) = parked.iter().fold((0, 0, 0), |(s, c, r), f| (s + f.stubs, c + f.checkpoints, r + f.recoveries));
+        for conv in convs {
             let c = conv.lock().await;
             stubs += c.figures.stubs;
             checkpoints += c.figures.checkpoints;
@@ -213,9 +226,21 @@ impl State {
     /// The metrics in the Prometheus text format, the figures of the conversations in memory read now.
     pub async fn metrics(&self) -> String {
         let m = &self.metrics;
-        let convs: Vec<ConvRef> = self.convs.lock().await.values().cloned().collect();
+        let (convs, parked) = {
+            let all = self.convs.lock().await;
+            (all.open.values().map(|(c, _)| c.clone()).collect::<Vec<_>>(), all.parked.values().map(|p| (p.figures.clone(), p.ledger.costs())).collect::<Vec<_>>())
+        };
         let (mut checkpoints, mut recoveries, mut stubs, mut condense, mut direct) = (0, 0, 0, 0.0, 0.0);
         m.sessions_warm.set(convs.len() as i64);
+        for (f, costs) in parked {
+            checkpoints += f.checkpoints;
+            recoveries += f.recoveries;
+            stubs += f.stubs;
+            if let Some((a, b)) = costs {
+                condense += a;
+                direct += b;
+            }
+        }
         for conv in convs {
             let c = conv.lock().await;
             checkpoints += c.figures.checkpoints;

@@ -1694,3 +1694,49 @@ async fn stats_report_the_providers_usage_at_cache_prices_beside_direct() {
     let direct = p.direct.expect("a direct estimate for a served session");
     assert!(direct > p.cost, "the client's whole history costs more than the fake's tiny usage: {direct}");
 }
+
+/// What serve keeps of conversations between their requests is bounded too (`--warm-bytes`): past the
+/// bound, opening a conversation closes the least recently used idle ones; one that comes back is opened
+/// from the log, the same session with its history whole and the figures its status showed, and status
+/// counts what the closed ones did meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_conversations_close_past_the_memory_bound_and_come_back_whole() {
+    let steps = (0..4).map(|i| Step::Text(format!("reply {i}"))).collect();
+    let fake = Fake::start(steps).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cfg = config_for(dir.path().join("store"), &fake);
+    // A conversation below holds 42 messages: the bound is one and a half of them.
+    cfg.warm_bytes = 63 * condense_serve::conv::VIEW_WEIGHT;
+    let s = Setup { serve: start(cfg).await.expect("serve starts"), fake, dir };
+    let mut agents: Vec<Agent> = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|name| {
+            let mut a = Agent::new(Api::Chat, false, &s.url());
+            for i in 0..20 {
+                a.user(&format!("{name}: note {i}"));
+                a.history.push(json!({"role": "assistant", "content": format!("noted {i}")}));
+            }
+            a
+        })
+        .collect();
+    for a in agents.iter_mut() {
+        a.turn("carry on").await.unwrap();
+    }
+    let active = |st: &Value| st["active_sessions"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let status = s.status().await;
+    let open = active(&status);
+    assert_eq!(open.len(), 2, "the least recently used of three closed: {status}");
+    assert!(open.iter().all(|n| !n.contains("alpha")), "{open:?}");
+    assert_eq!(status["requests"], 3);
+    // `alpha` comes back: the same session, its whole history sent, its figures where they were.
+    assert_eq!(agents[0].turn("and again").await.unwrap(), "reply 3");
+    let sent = s.fake.log().last().unwrap().body.to_string();
+    assert!(sent.contains("alpha: note 0") && sent.contains("reply 0") && sent.contains("and again"), "{sent}");
+    let sessions = s.serve.state.store().sessions().unwrap();
+    assert_eq!(sessions.len(), 3, "no second session for the conversation that came back");
+    let status = s.status().await;
+    let alpha = status["active_sessions"].as_array().unwrap().iter().find(|x| x["name"].as_str().unwrap().contains("alpha")).cloned().unwrap();
+    assert_eq!(alpha["requests"], 2, "{status}");
+    assert_eq!(alpha["messages"], 44, "the client's view folded again from the log: {status}");
+    assert_eq!(status["requests"], 4);
+}

@@ -37,7 +37,10 @@ pub(crate) async fn conv_for(st: &Arc<State>, req: &Req) -> Result<ConvRef, Conv
 pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Result<Option<ConvRef>, ConvError> {
     let identity = identity(req)?;
     let mut convs = st.convs.lock().await;
-    if let Some(c) = convs.get(&identity) {
+    convs.tick += 1;
+    let tick = convs.tick;
+    if let Some((c, used)) = convs.open.get_mut(&identity) {
+        *used = tick;
         return Ok(Some(c.clone()));
     }
     let mut known = st.names.lock().expect("names lock").get(&identity).cloned();
@@ -75,9 +78,44 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
     .await
     .expect("session task")?;
     st.names.lock().expect("names lock").insert(identity.clone(), conv.1);
-    let c = Arc::new(AsyncMutex::new(conv.0));
-    convs.insert(identity, c.clone());
+    let mut opened = conv.0;
+    if let Some(p) = convs.parked.remove(&identity) {
+        opened.restore(p);
+    }
+    let c = Arc::new(AsyncMutex::new(opened));
+    convs.open.insert(identity, (c.clone(), tick));
+    close_idle(&mut convs, st.cfg.warm_bytes);
     Ok(Some(c))
+}
+
+/// Closes the least recently used conversations no request holds while the open ones weigh more than
+/// `bound` together ([`Conv::weight`]), keeping what their status shows ([`crate::conv::Parked`]); one
+/// that comes back is opened again from the log. Checked when a conversation is opened, with what each
+/// weighs then; the one just opened is held, so it stays.
+fn close_idle(convs: &mut crate::state::Convs, bound: u64) {
+    let (mut total, mut idle) = (0u64, Vec::new());
+    for (id, (c, used)) in &convs.open {
+        // A conversation a request holds is locked, or about to be: it weighs when it is idle again.
+        if let Ok(g) = c.try_lock() {
+            let weight = g.weight();
+            total += weight;
+            if Arc::strong_count(c) == 1 {
+                idle.push((*used, id.clone(), weight));
+            }
+        }
+    }
+    idle.sort_unstable();
+    for (_, id, weight) in idle {
+        if total <= bound {
+            break;
+        }
+        let Some((c, _)) = convs.open.remove(&id) else { continue };
+        total -= weight;
+        // Nothing else holds it (clones are taken under the lock this holds), so it unwraps.
+        if let Ok(m) = Arc::try_unwrap(c) {
+            convs.parked.insert(id, m.into_inner().park());
+        }
+    }
 }
 
 /// A conversation's identity. Two conversations are one only when they share what another user cannot
