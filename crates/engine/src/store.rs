@@ -216,18 +216,17 @@ impl Store {
             slot.0.clone()
         };
         // What they weigh together: one in use elsewhere (locked) is weighed when it is idle again.
-        let (mut total, mut idle) = (0u64, Vec::new());
-        for (id, (p, t)) in &w.map {
-            let weight = p.try_lock().map_or(0, |l| l.weight());
-            total += weight;
-            if Arc::strong_count(p) == 1 {
-                idle.push((*t, *id, weight));
-            }
+        let weight = |p: &Arc<Mutex<Live>>| p.try_lock().map_or(0, |l| l.weight());
+        let mut total: u64 = w.map.values().map(|(p, _)| weight(p)).sum();
+        let mut excess = w.map.len().saturating_sub(w.limit);
+        if excess == 0 && total <= w.bytes {
+            return p;
         }
         // Drop the least recently used projections nobody else holds (the one handed out now is held)
         // until both bounds hold.
+        let mut idle: Vec<(u64, SessionId, u64)> =
+            w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (p, t))| (*t, *id, weight(p))).collect();
         idle.sort_unstable();
-        let mut excess = w.map.len().saturating_sub(w.limit);
         for (_, id, weight) in idle {
             if excess == 0 && total <= w.bytes {
                 break;
