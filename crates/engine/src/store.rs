@@ -96,6 +96,25 @@ impl Default for StoreOptions {
     }
 }
 
+/// Which entries of a bounded cache to drop: of `idle`, those nobody holds, as (when last used, key,
+/// weight), the least recently used first, until at most `limit` of its `len` entries remain and they
+/// weigh at most `bound` of their `total`. The store's warm projections and serve's open conversations
+/// are bounded by it.
+pub fn least_recently_used<K: Ord>(mut idle: Vec<(u64, K, u64)>, len: usize, limit: usize, total: u64, bound: u64) -> Vec<K> {
+    idle.sort_unstable();
+    let (mut excess, mut total) = (len.saturating_sub(limit), total);
+    let mut drop = Vec::new();
+    for (_, key, weight) in idle {
+        if excess == 0 && total <= bound {
+            break;
+        }
+        excess = excess.saturating_sub(1);
+        total -= weight;
+        drop.push(key);
+    }
+    drop
+}
+
 /// [`StoreOptions::warm_bytes`] by default: 512 MiB.
 pub const DEFAULT_WARM_BYTES: u64 = 512 << 20;
 
@@ -217,23 +236,15 @@ impl Store {
         };
         // What they weigh together: one in use elsewhere (locked) is weighed when it is idle again.
         let weight = |p: &Arc<Mutex<Live>>| p.try_lock().map_or(0, |l| l.weight());
-        let mut total: u64 = w.map.values().map(|(p, _)| weight(p)).sum();
-        let mut excess = w.map.len().saturating_sub(w.limit);
-        if excess == 0 && total <= w.bytes {
+        let total: u64 = w.map.values().map(|(p, _)| weight(p)).sum();
+        if w.map.len() <= w.limit && total <= w.bytes {
             return p;
         }
-        // Drop the least recently used projections nobody else holds (the one handed out now is held)
-        // until both bounds hold.
-        let mut idle: Vec<(u64, SessionId, u64)> =
+        // Drop the least recently used projections nobody else holds (the one handed out now is held).
+        let idle: Vec<(u64, SessionId, u64)> =
             w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (p, t))| (*t, *id, weight(p))).collect();
-        idle.sort_unstable();
-        for (_, id, weight) in idle {
-            if excess == 0 && total <= w.bytes {
-                break;
-            }
+        for id in least_recently_used(idle, w.map.len(), w.limit, total, w.bytes) {
             w.map.remove(&id);
-            excess = excess.saturating_sub(1);
-            total -= weight;
         }
         p
     }

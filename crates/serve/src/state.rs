@@ -46,6 +46,40 @@ pub(crate) struct Convs {
     pub(crate) tick: u64,
 }
 
+impl Convs {
+    /// The open conversations (to lock one by one once this is released), and the totals of the closed
+    /// ones, which count with the figures and bills they had.
+    fn split(&self) -> (Vec<ConvRef>, Totals) {
+        let mut closed = Totals::default();
+        for p in self.parked.values() {
+            closed.add(&p.figures, &p.ledger);
+        }
+        (self.open.values().map(|(c, _)| c.clone()).collect(), closed)
+    }
+}
+
+/// What status and the metrics sum over the conversations.
+#[derive(Default)]
+struct Totals {
+    stubs: u64,
+    checkpoints: u64,
+    recoveries: u64,
+    condense: f64,
+    direct: f64,
+}
+
+impl Totals {
+    fn add(&mut self, f: &crate::conv::ConvFigures, ledger: &crate::billing::Ledger) {
+        self.stubs += f.stubs;
+        self.checkpoints += f.checkpoints;
+        self.recoveries += f.recoveries;
+        if let Some((a, b)) = ledger.costs() {
+            self.condense += a;
+            self.direct += b;
+        }
+    }
+}
+
 /// The server's shared state.
 pub struct State {
     pub(crate) store: Store,
@@ -108,18 +142,11 @@ impl State {
     pub async fn status(&self) -> Value {
         let c = &self.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (convs, parked) = {
-            let all = self.convs.lock().await;
-            (all.open.values().map(|(c, _)| c.clone()).collect::<Vec<_>>(), all.parked.values().map(|p| p.figures.clone()).collect::<Vec<_>>())
-        };
+        let (convs, mut totals) = self.convs.lock().await.split();
         let mut sessions = Vec::new();
-        // Conversations closed to bound memory count in the totals with the figures they had.
-        let (mut stubs, mut checkpoints, mut recoveries) = parked.iter().fold((0, 0, 0), |(s, c, r), f| (s + f.stubs, c + f.checkpoints, r + f.recoveries));
         for conv in convs {
             let c = conv.lock().await;
-            stubs += c.figures.stubs;
-            checkpoints += c.figures.checkpoints;
-            recoveries += c.figures.recoveries;
+            totals.add(&c.figures, &c.ledger);
             sessions.push(json!({
                 "name": c.session.name(), "id": c.session.id(), "requests": c.figures.requests, "stubs": c.figures.stubs,
                 "checkpoints": c.figures.checkpoints, "recoveries": c.figures.recoveries, "messages": c.visible_len(),
@@ -137,9 +164,9 @@ impl State {
             "output_tokens": g(&c.output_tokens),
             "cache_read_tokens": g(&c.cache_read_tokens),
             "cache_write_tokens": g(&c.cache_write_tokens),
-            "stubs": stubs,
-            "checkpoints": checkpoints,
-            "recoveries": recoveries,
+            "stubs": totals.stubs,
+            "checkpoints": totals.checkpoints,
+            "recoveries": totals.recoveries,
             "tool_rounds": g(&c.tool_rounds),
             "tool_round_limits": g(&c.round_limits),
             "overflows": self.metrics.overflows.get(),
@@ -226,37 +253,18 @@ impl State {
     /// The metrics in the Prometheus text format, the figures of the conversations in memory read now.
     pub async fn metrics(&self) -> String {
         let m = &self.metrics;
-        let (convs, parked) = {
-            let all = self.convs.lock().await;
-            (all.open.values().map(|(c, _)| c.clone()).collect::<Vec<_>>(), all.parked.values().map(|p| (p.figures.clone(), p.ledger.costs())).collect::<Vec<_>>())
-        };
-        let (mut checkpoints, mut recoveries, mut stubs, mut condense, mut direct) = (0, 0, 0, 0.0, 0.0);
+        let (convs, mut totals) = self.convs.lock().await.split();
         m.sessions_warm.set(convs.len() as i64);
-        for (f, costs) in parked {
-            checkpoints += f.checkpoints;
-            recoveries += f.recoveries;
-            stubs += f.stubs;
-            if let Some((a, b)) = costs {
-                condense += a;
-                direct += b;
-            }
-        }
         for conv in convs {
             let c = conv.lock().await;
-            checkpoints += c.figures.checkpoints;
-            recoveries += c.figures.recoveries;
-            stubs += c.figures.stubs;
-            if let Some((a, b)) = c.ledger.costs() {
-                condense += a;
-                direct += b;
-            }
+            totals.add(&c.figures, &c.ledger);
         }
-        m.checkpoints.set(checkpoints as i64);
-        m.recoveries.set(recoveries as i64);
-        m.stubs.set(stubs as i64);
+        m.checkpoints.set(totals.checkpoints as i64);
+        m.recoveries.set(totals.recoveries as i64);
+        m.stubs.set(totals.stubs as i64);
         if self.cfg.price_cache {
-            m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(condense);
-            m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(direct);
+            m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(totals.condense);
+            m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(totals.direct);
         }
         let fallbacks = self.summarizer_fallbacks();
         m.summarizer_fallbacks.inc_by(fallbacks.saturating_sub(m.summarizer_fallbacks.get()));

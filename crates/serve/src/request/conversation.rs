@@ -104,13 +104,8 @@ fn close_idle(convs: &mut crate::state::Convs, bound: u64) {
             }
         }
     }
-    idle.sort_unstable();
-    for (_, id, weight) in idle {
-        if total <= bound {
-            break;
-        }
+    for id in condense_engine::least_recently_used(idle, convs.open.len(), usize::MAX, total, bound) {
         let Some((c, _)) = convs.open.remove(&id) else { continue };
-        total -= weight;
         // Nothing else holds it (clones are taken under the lock this holds), so it unwraps.
         if let Ok(m) = Arc::try_unwrap(c) {
             convs.parked.insert(id, m.into_inner().park());
