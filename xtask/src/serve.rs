@@ -206,9 +206,9 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         ("500,000 one-letter messages", tiny(500_000)),
     ];
     writeln!(md, "\n## Memory of one request\n")?;
-    writeln!(md, "Each shape sent once (Chat Completions, JSON) to a fresh release `condense serve` (`--max-body-bytes` 200 MB, the default 2 GiB memory budget) against a fake upstream; *peak* is the server's VmHWM minus its RSS before the request, *kept after the reply* its RSS once the reply has come back, minus the same (what the session's warm projection, the client's view, sled's page cache and the allocator's free pages hold on to; docs/serve.md, \"Memory\"). The *reservation* is what serve's memory budget takes for the request before recording it (`crates/serve/src/budget.rs`); a request whose reservation exceeds the whole budget is refused with a 413 (docs/serve.md, \"Limits\").\n")?;
-    writeln!(md, "| body | size | status | peak | peak per byte of body | kept after the reply | reservation |")?;
-    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(md, "Each shape sent once (Chat Completions, JSON) to a fresh release `condense serve` (`--max-body-bytes` 200 MB, the default 2 GiB memory budget) against a fake upstream; *reply in* the time from sending the body to the end of the reply (the fake upstream answers at once), *peak* is the server's VmHWM minus its RSS before the request, *kept after the reply* its RSS once the reply has come back, minus the same (what the session's warm projection, the client's view, sled's page cache and the allocator's free pages hold on to; docs/serve.md, \"Memory\"). The *reservation* is what serve's memory budget takes for the request before recording it (`crates/serve/src/budget.rs`); a request whose reservation exceeds the whole budget is refused with a 413 (docs/serve.md, \"Limits\").\n")?;
+    writeln!(md, "| body | size | status | reply in | peak | peak per byte of body | kept after the reply | reservation |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
     let agent = reqwest::blocking::Client::builder().timeout(Duration::from_secs(600)).build()?;
     for (name, messages) in shapes {
         let store = scratch.join("request-memory-store");
@@ -216,13 +216,15 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         let (mut child, addr) = spawn_serve(&bin, &store, &fake, &["--max-body-bytes", &(200u64 << 20).to_string()])?;
         let body = json!({"model": "m", "messages": messages}).to_string();
         let before = status_kib(child.id(), "VmRSS:");
+        let sent = Instant::now();
         let r = agent.post(format!("http://{addr}/v1/chat/completions")).header("authorization", "Bearer bench").header("content-type", "application/json").body(body.clone()).send()?;
         let code = r.status().as_u16();
         let _ = r.bytes();
+        let took = sent.elapsed();
         let peak = (status_kib(child.id(), "VmHWM:") - before) * 1024.0;
         let kept = (status_kib(child.id(), "VmRSS:") - before) * 1024.0;
         let reservation = body.len() as f64 * condense_serve::budget::PER_BODY_BYTE as f64 + messages.len() as f64 * condense_serve::budget::PER_MESSAGE as f64;
-        writeln!(md, "| {name} | {:.1} MB | {code} | {:.0} MB | {:.1} | {:.0} MB | {:.0} MB |", body.len() as f64 / 1e6, peak / 1e6, peak / body.len() as f64, kept / 1e6, reservation / 1e6)?;
+        writeln!(md, "| {name} | {:.1} MB | {code} | {:.2} s | {:.0} MB | {:.1} | {:.0} MB | {:.0} MB |", body.len() as f64 / 1e6, took.as_secs_f64(), peak / 1e6, peak / body.len() as f64, kept / 1e6, reservation / 1e6)?;
         let _ = child.kill();
         let _ = child.wait();
     }
