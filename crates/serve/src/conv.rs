@@ -572,6 +572,14 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
         }
     };
     if api == Api::Anthropic {
+        // Where a complete client unit ends (marked once, not searched for each unit: a request of many
+        // units took quadratic time).
+        let mut complete_end = vec![false; segs.len() + 1];
+        for (k, c) in complete_at.iter().enumerate() {
+            if let Some(w) = c {
+                complete_end[k + count(*w)] = true;
+            }
+        }
         let starts: Vec<usize> = (0..segs.len()).filter(|&i| whole[i].is_some()).collect();
         for s0 in starts {
             let u = whole[s0].expect("a whole unit");
@@ -583,7 +591,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             // client's mark: merged only while marked, the same two messages went out merged in one
             // request and apart in the next, which breaks the prompt cache there.
             let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && complete_at[end].is_none() && role_of(end).as_deref() == Some(role);
-            let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !(0..s0).any(|k| complete_at[k].is_some_and(|w| k + count(w) == s0)) && role_of(s0 - 1).as_deref() == Some(role);
+            let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !complete_end[s0] && role_of(s0 - 1).as_deref() == Some(role);
             if matches!(role, "user" | "assistant") && (prev_new || next_new || next_part || prev_part) {
                 whole[s0] = None;
             }

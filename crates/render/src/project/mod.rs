@@ -75,6 +75,13 @@ struct Incremental {
     /// How many leading messages of `out` are those the last `render` handed out (a push extends `out`
     /// without lowering it; replacing or splicing a message lowers it to that message's position).
     same: usize,
+    /// Messages decisions replaced and `out` does not show yet, by entry index: the message `out` holds
+    /// for the entry and the one it renders as now. Taken in by one pass over `out` when it is next read
+    /// ([`Incremental::settle`]): a pass per decision cost the length of the render each time (33,000
+    /// batches closing on a first request of 100,000 messages scanned 1.7 billion of them).
+    replace: BTreeMap<usize, (Arc<Message>, Arc<Message>)>,
+    /// The addresses of the messages `replace` takes out of `out` (lookups only).
+    replaced: rustc_hash::FxHashSet<usize>,
 }
 
 /// The messages of a rendered context, shared with the projection that keeps them up to date. Drop a
@@ -488,6 +495,86 @@ mod tests {
         for m in rendered.messages.iter() {
             assert!(cache.contains_key(&(Arc::as_ptr(m) as usize)), "a live message was forgotten");
         }
+    }
+
+    /// A long history whose old outputs close one batch each, then chains compressed far back and near
+    /// the end: the replacements wait for the next read of the render, a chain far back leaves the next
+    /// render to start over (splicing each in turn moved the rest of the render every time), and every
+    /// render is the full render (checked after each decision as well, in debug builds).
+    #[test]
+    fn many_decisions_on_a_long_history_render_as_the_full_render() {
+        use condense_events::{BatchOutcome, Block, DecisionEvent, Record};
+        let mut p = Projection::new();
+        let mut seq = 0u64;
+        let mut put = |p: &mut Projection, e: Event| {
+            seq += 1;
+            p.apply(seq, &e);
+        };
+        let turns = 1200;
+        let mut parent: Option<String> = None;
+        for t in 0..turns {
+            let id = format!("c{t}");
+            let msgs = [
+                Message::user_text(format!("task {t}"), UserOrigin::Prompt),
+                Message::Assistant { content: vec![Block::ToolCall { id: id.clone(), name: "bash".into(), arguments: format!("{{\"command\":\"cat f{t}\"}}") }], model: None, stop: None, usage: None },
+                Message::ToolResult { call_id: id.clone(), tool_name: "bash".into(), content: vec![Block::Text { text: format!("line {t}\n").repeat(300) }], is_error: false },
+                Message::Assistant { content: vec![Block::Text { text: format!("done {t}") }], model: None, stop: None, usage: None },
+            ];
+            for (k, m) in msgs.into_iter().enumerate() {
+                let e = format!("t{t}e{k}");
+                put(&mut p, Event::Source(SourceEvent::EntryAppended { id: e.clone(), parent: parent.clone(), entry: Entry::Message(m) }));
+                parent = Some(e);
+            }
+            let rec = Record {
+                ref_n: t + 1,
+                batch: t + 1,
+                entry: format!("t{t}e2"),
+                call_entry: format!("t{t}e1"),
+                call_id: id.clone(),
+                occurrence: format!("{id}@t{t}e2"),
+                tool: "bash".into(),
+                arguments: "{}".into(),
+                is_error: false,
+                chars: 2400,
+                hash: format!("h{t}"),
+                turn: t,
+                utg: t + 1,
+                protected: false,
+            };
+            put(&mut p, Event::Decision(DecisionEvent::OutputCaptured(rec)));
+        }
+        let kept = |p: &Projection| p.inc.lock().unwrap().valid;
+        let pending = |p: &Projection| p.inc.lock().unwrap().replace.len();
+        assert_eq!(p.render().messages.len(), 4 * turns as usize);
+        // Every output closes in its own batch, oldest first: taken in place, left pending until read.
+        for t in 0..turns {
+            put(&mut p, Event::Decision(DecisionEvent::BatchClosed { batch: t + 1, refs: vec![t + 1], outcome: BatchOutcome::Summarized, summaries: vec![(t + 1, format!("300 lines of output {t}"))] }));
+        }
+        assert!(kept(&p), "the batches were taken in place");
+        assert!(pending(&p) > 0, "the replacements wait for the next read");
+        let chain = |t: u32| Event::Decision(DecisionEvent::ChainCompressed { block: t + 1, first: format!("t{t}e0"), last: format!("t{t}e3"), refs: vec![t + 1], body: format!("[b{t}: cat f{t}]") });
+        // A chain near the end, over a turn whose output waits to be replaced: spliced in place.
+        let mut near = p.clone();
+        put(&mut near, chain(turns - 1));
+        assert!(kept(&near), "a chain near the end is spliced in place");
+        let made = near.render().messages;
+        assert_eq!(made, near.render_full_now().messages);
+        assert!(made.iter().any(|m| m.text() == format!("[b{}: cat f{}]", turns - 1, turns - 1)));
+        assert_eq!(pending(&near), 0, "a read takes every replacement in");
+        // The oldest chains, further back than a splice reaches: the next render starts over, and is the same.
+        let mut far = p.clone();
+        for t in 0..3 {
+            put(&mut far, chain(t));
+        }
+        assert!(!kept(&far), "a chain far back leaves the next render to start over");
+        let made = far.render().messages;
+        assert_eq!(made, far.render_full_now().messages);
+        assert_eq!(made.len(), 4 * turns as usize - 3);
+        assert!(made[1].text().starts_with("[b0: cat f0]"), "{:?}", made[1]);
+        // Pending replacements read by the render itself, with no decision after them.
+        let made = p.render().messages;
+        assert_eq!(made, p.render_full_now().messages);
+        assert!(made[2].text().contains("300 lines of output 0"), "{:?}", made[2]);
     }
 
     /// A batch closed on a projection with a current render: the kept render takes the change in place

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How far from the end of the kept render a compressed chain is spliced in place (messages).
+const SPLICE_REACH: usize = 4096;
+
 impl Projection {
     /// Before decision `d` is folded: the entries whose message it changes, with the message each renders
     /// as now, when the kept render can take the change in place (see [`Projection::patch_render`]);
@@ -53,39 +56,36 @@ impl Projection {
     /// decision costs the entries it changes, not a render of the branch. Debug builds check the result
     /// against the full render.
     pub(super) fn patch_render(&mut self, d: &DecisionEvent, old: Vec<(usize, Arc<Message>)>) {
-        let mut replaced: HashMap<usize, Arc<Message>> = HashMap::default();
+        let mut inc = std::mem::take(self.inc.get_mut().expect("render cache lock"));
         {
             let mut cache = self.phase_cache.lock().expect("phase cache lock");
             for (i, before) in old {
                 let Some(now) = self.phased_at(&mut cache, i) else { continue };
-                if !Arc::ptr_eq(&before, &now) {
-                    replaced.insert(Arc::as_ptr(&before) as usize, now);
+                if Arc::ptr_eq(&before, &now) {
+                    continue;
                 }
-            }
-        }
-        let mut inc = std::mem::take(self.inc.get_mut().expect("render cache lock"));
-        if !replaced.is_empty() {
-            // From the end, where decisions mostly land, until every message replaced is found (each
-            // entry's message sits in the render once).
-            let (mut first, mut left) = (usize::MAX, replaced.len());
-            for (k, m) in Arc::make_mut(&mut inc.out).iter_mut().enumerate().rev() {
-                if let Some(new) = replaced.get(&(Arc::as_ptr(m) as usize)) {
-                    *m = new.clone();
-                    first = k;
-                    left -= 1;
-                    if left == 0 {
-                        break;
+                // Left for the next read of the render; an entry replaced again keeps the message the
+                // render still holds for it.
+                match inc.replace.get_mut(&i) {
+                    Some((_, pending)) => *pending = now,
+                    None => {
+                        inc.replaced.insert(Arc::as_ptr(&before) as usize);
+                        inc.replace.insert(i, (before, now));
                     }
                 }
             }
-            inc.same = inc.same.min(first);
         }
+        // Replacements still pending stay valid through a splice that takes none of their messages: they
+        // find them by identity wherever the splice moves them (see `splice_chain`).
         if let DecisionEvent::ChainCompressed { first, last, block, .. } = d {
             inc.valid = self.splice_chain(&mut inc, first, last, *block);
         }
+        // Checked on a copy, so the replacements stay pending in debug builds as they do in release ones.
         if cfg!(debug_assertions) && inc.valid {
+            let mut settled = inc.clone();
+            settled.settle();
             let full = self.render_full();
-            assert_eq!((&inc.out, &inc.report), (&full.out, &full.report), "a decision patched into the kept render is the full render");
+            assert_eq!((&settled.out, &settled.report), (&full.out, &full.report), "a decision patched into the kept render is the full render");
         }
         *self.inc.get_mut().expect("render cache lock") = inc;
     }
@@ -100,8 +100,23 @@ impl Projection {
         let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };
         let (Some(bf), Some(bl)) = (branch.position(first), branch.position(last)) else { return false };
         let Some(chain) = self.decisions.chains.get(&block) else { return false };
-        let Some(pf) = inc.out.iter().rposition(|m| Arc::ptr_eq(m, fm)) else { return false };
-        let Some(pl) = inc.out[pf..].iter().position(|m| Arc::ptr_eq(m, lm)).map(|k| pf + k) else { return false };
+        // Spliced in place only near the end of the render, where chains are compressed as a session
+        // goes on; one further back (a first request carrying a long history) leaves the next render to
+        // start over, once, where splicing each chain in turn moved the rest of the render every time.
+        let reach = inc.out.len().saturating_sub(SPLICE_REACH);
+        let find = |inc: &Incremental| -> Option<(usize, usize)> {
+            let pf = inc.out[reach..].iter().rposition(|m| Arc::ptr_eq(m, fm)).map(|k| reach + k)?;
+            let pl = inc.out[pf..].iter().position(|m| Arc::ptr_eq(m, lm)).map(|k| pf + k)?;
+            Some((pf, pl))
+        };
+        let Some((mut pf, mut pl)) = find(inc) else { return false };
+        // A span holding a message a pending replacement takes out is spliced as it stands after the
+        // replacements, as when each decision took its own in at once.
+        if inc.out[pf..=pl].iter().any(|m| inc.replaced.contains(&(Arc::as_ptr(m) as usize))) {
+            inc.settle();
+            let Some(found) = find(inc) else { return false };
+            (pf, pl) = found;
+        }
         // With nothing repaired, the render holds each entry's message once: the chain's span in the render
         // must hold exactly its entries' messages.
         let own = (bf..=bl).filter(|&k| !self.overflowed.contains(&branch.item(k))).count();
@@ -118,5 +133,36 @@ impl Projection {
         Arc::make_mut(&mut inc.out).splice(pf..=pl, std::iter::once(fm.clone()).chain(host).chain([block_msg, reply]));
         inc.same = inc.same.min(pf);
         true
+    }
+}
+
+impl Incremental {
+    /// Takes the replacements decisions left pending into `out`: one pass from the end, where decisions
+    /// mostly land, until every message replaced is found (each entry's message sits in the render once).
+    pub(super) fn settle(&mut self) {
+        if self.replace.is_empty() {
+            return;
+        }
+        self.replaced.clear();
+        let replaced: HashMap<usize, Arc<Message>> = std::mem::take(&mut self.replace)
+            .into_values()
+            .filter(|(before, now)| !Arc::ptr_eq(before, now))
+            .map(|(before, now)| (Arc::as_ptr(&before) as usize, now))
+            .collect();
+        if replaced.is_empty() {
+            return;
+        }
+        let (mut first, mut left) = (usize::MAX, replaced.len());
+        for (k, m) in Arc::make_mut(&mut self.out).iter_mut().enumerate().rev() {
+            if let Some(new) = replaced.get(&(Arc::as_ptr(m) as usize)) {
+                *m = new.clone();
+                first = k;
+                left -= 1;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        self.same = self.same.min(first);
     }
 }

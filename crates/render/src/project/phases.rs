@@ -17,7 +17,9 @@ impl Projection {
     /// kept the last render need not compare again.
     pub fn render_since(&self) -> (Rendered, usize) {
         let mut inc = self.inc.lock().expect("render cache lock");
-        if !inc.valid {
+        if inc.valid {
+            inc.settle();
+        } else {
             *inc = self.render_full();
         }
         let same = inc.same.min(inc.out.len());
@@ -446,5 +448,5 @@ pub(super) fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental 
             pending.insert(c as u32, synthetic_at[slot as usize - 1]);
         }
     }
-    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending, same: 0 }
+    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending, same: 0, replace: BTreeMap::new(), replaced: Default::default() }
 }
