@@ -85,6 +85,50 @@ fn every_corpus_session_switched_to_32k_recovers_or_fails_closed() {
     condense_tests::snapshot!("every_corpus_session_switched_to_32k_recovers_or_fails_closed", snapshot.expect("a pi session recovered"));
 }
 
+/// The payload guard that `prepare` applies itself judges the context by its serialized size, not by its
+/// text: a context of many small tool calls, whose JSON (ids, names, framing) is many times its text,
+/// is over the new model's payload limit while its text is far under it.
+#[test]
+fn prepare_guards_a_context_whose_json_is_over_the_limit_while_its_text_is_small() {
+    use condense_events::{Block, Entry, Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
+    let s = unpruned(&store, "many-small-calls");
+    s.append(vec![model(200_000)]).unwrap();
+    let mut events = Vec::new();
+    let mut parent: Option<String> = None;
+    let mut push = |events: &mut Vec<SourceEvent>, id: String, m: Message| {
+        events.push(SourceEvent::EntryAppended { id: id.clone(), parent: parent.replace(id), entry: Entry::Message(m) });
+    };
+    push(&mut events, "p".into(), Message::user_text("check every file", UserOrigin::Prompt));
+    for k in 0..6_000 {
+        let call = format!("call_{k:020}");
+        push(&mut events, format!("a{k}"), Message::Assistant { content: vec![Block::ToolCall { id: call.clone(), name: "r".into(), arguments: "{}".into() }], model: None, stop: None, usage: None });
+        push(&mut events, format!("t{k}"), Message::ToolResult { call_id: call, tool_name: "r".into(), content: vec![Block::Text { text: "ok".into() }], is_error: false });
+    }
+    s.append(events).unwrap();
+    s.append(vec![model(32_000)]).unwrap();
+    let limit = condense_engine::recover::payload_limit(&s.projection().unwrap()).unwrap();
+    let context = s.render().unwrap();
+    // Text and arguments: what the guard's quick test counted.
+    let text: usize = context.messages.iter().flat_map(|m| m.content()).map(|b| match b {
+        Block::Text { text } => text.len(),
+        Block::ToolCall { arguments, .. } => arguments.len(),
+        _ => 0,
+    }).sum();
+    let json = |m: &[std::sync::Arc<Message>]| serde_json::to_vec(&condense_formats::export::neutral(m)).unwrap().len() as u64;
+    assert!((text as u64) * 2 < limit && json(&context.messages[..]) > limit, "the case: text {text} bytes, JSON {} bytes, limit {limit}", json(&context.messages[..]));
+    drop(context);
+    match s.prepare() {
+        Ok(r) => {
+            assert!(json(&r.messages[..]) <= limit, "prepare sent {} bytes of JSON, over the payload limit {limit}", json(&r.messages[..]));
+            assert_eq!(s.projection().unwrap().index().checkpoints.len(), 1, "a recovery checkpoint");
+        }
+        Err(EngineError::CompactionFailed { .. }) => assert!(s.projection().unwrap().index().checkpoints.is_empty()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
 #[test]
 fn recovery_off_or_small_windows_do_not_guard() {
     let dir = tempfile::tempdir().unwrap();

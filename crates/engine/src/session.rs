@@ -446,16 +446,9 @@ impl Session {
         }
         let Some(limit) = recover::payload_limit(&proj) else { return Ok(()) };
         let rendered = proj.render();
-        // Text bytes first: a context far below the limit is not serialized at all.
-        let text: u64 = rendered.messages.iter().map(|m| m.content().iter().map(|b| match b {
-            condense_events::Block::Text { text } => text.len(),
-            condense_events::Block::Thinking { thinking, .. } => thinking.len(),
-            condense_events::Block::ToolCall { arguments, .. } => arguments.len(),
-            condense_events::Block::Image { data, .. } => data.len(),
-        }).sum::<usize>() as u64).sum();
-        if text * 2 < limit {
-            return Ok(());
-        }
+        // Serialized every time the guard is active (the requests of a model transition): a quick test on
+        // the text passed contexts of many small tool calls whose JSON was many times their text
+        // (`prepare_guards_a_context_whose_json_is_over_the_limit_while_its_text_is_small`).
         let bytes = serde_json::to_vec(&condense_formats::export::neutral(&rendered.messages[..])).map_or(0, |v| v.len() as u64);
         drop(rendered);
         if bytes <= limit {
