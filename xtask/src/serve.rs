@@ -193,7 +193,7 @@ The dashboard's sessions list (`/condense/api/sessions`, what `/condense/` polls
 
 /// The peak memory of one request by shape (`--only request-memory`): each shape sent once to a fresh
 /// release server, its VmHWM over the baseline, beside the reservation serve's memory budget takes for it
-/// (`PER_BODY_BYTE` per byte of body and `PER_MESSAGE` per message, `crates/serve/src/budget.rs`).
+/// (`PER_BODY_BYTE` per byte of body and `PER_ELEMENT` per value of the message list, `crates/serve/src/budget.rs`).
 pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
     let bin = release_binary()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
@@ -204,6 +204,12 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         ("one message of 60 MB", vec![json!({"role": "user", "content": "word ".repeat(12_000_000)})]),
         ("100,000 one-letter messages", tiny(100_000)),
         ("500,000 one-letter messages", tiny(500_000)),
+        ("one message of 500,000 one-letter parts", vec![json!({"role": "user", "content": (0..500_000).map(|_| json!({"type": "text", "text": "p"})).collect::<Vec<_>>()})]),
+        ("a call's arguments of 1,000,000 values", vec![
+            json!({"role": "user", "content": "go"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": json!({"a": vec!["x"; 1_000_000]}).to_string()}}]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "ok"}),
+        ]),
     ];
     writeln!(md, "\n## Memory of one request\n")?;
     writeln!(md, "Each shape sent once (Chat Completions, JSON) to a fresh release `condense serve` (`--max-body-bytes` 200 MB, the default 2 GiB memory budget) against a fake upstream; *reply in* the time from sending the body to the end of the reply (the fake upstream answers at once), *peak* is the server's VmHWM minus its RSS before the request, *kept after the reply* its RSS once the reply has come back, minus the same (what the session's warm projection, the client's view, sled's page cache and the allocator's free pages hold on to; docs/serve.md, \"Memory\"). The *reservation* is what serve's memory budget takes for the request before recording it (`crates/serve/src/budget.rs`); a request whose reservation exceeds the whole budget is refused with a 413 (docs/serve.md, \"Limits\").\n")?;
@@ -223,7 +229,8 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         let took = sent.elapsed();
         let peak = (status_kib(child.id(), "VmHWM:") - before) * 1024.0;
         let kept = (status_kib(child.id(), "VmRSS:") - before) * 1024.0;
-        let reservation = body.len() as f64 * condense_serve::budget::PER_BODY_BYTE as f64 + messages.len() as f64 * condense_serve::budget::PER_MESSAGE as f64;
+        let elements: u64 = messages.iter().map(|m| condense_formats::wire::count_elements(m.to_string().as_bytes()) + 1).sum();
+        let reservation = condense_serve::budget::reservation(body.len() as u64, elements) as f64;
         writeln!(md, "| {name} | {:.1} MB | {code} | {:.2} s | {:.0} MB | {:.1} | {:.0} MB | {:.0} MB |", body.len() as f64 / 1e6, took.as_secs_f64(), peak / 1e6, peak / body.len() as f64, kept / 1e6, reservation / 1e6)?;
         let _ = child.kill();
         let _ = child.wait();

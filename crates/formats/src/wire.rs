@@ -295,6 +295,36 @@ fn memmem(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
 }
 
+/// How many JSON values `text` opens or separates outside its strings (each `{`, `[` and `,`): what the
+/// memory of recording a request grows with beyond its bytes, whatever its shape (messages, content
+/// blocks, the values of a call's input), counted in one pass without parsing.
+pub fn count_elements(text: &[u8]) -> u64 {
+    let mut n = 0;
+    let mut at = 0;
+    while let Some(k) = memchr::memchr3(b'"', b'{', b'[', &text[at..]).map(|k| at + k) {
+        n += text[at..k].iter().filter(|&&b| b == b',').count() as u64;
+        if text[k] != b'"' {
+            n += 1;
+            at = k + 1;
+            continue;
+        }
+        // Past the string: its end is the first quote no backslash escapes.
+        let mut end = k + 1;
+        loop {
+            match memchr::memchr2(b'"', b'\\', &text[end..]) {
+                Some(j) if text[end + j] == b'\\' => end += j + 2,
+                Some(j) => {
+                    end += j + 1;
+                    break;
+                }
+                None => return n,
+            }
+        }
+        at = end.min(text.len());
+    }
+    n + text[at..].iter().filter(|&&b| b == b',').count() as u64
+}
+
 /// How many cache marks a request body holds (a mention of the key in a text counts too: the count errs
 /// high).
 pub fn cache_marks(body: &[u8]) -> usize {
@@ -855,6 +885,15 @@ pub fn responses_reply(output: &[Value], model: Option<String>) -> Message {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn elements_are_counted_outside_strings() {
+        assert_eq!(count_elements(br#"{"role":"user","content":"x"}"#), 2);
+        assert_eq!(count_elements(br#"{"a":[1,2,{"b":"{[,]}"}],"c":"\"{,"}"#), 6);
+        assert_eq!(count_elements(br#"[{"t":"a\\"},{"t":"b"}]"#), 4, "an escaped backslash ends no string");
+        assert_eq!(count_elements(br#""unterminated {,"#), 0);
+        assert_eq!(count_elements(b""), 0);
+    }
+
     use super::*;
 
     #[test]

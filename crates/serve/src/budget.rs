@@ -1,6 +1,6 @@
 //! The memory requests may hold at once. Each request reserves, before its body is read, what recording
-//! it will take at most — a multiple of its declared length, then, once its messages are counted, a share
-//! per message as well — and gives it back when its response has ended (a stream included). A request
+//! it will take at most — a multiple of its declared length, then, once its message list is read, a share
+//! per JSON value in it as well — and gives it back when its response has ended (a stream included). A request
 //! that would take the server past its budget is refused at once: with a 503 and `retry-after` when
 //! others hold the memory, with a 413 when it could never fit alone (issue 35: one body of 500,000 tiny
 //! messages took 3.6 GB).
@@ -10,8 +10,15 @@ use std::sync::Arc;
 
 /// Peak memory of recording a request, per byte of its body (measured: docs/serve.md, "Limits").
 pub const PER_BODY_BYTE: u64 = 12;
-/// Peak memory of recording a request, per message beyond its bytes (measured as above).
-pub const PER_MESSAGE: u64 = 2 << 10;
+/// Peak memory of recording a request, per value its message list opens or separates beyond its bytes
+/// (`condense_formats::wire::count_elements`: each `{`, `[` and `,` outside strings; a message of one
+/// short text is three, a content block three, an element of a call's input one; measured as above).
+pub const PER_ELEMENT: u64 = 640;
+
+/// What recording a message list of `body` bytes and `elements` values reserves.
+pub fn reservation(body: u64, elements: u64) -> u64 {
+    body * PER_BODY_BYTE + elements * PER_ELEMENT
+}
 
 /// The server's budget.
 pub(crate) struct Budget {

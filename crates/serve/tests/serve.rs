@@ -1330,10 +1330,16 @@ async fn limits_on_size_time_and_memory_hold() {
     // A body that stops short of its declared length: a 408.
     let (resp, _) = raw_exchange(addr, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":", Duration::from_secs(5)).await;
     assert!(resp.starts_with("HTTP/1.1 408"), "{resp}");
-    // Two thousand tiny messages need more than the 4 MiB budget to record: a 413 that says so.
+    // Three thousand tiny messages need more than the 4 MiB budget to record: a 413 that says so.
     let url = format!("http://{addr}");
-    let many: Vec<Value> = (0..2000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "x"})).collect();
+    let many: Vec<Value> = (0..3000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "x"})).collect();
     let r = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).header("x-api-key", "k").header("content-type", "application/json").body(json!({"model": "m", "messages": many}).to_string()).send().await.unwrap();
+    assert_eq!(r.status(), 413);
+    assert!(r.text().await.unwrap().contains("memory budget"));
+    // So do three thousand one-letter content blocks in one message (an 80 KB body): what recording
+    // takes grows with the values of the list, not with its messages alone.
+    let parts: Vec<Value> = (0..3000).map(|_| json!({"type": "text", "text": "p"})).collect();
+    let r = reqwest::Client::new().post(format!("{url}/v1/messages")).header("x-api-key", "k").header("content-type", "application/json").body(json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": parts}]}).to_string()).send().await.unwrap();
     assert_eq!(r.status(), 413);
     assert!(r.text().await.unwrap().contains("memory budget"));
     // One request in flight holds ~1.2 MB of it (a 100 KB body); two more at once would pass the budget.

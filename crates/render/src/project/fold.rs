@@ -253,20 +253,17 @@ impl Projection {
                 }
                 out.push(m.clone());
                 for (&c, (id, name, _)) in calls.iter().zip(m.tool_calls()) {
-                    inc.pending.insert(c, out.len());
+                    inc.pending.insert(c, (out.len(), inc.report.synthetic_results.len()));
                     inc.report.synthetic_results.push(id.to_string());
                     out.push(synthetic(id, name));
                 }
             }
             Node::Message(m, Meta::Result { call }) => match inc.pending.remove(call) {
-                Some(pos) => {
-                    let out = Arc::make_mut(&mut inc.out);
-                    if let Message::ToolResult { call_id, .. } = &*out[pos] {
-                        if let Some(k) = inc.report.synthetic_results.iter().rposition(|s| s == call_id) {
-                            inc.report.synthetic_results.remove(k);
-                        }
-                    }
-                    out[pos] = m.clone();
+                Some((pos, k)) => {
+                    // Its synthetic result leaves the report when the render is next read (searched for and
+                    // removed here, many parallel calls' results took time in the square of their number).
+                    inc.answered.push(k);
+                    Arc::make_mut(&mut inc.out)[pos] = m.clone();
                     inc.same = inc.same.min(pos);
                 }
                 None => {
@@ -292,11 +289,14 @@ impl Projection {
             Message::User { .. } => Meta::User,
             Message::Assistant { stop: Some(condense_events::StopReason::Error | condense_events::StopReason::Aborted), .. } => Meta::Failed,
             Message::Assistant { content, model, stop, usage } => {
+                // The calls in order, each id once (a set to look them up: a message of many parallel
+                // calls searched a list for each).
                 let mut seen: Vec<&str> = Vec::new();
+                let mut known: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
                 let mut kept = Vec::with_capacity(content.len());
                 for b in content {
                     if let Block::ToolCall { id, .. } = b {
-                        if seen.contains(&id.as_str()) {
+                        if !known.insert(id.as_str()) {
                             continue;
                         }
                         seen.push(id);

@@ -70,8 +70,12 @@ struct Incremental {
     leaf: Option<usize>,
     out: Messages,
     report: RenderReport,
-    /// Unanswered calls: interned call id → position of its synthetic result in `out`.
-    pending: HashMap<u32, usize>,
+    /// Unanswered calls: interned call id → position of its synthetic result in `out` and of its id in
+    /// the report's `synthetic_results`.
+    pending: HashMap<u32, (usize, usize)>,
+    /// Places in the report's `synthetic_results` of calls answered since, taken out when the render is
+    /// next read ([`Incremental::settle`]).
+    answered: Vec<usize>,
     /// How many leading messages of `out` are those the last `render` handed out (a push extends `out`
     /// without lowering it; replacing or splicing a message lowers it to that message's position).
     same: usize,
@@ -495,6 +499,46 @@ mod tests {
         for m in rendered.messages.iter() {
             assert!(cache.contains_key(&(Arc::as_ptr(m) as usize)), "a live message was forgotten");
         }
+    }
+
+    /// Parallel calls answered one by one while the render is kept: each render, its report included (the
+    /// synthetic results of the calls still open), is the full render's.
+    #[test]
+    fn parallel_calls_answered_in_any_order_render_as_the_full_render() {
+        use condense_events::Block;
+        let mut p = Projection::new();
+        let mut seq = 0u64;
+        let mut parent: Option<String> = None;
+        let mut put = |p: &mut Projection, id: &str, m: Message| {
+            seq += 1;
+            p.apply(seq, &Event::Source(SourceEvent::EntryAppended { id: id.into(), parent: parent.replace(id.into()), entry: Entry::Message(m) }));
+        };
+        let calls = |ids: &[&str]| Message::Assistant {
+            content: ids.iter().map(|c| Block::ToolCall { id: (*c).into(), name: "bash".into(), arguments: "{}".into() }).collect(),
+            model: None,
+            stop: None,
+            usage: None,
+        };
+        let result = |c: &str| Message::ToolResult { call_id: c.into(), tool_name: "bash".into(), content: vec![Block::Text { text: format!("out {c}") }], is_error: false };
+        let same = |p: &Projection| {
+            let (kept, full) = (p.render(), p.render_full_now());
+            assert_eq!((&kept.messages, &kept.report), (&full.messages, &full.report));
+            kept.report.synthetic_results
+        };
+        put(&mut p, "u", Message::user_text("go", UserOrigin::Prompt));
+        put(&mut p, "a1", calls(&["c1", "c2", "c3", "c4"]));
+        assert_eq!(same(&p), ["c1", "c2", "c3", "c4"]);
+        put(&mut p, "r3", result("c3"));
+        put(&mut p, "r1", result("c1"));
+        assert_eq!(same(&p), ["c2", "c4"]);
+        // More calls while two are open; one of them answered before the next read.
+        put(&mut p, "a2", calls(&["c5", "c6"]));
+        put(&mut p, "r6", result("c6"));
+        assert_eq!(same(&p), ["c2", "c4", "c5"]);
+        put(&mut p, "r4", result("c4"));
+        put(&mut p, "r2", result("c2"));
+        put(&mut p, "r5", result("c5"));
+        assert_eq!(same(&p), Vec::<String>::new());
     }
 
     /// A long history whose old outputs close one batch each, then chains compressed far back and near

@@ -11,7 +11,7 @@ impl Projection {
     /// as now, when the kept render can take the change in place (see [`Projection::patch_render`]);
     /// `None` when the next render must start over.
     pub(super) fn patch_start(&self, d: &DecisionEvent) -> Option<Vec<(usize, Arc<Message>)>> {
-        let inc = self.inc.lock().expect("render cache lock");
+        let mut inc = self.inc.lock().expect("render cache lock");
         if !inc.valid || self.decisions.recoveries > 0 || !self.decisions.checkpoints.is_empty() {
             return None;
         }
@@ -24,6 +24,7 @@ impl Projection {
             DecisionEvent::ErrorArgsPurged { entry, .. } => vec![entry.as_str()],
             // The chain's span is replaced whole, where nothing in the render was repaired.
             DecisionEvent::ChainCompressed { .. } => {
+                inc.drop_answered();
                 return (inc.report.is_clean() && inc.pending.is_empty()).then(Vec::new);
             }
             DecisionEvent::ChainReplyCut { block, .. } => idx.chains.get(block).map(|c| c.last.as_str()).into_iter().collect(),
@@ -140,6 +141,7 @@ impl Incremental {
     /// Takes the replacements decisions left pending into `out`: one pass from the end, where decisions
     /// mostly land, until every message replaced is found (each entry's message sits in the render once).
     pub(super) fn settle(&mut self) {
+        self.drop_answered();
         if self.replace.is_empty() {
             return;
         }
@@ -164,5 +166,26 @@ impl Incremental {
             }
         }
         self.same = self.same.min(first);
+    }
+
+    /// Takes the synthetic results of calls answered since out of the report, in one pass, and moves the
+    /// places the open calls keep for theirs accordingly.
+    pub(super) fn drop_answered(&mut self) {
+        if self.answered.is_empty() {
+            return;
+        }
+        let mut gone = std::mem::take(&mut self.answered);
+        gone.sort_unstable();
+        gone.dedup();
+        let mut next = gone.iter().peekable();
+        let mut k = 0;
+        self.report.synthetic_results.retain(|_| {
+            let keep = next.next_if_eq(&&k).is_none();
+            k += 1;
+            keep
+        });
+        for (_, at) in self.pending.values_mut() {
+            *at -= gone.partition_point(|&g| g < *at);
+        }
     }
 }

@@ -407,8 +407,9 @@ pub(super) fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental 
     // Pass 2: emit, placing results right after their calls.
     let mut out: Vec<Arc<Message>> = Vec::with_capacity(raw.len());
     let mut slot = 0usize;
-    // Where each call's synthetic result landed in `out`, for calls still open at the end.
-    let mut synthetic_at: Vec<usize> = vec![usize::MAX; answers.len()];
+    // Where each call's synthetic result landed in `out` and its id in the report, for calls still open
+    // at the end.
+    let mut synthetic_at: Vec<(usize, usize)> = vec![(usize::MAX, 0); answers.len()];
     for (m, meta) in raw {
         match meta {
             Meta::Assistant { calls, empty, dedup } => {
@@ -429,8 +430,8 @@ pub(super) fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental 
                 for (k, (id, name, _)) in m.tool_calls().enumerate() {
                     match answers[base + k] {
                         0 => {
+                            synthetic_at[base + k] = (out.len(), report.synthetic_results.len());
                             report.synthetic_results.push(id.to_string());
-                            synthetic_at[base + k] = out.len();
                             out.push(synthetic(id, name));
                         }
                         r => out.push(raw[r as usize - 1].0.clone()),
@@ -444,9 +445,9 @@ pub(super) fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental 
     }
     let mut pending = HashMap::default();
     for (c, &slot) in open.iter().enumerate() {
-        if slot != 0 && synthetic_at[slot as usize - 1] != usize::MAX {
+        if slot != 0 && synthetic_at[slot as usize - 1].0 != usize::MAX {
             pending.insert(c as u32, synthetic_at[slot as usize - 1]);
         }
     }
-    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending, same: 0, replace: BTreeMap::new(), replaced: Default::default() }
+    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending, answered: Vec::new(), same: 0, replace: BTreeMap::new(), replaced: Default::default() }
 }

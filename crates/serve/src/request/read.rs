@@ -1,7 +1,7 @@
 //! Reading a request of one of the three APIs: the body's fields as the client wrote them, its message
 //! list split into units, the tools it declares, and what it carries besides the conversation.
 
-use crate::budget::{Refusal, Reservation, PER_BODY_BYTE, PER_MESSAGE};
+use crate::budget::{Refusal, Reservation, PER_BODY_BYTE};
 use crate::state::State;
 use axum::response::IntoResponse;
 use crate::request::response::api_error;
@@ -183,8 +183,10 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
         raw.items = raw.items.iter().map(|r| r.start + offset..r.end + offset).collect();
         raw.buf = bytes::Bytes::from(joined);
     }
-    // Now that its messages are counted, the request holds what recording them takes.
-    let need = bytes.len() as u64 * PER_BODY_BYTE + raw.items.len() as u64 * PER_MESSAGE;
+    // Now that its message list is read, the request holds what recording it takes: its bytes and its
+    // values (messages, content blocks, a call's input), whatever their sizes.
+    let elements = raw.items.iter().map(|r| wire::count_elements(&raw.buf[r.clone()])).sum::<u64>() + raw.items.len() as u64;
+    let need = crate::budget::reservation(bytes.len() as u64, elements);
     if let Err(r) = reservation.resize(need) {
         return Err(refused(Some(api), &r));
     }
