@@ -299,30 +299,27 @@ fn memmem(hay: &[u8], needle: &[u8]) -> bool {
 /// memory of recording a request grows with beyond its bytes, whatever its shape (messages, content
 /// blocks, the values of a call's input), counted in one pass without parsing.
 pub fn count_elements(text: &[u8]) -> u64 {
+    let commas = |span: &[u8]| memchr::memchr_iter(b',', span).count() as u64;
     let mut n = 0;
     let mut at = 0;
     while let Some(k) = memchr::memchr3(b'"', b'{', b'[', &text[at..]).map(|k| at + k) {
-        n += text[at..k].iter().filter(|&&b| b == b',').count() as u64;
+        n += commas(&text[at..k]);
+        at = k + 1;
         if text[k] != b'"' {
             n += 1;
-            at = k + 1;
             continue;
         }
-        // Past the string: its end is the first quote no backslash escapes.
-        let mut end = k + 1;
+        // Past the string: its end is the first quote after an even run of backslashes (none counts).
         loop {
-            match memchr::memchr2(b'"', b'\\', &text[end..]) {
-                Some(j) if text[end + j] == b'\\' => end += j + 2,
-                Some(j) => {
-                    end += j + 1;
-                    break;
-                }
-                None => return n,
+            let Some(q) = memchr::memchr(b'"', &text[at..]).map(|q| at + q) else { return n };
+            let escaped = text[at..q].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1;
+            at = q + 1;
+            if !escaped {
+                break;
             }
         }
-        at = end.min(text.len());
     }
-    n + text[at..].iter().filter(|&&b| b == b',').count() as u64
+    n + commas(&text[at..])
 }
 
 /// How many cache marks a request body holds (a mention of the key in a text counts too: the count errs
