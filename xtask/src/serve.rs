@@ -205,6 +205,18 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         ("100,000 one-letter messages", tiny(100_000)),
         ("500,000 one-letter messages", tiny(500_000)),
         ("one message of 500,000 one-letter parts", vec![json!({"role": "user", "content": (0..500_000).map(|_| json!({"type": "text", "text": "p"})).collect::<Vec<_>>()})]),
+        ("one reply of 60,000 parallel calls, then their results", {
+            let calls: Vec<Value> = (0..60_000).map(|i| json!({"id": format!("c{i}"), "type": "function", "function": {"name": "bash", "arguments": format!("{{\"cmd\":\"ls {i}\"}}")}})).collect();
+            let mut m = vec![json!({"role": "user", "content": "go"}), json!({"role": "assistant", "content": null, "tool_calls": calls})];
+            m.extend((0..60_000).map(|i| json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": format!("out {i}")})));
+            m
+        }),
+        ("25,000 turns of prompt, call, ~1 KB output and reply", (0..25_000).flat_map(|i| [
+            json!({"role": "user", "content": format!("task {i}: please look")}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"), "type": "function", "function": {"name": "bash", "arguments": format!("{{\"cmd\":\"cat f{i}\"}}")}}]}),
+            json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": format!("line {i} of output\n").repeat(40)}),
+            json!({"role": "assistant", "content": format!("done with {i}")}),
+        ]).collect()),
         ("a call's arguments of 1,000,000 values", vec![
             json!({"role": "user", "content": "go"}),
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": json!({"a": vec!["x"; 1_000_000]}).to_string()}}]}),
