@@ -96,13 +96,25 @@ impl Default for StoreOptions {
     }
 }
 
-/// Which entries of a bounded cache to drop: of `idle`, those nobody holds, as (when last used, key,
-/// weight), the least recently used first, until at most `limit` of its `len` entries remain and they
-/// weigh at most `bound` of their `total`. The store's warm projections and serve's open conversations
+/// Which entries of a bounded cache to drop. `entries` are (when last used, key, its weight when it can be
+/// weighed now, whether nobody holds it); an entry that cannot be weighed (in use) counts nothing and
+/// stays. The least recently used of those nobody holds go first, until at most `limit` entries remain
+/// and they weigh at most `bound` together. The store's warm projections and serve's open conversations
 /// are bounded by it.
-pub fn least_recently_used<K: Ord>(mut idle: Vec<(u64, K, u64)>, len: usize, limit: usize, total: u64, bound: u64) -> Vec<K> {
+pub fn least_recently_used<K: Ord>(entries: impl IntoIterator<Item = (u64, K, Option<u64>, bool)>, limit: usize, bound: u64) -> Vec<K> {
+    let (mut len, mut total, mut idle) = (0usize, 0u64, Vec::new());
+    for (used, key, weight, free) in entries {
+        len += 1;
+        total += weight.unwrap_or(0);
+        if let (Some(weight), true) = (weight, free) {
+            idle.push((used, key, weight));
+        }
+    }
+    let mut excess = len.saturating_sub(limit);
+    if excess == 0 && total <= bound {
+        return Vec::new();
+    }
     idle.sort_unstable();
-    let (mut excess, mut total) = (len.saturating_sub(limit), total);
     let mut drop = Vec::new();
     for (_, key, weight) in idle {
         if excess == 0 && total <= bound {
@@ -234,16 +246,10 @@ impl Store {
             slot.1 = tick;
             slot.0.clone()
         };
-        // What they weigh together: one in use elsewhere (locked) is weighed when it is idle again.
-        let weight = |p: &Arc<Mutex<Live>>| p.try_lock().map_or(0, |l| l.weight());
-        let total: u64 = w.map.values().map(|(p, _)| weight(p)).sum();
-        if w.map.len() <= w.limit && total <= w.bytes {
-            return p;
-        }
-        // Drop the least recently used projections nobody else holds (the one handed out now is held).
-        let idle: Vec<(u64, SessionId, u64)> =
-            w.map.iter().filter(|(_, (p, _))| Arc::strong_count(p) == 1).map(|(id, (p, t))| (*t, *id, weight(p))).collect();
-        for id in least_recently_used(idle, w.map.len(), w.limit, total, w.bytes) {
+        // Drop the least recently used projections nobody else holds (the one handed out now is held); one
+        // in use elsewhere (locked) is weighed when it is idle again.
+        let entries = w.map.iter().map(|(id, (p, t))| (*t, *id, p.try_lock().ok().map(|l| l.weight()), Arc::strong_count(p) == 1));
+        for id in least_recently_used(entries, w.limit, w.bytes) {
             w.map.remove(&id);
         }
         p

@@ -882,6 +882,8 @@ pub fn responses_reply(output: &[Value], model: Option<String>) -> Message {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn elements_are_counted_outside_strings() {
         assert_eq!(count_elements(br#"{"role":"user","content":"x"}"#), 2);
@@ -890,8 +892,6 @@ mod tests {
         assert_eq!(count_elements(br#""unterminated {,"#), 0);
         assert_eq!(count_elements(b""), 0);
     }
-
-    use super::*;
 
     #[test]
     fn anthropic_splits_results_and_keeps_marks() {

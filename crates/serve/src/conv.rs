@@ -542,14 +542,17 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     let own_mark = stable_end.filter(|&k| api == Api::Anthropic && k < segs.len() && wire::cache_marks(&raw.buf) < 4);
     // Which units go out whole and untouched, and which are read for their messages' own JSON.
     let count = |u: usize| rec.units[u].entries.len();
-    // Where a client unit is sent complete, marked or not (a marked one is read for its marks only).
+    // Where a client unit is sent complete, marked or not (a marked one is read for its marks only), and
+    // where one ends.
     let mut complete_at: Vec<Option<usize>> = vec![None; segs.len()];
+    let mut complete_end = vec![false; segs.len() + 1];
     let mut i = 0;
     while i < segs.len() {
         if let Seg::Client(u, 0) = segs[i] {
             let k = count(u);
             if k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y == j)) {
                 complete_at[i] = Some(u);
+                complete_end[i + k] = true;
                 i += k;
                 continue;
             }
@@ -572,14 +575,6 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
         }
     };
     if api == Api::Anthropic {
-        // Where a complete client unit ends (marked once, not searched for each unit: a request of many
-        // units took quadratic time).
-        let mut complete_end = vec![false; segs.len() + 1];
-        for (k, c) in complete_at.iter().enumerate() {
-            if let Some(w) = c {
-                complete_end[k + count(*w)] = true;
-            }
-        }
         let starts: Vec<usize> = (0..segs.len()).filter(|&i| whole[i].is_some()).collect();
         for s0 in starts {
             let u = whole[s0].expect("a whole unit");
@@ -591,6 +586,8 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             // client's mark: merged only while marked, the same two messages went out merged in one
             // request and apart in the next, which breaks the prompt cache there.
             let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && complete_at[end].is_none() && role_of(end).as_deref() == Some(role);
+            // (Whether a complete unit ends there is marked once: searched for each unit, a request of
+            // many units took quadratic time.)
             let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !complete_end[s0] && role_of(s0 - 1).as_deref() == Some(role);
             if matches!(role, "user" | "assistant") && (prev_new || next_new || next_part || prev_part) {
                 whole[s0] = None;

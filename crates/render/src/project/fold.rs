@@ -290,24 +290,23 @@ impl Projection {
             Message::Assistant { stop: Some(condense_events::StopReason::Error | condense_events::StopReason::Aborted), .. } => Meta::Failed,
             Message::Assistant { content, model, stop, usage } => {
                 // The calls in order, each id once (a set to look them up: a message of many parallel
-                // calls searched a list for each).
-                let mut seen: Vec<&str> = Vec::new();
+                // calls searched a list for each); the blocks are copied only when an id repeats.
                 let mut known: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
-                let mut kept = Vec::with_capacity(content.len());
-                for b in content {
-                    if let Block::ToolCall { id, .. } = b {
-                        if !known.insert(id.as_str()) {
-                            continue;
-                        }
-                        seen.push(id);
+                let mut calls = Vec::new();
+                let mut repeated = false;
+                for id in m.tool_calls().map(|(id, _, _)| id) {
+                    if known.insert(id) {
+                        calls.push(self.intern(id));
+                    } else {
+                        repeated = true;
                     }
-                    kept.push(b.clone());
                 }
-                let dedup = (kept.len() != content.len()).then(|| {
+                let dedup = repeated.then(|| {
+                    let mut once: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
+                    let kept = content.iter().filter(|b| !matches!(b, Block::ToolCall { id, .. } if !once.insert(id))).cloned().collect();
                     Arc::new(Message::Assistant { content: kept, model: model.clone(), stop: *stop, usage: *usage })
                 });
-                let calls = seen.iter().map(|id| id.to_string()).collect::<Vec<_>>();
-                Meta::Assistant { calls: calls.iter().map(|id| self.intern(id)).collect(), empty: content.is_empty(), dedup }
+                Meta::Assistant { calls: calls.into_boxed_slice(), empty: content.is_empty(), dedup }
             }
             Message::ToolResult { call_id, .. } => Meta::Result { call: self.intern(call_id) },
         }

@@ -84,8 +84,6 @@ struct Incremental {
     /// ([`Incremental::settle`]): a pass per decision cost the length of the render each time (33,000
     /// batches closing on a first request of 100,000 messages scanned 1.7 billion of them).
     replace: BTreeMap<usize, (Arc<Message>, Arc<Message>)>,
-    /// The addresses of the messages `replace` takes out of `out` (lookups only).
-    replaced: rustc_hash::FxHashSet<usize>,
 }
 
 /// The messages of a rendered context, shared with the projection that keeps them up to date. Drop a
@@ -501,17 +499,25 @@ mod tests {
         }
     }
 
+    /// Applies events to a projection in order, each at the next seq.
+    fn in_order() -> impl FnMut(&mut Projection, Event) {
+        let mut seq = 0u64;
+        move |p, e| {
+            seq += 1;
+            p.apply(seq, &e);
+        }
+    }
+
     /// Parallel calls answered one by one while the render is kept: each render, its report included (the
     /// synthetic results of the calls still open), is the full render's.
     #[test]
     fn parallel_calls_answered_in_any_order_render_as_the_full_render() {
         use condense_events::Block;
         let mut p = Projection::new();
-        let mut seq = 0u64;
+        let mut apply = in_order();
         let mut parent: Option<String> = None;
         let mut put = |p: &mut Projection, id: &str, m: Message| {
-            seq += 1;
-            p.apply(seq, &Event::Source(SourceEvent::EntryAppended { id: id.into(), parent: parent.replace(id.into()), entry: Entry::Message(m) }));
+            apply(p, Event::Source(SourceEvent::EntryAppended { id: id.into(), parent: parent.replace(id.into()), entry: Entry::Message(m) }));
         };
         let calls = |ids: &[&str]| Message::Assistant {
             content: ids.iter().map(|c| Block::ToolCall { id: (*c).into(), name: "bash".into(), arguments: "{}".into() }).collect(),
@@ -549,11 +555,7 @@ mod tests {
     fn many_decisions_on_a_long_history_render_as_the_full_render() {
         use condense_events::{BatchOutcome, Block, DecisionEvent, Record};
         let mut p = Projection::new();
-        let mut seq = 0u64;
-        let mut put = |p: &mut Projection, e: Event| {
-            seq += 1;
-            p.apply(seq, &e);
-        };
+        let mut put = in_order();
         let turns = 1200;
         let mut parent: Option<String> = None;
         for t in 0..turns {

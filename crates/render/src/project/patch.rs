@@ -70,7 +70,6 @@ impl Projection {
                 match inc.replace.get_mut(&i) {
                     Some((_, pending)) => *pending = now,
                     None => {
-                        inc.replaced.insert(Arc::as_ptr(&before) as usize);
                         inc.replace.insert(i, (before, now));
                     }
                 }
@@ -104,20 +103,14 @@ impl Projection {
         // Spliced in place only near the end of the render, where chains are compressed as a session
         // goes on; one further back (a first request carrying a long history) leaves the next render to
         // start over, once, where splicing each chain in turn moved the rest of the render every time.
-        let reach = inc.out.len().saturating_sub(SPLICE_REACH);
-        let find = |inc: &Incremental| -> Option<(usize, usize)> {
-            let pf = inc.out[reach..].iter().rposition(|m| Arc::ptr_eq(m, fm)).map(|k| reach + k)?;
-            let pl = inc.out[pf..].iter().position(|m| Arc::ptr_eq(m, lm)).map(|k| pf + k)?;
-            Some((pf, pl))
-        };
-        let Some((mut pf, mut pl)) = find(inc) else { return false };
-        // A span holding a message a pending replacement takes out is spliced as it stands after the
+        // A chain over an entry whose replacement is pending is spliced as the render stands after the
         // replacements, as when each decision took its own in at once.
-        if inc.out[pf..=pl].iter().any(|m| inc.replaced.contains(&(Arc::as_ptr(m) as usize))) {
+        if (bf..=bl).any(|k| inc.replace.contains_key(&branch.item(k))) {
             inc.settle();
-            let Some(found) = find(inc) else { return false };
-            (pf, pl) = found;
         }
+        let reach = inc.out.len().saturating_sub(SPLICE_REACH);
+        let Some(pf) = inc.out[reach..].iter().rposition(|m| Arc::ptr_eq(m, fm)).map(|k| reach + k) else { return false };
+        let Some(pl) = inc.out[pf..].iter().position(|m| Arc::ptr_eq(m, lm)).map(|k| pf + k) else { return false };
         // With nothing repaired, the render holds each entry's message once: the chain's span in the render
         // must hold exactly its entries' messages.
         let own = (bf..=bl).filter(|&k| !self.overflowed.contains(&branch.item(k))).count();
@@ -145,7 +138,6 @@ impl Incremental {
         if self.replace.is_empty() {
             return;
         }
-        self.replaced.clear();
         let replaced: HashMap<usize, Arc<Message>> = std::mem::take(&mut self.replace)
             .into_values()
             .filter(|(before, now)| !Arc::ptr_eq(before, now))

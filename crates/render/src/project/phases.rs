@@ -449,5 +449,5 @@ pub(super) fn repair(raw: &[(&Arc<Message>, &Meta)], ids: usize) -> Incremental 
             pending.insert(c as u32, synthetic_at[slot as usize - 1]);
         }
     }
-    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending, answered: Vec::new(), same: 0, replace: BTreeMap::new(), replaced: Default::default() }
+    Incremental { valid: true, leaf: None, out: Arc::new(out), report, pending, answered: Vec::new(), same: 0, replace: BTreeMap::new() }
 }

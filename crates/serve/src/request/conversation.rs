@@ -93,18 +93,9 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
 /// that comes back is opened again from the log. Checked when a conversation is opened, with what each
 /// weighs then; the one just opened is held, so it stays.
 fn close_idle(convs: &mut crate::state::Convs, bound: u64) {
-    let (mut total, mut idle) = (0u64, Vec::new());
-    for (id, (c, used)) in &convs.open {
-        // A conversation a request holds is locked, or about to be: it weighs when it is idle again.
-        if let Ok(g) = c.try_lock() {
-            let weight = g.weight();
-            total += weight;
-            if Arc::strong_count(c) == 1 {
-                idle.push((*used, id.clone(), weight));
-            }
-        }
-    }
-    for id in condense_engine::least_recently_used(idle, convs.open.len(), usize::MAX, total, bound) {
+    // A conversation a request holds is locked, or about to be: it weighs when it is idle again.
+    let entries = convs.open.iter().map(|(id, (c, used))| (*used, id.clone(), c.try_lock().ok().map(|g| g.weight()), Arc::strong_count(c) == 1));
+    for id in condense_engine::least_recently_used(entries, usize::MAX, bound) {
         let Some((c, _)) = convs.open.remove(&id) else { continue };
         // Nothing else holds it (clones are taken under the lock this holds), so it unwraps.
         if let Ok(m) = Arc::try_unwrap(c) {
