@@ -397,7 +397,7 @@ pub(crate) mod fast_tests {
     use std::path::{Path, PathBuf};
 
     /// Every `.jsonl` file of the corpus folder of `format` (`../shared/corpus/<format>`), sorted.
-    fn corpus_files(format: &str) -> Vec<PathBuf> {
+    pub(crate) fn corpus_files(format: &str) -> Vec<PathBuf> {
         fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
             let Ok(entries) = std::fs::read_dir(dir) else { return };
             let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();

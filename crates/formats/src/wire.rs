@@ -12,6 +12,7 @@
 use crate::claude::{assistant_blocks, result_blocks};
 use crate::json::{json_text, str_of};
 use condense_events::{Block, Message, Usage, UserOrigin};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -351,107 +352,258 @@ pub fn parse_unit(api: Api, req: &RawRequest, u: usize) -> Result<WireRequest, W
     parse_from(api, values, unit.start, false)
 }
 
-/// Neutral blocks of Anthropic assistant content, read without taking the blocks apart.
-fn assistant_blocks_of(blocks: &[Value]) -> Vec<Block> {
-    let mut out = Vec::with_capacity(blocks.len());
-    for b in blocks {
-        match str_of(b, "type") {
-            Some("text") => out.push(Block::Text { text: str_of(b, "text").unwrap_or("").to_string() }),
-            Some("tool_use" | "server_tool_use") => out.push(Block::ToolCall {
-                id: str_of(b, "id").unwrap_or("").to_string(),
-                name: str_of(b, "name").unwrap_or("").to_string(),
-                arguments: b.get("input").map_or_else(|| "{}".to_string(), json_text),
-            }),
-            _ => out.extend(assistant_blocks(Some(Value::Array(vec![b.clone()])), &mut |_| {})),
+/// The neutral messages of unit `u`, the same as [`parse_unit`]'s, without its wire JSON: the lists an
+/// element holds many of (content parts and blocks, Chat's tool calls) are read one element at a time and
+/// each is dropped once converted, so a message of many small parts never stands whole as a JSON tree
+/// (~470 bytes a part, against its ~30 bytes of text). A unit with cache marks, or one this reading
+/// refuses, is read by [`parse_unit`], so the errors are its own.
+pub fn unit_messages(api: Api, req: &RawRequest, u: usize) -> Result<Vec<Message>, WireError> {
+    let unit = &req.units[u];
+    if !unit.marked {
+        if let Ok(out) = lean_unit(api, req, unit) {
+            return Ok(out.messages.into_iter().map(|wm| wm.message).collect());
         }
     }
-    out
+    Ok(parse_unit(api, req, u)?.messages.into_iter().map(|wm| wm.message).collect())
+}
+
+/// [`unit_messages`] of a unit without cache marks (nothing to take off): messages with no wire JSON.
+fn lean_unit(api: Api, req: &RawRequest, unit: &Unit) -> Result<WireRequest, WireError> {
+    let mut out = WireRequest::default();
+    let mut prev_assistant = false;
+    for k in unit.start..unit.start + unit.len {
+        let at = format!("{}[{k}]", api.list_field());
+        let s: Shallow<'_> = serde_json::from_slice(req.item(k)).map_err(|e| werr(at.clone(), e.to_string()))?;
+        match api {
+            Api::Anthropic => {
+                let Value::Object(mut obj) = s.obj else { unreachable!("a shallow element is an object") };
+                let blocks = match s.content {
+                    Some(raw) => Content::Raw(raw),
+                    None => Content::Value(obj.remove("content")),
+                };
+                anthropic_message(&mut out, k, obj, blocks, false)?;
+            }
+            Api::Chat => {
+                let message = chat_message(&s.obj, s.field("content"), s.field("tool_calls"), &at)?;
+                out.messages.push(WireMessage { message, wire: k, envelope: Map::new(), parts: Vec::new() });
+            }
+            Api::Responses => {
+                let item = responses_item(&s.obj, s.field("content"), &at)?;
+                responses_push(&mut out, item, k, None, &mut prev_assistant);
+            }
+        }
+    }
+    name_results(&mut out.messages);
+    Ok(out)
+}
+
+/// A list element read one level deep: its fields as values, except `content` and `tool_calls` when they
+/// are lists, which are kept as their elements' JSON text (see [`unit_messages`]).
+struct Shallow<'a> {
+    /// The element without the lists kept as text (a `Value::Object`).
+    obj: Value,
+    content: Option<Vec<&'a RawValue>>,
+    tool_calls: Option<Vec<&'a RawValue>>,
+}
+
+impl<'a> Shallow<'a> {
+    /// Field `key` as the conversions read it.
+    fn field(&self, key: &str) -> Field<'_, 'a> {
+        match (key, &self.content, &self.tool_calls) {
+            ("content", Some(raw), _) | ("tool_calls", _, Some(raw)) => Field::Raw(raw),
+            _ => Field::Value(self.obj.get(key)),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Shallow<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Shallow<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Shallow<'de>, A::Error> {
+                use serde::de::Error;
+                let mut obj = Map::new();
+                let (mut content, mut tool_calls) = (None, None);
+                // A repeated key counts as its last value, as in a `Value` (which keeps the first place).
+                while let Some(key) = m.next_key::<String>()? {
+                    let slot = match key.as_str() {
+                        "content" => &mut content,
+                        "tool_calls" => &mut tool_calls,
+                        _ => {
+                            let v: Value = m.next_value()?;
+                            obj.insert(key, v);
+                            continue;
+                        }
+                    };
+                    let raw: &'de RawValue = m.next_value()?;
+                    if raw.get().trim_start().starts_with('[') {
+                        obj.remove(&key);
+                        *slot = Some(serde_json::from_str(raw.get()).map_err(A::Error::custom)?);
+                    } else {
+                        *slot = None;
+                        obj.insert(key, serde_json::from_str(raw.get()).map_err(A::Error::custom)?);
+                    }
+                }
+                Ok(Shallow { obj: Value::Object(obj), content, tool_calls })
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// A field of a list element that can hold many values: as read, or a list's elements as their JSON text
+/// (see [`unit_messages`]).
+#[derive(Clone, Copy)]
+enum Field<'v, 'a> {
+    Value(Option<&'v Value>),
+    Raw(&'v [&'a RawValue]),
+}
+
+impl<'v> Field<'v, '_> {
+    /// The field's value, unless it is a list kept as text.
+    fn value(self) -> Option<&'v Value> {
+        match self {
+            Field::Value(v) => v,
+            Field::Raw(_) => None,
+        }
+    }
+
+    /// `f` of each element of a list field, in order (none for another field); an element kept as text
+    /// is read just before and dropped after. Only such a reading fails (`at` names the field).
+    fn map_list<T>(self, at: &str, mut f: impl FnMut(usize, &Value) -> Result<T, WireError>) -> Result<Vec<T>, WireError> {
+        match self {
+            Field::Value(Some(Value::Array(a))) => a.iter().enumerate().map(|(j, v)| f(j, v)).collect(),
+            Field::Raw(raw) => raw.iter().enumerate().map(|(j, t)| f(j, &read_raw(t, at, j)?)).collect(),
+            Field::Value(_) => Ok(Vec::new()),
+        }
+    }
+}
+
+fn read_raw(t: &RawValue, at: &str, j: usize) -> Result<Value, WireError> {
+    serde_json::from_str(t.get()).map_err(|e| werr(format!("{at}[{j}]"), e.to_string()))
+}
+
+/// An Anthropic message's `content`: as read, or its blocks as their JSON text (see [`unit_messages`]).
+enum Content<'a> {
+    Value(Option<Value>),
+    Raw(Vec<&'a RawValue>),
+}
+
+/// Neutral blocks of one block of Anthropic assistant content, read without taking the block apart.
+fn assistant_block(b: &Value, out: &mut Vec<Block>) {
+    match str_of(b, "type") {
+        Some("text") => out.push(Block::Text { text: str_of(b, "text").unwrap_or("").to_string() }),
+        Some("tool_use" | "server_tool_use") => out.push(Block::ToolCall {
+            id: str_of(b, "id").unwrap_or("").to_string(),
+            name: str_of(b, "name").unwrap_or("").to_string(),
+            arguments: b.get("input").map_or_else(|| "{}".to_string(), json_text),
+        }),
+        _ => out.extend(assistant_blocks(Some(Value::Array(vec![b.clone()])), &mut |_| {})),
+    }
 }
 
 fn parse_anthropic(list: Vec<Value>, first: usize) -> Result<WireRequest, WireError> {
     let mut req = WireRequest::default();
     for (i, m) in list.into_iter().enumerate() {
         let i = first + i;
-        let at = format!("messages[{i}]");
-        let Value::Object(mut obj) = m else { return Err(werr(at, "expected an object")) };
-        let content = obj.remove("content");
-        let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| werr(at.clone(), "`role` is missing"))?.to_string();
-        let role = role.as_str();
-        let envelope = obj;
-        let string_content = matches!(content, Some(Value::String(_)));
-        let mut blocks: Vec<Value> = match content {
-            Some(Value::String(s)) => vec![json!({"type": "text", "text": s})],
-            Some(Value::Array(a)) => a,
-            _ => return Err(werr(at, "`content` must be a string or a list of blocks")),
-        };
-        for (j, b) in blocks.iter().enumerate() {
-            if !b.is_object() || str_of(b, "type").is_none() {
-                return Err(werr(format!("{at}.content[{j}]"), "expected a block object with a `type`"));
-            }
-        }
-        let mut marks: Vec<Value> = Vec::new();
-        for b in &mut blocks {
-            if let Some(c) = take_cache_control(b) {
-                marks.push(c);
-            }
-        }
-        let first = req.messages.len();
-        let mut push = |req: &mut WireRequest, message: Message, parts: Vec<Value>| {
-            // A string content goes out as it came: a one-block list would change the bytes.
-            let parts = if string_content { vec![Value::String(message.text())] } else { parts };
-            req.messages.push(WireMessage { message, wire: i, envelope: envelope.clone(), parts });
-        };
-        match role {
-            "assistant" => {
-                let content = assistant_blocks_of(&blocks);
-                push(&mut req, Message::Assistant { content, model: None, stop: None, usage: None }, blocks);
-            }
-            "user" | "system" => {
-                // Tool results become one neutral message each; the blocks between them one user message.
-                let mut run: Vec<Value> = Vec::new();
-                let flush = |req: &mut WireRequest, run: &mut Vec<Value>, push: &mut dyn FnMut(&mut WireRequest, Message, Vec<Value>)| {
-                    if run.is_empty() {
-                        return;
-                    }
-                    let content = user_blocks(run);
-                    let origin = if role == "system" { UserOrigin::Host } else { origin_of(&content) };
-                    push(req, Message::User { content, origin }, std::mem::take(run));
-                };
-                for b in blocks {
-                    if str_of(&b, "type") == Some("tool_result") {
-                        flush(&mut req, &mut run, &mut push);
-                        let call_id = str_of(&b, "tool_use_id").unwrap_or("").to_string();
-                        let content = result_blocks(b.get("content").cloned(), &mut |_| {});
-                        let is_error = b.get("is_error").and_then(Value::as_bool).unwrap_or(false);
-                        push(&mut req, Message::ToolResult { call_id, tool_name: String::new(), content, is_error }, vec![b]);
-                    } else {
-                        run.push(b);
-                    }
-                }
-                flush(&mut req, &mut run, &mut push);
-            }
-            other => return Err(werr(at, format!("unknown role `{other}`"))),
-        }
-        if let (Some(c), true) = (marks.pop(), req.messages.len() > first) {
-            req.cache_marks.push((req.messages.len() - 1, c));
-        }
+        let Value::Object(mut obj) = m else { return Err(werr(format!("messages[{i}]"), "expected an object")) };
+        let content = Content::Value(obj.remove("content"));
+        anthropic_message(&mut req, i, obj, content, true)?;
     }
     name_results(&mut req.messages);
     Ok(req)
 }
 
-/// Neutral blocks of Anthropic user content (text and images; anything else is kept as its JSON text so a
-/// fingerprint still sees it).
-fn user_blocks(blocks: &[Value]) -> Vec<Block> {
-    let mut out = Vec::new();
-    for b in blocks {
-        match str_of(b, "type") {
-            Some("text") => out.push(Block::Text { text: str_of(b, "text").unwrap_or("").to_string() }),
-            Some("image") => out.push(crate::claude::image(&mut b.clone())),
-            _ => out.push(Block::Text { text: json_text(b) }),
+/// The neutral messages of Anthropic message `i` (its fields other than `content` in `envelope`), pushed
+/// to `req` with its wire JSON when `keep`.
+fn anthropic_message(req: &mut WireRequest, i: usize, envelope: Map<String, Value>, content: Content<'_>, keep: bool) -> Result<(), WireError> {
+    let at = format!("messages[{i}]");
+    let role = envelope.get("role").and_then(Value::as_str).ok_or_else(|| werr(at.clone(), "`role` is missing"))?.to_string();
+    let string_content = matches!(content, Content::Value(Some(Value::String(_))));
+    let (values, raw) = match content {
+        Content::Value(Some(Value::String(s))) => (vec![json!({"type": "text", "text": s})], Vec::new()),
+        Content::Value(Some(Value::Array(a))) => (a, Vec::new()),
+        Content::Raw(raw) => (Vec::new(), raw),
+        _ => return Err(werr(at, "`content` must be a string or a list of blocks")),
+    };
+    let user = match role.as_str() {
+        "assistant" => false,
+        "user" | "system" => true,
+        other => return Err(werr(at, format!("unknown role `{other}`"))),
+    };
+    let push = |req: &mut WireRequest, message: Message, parts: Vec<Value>| {
+        // A string content goes out as it came: a one-block list would change the bytes.
+        let (envelope, parts) = match (keep, string_content) {
+            (false, _) => (Map::new(), Vec::new()),
+            (true, true) => (envelope.clone(), vec![Value::String(message.text())]),
+            (true, false) => (envelope.clone(), parts),
+        };
+        req.messages.push(WireMessage { message, wire: i, envelope, parts });
+    };
+    let first = req.messages.len();
+    let mut mark = None;
+    // The blocks gathered for the next message: neutral, and as the client wrote them (when kept). An
+    // assistant message is one; a user message is split at each tool result.
+    let mut run: (Vec<Block>, Vec<Value>) = Default::default();
+    let flush = |req: &mut WireRequest, run: &mut (Vec<Block>, Vec<Value>)| {
+        if run.0.is_empty() && user {
+            return;
+        }
+        let content = std::mem::take(&mut run.0);
+        let message = match (user, role.as_str()) {
+            (false, _) => Message::Assistant { content, model: None, stop: None, usage: None },
+            (true, "system") => Message::User { content, origin: UserOrigin::Host },
+            (true, _) => {
+                let origin = origin_of(&content);
+                Message::User { content, origin }
+            }
+        };
+        push(req, message, std::mem::take(&mut run.1));
+    };
+    let blocks = values.into_iter().map(Ok).chain(raw.iter().enumerate().map(|(j, t)| read_raw(t, &format!("{at}.content"), j)));
+    for (j, b) in blocks.enumerate() {
+        let mut b = b?;
+        if !b.is_object() || str_of(&b, "type").is_none() {
+            return Err(werr(format!("{at}.content[{j}]"), "expected a block object with a `type`"));
+        }
+        if let Some(c) = take_cache_control(&mut b) {
+            mark = Some(c);
+        }
+        if !user {
+            assistant_block(&b, &mut run.0);
+        } else if str_of(&b, "type") == Some("tool_result") {
+            flush(req, &mut run);
+            let call_id = str_of(&b, "tool_use_id").unwrap_or("").to_string();
+            let content = result_blocks(b.get("content").cloned(), &mut |_| {});
+            let is_error = b.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+            push(req, Message::ToolResult { call_id, tool_name: String::new(), content, is_error }, vec![b]);
+            continue;
+        } else {
+            run.0.push(user_block(&b));
+        }
+        if keep {
+            run.1.push(b);
         }
     }
-    out
+    flush(req, &mut run);
+    if let (Some(c), true) = (mark, req.messages.len() > first) {
+        req.cache_marks.push((req.messages.len() - 1, c));
+    }
+    Ok(())
+}
+
+/// The neutral block of a block of Anthropic user content (text and images; anything else is kept as its
+/// JSON text so a fingerprint still sees it).
+fn user_block(b: &Value) -> Block {
+    match str_of(b, "type") {
+        Some("text") => Block::Text { text: str_of(b, "text").unwrap_or("").to_string() },
+        Some("image") => crate::claude::image(&mut b.clone()),
+        _ => Block::Text { text: json_text(b) },
+    }
 }
 
 /// Tool results of Anthropic and Chat name no tool: take the name from the call they answer.
@@ -474,22 +626,21 @@ pub fn name_results(messages: &mut [WireMessage]) {
     }
 }
 
-fn chat_text(content: Option<&Value>) -> Vec<Block> {
-    match content {
-        Some(Value::String(s)) => vec![Block::Text { text: s.clone() }],
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .map(|p| match (str_of(p, "type"), p.get("image_url")) {
-                (Some("image_url"), Some(u)) => {
-                    let url = u.get("url").and_then(Value::as_str).or(u.as_str()).unwrap_or("").to_string();
-                    let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
-                    Block::Image { mime, data: url }
-                }
-                _ => Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) },
-            })
-            .collect(),
-        _ => Vec::new(),
+/// Neutral blocks of a Chat message's `content` (a string or a list of parts).
+fn chat_text(content: Field<'_, '_>, at: &str) -> Result<Vec<Block>, WireError> {
+    if let Some(Value::String(s)) = content.value() {
+        return Ok(vec![Block::Text { text: s.clone() }]);
     }
+    content.map_list(&format!("{at}.content"), |_, p| {
+        Ok(match (str_of(p, "type"), p.get("image_url")) {
+            (Some("image_url"), Some(u)) => {
+                let url = u.get("url").and_then(Value::as_str).or(u.as_str()).unwrap_or("").to_string();
+                let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
+                Block::Image { mime, data: url }
+            }
+            _ => Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) },
+        })
+    })
 }
 
 fn parse_chat(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireRequest, WireError> {
@@ -506,42 +657,7 @@ fn parse_chat(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireReques
         }
         in_prefix = false;
         let mark = take_cache_control(&mut part);
-        let Value::Object(obj) = &part else { unreachable!("checked above") };
-        let role = obj.get("role").and_then(Value::as_str).unwrap_or("");
-        let message = match role {
-            "user" => {
-                let content = chat_text(obj.get("content"));
-                let origin = origin_of(&content);
-                Message::User { content, origin }
-            }
-            "system" | "developer" => Message::User { content: chat_text(obj.get("content")), origin: UserOrigin::Host },
-            "assistant" => {
-                let mut content = chat_text(obj.get("content"));
-                if let Some(calls) = obj.get("tool_calls") {
-                    let Value::Array(calls) = calls else { return Err(werr(format!("{at}.tool_calls"), "expected a list")) };
-                    for (j, c) in calls.iter().enumerate() {
-                        let f = c.get("function").ok_or_else(|| werr(format!("{at}.tool_calls[{j}]"), "`function` is missing"))?;
-                        content.push(Block::ToolCall {
-                            id: str_of(c, "id").unwrap_or("").to_string(),
-                            name: str_of(f, "name").unwrap_or("").to_string(),
-                            arguments: match f.get("arguments") {
-                                Some(Value::String(s)) => s.clone(),
-                                Some(v) => json_text(v),
-                                None => "{}".into(),
-                            },
-                        });
-                    }
-                }
-                Message::Assistant { content, model: None, stop: None, usage: None }
-            }
-            "tool" | "function" => Message::ToolResult {
-                call_id: obj.get("tool_call_id").and_then(Value::as_str).unwrap_or("").to_string(),
-                tool_name: obj.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
-                content: chat_text(obj.get("content")),
-                is_error: false,
-            },
-            other => return Err(werr(at, format!("unknown role `{other}`"))),
-        };
+        let message = chat_message(&part, Field::Value(part.get("content")), Field::Value(part.get("tool_calls")), &at)?;
         if let Some(c) = mark {
             req.cache_marks.push((req.messages.len(), c));
         }
@@ -549,6 +665,46 @@ fn parse_chat(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireReques
     }
     name_results(&mut req.messages);
     Ok(req)
+}
+
+/// The neutral message of a Chat message `obj` at `at`, whose `content` and `tool_calls` are given apart.
+fn chat_message(obj: &Value, content: Field<'_, '_>, calls: Field<'_, '_>, at: &str) -> Result<Message, WireError> {
+    let role = str_of(obj, "role").ok_or_else(|| werr(at.to_string(), "`role` is missing"))?;
+    Ok(match role {
+        "user" => {
+            let content = chat_text(content, at)?;
+            let origin = origin_of(&content);
+            Message::User { content, origin }
+        }
+        "system" | "developer" => Message::User { content: chat_text(content, at)?, origin: UserOrigin::Host },
+        "assistant" => {
+            let mut content = chat_text(content, at)?;
+            if matches!(calls.value(), Some(v) if !v.is_array()) {
+                return Err(werr(format!("{at}.tool_calls"), "expected a list"));
+            }
+            let calls = calls.map_list(&format!("{at}.tool_calls"), |j, c| {
+                let f = c.get("function").ok_or_else(|| werr(format!("{at}.tool_calls[{j}]"), "`function` is missing"))?;
+                Ok(Block::ToolCall {
+                    id: str_of(c, "id").unwrap_or("").to_string(),
+                    name: str_of(f, "name").unwrap_or("").to_string(),
+                    arguments: match f.get("arguments") {
+                        Some(Value::String(s)) => s.clone(),
+                        Some(v) => json_text(v),
+                        None => "{}".into(),
+                    },
+                })
+            })?;
+            content.extend(calls);
+            Message::Assistant { content, model: None, stop: None, usage: None }
+        }
+        "tool" | "function" => Message::ToolResult {
+            call_id: str_of(obj, "tool_call_id").unwrap_or("").to_string(),
+            tool_name: str_of(obj, "name").unwrap_or("").to_string(),
+            content: chat_text(content, at)?,
+            is_error: false,
+        },
+        other => return Err(werr(at.to_string(), format!("unknown role `{other}`"))),
+    })
 }
 
 /// Whether a Responses item is the model's own (it groups into one assistant message with its neighbours).
@@ -560,28 +716,27 @@ fn assistant_item(item: &Value) -> bool {
     }
 }
 
-fn responses_content(item: &Value) -> Vec<Block> {
-    match item.get("content") {
-        Some(Value::String(s)) => vec![Block::Text { text: s.clone() }],
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .map(|p| match str_of(p, "type") {
-                Some("input_image") => {
-                    let url = str_of(p, "image_url").unwrap_or("").to_string();
-                    let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
-                    Block::Image { mime, data: url }
-                }
-                _ => Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) },
-            })
-            .collect(),
-        _ => Vec::new(),
+/// Neutral blocks of a Responses message item's `content` (a string or a list of parts).
+fn responses_content(content: Field<'_, '_>, at: &str) -> Result<Vec<Block>, WireError> {
+    if let Some(Value::String(s)) = content.value() {
+        return Ok(vec![Block::Text { text: s.clone() }]);
     }
+    content.map_list(&format!("{at}.content"), |_, p| {
+        Ok(match str_of(p, "type") {
+            Some("input_image") => {
+                let url = str_of(p, "image_url").unwrap_or("").to_string();
+                let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
+                Block::Image { mime, data: url }
+            }
+            _ => Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) },
+        })
+    })
 }
 
-/// The neutral blocks of one assistant-side Responses item.
-fn responses_assistant_blocks(item: &Value) -> Vec<Block> {
-    match str_of(item, "type") {
-        Some("message") | None => responses_content(item),
+/// The neutral blocks of one assistant-side Responses item, whose `content` is given apart.
+fn responses_assistant_blocks(item: &Value, content: Field<'_, '_>, at: &str) -> Result<Vec<Block>, WireError> {
+    Ok(match str_of(item, "type") {
+        Some("message") | None => responses_content(content, at)?,
         Some("reasoning") => {
             let text: Vec<&str> = item
                 .get("summary")
@@ -602,12 +757,63 @@ fn responses_assistant_blocks(item: &Value) -> Vec<Block> {
             };
             vec![Block::ToolCall { id, name, arguments }]
         }
+    })
+}
+
+/// What a Responses item reads as: blocks of the model's message it belongs to, or a message of its own.
+enum ItemRead {
+    Assistant(Vec<Block>),
+    Message(Message),
+}
+
+/// Reads a Responses item (not of the system prefix) at `at`, whose `content` is given apart.
+fn responses_item(item: &Value, content: Field<'_, '_>, at: &str) -> Result<ItemRead, WireError> {
+    if assistant_item(item) {
+        return Ok(ItemRead::Assistant(responses_assistant_blocks(item, content, at)?));
     }
+    Ok(ItemRead::Message(match str_of(item, "type") {
+        Some("message") | None => {
+            let content = responses_content(content, at)?;
+            let origin = match str_of(item, "role") {
+                Some("user") => origin_of(&content),
+                Some("system" | "developer") => UserOrigin::Host,
+                Some(other) => return Err(werr(at.to_string(), format!("unknown role `{other}`"))),
+                None => return Err(werr(at.to_string(), "a message item needs a `role`")),
+            };
+            Message::User { content, origin }
+        }
+        Some(t) if t.ends_with("_output") => {
+            let (text, is_error) = crate::codex::output_text(item.get("output").cloned());
+            Message::ToolResult { call_id: str_of(item, "call_id").unwrap_or("").to_string(), tool_name: String::new(), content: vec![Block::Text { text }], is_error }
+        }
+        Some(t) => Message::user_text(format!("[{t} item]"), UserOrigin::Summary),
+    }))
+}
+
+/// Adds item `i`, read, to `req`: consecutive items of the model form one assistant message
+/// (`prev_assistant`: the item before was one). `part` is its wire JSON, kept when given.
+fn responses_push(req: &mut WireRequest, item: ItemRead, i: usize, part: Option<Value>, prev_assistant: &mut bool) {
+    let (message, assistant) = match item {
+        ItemRead::Assistant(blocks) => {
+            if let (true, Some(last)) = (*prev_assistant, req.messages.last_mut()) {
+                if let Message::Assistant { content, .. } = &mut last.message {
+                    content.extend(blocks);
+                    last.parts.extend(part);
+                    return;
+                }
+            }
+            (Message::Assistant { content: blocks, model: None, stop: None, usage: None }, true)
+        }
+        ItemRead::Message(m) => (m, false),
+    };
+    *prev_assistant = assistant;
+    req.messages.push(WireMessage { message, wire: i, envelope: Map::new(), parts: part.into_iter().collect() });
 }
 
 fn parse_responses(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireRequest, WireError> {
     let mut req = WireRequest::default();
     let mut in_prefix = prefix;
+    let mut prev_assistant = false;
     for (i, mut part) in list.into_iter().enumerate() {
         let i = first + i;
         let at = format!("input[{i}]");
@@ -620,54 +826,12 @@ fn parse_responses(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireR
         }
         in_prefix = false;
         let mark = take_cache_control(&mut part);
-        let item = &part;
-        let role = str_of(item, "role");
-        if assistant_item(item) {
-            let blocks = responses_assistant_blocks(item);
-            // Consecutive items of the model form one assistant message.
-            if let Some(last) = req.messages.last_mut() {
-                if let (Message::Assistant { content, .. }, Some(prev)) = (&mut last.message, last.parts.last()) {
-                    if assistant_item(prev) {
-                        content.extend(blocks);
-                        last.parts.push(part);
-                        continue;
-                    }
-                }
-            }
-            req.messages.push(WireMessage {
-                message: Message::Assistant { content: blocks, model: None, stop: None, usage: None },
-                wire: i,
-                envelope: Map::new(),
-                parts: vec![part],
-            });
-            continue;
-        }
-        let message = match str_of(item, "type") {
-            Some("message") | None => {
-                let content = responses_content(item);
-                let origin = match role {
-                    Some("user") => origin_of(&content),
-                    Some("system" | "developer") => UserOrigin::Host,
-                    Some(other) => return Err(werr(at, format!("unknown role `{other}`"))),
-                    None => return Err(werr(at, "a message item needs a `role`")),
-                };
-                Message::User { content, origin }
-            }
-            Some(t) if t.ends_with("_output") => {
-                let (text, is_error) = crate::codex::output_text(item.get("output").cloned());
-                Message::ToolResult {
-                    call_id: str_of(item, "call_id").unwrap_or("").to_string(),
-                    tool_name: String::new(),
-                    content: vec![Block::Text { text }],
-                    is_error,
-                }
-            }
-            Some(t) => Message::user_text(format!("[{t} item]"), UserOrigin::Summary),
-        };
-        if let Some(c) = mark {
+        let item = responses_item(&part, Field::Value(part.get("content")), &at)?;
+        // Marks are kept on the items of a message of their own (the model's items keep none).
+        if let (Some(c), ItemRead::Message(_)) = (mark, &item) {
             req.cache_marks.push((req.messages.len(), c));
         }
-        req.messages.push(WireMessage { message, wire: i, envelope: Map::new(), parts: vec![part] });
+        responses_push(&mut req, item, i, Some(part), &mut prev_assistant);
     }
     name_results(&mut req.messages);
     Ok(req)
@@ -876,7 +1040,8 @@ pub fn chat_reply(message: &Value, model: Option<String>) -> Message {
 
 /// The assistant message of a Responses reply's output items.
 pub fn responses_reply(output: &[Value], model: Option<String>) -> Message {
-    let content = output.iter().filter(|i| assistant_item(i)).flat_map(responses_assistant_blocks).collect();
+    // Read from values, the blocks cannot fail (only a list kept as text can).
+    let content = output.iter().filter(|i| assistant_item(i)).flat_map(|i| responses_assistant_blocks(i, Field::Value(i.get("content")), "output").unwrap_or_default()).collect();
     Message::Assistant { content, model, stop: None, usage: None }
 }
 
@@ -957,6 +1122,108 @@ mod tests {
         assert_ne!(anth.units[0].key, anth.units[1].key);
         assert_eq!(anth.units.iter().map(|u| u.marked).collect::<Vec<_>>(), vec![false, true]);
         assert_eq!(split_values(Api::Chat, &[json!({"content": "x"})]).unwrap_err().reason, "`role` is missing");
+    }
+
+    /// Every unit's messages read lean ([`unit_messages`]) are those read in full ([`parse_unit`]), errors
+    /// included, and an unmarked unit is read lean, not by falling back: hand-written shapes (repeated
+    /// keys, lists where strings go, parts without text, every item kind), then every pi, Claude Code and
+    /// Codex session of the corpus written in each API's form.
+    #[test]
+    fn units_read_lean_give_the_messages_of_a_full_read() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let texts: Vec<(Api, Vec<String>)> = vec![
+            (Api::Anthropic, vec![
+                r#"{"role":"user","content":[{"type":"text","text":"a"}],"content":"later"}"#.into(),
+                r#"{"content":"first","role":"assistant","content":[{"type":"text","text":"b"},{"type":"thinking","thinking":"t","signature":"s"},{"type":"redacted_thinking","data":"d"}]}"#.into(),
+                r#"{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}},{"type":"document","source":{"x":1}}]}"#.into(),
+                r#"{"role":"user","content":[{"text":"no type"}]}"#.into(),
+                r#"{"role":"user","content":[]}"#.into(),
+                r#"{"role":"assistant","content":[]}"#.into(),
+                r#"{"role":"assistant","content":[{"type":"server_tool_use","id":"s1","name":"web_search","input":{"q":"x"}},{"type":"web_search_tool_result","tool_use_id":"s1","content":[]},{"type":"tool_use","id":"t1","name":"Bash"}]}"#.into(),
+                r#"{"role":"user","content":[{"type":"text","text":"<system-reminder>r</system-reminder>"},{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"out"},{"type":"image","source":{}}],"is_error":true},{"type":"text","text":"<command-name>x</command-name>"}]}"#.into(),
+                r#"{"role":"system","content":[{"type":"text","text":"s"}],"tool_calls":[1,2]}"#.into(),
+                r#"{"role":"user","content":{"type":"text"}}"#.into(),
+                r#"{"role":"pilot","content":[{"type":"text","text":"x"}]}"#.into(),
+                r#"{"role":"user","content":[{"type":"text","text":"x"},3]}"#.into(),
+                format!(r#"{{"role":"user","content":[{{"type":"text","text":"x","deep":{deep}}}]}}"#),
+            ]),
+            (Api::Chat, vec![
+                r#"{"role":"system","content":"s"}"#.into(),
+                r#"{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:image/jpeg;base64,AA"}},{"type":"image_url","image_url":"http://x/i.png"},{"type":"input_audio","input_audio":{"data":"x"}}]}"#.into(),
+                r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"bash","arguments":{"cmd":"ls"}}},{"id":"c2","function":{"name":"read"}}],"tool_calls":[{"id":"c3","function":{"name":"x","arguments":"{}"}}]}"#.into(),
+                r#"{"role":"tool","tool_call_id":"c3","content":[{"type":"text","text":"out"}]}"#.into(),
+                r#"{"role":"function","name":"f","content":"r"}"#.into(),
+                r#"{"role":"developer","content":[{"type":"text","text":"d"}]}"#.into(),
+                r#"{"role":"assistant","content":"x","tool_calls":null}"#.into(),
+                r#"{"role":"assistant","content":[{"type":"refusal","refusal":"no"}],"tool_calls":[{"id":"c4"}]}"#.into(),
+                r#"{"role":"user","content":[1,"two",{"text":3}]}"#.into(),
+                r#"{"content":"no role"}"#.into(),
+            ]),
+            (Api::Responses, vec![
+                r#"{"type":"message","role":"developer","content":"d"}"#.into(),
+                r#"{"type":"message","role":"user","content":[{"type":"input_text","text":"u"},{"type":"input_image","image_url":"data:image/png;base64,AA"},{"type":"input_file","file_id":"f"}]}"#.into(),
+                r#"{"type":"reasoning","summary":[{"type":"summary_text","text":"r1"},{"text":"r2"}],"encrypted_content":"xx","content":[{"type":"reasoning_text","text":"t"}]}"#.into(),
+                r#"{"type":"message","role":"assistant","content":[{"type":"output_text","text":"o"}]}"#.into(),
+                r#"{"type":"function_call","call_id":"c1","name":"exec_command","arguments":"{}"}"#.into(),
+                r#"{"type":"custom_tool_call","call_id":"c2","name":"apply_patch","input":"*** Begin"}"#.into(),
+                r#"{"type":"local_shell_call","id":"c3","action":{"command":["ls"]}}"#.into(),
+                r#"{"type":"web_search_call","id":"w"}"#.into(),
+                r#"{"type":"function_call_output","call_id":"c1","output":[{"type":"input_text","text":"a"},{"x":1}]}"#.into(),
+                r#"{"type":"custom_tool_call_output","call_id":"c2","output":"Process exited with code 2"}"#.into(),
+                r#"{"role":"user","content":"plain"}"#.into(),
+                r#"{"type":"item_reference","id":"r"}"#.into(),
+                r#"{"type":"compaction","encrypted_content":"e"}"#.into(),
+                r#"{"type":"message","content":"no role"}"#.into(),
+                r#"{"role":"assistant","content":[{"type":"output_text","text":"p"}],"content":"q"}"#.into(),
+            ]),
+        ];
+        let mut lists: Vec<(String, Api, Vec<Value>)> = Vec::new();
+        let mut check = |name: &str, api: Api, raw: RawRequest| -> usize {
+            let mut lean = 0;
+            for (u, unit) in raw.units.iter().enumerate() {
+                let full = parse_unit(api, &raw, u).map(|r| r.messages.into_iter().map(|w| w.message).collect::<Vec<_>>());
+                assert_eq!(unit_messages(api, &raw, u), full, "{name}: unit {u}");
+                if let (false, Ok(full)) = (unit.marked, &full) {
+                    let read = lean_unit(api, &raw, unit).unwrap_or_else(|e| panic!("{name}: unit {u} not read lean: {e}"));
+                    assert_eq!(&read.messages.into_iter().map(|w| w.message).collect::<Vec<_>>(), full, "{name}: unit {u}");
+                    lean += 1;
+                }
+            }
+            lean
+        };
+        let mut checked = 0;
+        for (api, items) in &texts {
+            // Each element a request of its own (after a prompt, so no element is a system prefix), so one
+            // refused element leaves the others to compare.
+            for (k, t) in items.iter().enumerate() {
+                let lead = r#"{"role":"user","content":"u"}"#;
+                let buf = bytes::Bytes::from(format!("[{lead},{t}]"));
+                let at = lead.len() + 2;
+                let Ok(raw) = split_units(*api, buf, vec![1..1 + lead.len(), at..at + t.len()]) else { continue };
+                checked += 1;
+                check(&format!("{} element {k}", api.name()), *api, raw);
+            }
+        }
+        assert_eq!(checked, texts.iter().map(|(_, t)| t.len()).sum::<usize>() - 1, "only the element without a role is refused whole");
+        for format in ["pi", "claude-code", "codex"] {
+            for f in crate::fast_tests::corpus_files(format) {
+                let imported = crate::import_file(&f).unwrap();
+                let messages: Vec<&Message> = imported.events.iter().filter_map(|e| match e {
+                    condense_events::SourceEvent::EntryAppended { entry: condense_events::Entry::Message(m), .. } => Some(m),
+                    _ => None,
+                }).collect();
+                let name = f.display().to_string();
+                lists.push((name.clone(), Api::Anthropic, crate::export::anthropic(&messages)["messages"].as_array().unwrap().clone()));
+                lists.push((name.clone(), Api::Chat, crate::export::openai(&messages).as_array().unwrap().clone()));
+                lists.push((name, Api::Responses, crate::export::responses(&messages).as_array().unwrap().clone()));
+            }
+        }
+        assert!(lists.len() >= 150, "the corpus sessions: {}", lists.len() / 3);
+        let mut lean = 0;
+        for (name, api, list) in lists {
+            lean += check(&format!("{name} as {}", api.name()), api, split_values(api, &list).unwrap());
+        }
+        assert!(lean > 20_000, "units read lean: {lean}");
     }
 
     #[test]

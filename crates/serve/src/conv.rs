@@ -373,14 +373,14 @@ impl Conv {
                     }
                 }
             }
-            let w = wire::parse_unit(api, raw, u)?;
-            let keys: Vec<u64> = w.messages.iter().map(|wm| crate::track::exact(&wm.message)).collect();
+            let messages = wire::unit_messages(api, raw, u)?;
+            let keys: Vec<u64> = messages.iter().map(crate::track::exact).collect();
             let mut rec = UnitRec { entries: Vec::with_capacity(keys.len()), keys: None };
             let mut from = 0;
             if diverged.is_none() {
-                from = w.messages.len();
-                for (j, wm) in w.messages.iter().enumerate() {
-                    match self.track.step(cur, keys[j], &mut || crate::track::Visible::of(&wm.message, &is).fp()) {
+                from = messages.len();
+                for (j, m) in messages.iter().enumerate() {
+                    match self.track.step(cur, keys[j], &mut || crate::track::Visible::of(m, &is).fp()) {
                         Some(n) => {
                             rec.entries.push(self.track.single_entry(n));
                             tokens_in += self.track.tokens(n);
@@ -397,8 +397,8 @@ impl Conv {
                 }
             }
             // Everything from the first new message on is recorded, chained from the last matched one;
-            // the unit's wire JSON is dropped here (the render reads again what it sends message by message).
-            new.extend(w.messages.into_iter().skip(from).map(|wm| (u, wm.message)));
+            // the unit's wire JSON was never kept (the render reads again what it sends message by message).
+            new.extend(messages.into_iter().skip(from).map(|m| (u, m)));
             rec.keys = Some(keys);
             units.push(rec);
         }

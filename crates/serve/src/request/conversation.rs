@@ -114,7 +114,7 @@ fn identity(req: &Req) -> Result<String, wire::WireError> {
         return Ok(format!("{id}#{key}"));
     }
     let first_prompt = match req.raw.units.iter().position(|u| u.role == "user") {
-        Some(u) => wire::parse_unit(req.api, &req.raw, u)?.messages.iter().find(|m| matches!(m.message, Message::User { .. })).map(|m| m.message.text()).unwrap_or_default(),
+        Some(u) => wire::unit_messages(req.api, &req.raw, u)?.iter().find(|m| matches!(m, Message::User { .. })).map(Message::text).unwrap_or_default(),
         None => String::new(),
     };
     let mut system = String::new();
@@ -189,8 +189,8 @@ fn first_typed(req: &Req) -> Result<String, wire::WireError> {
         if unit.role != "user" {
             continue;
         }
-        let parsed = wire::parse_unit(req.api, &req.raw, u)?;
-        if let Some(t) = parsed.messages.iter().map(|m| m.message.typed_text()).find(|t| !t.trim().is_empty()) {
+        let messages = wire::unit_messages(req.api, &req.raw, u)?;
+        if let Some(t) = messages.iter().map(Message::typed_text).find(|t| !t.trim().is_empty()) {
             return Ok(t);
         }
     }
