@@ -239,6 +239,11 @@ impl RawRequest {
     pub fn slice(&self, from: usize, to: usize) -> Vec<&[u8]> {
         (from..to).map(|i| self.item(i)).collect()
     }
+
+    /// The elements `from..to`, as a piece of a list to write ([`write_list`]).
+    pub fn piece(&self, from: usize, to: usize) -> Piece<'_> {
+        Piece::Raw(&self.buf, &self.items[from..to])
+    }
 }
 
 /// Splits a request's message list into units, reading only each element's role and type. `items` are
@@ -873,8 +878,8 @@ fn put(out: &mut Vec<u8>, v: &impl serde::Serialize) {
 /// A piece of the message list to send: elements written exactly as the client sent them, or a message.
 #[derive(Debug, Clone)]
 pub enum Piece<'a> {
-    /// List elements as the client wrote them (a whole unit, unchanged).
-    Raw(Vec<&'a [u8]>),
+    /// List elements as the client wrote them (a whole unit, unchanged): their ranges in the body.
+    Raw(&'a [u8], &'a [std::ops::Range<usize>]),
     /// A message in wire form (boxed: a list of many small unchanged units holds a piece each).
     Msg(Box<OutMessage<'a>>),
 }
@@ -884,7 +889,7 @@ pub enum Piece<'a> {
 /// raw pieces are written as they are. Chat and Responses take every message as it is.
 pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>]) -> Vec<u8> {
     let size: usize = system.iter().map(|s| s.len() + 1).sum::<usize>()
-        + pieces.iter().map(|p| match p { Piece::Raw(items) => items.iter().map(|i| i.len() + 1).sum(), Piece::Msg(_) => 512 }).sum::<usize>();
+        + pieces.iter().map(|p| match p { Piece::Raw(_, items) => items.iter().map(|i| i.len() + 1).sum(), Piece::Msg(_) => 512 }).sum::<usize>();
     let mut out = Vec::with_capacity(size + 16);
     out.push(b'[');
     let mut first = true;
@@ -900,10 +905,10 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>]) -> Vec<u8> {
     let mut i = 0;
     while i < pieces.len() {
         match &pieces[i] {
-            Piece::Raw(items) => {
-                for it in items {
+            Piece::Raw(buf, items) => {
+                for it in *items {
                     sep(&mut out);
-                    out.extend_from_slice(it);
+                    out.extend_from_slice(&buf[it.clone()]);
                 }
                 i += 1;
             }
@@ -928,7 +933,7 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>]) -> Vec<u8> {
                     .iter()
                     .flat_map(|p| match p {
                         Piece::Msg(g) => g.parts.iter().collect::<Vec<_>>(),
-                        Piece::Raw(_) => Vec::new(),
+                        Piece::Raw(..) => Vec::new(),
                     })
                     .collect();
                 match parts.as_slice() {

@@ -108,22 +108,70 @@ pub struct Sent {
     pub before: usize,
 }
 
-/// What one unit of the request (see [`wire::Unit`]) turned out to be.
+/// What the units of a request (see [`wire::Unit`]) turned out to be: for each of their neutral messages,
+/// the entry it stands for when the client's JSON can stand for it (`None` where serve's log holds more
+/// than the client saw). One list for all units, unit after unit: a request of many small messages
+/// held a list, and a copy of each id, per unit.
 #[derive(Debug, Clone, Default)]
-pub struct UnitRec {
-    /// For each of its neutral messages, the entry it stands for when the client's JSON can stand for it
-    /// (`None` where serve's log holds more than the client saw).
-    pub entries: Vec<Option<String>>,
-    /// The exact keys of its messages, when the unit was read in full (a unit matched by its key is not
-    /// read at all). The parsed unit itself is not kept: a body of many small messages would hold its
-    /// parsed JSON through recording; the render reads again the few units it sends message by message.
-    /// Taken into the client's view once the request is recorded.
-    pub keys: Option<Vec<u64>>,
+pub struct UnitEntries {
+    /// Where each unit's entries start in `entries`, once the unit has begun; closed, one more than there
+    /// are units (the last is the end).
+    starts: Vec<u32>,
+    entries: Vec<Option<Arc<str>>>,
+}
+
+impl UnitEntries {
+    fn with_capacity(units: usize, messages: usize) -> UnitEntries {
+        UnitEntries { starts: Vec::with_capacity(units + 1), entries: Vec::with_capacity(messages) }
+    }
+
+    /// Adds an entry to unit `u`: the last unit begun, or a later one (the units between begin empty).
+    fn push(&mut self, u: usize, entry: Option<Arc<str>>) {
+        self.begin(u);
+        self.entries.push(entry);
+    }
+
+    /// Begins unit `u` and the units before it not begun yet.
+    fn begin(&mut self, u: usize) {
+        while self.starts.len() <= u {
+            self.starts.push(self.entries.len() as u32);
+        }
+    }
+
+    /// Takes back the entries of unit `u`, the last begun.
+    fn clear(&mut self, u: usize) {
+        self.entries.truncate(self.starts[u] as usize);
+    }
+
+    /// Ends the list after `units` units.
+    fn close(&mut self, units: usize) {
+        self.begin(units);
+    }
+
+    /// The entries of unit `u` (of a closed list).
+    pub fn of(&self, u: usize) -> &[Option<Arc<str>>] {
+        &self.entries[self.starts[u] as usize..self.starts[u + 1] as usize]
+    }
+
+    /// The number of units (of a closed list).
+    pub fn len(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    /// Whether there are no units.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// How a request's units match the session, before anything is recorded.
 struct Planned {
-    units: Vec<UnitRec>,
+    /// What each unit stands for so far (the new messages have no entries yet; not closed).
+    units: UnitEntries,
+    /// The exact keys of the messages of each unit read in full (a unit matched by its key is not read at
+    /// all): taken into the client's view once the request is recorded. The parsed unit itself is not
+    /// kept; the render reads again the few units it sends message by message.
+    keys: Vec<(usize, Vec<u64>)>,
     /// The visible node the history last matched.
     cur: Option<usize>,
     /// The new messages, with the unit each came from.
@@ -135,7 +183,7 @@ struct Planned {
 #[derive(Debug, Clone)]
 pub struct Recorded {
     /// Per unit of the request (shared by the request's rounds, read only).
-    pub units: Arc<Vec<UnitRec>>,
+    pub units: Arc<UnitEntries>,
     /// The entry the reply follows.
     pub last: Option<String>,
     /// Tokens of the client's messages (pi's estimate).
@@ -265,7 +313,7 @@ impl Conv {
         self.follow_log(internal)?;
         self.figures.requests += 1;
         let is = |n: &str| internal.is(n);
-        let Planned { mut units, cur, new, mut tokens_in } = self.match_units(api, raw, internal)?;
+        let Planned { mut units, keys, cur, new, mut tokens_in } = self.match_units(api, raw, internal)?;
         tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();
         let matched_parent = cur.map(|n| self.track.tail(n).to_string());
         let session = self.session.clone();
@@ -322,17 +370,16 @@ impl Conv {
                 for (k, (id, &u)) in ids.iter().zip(&unit_of).enumerate() {
                     let m = p.entry_message(id).ok_or_else(|| EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") })?;
                     track.add(id, parent_of(k), m, &is, Some(crate::track::exact(m)));
-                    units[u].entries.push(Some(id.clone()));
+                    units.push(u, Some(id.as_str().into()));
                 }
                 Ok::<(), EngineError>(())
             })??;
         }
+        units.close(raw.units.len());
         // Units read in full are remembered by key, so the next request matches them without reading.
-        for (u, rec) in units.iter_mut().enumerate() {
-            if let (Some(keys), false) = (rec.keys.take(), raw.units[u].marked) {
-                if keys.len() == rec.entries.len() {
-                    self.units.entry(raw.units[u].key).or_insert(keys);
-                }
+        for (u, keys) in keys {
+            if !raw.units[u].marked && keys.len() == units.of(u).len() {
+                self.units.entry(raw.units[u].key).or_insert(keys);
             }
         }
         let last = ids.last().cloned().or(matched_parent);
@@ -345,44 +392,46 @@ impl Conv {
         let is = |n: &str| internal.is(n);
         let mut cur: Option<usize> = None;
         let mut tokens_in = 0;
-        let mut units: Vec<UnitRec> = Vec::with_capacity(raw.units.len());
+        let mut units = UnitEntries::with_capacity(raw.units.len(), raw.items.len());
+        let mut read_keys: Vec<(usize, Vec<u64>)> = Vec::new();
         // The first new message, as (unit, message within it).
         let mut diverged: Option<(usize, usize)> = None;
         let mut new: Vec<(usize, Message)> = Vec::new();
         for (u, unit) in raw.units.iter().enumerate() {
+            if diverged.is_none() {
+                units.begin(u);
+            }
             if diverged.is_none() && !unit.marked {
                 if let Some(keys) = self.units.get(&unit.key) {
                     let mut c = cur;
-                    let mut rec = UnitRec::default();
                     let mut toks = 0;
                     for k in keys {
                         match self.track.step_exact(c, *k) {
                             Some(n) => {
-                                rec.entries.push(self.track.single_entry(n));
+                                units.push(u, self.track.single_entry(n));
                                 toks += self.track.tokens(n);
                                 c = Some(n);
                             }
                             None => break,
                         }
                     }
-                    if rec.entries.len() == keys.len() {
+                    if units.entries.len() - units.starts[u] as usize == keys.len() {
                         cur = c;
                         tokens_in += toks;
-                        units.push(rec);
                         continue;
                     }
+                    units.clear(u);
                 }
             }
             let messages = wire::unit_messages(api, raw, u)?;
             let keys: Vec<u64> = messages.iter().map(crate::track::exact).collect();
-            let mut rec = UnitRec { entries: Vec::with_capacity(keys.len()), keys: None };
             let mut from = 0;
             if diverged.is_none() {
                 from = messages.len();
                 for (j, m) in messages.iter().enumerate() {
                     match self.track.step(cur, keys[j], &mut || crate::track::Visible::of(m, &is).fp()) {
                         Some(n) => {
-                            rec.entries.push(self.track.single_entry(n));
+                            units.push(u, self.track.single_entry(n));
                             tokens_in += self.track.tokens(n);
                             cur = Some(n);
                         }
@@ -399,8 +448,7 @@ impl Conv {
             // Everything from the first new message on is recorded, chained from the last matched one;
             // the unit's wire JSON was never kept (the render reads again what it sends message by message).
             new.extend(messages.into_iter().skip(from).map(|m| (u, m)));
-            rec.keys = Some(keys);
-            units.push(rec);
+            read_keys.push((u, keys));
         }
         // A tool result names its tool by the call it answers (in this request, or recorded before).
         let mut names: BTreeMap<String, String> = BTreeMap::new();
@@ -419,7 +467,7 @@ impl Conv {
                 _ => {}
             }
         }
-        Ok(Planned { units, cur, new, tokens_in })
+        Ok(Planned { units, keys: read_keys, cur, new, tokens_in })
     }
 
     /// Prepares the context (pruning, checkpoints, recovery, notices) and writes it in `api`'s wire form:
@@ -454,9 +502,10 @@ impl Conv {
             let id = format!("dry-run-{k}");
             seq += 1;
             p.apply(seq, &condense_events::Event::Source(SourceEvent::EntryAppended { id: id.clone(), parent: parent.clone(), entry: Entry::Message(m) }));
-            units[u].entries.push(Some(id.clone()));
+            units.push(u, Some(id.as_str().into()));
             parent = Some(id);
         }
+        units.close(raw.units.len());
         let rec = Recorded { units: Arc::new(units), last: parent, tokens_in: 0 };
         let rendered = p.render();
         Ok(write(api, raw, &rec, segments(api, &rec, internal, &p, &rendered.messages))?)
@@ -490,19 +539,23 @@ struct Segments {
 /// wire form; also whether the context ends with a budget notice, the tools it needs, its tokens, and the
 /// stub and checkpoint counts.
 fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::Projection, messages: &[Arc<Message>]) -> Segments {
-    let mut from: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
-    for (u, ur) in rec.units.iter().enumerate() {
-        for (j, e) in ur.entries.iter().enumerate() {
+    // (message address, unit, message within it), sorted by address.
+    let mut from: Vec<(usize, u32, u32)> = Vec::with_capacity(rec.units.entries.len());
+    for u in 0..rec.units.len() {
+        for (j, e) in rec.units.of(u).iter().enumerate() {
             if let Some(m) = e.as_deref().and_then(|e| p.entry_message(e)) {
-                from.insert(Arc::as_ptr(m) as usize, (u, j));
+                from.push((Arc::as_ptr(m) as usize, u as u32, j as u32));
             }
         }
     }
+    // Where two unit messages stand for one message, the later stands for it.
+    from.sort_unstable_by_key(|&(at, u, j)| (at, std::cmp::Reverse((u, j))));
+    from.dedup_by_key(|e| e.0);
     let segs: Vec<Seg> = messages
         .iter()
-        .map(|m| match from.get(&(Arc::as_ptr(m) as usize)) {
-            Some(&(u, j)) => Seg::Client(u, j),
-            None => Seg::New(wire::from_neutral(api, m).map(Box::new)),
+        .map(|m| match from.binary_search_by_key(&(Arc::as_ptr(m) as usize), |e| e.0) {
+            Ok(k) => Seg::Client(from[k].1 as usize, from[k].2 as usize),
+            Err(_) => Seg::New(wire::from_neutral(api, m).map(Box::new)),
         })
         .collect();
     let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
@@ -541,7 +594,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     // one is left when the client's request holds fewer).
     let own_mark = stable_end.filter(|&k| api == Api::Anthropic && k < segs.len() && wire::cache_marks(&raw.buf) < 4);
     // Which units go out whole and untouched, and which are read for their messages' own JSON.
-    let count = |u: usize| rec.units[u].entries.len();
+    let count = |u: usize| rec.units.of(u).len();
     // Where a client unit is sent complete, marked or not (a marked one is read for its marks only), and
     // where one ends.
     let mut complete_at: Vec<Option<usize>> = vec![None; segs.len()];
@@ -627,7 +680,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
         }
         if let Some(u) = whole[i] {
             let unit = &raw.units[u];
-            pieces.push(Piece::Raw(raw.slice(unit.start, unit.start + unit.len)));
+            pieces.push(raw.piece(unit.start, unit.start + unit.len));
             src.push(Some((u, usize::MAX)));
             continue;
         }

@@ -197,8 +197,9 @@ struct Node {
     /// The exact key of the client message this node was last matched with (or recorded from), when
     /// `has_exact`.
     exact: u64,
-    /// The entry this node stands for (for a continued reply, its last assistant entry).
-    entry: Box<str>,
+    /// The entry this node stands for (for a continued reply, its last assistant entry); the id's one
+    /// copy, shared with `owner` and a request's units.
+    entry: Arc<str>,
     /// For an assistant entry whose calls were all condense's own: what the client has seen of the reply
     /// so far (the next assistant entry continues it).
     open: Option<Box<Visible>>,
@@ -224,7 +225,7 @@ pub struct Track {
     /// result after it (few nodes have one).
     tails: BTreeMap<u32, Box<str>>,
     /// The node each entry belongs to.
-    owner: BTreeMap<Box<str>, u32>,
+    owner: BTreeMap<Arc<str>, u32>,
     /// The calls of condense's own tools (their results are internal).
     internal_calls: BTreeSet<Box<str>>,
     /// Tool-call id → name of every call (a client's tool result names no tool; its call does); the
@@ -256,7 +257,7 @@ pub struct Matched {
     pub parent: Option<String>,
     /// For each matched message, the entry it stands for when the client's wire JSON can be forwarded
     /// for it (`None` where serve's log holds more than the client saw).
-    pub entries: Vec<Option<String>>,
+    pub entries: Vec<Option<Arc<str>>>,
 }
 
 impl Track {
@@ -327,10 +328,11 @@ impl Track {
             Some(p) => std::mem::replace(&mut self.nodes[p].last_child, ix),
             None => std::mem::replace(&mut self.last_root, ix),
         };
+        let id: Arc<str> = id.into();
         self.nodes.push(Node {
             fp: vis.fp(),
             exact: exact.unwrap_or(0),
-            entry: id.into(),
+            entry: id.clone(),
             open: only_internal.then(|| Box::new(vis)),
             parent: vparent,
             prev,
@@ -339,7 +341,7 @@ impl Track {
             has_exact: exact.is_some(),
             single,
         });
-        self.owner.insert(id.into(), ix);
+        self.owner.insert(id, ix);
     }
 
     /// Room for `n` more nodes (a request recording many messages at once) and the reply's after them,
@@ -382,13 +384,13 @@ impl Track {
     }
 
     /// The entry node `n` stands for, when it is exactly one entry.
-    pub fn single_entry(&self, n: usize) -> Option<String> {
-        self.nodes[n].single.then(|| self.nodes[n].entry.to_string())
+    pub fn single_entry(&self, n: usize) -> Option<Arc<str>> {
+        self.nodes[n].single.then(|| self.nodes[n].entry.clone())
     }
 
     /// The entry the client's next message after node `n` follows.
     pub fn tail(&self, n: usize) -> &str {
-        self.tails.get(&link(n)).unwrap_or(&self.nodes[n].entry)
+        self.tails.get(&link(n)).map_or(&*self.nodes[n].entry, |t| t)
     }
 
     /// The token estimate of node `n` as the client sees it.
@@ -467,7 +469,7 @@ mod tests {
         let m = matched(&mut t, &[u.clone(), seen.clone(), result("b1", "out")]);
         assert_eq!(m.count, 2);
         assert_eq!(m.parent.as_deref(), Some("e4"));
-        assert_eq!(m.entries, vec![Some("e1".to_string()), None]);
+        assert_eq!(m.entries, vec![Some("e1".into()), None]);
         t.add("e5", Some("e4"), &result("b1", "out"), &internal, None);
         let m = matched(&mut t, &[u, seen, result("b1", "out")]);
         assert_eq!((m.count, m.parent.as_deref()), (3, Some("e5")));
