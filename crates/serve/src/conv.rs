@@ -674,14 +674,25 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     let mut src: Vec<Option<(usize, usize)>> = Vec::with_capacity(segs.len());
     // The piece condense's mark goes on.
     let mut own_piece = None;
+    // The list elements of the last piece, when it is whole units (`raw_from..raw_to`).
+    let (mut raw_from, mut raw_to) = (None, 0);
     for (i, seg) in segs.into_iter().enumerate() {
         if Some(i) == own_mark && whole[i].is_none() && !covered[i] {
             own_piece = Some(pieces.len());
         }
         if let Some(u) = whole[i] {
             let unit = &raw.units[u];
-            pieces.push(raw.piece(unit.start, unit.start + unit.len));
-            src.push(Some((u, usize::MAX)));
+            // Whole units that follow each other in the request are one piece (a request of a long
+            // history held a piece per unit).
+            match (pieces.last_mut(), raw_from) {
+                (Some(last @ Piece::Raw(..)), Some(from)) if raw_to == unit.start => *last = raw.piece(from, unit.start + unit.len),
+                _ => {
+                    pieces.push(raw.piece(unit.start, unit.start + unit.len));
+                    src.push(Some((u, usize::MAX)));
+                    raw_from = Some(unit.start);
+                }
+            }
+            raw_to = unit.start + unit.len;
             continue;
         }
         if covered[i] {
