@@ -225,8 +225,9 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
     ];
     writeln!(md, "\n## Memory of one request\n")?;
     writeln!(md, "Each shape sent once (Chat Completions, JSON) to a fresh release `condense serve` (`--max-body-bytes` 200 MB, the default 2 GiB memory budget) against a fake upstream; *reply in* the time from sending the body to the end of the reply (the fake upstream answers at once), *peak* is the server's VmHWM minus its RSS before the request, *kept after the reply* its RSS once the reply has come back, minus the same (what the session's warm projection, the client's view, sled's page cache and the allocator's free pages hold on to; docs/serve.md, \"Memory\"). The *reservation* is what serve's memory budget takes for the request before recording it (`crates/serve/src/budget.rs`); a request whose reservation exceeds the whole budget is refused with a 413 (docs/serve.md, \"Limits\").\n")?;
-    writeln!(md, "| body | size | status | reply in | peak | peak per byte of body | kept after the reply | reservation |")?;
-    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(md, "| body | size | status | reply in | peak | peak per byte of body | kept after the reply | promised | reservation |")?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    let mut over = Vec::new();
     let agent = reqwest::blocking::Client::builder().timeout(Duration::from_secs(600)).build()?;
     for (name, messages) in shapes {
         let store = scratch.join("request-memory-store");
@@ -243,10 +244,26 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         let kept = (status_kib(child.id(), "VmRSS:") - before) * 1024.0;
         let elements: u64 = messages.iter().map(|m| condense_formats::wire::count_elements(m.to_string().as_bytes()) + 1).sum();
         let reservation = condense_serve::budget::reservation(body.len() as u64, elements) as f64;
-        writeln!(md, "| {name} | {:.1} MB | {code} | {:.2} s | {:.0} MB | {:.1} | {:.0} MB | {:.0} MB |", body.len() as f64 / 1e6, took.as_secs_f64(), peak / 1e6, peak / body.len() as f64, kept / 1e6, reservation / 1e6)?;
+        let promised = promised_peak(body.len(), &messages);
+        if code == 200 && peak > promised {
+            over.push(name);
+        }
+        writeln!(md, "| {name} | {:.1} MB | {code} | {:.2} s | {:.0} MB | {:.1} | {:.0} MB | {:.0} MB | {:.0} MB |", body.len() as f64 / 1e6, took.as_secs_f64(), peak / 1e6, peak / body.len() as f64, kept / 1e6, promised / 1e6, reservation / 1e6)?;
         let _ = child.kill();
         let _ = child.wait();
     }
+    match over.as_slice() {
+        [] => writeln!(md, "\nEvery request served peaked under what docs/serve.md promises (*promised*: 10 bytes per byte of body, 1.1 KB per message or tool call, 0.5 KB per other content part).")?,
+        names => writeln!(md, "\n**Over what docs/serve.md promises** (*promised*: 10 bytes per byte of body, 1.1 KB per message or tool call, 0.5 KB per other content part): {}.", names.join("; "))?,
+    }
     drop(rt);
     Ok(())
+}
+
+/// What docs/serve.md ("Limits") promises a request's peak stays under: 10 bytes per byte of body, 1.1 KB
+/// per message or tool call and 0.5 KB per other content part of the (Chat) message list.
+fn promised_peak(body: usize, messages: &[Value]) -> f64 {
+    let calls: usize = messages.iter().map(|m| m["tool_calls"].as_array().map_or(0, Vec::len)).sum();
+    let parts: usize = messages.iter().map(|m| m["content"].as_array().map_or(0, Vec::len)).sum();
+    10.0 * body as f64 + 1100.0 * (messages.len() + calls) as f64 + 500.0 * parts as f64
 }
