@@ -52,8 +52,9 @@ pub struct Conv {
     pub figures: ConvFigures,
     /// The cache-priced cost of what was sent upstream and of what the client sent.
     pub ledger: Arc<crate::billing::Ledger>,
-    /// Units seen before, by key: the exact keys of the messages each holds (see [`wire::Unit`]).
-    units: BTreeMap<u64, Vec<u64>>,
+    /// Units seen before, by key: the exact keys of the messages each holds (see [`wire::Unit`]). Looked
+    /// up only, never iterated.
+    units: rustc_hash::FxHashMap<u64, UnitKeys>,
     /// The session's head when this process last finished working on it: a head past it means another
     /// process (a second server on a shared PostgreSQL store) appended since.
     synced: Option<condense_events::Seq>,
@@ -164,6 +165,32 @@ impl UnitEntries {
     }
 }
 
+/// The exact keys of a unit's messages, as a conversation remembers them: most units are one message,
+/// held without a list of its own.
+#[derive(Debug, Clone)]
+enum UnitKeys {
+    One(u64),
+    Many(Box<[u64]>),
+}
+
+impl UnitKeys {
+    fn as_slice(&self) -> &[u64] {
+        match self {
+            UnitKeys::One(k) => std::slice::from_ref(k),
+            UnitKeys::Many(keys) => keys,
+        }
+    }
+}
+
+impl From<Vec<u64>> for UnitKeys {
+    fn from(keys: Vec<u64>) -> UnitKeys {
+        match keys.as_slice() {
+            [k] => UnitKeys::One(*k),
+            _ => UnitKeys::Many(keys.into_boxed_slice()),
+        }
+    }
+}
+
 /// How a request's units match the session, before anything is recorded.
 struct Planned {
     /// What each unit stands for so far (the new messages have no entries yet; not closed).
@@ -233,7 +260,7 @@ impl Conv {
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = client_view(&session, internal)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new(), native_model: None })
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None })
     }
 
     /// Starts a new session for a conversation.
@@ -242,7 +269,7 @@ impl Conv {
         events.extend(SourceEvent::configured(prune));
         session.append(events)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: BTreeMap::new(), synced, sent: Vec::new(), native_model: None })
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None })
     }
 
     /// Takes in what other processes appended since this one last worked on the session: the client's view
@@ -379,7 +406,7 @@ impl Conv {
         // Units read in full are remembered by key, so the next request matches them without reading.
         for (u, keys) in keys {
             if !raw.units[u].marked && keys.len() == units.of(u).len() {
-                self.units.entry(raw.units[u].key).or_insert(keys);
+                self.units.entry(raw.units[u].key).or_insert_with(|| UnitKeys::from(keys));
             }
         }
         let last = ids.last().cloned().or(matched_parent);
@@ -402,7 +429,7 @@ impl Conv {
                 units.begin(u);
             }
             if diverged.is_none() && !unit.marked {
-                if let Some(keys) = self.units.get(&unit.key) {
+                if let Some(keys) = self.units.get(&unit.key).map(UnitKeys::as_slice) {
                     let mut c = cur;
                     let mut toks = 0;
                     for k in keys {
