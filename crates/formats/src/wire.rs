@@ -378,47 +378,43 @@ fn lean_unit(api: Api, req: &RawRequest, unit: &Unit) -> Result<WireRequest, Wir
     let mut prev_assistant = false;
     for k in unit.start..unit.start + unit.len {
         let at = format!("{}[{k}]", api.list_field());
-        let s: Shallow<'_> = serde_json::from_slice(req.item(k)).map_err(|e| werr(at.clone(), e.to_string()))?;
-        match api {
-            Api::Anthropic => {
-                let Value::Object(mut obj) = s.obj else { unreachable!("a shallow element is an object") };
-                let blocks = match s.content {
-                    Some(raw) => Content::Raw(raw),
-                    None => Content::Value(obj.remove("content")),
-                };
-                anthropic_message(&mut out, k, obj, blocks, false)?;
-            }
-            Api::Chat => {
-                let message = chat_message(&s.obj, s.field("content"), s.field("tool_calls"), &at)?;
-                out.messages.push(WireMessage { message, wire: k, envelope: Map::new(), parts: Vec::new() });
-            }
-            Api::Responses => {
-                let item = responses_item(&s.obj, s.field("content"), &at)?;
-                responses_push(&mut out, item, k, None, &mut prev_assistant);
-            }
+        let Shallow { mut obj, content, tool_calls } = serde_json::from_slice(req.item(k)).map_err(|e| werr(at.clone(), e.to_string()))?;
+        if api == Api::Anthropic {
+            let blocks = match content {
+                Some(raw) => Content::Raw(raw),
+                None => Content::Value(obj.remove("content")),
+            };
+            anthropic_message(&mut out, k, obj, blocks, false)?;
+            continue;
+        }
+        let obj = Value::Object(obj);
+        if api == Api::Chat {
+            let message = chat_message(&obj, field(&obj, "content", &content), field(&obj, "tool_calls", &tool_calls), &at)?;
+            out.messages.push(WireMessage { message, wire: k, envelope: Map::new(), parts: Vec::new() });
+        } else {
+            let item = responses_item(&obj, field(&obj, "content", &content), &at)?;
+            responses_push(&mut out, item, k, None, &mut prev_assistant);
         }
     }
     name_results(&mut out.messages);
     Ok(out)
 }
 
+/// Field `key` of `obj` as the conversions read it: its list kept as text when there is one (`raw`).
+fn field<'v, 'a>(obj: &'v Value, key: &str, raw: &'v Option<Vec<&'a RawValue>>) -> Field<'v, 'a> {
+    match raw {
+        Some(raw) => Field::Raw(raw),
+        None => Field::Value(obj.get(key)),
+    }
+}
+
 /// A list element read one level deep: its fields as values, except `content` and `tool_calls` when they
 /// are lists, which are kept as their elements' JSON text (see [`unit_messages`]).
 struct Shallow<'a> {
-    /// The element without the lists kept as text (a `Value::Object`).
-    obj: Value,
+    /// The element without the lists kept as text.
+    obj: Map<String, Value>,
     content: Option<Vec<&'a RawValue>>,
     tool_calls: Option<Vec<&'a RawValue>>,
-}
-
-impl<'a> Shallow<'a> {
-    /// Field `key` as the conversions read it.
-    fn field(&self, key: &str) -> Field<'_, 'a> {
-        match (key, &self.content, &self.tool_calls) {
-            ("content", Some(raw), _) | ("tool_calls", _, Some(raw)) => Field::Raw(raw),
-            _ => Field::Value(self.obj.get(key)),
-        }
-    }
 }
 
 impl<'de> serde::Deserialize<'de> for Shallow<'de> {
@@ -453,7 +449,7 @@ impl<'de> serde::Deserialize<'de> for Shallow<'de> {
                         obj.insert(key, serde_json::from_str(raw.get()).map_err(A::Error::custom)?);
                     }
                 }
-                Ok(Shallow { obj: Value::Object(obj), content, tool_calls })
+                Ok(Shallow { obj, content, tool_calls })
             }
         }
         d.deserialize_map(Fields)
@@ -569,7 +565,8 @@ fn anthropic_message(req: &mut WireRequest, i: usize, envelope: Map<String, Valu
         };
         push(req, message, std::mem::take(&mut run.1));
     };
-    let blocks = values.into_iter().map(Ok).chain(raw.iter().enumerate().map(|(j, t)| read_raw(t, &format!("{at}.content"), j)));
+    let content_at = format!("{at}.content");
+    let blocks = values.into_iter().map(Ok).chain(raw.iter().enumerate().map(|(j, t)| read_raw(t, &content_at, j)));
     for (j, b) in blocks.enumerate() {
         let mut b = b?;
         if !b.is_object() || str_of(&b, "type").is_none() {
