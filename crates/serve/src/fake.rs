@@ -54,6 +54,8 @@ pub struct Logged {
     pub headers: Vec<(String, String)>,
     /// The JSON body.
     pub body: Value,
+    /// The body as it arrived.
+    pub raw: bytes::Bytes,
     /// The step it was answered with.
     pub step: Option<Step>,
     /// When its body had arrived (for latency measurements).
@@ -250,6 +252,7 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         path: parts.uri.path().to_string(),
         headers: parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())).collect(),
         body,
+        raw: bytes,
         step: None,
         at,
         summary: None,

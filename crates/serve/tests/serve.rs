@@ -484,6 +484,31 @@ async fn bad_requests_get_errors_in_the_api_format() {
     assert!(fake.log().is_empty(), "nothing bad went upstream");
 }
 
+/// Messages condense leaves unchanged go upstream exactly as the client wrote them — spacing, key order,
+/// escapes — whether read this request or matched from the last, and however many follow each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unchanged_messages_go_upstream_as_the_client_wrote_their_bytes() {
+    let s = setup(vec![Step::Text("ok".into()), Step::Text("again".into())], vec![]).await;
+    let http = reqwest::Client::new();
+    let history = [
+        r#"{"role" : "user",  "content":"caf\u00e9 \/ one"}"#,
+        r#"{"content":"ok","role":"assistant" , "name":"x"}"#,
+        r#"{"role":"user","content":[ {"type":"text","text":"two"} , {"text":"three","type":"text"} ]}"#,
+    ];
+    let more = [r#"{"role":"assistant","content":"again"}"#, r#"{ "role":"user","content":"four" }"#];
+    for list in [history.join(" ,\n  "), format!("{},{}", history.join(","), more.join(" , "))] {
+        let body = format!(r#"{{"model":"m","messages":[ {list} ]}}"#);
+        let r = http.post(format!("{}/v1/chat/completions", s.url())).header("content-type", "application/json").body(body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    }
+    let log = s.fake.log();
+    assert_eq!(log.len(), 2);
+    let first = String::from_utf8(log[0].raw.to_vec()).unwrap();
+    assert!(first.contains(&history.join(",")), "{first}");
+    let second = String::from_utf8(log[1].raw.to_vec()).unwrap();
+    assert!(second.contains(&format!("{},{}", history.join(","), more.join(","))), "{second}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_errors_pass_through_and_a_down_upstream_is_502() {
     let s = setup(vec![Step::Fail(429, "slow down".into()), Step::Text("ok".into())], vec![]).await;
