@@ -336,11 +336,7 @@ impl History {
                 for Obj(c) in it.content.unwrap_or_default() {
                     match c.kind.as_deref() {
                         Some("input_text" | "output_text" | "text") => blocks.push(Block::Text { text: c.text.unwrap_or_default() }),
-                        Some("input_image") => {
-                            let url = c.image_url.unwrap_or_default();
-                            let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
-                            blocks.push(Block::Image { mime, data: url });
-                        }
+                        Some("input_image") => blocks.push(url_image(c.image_url.unwrap_or_default())),
                         other => diag(format!("unknown message content type {other:?} dropped")),
                     }
                 }
@@ -409,6 +405,13 @@ impl History {
             other => diag(format!("unknown response item `{other}` skipped")),
         }
     }
+}
+
+/// The image an image URL stands for (OpenAI's `image_url` and `input_image`): a data URL names its MIME
+/// type, anything else is taken as PNG.
+pub(crate) fn url_image(url: String) -> Block {
+    let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
+    Block::Image { mime, data: url }
 }
 
 /// Text of a tool output and whether it reports a failure (a non-zero exit code).

@@ -378,7 +378,7 @@ fn lean_unit(api: Api, req: &RawRequest, unit: &Unit) -> Result<WireRequest, Wir
     let mut prev_assistant = false;
     for k in unit.start..unit.start + unit.len {
         let at = format!("{}[{k}]", api.list_field());
-        let Shallow { mut obj, content, tool_calls } = serde_json::from_slice(req.item(k)).map_err(|e| werr(at.clone(), e.to_string()))?;
+        let Shallow { mut obj, content, tool_calls } = Shallow::read(req.item(k)).map_err(|e| werr(at.clone(), e.to_string()))?;
         if api == Api::Anthropic {
             let blocks = match content {
                 Some(raw) => Content::Raw(raw),
@@ -408,6 +408,30 @@ fn field<'v, 'a>(obj: &'v Value, key: &str, raw: &'v Option<Vec<&'a RawValue>>) 
     }
 }
 
+/// A JSON object's fields in the client's order (a repeated key as often as it is written), each borrowed
+/// as the client's JSON text.
+pub struct Fields<'a>(pub Vec<(String, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields<'de>, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
+                    out.push((k, v));
+                }
+                Ok(Fields(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// A list element read one level deep: its fields as values, except `content` and `tool_calls` when they
 /// are lists, which are kept as their elements' JSON text (see [`unit_messages`]).
 struct Shallow<'a> {
@@ -417,42 +441,30 @@ struct Shallow<'a> {
     tool_calls: Option<Vec<&'a RawValue>>,
 }
 
-impl<'de> serde::Deserialize<'de> for Shallow<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
-            type Value = Shallow<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Shallow<'de>, A::Error> {
-                use serde::de::Error;
-                let mut obj = Map::new();
-                let (mut content, mut tool_calls) = (None, None);
-                // A repeated key counts as its last value, as in a `Value` (which keeps the first place).
-                while let Some(key) = m.next_key::<String>()? {
-                    let slot = match key.as_str() {
-                        "content" => &mut content,
-                        "tool_calls" => &mut tool_calls,
-                        _ => {
-                            let v: Value = m.next_value()?;
-                            obj.insert(key, v);
-                            continue;
-                        }
-                    };
-                    let raw: &'de RawValue = m.next_value()?;
-                    if raw.get().trim_start().starts_with('[') {
-                        obj.remove(&key);
-                        *slot = Some(serde_json::from_str(raw.get()).map_err(A::Error::custom)?);
-                    } else {
-                        *slot = None;
-                        obj.insert(key, serde_json::from_str(raw.get()).map_err(A::Error::custom)?);
-                    }
+impl<'a> Shallow<'a> {
+    /// Reads element `text` ([`Fields`], then each field but the lists).
+    fn read(text: &'a [u8]) -> serde_json::Result<Shallow<'a>> {
+        let Fields(fields) = serde_json::from_slice(text)?;
+        let mut s = Shallow { obj: Map::new(), content: None, tool_calls: None };
+        // A repeated key counts as its last value, as in a `Value` (which keeps the first place).
+        for (key, raw) in fields {
+            let slot = match key.as_str() {
+                "content" => &mut s.content,
+                "tool_calls" => &mut s.tool_calls,
+                _ => {
+                    s.obj.insert(key, serde_json::from_str(raw.get())?);
+                    continue;
                 }
-                Ok(Shallow { obj, content, tool_calls })
+            };
+            if raw.get().starts_with('[') {
+                s.obj.remove(&key);
+                *slot = Some(serde_json::from_str(raw.get())?);
+            } else {
+                *slot = None;
+                s.obj.insert(key, serde_json::from_str(raw.get())?);
             }
         }
-        d.deserialize_map(Fields)
+        Ok(s)
     }
 }
 
@@ -628,20 +640,22 @@ pub fn name_results(messages: &mut [WireMessage]) {
     }
 }
 
-/// Neutral blocks of a Chat message's `content` (a string or a list of parts).
-fn chat_text(content: Field<'_, '_>, at: &str) -> Result<Vec<Block>, WireError> {
+/// Neutral blocks of a `content` that is a string or a list of parts (Chat, Responses): `image` reads a
+/// part as an image when it is one; any other part is its text, or its JSON text when it has none.
+fn content_blocks(content: Field<'_, '_>, at: &str, image: impl Fn(&Value) -> Option<Block>) -> Result<Vec<Block>, WireError> {
     if let Some(Value::String(s)) = content.value() {
         return Ok(vec![Block::Text { text: s.clone() }]);
     }
     content.map_list(&format!("{at}.content"), |_, p| {
-        Ok(match (str_of(p, "type"), p.get("image_url")) {
-            (Some("image_url"), Some(u)) => {
-                let url = u.get("url").and_then(Value::as_str).or(u.as_str()).unwrap_or("").to_string();
-                let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
-                Block::Image { mime, data: url }
-            }
-            _ => Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) },
-        })
+        Ok(image(p).unwrap_or_else(|| Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) }))
+    })
+}
+
+/// Neutral blocks of a Chat message's `content`.
+fn chat_text(content: Field<'_, '_>, at: &str) -> Result<Vec<Block>, WireError> {
+    content_blocks(content, at, |p| match (str_of(p, "type"), p.get("image_url")) {
+        (Some("image_url"), Some(u)) => Some(crate::codex::url_image(u.get("url").and_then(Value::as_str).or(u.as_str()).unwrap_or("").to_string())),
+        _ => None,
     })
 }
 
@@ -718,21 +732,9 @@ fn assistant_item(item: &Value) -> bool {
     }
 }
 
-/// Neutral blocks of a Responses message item's `content` (a string or a list of parts).
+/// Neutral blocks of a Responses message item's `content`.
 fn responses_content(content: Field<'_, '_>, at: &str) -> Result<Vec<Block>, WireError> {
-    if let Some(Value::String(s)) = content.value() {
-        return Ok(vec![Block::Text { text: s.clone() }]);
-    }
-    content.map_list(&format!("{at}.content"), |_, p| {
-        Ok(match str_of(p, "type") {
-            Some("input_image") => {
-                let url = str_of(p, "image_url").unwrap_or("").to_string();
-                let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
-                Block::Image { mime, data: url }
-            }
-            _ => Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) },
-        })
-    })
+    content_blocks(content, at, |p| (str_of(p, "type") == Some("input_image")).then(|| crate::codex::url_image(str_of(p, "image_url").unwrap_or("").to_string())))
 }
 
 /// The neutral blocks of one assistant-side Responses item, whose `content` is given apart.

@@ -149,9 +149,10 @@ impl UnitEntries {
         self.begin(units);
     }
 
-    /// The entries of unit `u` (of a closed list).
+    /// The entries of unit `u`, a unit begun.
     pub fn of(&self, u: usize) -> &[Option<Arc<str>>] {
-        &self.entries[self.starts[u] as usize..self.starts[u + 1] as usize]
+        let end = self.starts.get(u + 1).map_or(self.entries.len(), |&e| e as usize);
+        &self.entries[self.starts[u] as usize..end]
     }
 
     /// The number of units (of a closed list).
@@ -442,7 +443,7 @@ impl Conv {
                             None => break,
                         }
                     }
-                    if units.entries.len() - units.starts[u] as usize == keys.len() {
+                    if units.of(u).len() == keys.len() {
                         cur = c;
                         tokens_in += toks;
                         continue;

@@ -499,6 +499,26 @@ mod tests {
         }
     }
 
+    /// The capture of a bash call's output `entry` (its call in `call_entry`), ref and batch `n`.
+    fn captured(n: u32, entry: &str, call_entry: &str, call_id: &str, chars: u64, turn: u32, utg: u32) -> Event {
+        Event::Decision(condense_events::DecisionEvent::OutputCaptured(condense_events::Record {
+            ref_n: n,
+            batch: n,
+            entry: entry.into(),
+            call_entry: call_entry.into(),
+            call_id: call_id.into(),
+            occurrence: format!("{call_id}@{entry}"),
+            tool: "bash".into(),
+            arguments: "{}".into(),
+            is_error: false,
+            chars,
+            hash: format!("h{}", n - 1),
+            turn,
+            utg,
+            protected: false,
+        }))
+    }
+
     /// Applies events to a projection in order, each at the next seq.
     fn in_order() -> impl FnMut(&mut Projection, Event) {
         let mut seq = 0u64;
@@ -553,7 +573,7 @@ mod tests {
     /// render is the full render (checked after each decision as well, in debug builds).
     #[test]
     fn many_decisions_on_a_long_history_render_as_the_full_render() {
-        use condense_events::{BatchOutcome, Block, DecisionEvent, Record};
+        use condense_events::{BatchOutcome, Block, DecisionEvent};
         let mut p = Projection::new();
         let mut put = in_order();
         let turns = 1200;
@@ -571,23 +591,7 @@ mod tests {
                 put(&mut p, Event::Source(SourceEvent::EntryAppended { id: e.clone(), parent: parent.clone(), entry: Entry::Message(m) }));
                 parent = Some(e);
             }
-            let rec = Record {
-                ref_n: t + 1,
-                batch: t + 1,
-                entry: format!("t{t}e2"),
-                call_entry: format!("t{t}e1"),
-                call_id: id.clone(),
-                occurrence: format!("{id}@t{t}e2"),
-                tool: "bash".into(),
-                arguments: "{}".into(),
-                is_error: false,
-                chars: 2400,
-                hash: format!("h{t}"),
-                turn: t,
-                utg: t + 1,
-                protected: false,
-            };
-            put(&mut p, Event::Decision(DecisionEvent::OutputCaptured(rec)));
+            put(&mut p, captured(t + 1, &format!("t{t}e2"), &format!("t{t}e1"), &id, 2400, t, t + 1));
         }
         let kept = |p: &Projection| p.inc.lock().unwrap().valid;
         let pending = |p: &Projection| p.inc.lock().unwrap().replace.len();
@@ -628,7 +632,7 @@ mod tests {
     /// compressed chain; a projection with no current render leaves the next render to start over.
     #[test]
     fn a_render_made_from_the_last_one_is_the_full_render() {
-        use condense_events::{BatchOutcome, Block, DecisionEvent, Record};
+        use condense_events::{BatchOutcome, Block, DecisionEvent};
         let mut p = Projection::new();
         let mut seq = 0u64;
         let mut put = |p: &mut Projection, e: Event| {
@@ -655,23 +659,7 @@ mod tests {
             put(&mut p, Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry: Entry::Message(m) }));
         }
         for (n, (entry, call_entry, id)) in [("e2", "e1", "c1"), ("e4", "e3", "c2")].into_iter().enumerate() {
-            let rec = Record {
-                ref_n: n as u32 + 1,
-                batch: n as u32 + 1,
-                entry: entry.into(),
-                call_entry: call_entry.into(),
-                call_id: id.into(),
-                occurrence: format!("{id}@{entry}"),
-                tool: "bash".into(),
-                arguments: "{}".into(),
-                is_error: false,
-                chars: 2000,
-                hash: format!("h{n}"),
-                turn: n as u32,
-                utg: 1,
-                protected: false,
-            };
-            put(&mut p, Event::Decision(DecisionEvent::OutputCaptured(rec)));
+            put(&mut p, captured(n as u32 + 1, entry, call_entry, id, 2000, n as u32, 1));
         }
         let before = p.render().messages;
         let mut after = p.clone();

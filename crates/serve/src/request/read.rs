@@ -9,33 +9,10 @@ use crate::conv::Internal;
 use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use condense_formats::wire::{self, Api, RawRequest};
+use condense_formats::wire::{self, Api, Fields, RawRequest};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use std::sync::Arc;
-
-/// A JSON object's fields in the client's order, each borrowed as the client's JSON text.
-struct Fields<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de> serde::Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields<'de>, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-                let mut out = Vec::new();
-                while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
-                    out.push((k, v));
-                }
-                Ok(Fields(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
 
 /// The range of `part` (a slice of `buf`) within `buf`.
 fn range_in(buf: &[u8], part: &str) -> std::ops::Range<usize> {
