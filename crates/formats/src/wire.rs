@@ -886,10 +886,10 @@ pub enum Piece<'a> {
 /// Writes the wire message list of `api` as JSON: the system prefix, then the pieces in order. For
 /// Anthropic, adjacent messages of one role (user or assistant) are merged into one, as the API requires;
 /// raw pieces are written as they are. Chat and Responses take every message as it is.
-pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>]) -> Vec<u8> {
+pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: usize) -> Vec<u8> {
     let size: usize = system.iter().map(|s| s.len() + 1).sum::<usize>()
         + pieces.iter().map(|p| match p { Piece::Raw(_, items) => items.iter().map(|i| i.len() + 1).sum(), Piece::Msg(_) => 512 }).sum::<usize>();
-    let mut out = Vec::with_capacity(size + 16);
+    let mut out = Vec::with_capacity(size + 16 + headroom);
     out.push(b'[');
     let mut first = true;
     let mut sep = |out: &mut Vec<u8>| {
@@ -970,7 +970,7 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>]) -> Vec<u8> {
 /// The wire message list of `api` from the messages of a context, as values (see [`write_list`]).
 pub fn assemble(api: Api, messages: Vec<OutMessage<'_>>) -> Vec<Value> {
     let pieces: Vec<Piece<'_>> = messages.into_iter().map(|m| Piece::Msg(Box::new(m))).collect();
-    serde_json::from_slice(&write_list(api, &[], &pieces)).expect("a list just written")
+    serde_json::from_slice(&write_list(api, &[], &pieces, 0)).expect("a list just written")
 }
 
 /// Puts a `cache_control` value on the last block of an Anthropic wire message (a string content becomes

@@ -190,8 +190,11 @@ pub fn encode_packed<'a>(session: SessionId, first: Seq, bodies: impl IntoIterat
         let len = run.len() - at - 4;
         run[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
         if len >= PACK_BYTES {
-            let plain = run.split_off(at + 4);
-            run.truncate(at);
+            // The large event keeps the buffer it was encoded in and the events before it (less than a
+            // run) move out instead: copying the event out held a large value twice.
+            let before = run[..at].to_vec();
+            run.drain(..at + 4);
+            let plain = std::mem::replace(&mut run, before);
             close(&mut run, &mut count, &mut out);
             out.push(compress_plain(plain));
             continue;

@@ -542,8 +542,8 @@ impl Conv {
 
 /// Where a rendered message comes from.
 enum Seg {
-    /// Message `.1` of the request's unit `.0`.
-    Client(usize, usize),
+    /// Message `.1` of the request's unit `.0` (numbers of 32 bits: a segment per rendered message).
+    Client(u32, u32),
     /// Written from the neutral model (`None`: nothing the API can carry).
     New(Option<Box<OutMessage<'static>>>),
 }
@@ -582,7 +582,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
     let segs: Vec<Seg> = messages
         .iter()
         .map(|m| match from.binary_search_by_key(&(Arc::as_ptr(m) as usize), |e| e.0) {
-            Ok(k) => Seg::Client(from[k].1 as usize, from[k].2 as usize),
+            Ok(k) => Seg::Client(from[k].1, from[k].2),
             Err(_) => Seg::New(wire::from_neutral(api, m).map(Box::new)),
         })
         .collect();
@@ -624,33 +624,31 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     // Which units go out whole and untouched, and which are read for their messages' own JSON.
     let count = |u: usize| rec.units.of(u).len();
     // Where a client unit is sent complete, marked or not (a marked one is read for its marks only), and
-    // where one ends.
-    let mut complete_at: Vec<Option<usize>> = vec![None; segs.len()];
+    // where one ends; and of those, the units that go out as the client wrote them: unmarked, and not the
+    // one that takes condense's mark (it is read, so the mark can go on it).
+    let mut complete_start = vec![false; segs.len()];
     let mut complete_end = vec![false; segs.len() + 1];
+    let mut whole: Vec<Option<u32>> = vec![None; segs.len()];
     let mut i = 0;
     while i < segs.len() {
         if let Seg::Client(u, 0) = segs[i] {
-            let k = count(u);
-            if k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y == j)) {
-                complete_at[i] = Some(u);
+            let k = count(u as usize);
+            if k > 0 && (0..k).all(|j| matches!(segs.get(i + j), Some(Seg::Client(x, y)) if *x == u && *y as usize == j)) {
+                complete_start[i] = true;
                 complete_end[i + k] = true;
+                if !raw.units[u as usize].marked && !own_mark.is_some_and(|e| (i..i + k).contains(&e)) {
+                    whole[i] = Some(u);
+                }
                 i += k;
                 continue;
             }
         }
         i += 1;
     }
-    // Those that go out as the client wrote them: unmarked, and not the one that takes condense's mark
-    // (it is read, so the mark can go on it).
-    let mut whole: Vec<Option<usize>> = complete_at
-        .iter()
-        .enumerate()
-        .map(|(i, c)| c.filter(|&u| !raw.units[u].marked && !own_mark.is_some_and(|e| (i..i + count(u)).contains(&e))))
-        .collect();
     // An Anthropic unit next to a rewritten message of the same role is merged with it, so it is read.
     let role_of = |i: usize| -> Option<String> {
         match &segs[i] {
-            Seg::Client(u, _) => Some(raw.units[*u].role.to_string()),
+            Seg::Client(u, _) => Some(raw.units[*u as usize].role.to_string()),
             Seg::New(Some(o)) => o.role().map(str::to_string),
             Seg::New(None) => None,
         }
@@ -658,7 +656,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     if api == Api::Anthropic {
         let starts: Vec<usize> = (0..segs.len()).filter(|&i| whole[i].is_some()).collect();
         for s0 in starts {
-            let u = whole[s0].expect("a whole unit");
+            let u = whole[s0].expect("a whole unit") as usize;
             let end = s0 + count(u);
             let role = raw.units[u].role;
             let prev_new = s0 > 0 && matches!(segs[s0 - 1], Seg::New(Some(_))) && role_of(s0 - 1).as_deref() == Some(role);
@@ -666,7 +664,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             // A neighbour that is a complete client unit stays apart whether or not it carries the
             // client's mark: merged only while marked, the same two messages went out merged in one
             // request and apart in the next, which breaks the prompt cache there.
-            let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && complete_at[end].is_none() && role_of(end).as_deref() == Some(role);
+            let next_part = end < segs.len() && matches!(segs[end], Seg::Client(..)) && !complete_start[end] && role_of(end).as_deref() == Some(role);
             // (Whether a complete unit ends there is marked once: searched for each unit, a request of
             // many units took quadratic time.)
             let prev_part = s0 > 0 && matches!(segs[s0 - 1], Seg::Client(..)) && !complete_end[s0] && role_of(s0 - 1).as_deref() == Some(role);
@@ -679,13 +677,13 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     let mut covered = vec![false; segs.len()];
     for i in 0..segs.len() {
         if let Some(u) = whole[i] {
-            for k in 0..count(u) {
+            for k in 0..count(u as usize) {
                 covered[i + k] = true;
             }
         }
     }
     let mut wanted: BTreeSet<usize> = segs.iter().zip(&covered).filter_map(|(seg, c)| match seg {
-        Seg::Client(u, _) if !c => Some(*u),
+        Seg::Client(u, _) if !c => Some(*u as usize),
         _ => None,
     }).collect();
     // Anthropic: the client's mark on its last message stays at the end of what is sent even when that
@@ -698,8 +696,9 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     for u in wanted {
         read.insert(u, wire::parse_unit(api, raw, u)?);
     }
-    let mut pieces: Vec<Piece<'_>> = Vec::with_capacity(segs.len());
-    let mut src: Vec<Option<(usize, usize)>> = Vec::with_capacity(segs.len());
+    // (Grown as pieces come: runs of whole units are one piece each, so most requests have few.)
+    let mut pieces: Vec<Piece<'_>> = Vec::new();
+    let mut src: Vec<Option<(usize, usize)>> = Vec::new();
     // The piece condense's mark goes on.
     let mut own_piece = None;
     // The list elements of the last piece, when it is whole units (`raw_from..raw_to`).
@@ -709,6 +708,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             own_piece = Some(pieces.len());
         }
         if let Some(u) = whole[i] {
+            let u = u as usize;
             let unit = &raw.units[u];
             // Whole units that follow each other in the request are one piece (a request of a long
             // history held a piece per unit).
@@ -728,6 +728,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
         }
         match seg {
             Seg::Client(u, j) => {
+                let (u, j) = (u as usize, j as usize);
                 pieces.push(Piece::Msg(Box::new(read[&u].messages[j].out())));
                 src.push(Some((u, j)));
             }
@@ -778,8 +779,12 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             }
         }
     }
-    let tools = tools.iter().map(|t| tools::tool_json(api, t)).collect();
-    Ok(Built { list: wire::write_list(api, &raw.slice(0, raw.system), &pieces), tools, tokens_sent })
+    let tools: Vec<Value> = tools.iter().map(|t| tools::tool_json(api, t)).collect();
+    // Room after the list for the request's other fields and condense's tools: the upstream body is
+    // written around the list in its own buffer (`request::upstream::upstream_body`).
+    let others = raw.buf.len().saturating_sub(raw.items.iter().map(|r| r.len()).sum());
+    let headroom = others + tools.iter().map(|t| t.to_string().len() + 1).sum::<usize>() + 64;
+    Ok(Built { list: wire::write_list(api, &raw.slice(0, raw.system), &pieces, headroom), tools, tokens_sent })
 }
 
 impl Conv {

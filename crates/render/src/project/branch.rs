@@ -61,24 +61,24 @@ impl Projection {
     /// The leaf and its ancestors, leaf first.
     pub(super) fn ancestors(&self) -> impl Iterator<Item = usize> + '_ {
         // A cycle cannot be built through `apply`, but never loop forever.
-        std::iter::successors(self.leaf, |&i| self.items[i].parent).take(self.items.len() + 1)
+        std::iter::successors(self.leaf, |&i| self.items[i].parent.map(|p| p as usize)).take(self.items.len() + 1)
     }
 
     /// The id of the current leaf entry (`None` before any entry, or when the leaf is before the root).
     pub fn leaf_id(&self) -> Option<&str> {
-        self.leaf.map(|i| self.items[i].id.as_str())
+        self.leaf.map(|i| &*self.items[i].id)
     }
 
     /// Every entry of the tree in the order it was appended, on every branch: its id, its parent's id and
     /// its message (`None` for host compactions and markers).
     pub fn tree(&self) -> impl Iterator<Item = (&str, Option<&str>, Option<&Arc<Message>>)> {
         self.items.iter().map(|it| {
-            let parent = it.parent.map(|p| self.items[p].id.as_str());
+            let parent = it.parent.map(|p| &*self.items[p as usize].id);
             let m = match &it.node {
                 Node::Message(m, _) => Some(m),
                 _ => None,
             };
-            (it.id.as_str(), parent, m)
+            (&*it.id, parent, m)
         })
     }
 
@@ -94,7 +94,7 @@ impl Projection {
 
     /// Entry ids on the path from the root to the leaf.
     pub fn path_ids(&self) -> Vec<String> {
-        self.path().iter().map(|&i| self.items[i].id.clone()).collect()
+        self.path().iter().map(|&i| self.items[i].id.to_string()).collect()
     }
 
     /// The message of entry `id`, on any branch.
@@ -112,16 +112,16 @@ impl Projection {
     pub fn transcript(&self) -> Vec<TranscriptRow<'_>> {
         let mut after: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for (n, cp) in self.decisions.checkpoints.iter() {
-            if let Some(&b) = self.index.get(&cp.boundary) {
+            if let Some(&b) = self.index.get(cp.boundary.as_str()) {
                 after.entry(b).or_default().push(*n);
             }
         }
         let mut out = Vec::new();
         for &i in self.path().iter() {
-            let id = self.items[i].id.as_str();
+            let id = &*self.items[i].id;
             match &self.items[i].node {
                 Node::Message(m, _) => out.push(TranscriptRow::Message(id, m)),
-                Node::Compaction { .. } => out.push(TranscriptRow::HostCompaction(id)),
+                Node::Compaction(_) => out.push(TranscriptRow::HostCompaction(id)),
                 Node::Marker => {}
             }
             for n in after.get(&i).into_iter().flatten() {
@@ -157,7 +157,7 @@ impl Projection {
             .copied()
             .filter(|i| !(skip_overflowed && self.overflowed.contains(i)))
             .filter_map(|i| match &self.items[i].node {
-                Node::Message(m, _) => Some((self.items[i].id.as_str(), m)),
+                Node::Message(m, _) => Some((&*self.items[i].id, m)),
                 _ => None,
             })
             .collect()
@@ -178,7 +178,7 @@ impl Projection {
 /// Entry ids and messages of the active branch, root first (see [`Projection::branch_view`]).
 pub struct BranchView<'a> {
     items: &'a [Item],
-    ids: &'a HashMap<String, usize>,
+    ids: &'a HashMap<Arc<str>, usize>,
     path: Arc<Vec<usize>>,
 }
 
@@ -197,7 +197,7 @@ impl<'a> BranchView<'a> {
     pub fn at(&self, i: usize) -> (&'a str, &'a Arc<Message>) {
         let it = &self.items[self.path[i]];
         match &it.node {
-            Node::Message(m, _) => (it.id.as_str(), m),
+            Node::Message(m, _) => (&*it.id, m),
             _ => unreachable!("the message path holds message entries only"),
         }
     }

@@ -55,13 +55,15 @@ impl Projection {
         };
         let parent = parent.and_then(|p| self.index.get(p).copied());
         let ix = self.items.len();
+        let id: Arc<str> = id.into();
         // A repeated id points at its newest entry; the importers rename duplicates anyway.
         Arc::make_mut(&mut self.index).insert(id.clone(), ix);
         let (depth, messages_before) = parent.map_or((0, 0), |p| {
             let it = &self.items[p];
             (it.depth + 1, it.messages_before + u32::from(matches!(it.node, Node::Message(..))))
         });
-        Arc::make_mut(&mut self.items).push(Item { id, parent, node, depth, messages_before });
+        let up = parent.map(|p| u32::try_from(p).expect("fewer than 2^32 entries"));
+        Arc::make_mut(&mut self.items).push(Item { id, parent: up, node, depth, messages_before });
         self.leaf = Some(ix);
         self.extend_render(parent, ix);
     }
@@ -132,7 +134,7 @@ impl Projection {
                     self.overflow_checkpointed = true;
                     self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
                     for (entry, text) in bounded {
-                        let Some(&i) = self.index.get(entry) else { continue };
+                        let Some(&i) = self.index.get(entry.as_str()) else { continue };
                         if let Node::Message(m, _) = &self.items[i].node {
                             let copy = match &**m {
                                 Message::ToolResult { call_id, tool_name, is_error, .. } => Message::ToolResult {
@@ -161,11 +163,11 @@ impl Projection {
             SourceEvent::EntryAppended { id, parent, entry } => {
                 let node = match entry {
                     Entry::Message(m) => Node::Message(Arc::new(m.clone()), self.meta(m)),
-                    Entry::HostCompaction { summary, first_kept, replacement, .. } => Node::Compaction {
+                    Entry::HostCompaction { summary, first_kept, replacement, .. } => Node::Compaction(Box::new(Compaction {
                         summary: summary.as_deref().map(summary_message),
                         first_kept: first_kept.clone(),
                         replacement: replacement.iter().map(|m| (Arc::new(m.clone()), self.meta(m))).collect(),
-                    },
+                    })),
                     Entry::BranchSummary { summary, .. } => Node::Message(
                         Arc::new(Message::user_text(
                             format!("[Summary of a branch this conversation came back from]\n\n{summary}"),
@@ -178,7 +180,7 @@ impl Projection {
                 self.push_entry(id.clone(), parent.as_deref(), node);
             }
             SourceEvent::LeafMoved { leaf } => {
-                self.leaf = leaf.as_ref().and_then(|l| self.index.get(l).copied());
+                self.leaf = leaf.as_ref().and_then(|l| self.index.get(l.as_str()).copied());
                 let inc = self.inc.get_mut().expect("render cache lock");
                 if inc.leaf != self.leaf {
                     inc.valid = false;
@@ -241,7 +243,7 @@ impl Projection {
         }
         match &self.items[ix].node {
             Node::Marker => {}
-            Node::Compaction { .. } => inc.valid = false,
+            Node::Compaction(_) => inc.valid = false,
             Node::Message(m, Meta::User) => Arc::make_mut(&mut inc.out).push(m.clone()),
             Node::Message(_, Meta::Assistant { empty: true, .. }) => inc.report.empty_assistants += 1,
             Node::Message(_, Meta::Failed) => inc.report.failed_turns += 1,

@@ -44,14 +44,23 @@ enum Meta {
 #[derive(Debug, Clone)]
 enum Node {
     Message(Arc<Message>, Meta),
-    Compaction { summary: Option<Arc<Message>>, first_kept: Option<String>, replacement: Vec<(Arc<Message>, Meta)> },
+    /// A host compaction (rare: boxed, so the entry of every message stays small).
+    Compaction(Box<Compaction>),
     Marker,
 }
 
 #[derive(Debug, Clone)]
+struct Compaction {
+    summary: Option<Arc<Message>>,
+    first_kept: Option<String>,
+    replacement: Vec<(Arc<Message>, Meta)>,
+}
+
+#[derive(Debug, Clone)]
 struct Item {
-    id: String,
-    parent: Option<usize>,
+    /// The entry's id, the one copy the index shares.
+    id: Arc<str>,
+    parent: Option<u32>,
     node: Node,
     /// Entries on the path from the root to this entry, this entry excluded: its index in the path of
     /// every branch through it.
@@ -98,7 +107,7 @@ pub struct Projection {
     // no more than the parts a decision changes.
     items: Arc<Vec<Item>>,
     // Used for lookups only, never iterated, so its order cannot reach a rendered byte.
-    index: Arc<HashMap<String, usize>>,
+    index: Arc<HashMap<Arc<str>, usize>>,
     // Tool-call ids interned as numbers (lookups only).
     call_ids: Arc<HashMap<String, u32>>,
     leaf: Option<usize>,
@@ -398,10 +407,15 @@ mod tests {
     use condense_events::{Entry, SourceEvent, UserOrigin};
 
     fn prompts(n: usize) -> Projection {
+        prompts_of(n, "")
+    }
+
+    /// [`prompts`], each prompt's text followed by `tail`.
+    fn prompts_of(n: usize, tail: &str) -> Projection {
         let mut p = Projection::new();
         for i in 0..n {
             let parent = (i > 0).then(|| format!("e{}", i - 1));
-            let m = Message::user_text(format!("prompt {i}"), UserOrigin::Prompt);
+            let m = Message::user_text(format!("prompt {i}{tail}"), UserOrigin::Prompt);
             p.apply(i as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry: Entry::Message(m) }));
         }
         p
@@ -482,7 +496,8 @@ mod tests {
 
     #[test]
     fn the_live_render_stays_counted_when_the_token_cache_is_bounded() {
-        let p = prompts(8);
+        let long = " and more".repeat(40);
+        let p = prompts_of(8, &long);
         let rendered = p.render();
         for m in rendered.messages.iter() {
             p.estimate(m);
@@ -490,13 +505,26 @@ mod tests {
         assert_eq!(p.tokens.lock().unwrap().len(), 8);
         // Messages counted and dropped push the cache over its bound: what the live render still holds stays.
         for i in 0..3000 {
-            p.estimate(&Arc::new(Message::user_text(format!("gone {i}"), UserOrigin::Prompt)));
+            p.estimate(&Arc::new(Message::user_text(format!("gone {i}{long}"), UserOrigin::Prompt)));
         }
         let cache = p.tokens.lock().unwrap();
         assert!(cache.len() < 2000, "the bound holds: {}", cache.len());
         for m in rendered.messages.iter() {
             assert!(cache.contains_key(&(Arc::as_ptr(m) as usize)), "a live message was forgotten");
         }
+    }
+
+    /// A short message is counted each time it is asked for, not remembered: the same count, and no
+    /// entry (a request of 100,000 one-line messages kept 3 MB of them).
+    #[test]
+    fn short_messages_are_counted_without_being_remembered() {
+        let p = prompts(8);
+        let rendered = p.render();
+        let counts: Vec<u64> = rendered.messages.iter().map(|m| p.estimate(m)).collect();
+        assert_eq!(counts, rendered.messages.iter().map(|m| condense_tokens::estimate(m)).collect::<Vec<_>>());
+        // "prompt N": 8 characters, 2 tokens by pi's rule.
+        assert_eq!(counts, [2; 8]);
+        assert!(p.tokens.lock().unwrap().is_empty());
     }
 
     /// The capture of a bash call's output `entry` (its call in `call_entry`), ref and batch `n`.
@@ -719,7 +747,7 @@ mod tests {
             let messages: Vec<(&str, &Arc<Message>)> = walked
                 .iter()
                 .filter_map(|&k| match &p.items[k].node {
-                    Node::Message(m, _) => Some((p.items[k].id.as_str(), m)),
+                    Node::Message(m, _) => Some((&*p.items[k].id, m)),
                     _ => None,
                 })
                 .collect();

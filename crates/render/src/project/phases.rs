@@ -54,7 +54,7 @@ impl Projection {
     pub fn context_entries(&self) -> Vec<(Option<&str>, Arc<Message>)> {
         let path = self.path();
         let raw = self.raw_messages(&path);
-        self.phases(&raw, 3).into_iter().map(|(i, m, _)| (i.map(|i| self.items[i].id.as_str()), m)).collect()
+        self.phases(&raw, 3).into_iter().map(|(i, m, _)| (i.map(|i| &*self.items[i].id), m)).collect()
     }
 
     /// The context after each render phase, for inspection and snapshots: the branch as the host would
@@ -89,20 +89,21 @@ impl Projection {
     /// The branch's messages after the newest host compaction, each with the entry it came from (none for
     /// a compaction's summary and replacement history).
     fn raw_messages(&self, path: &[usize]) -> Vec<(Option<usize>, &Arc<Message>, &Meta)> {
-        let newest = path.iter().rposition(|&i| matches!(self.items[i].node, Node::Compaction { .. }));
+        let newest = path.iter().rposition(|&i| matches!(self.items[i].node, Node::Compaction(_)));
         // Each message with the entry it came from (none for a compaction's summary and replacement).
         let mut raw: Vec<(Option<usize>, &Arc<Message>, &Meta)> = Vec::with_capacity(path.len() + 4);
         let start = match newest {
             None => 0,
             Some(c) => {
-                let Node::Compaction { summary, first_kept, replacement } = &self.items[path[c]].node else {
+                let Node::Compaction(compaction) = &self.items[path[c]].node else {
                     unreachable!("position found by the match above")
                 };
+                let Compaction { summary, first_kept, replacement } = &**compaction;
                 raw.extend(summary.iter().map(|m| (None, m, &Meta::User)));
                 raw.extend(replacement.iter().map(|(m, meta)| (None, m, meta)));
                 let kept_from = first_kept
                     .as_ref()
-                    .and_then(|k| path[..c].iter().position(|&i| &self.items[i].id == k))
+                    .and_then(|k| path[..c].iter().position(|&i| *self.items[i].id == **k))
                     .unwrap_or(c);
                 for &i in &path[kept_from..c] {
                     if let Node::Message(m, meta) = &self.items[i].node {
@@ -135,7 +136,7 @@ impl Projection {
         raw: Vec<(Option<usize>, &'a Arc<Message>, &'a Meta)>,
     ) -> Vec<(Option<usize>, &'a Arc<Message>, &'a Meta)> {
         for (n, cp) in self.decisions.checkpoints.iter().rev() {
-            let Some(&b) = self.index.get(&cp.boundary) else { continue };
+            let Some(&b) = self.index.get(cp.boundary.as_str()) else { continue };
             let Some(pos) = raw.iter().position(|(i, _, _)| *i == Some(b)) else {
                 if path.contains(&b) {
                     return raw; // On the branch but before a newer host compaction: that one rules.
@@ -158,7 +159,7 @@ impl Projection {
             }
             out.extend(host.into_iter().rev());
             for k in &cp.kept {
-                if let Some(&i) = self.index.get(k) {
+                if let Some(&i) = self.index.get(k.as_str()) {
                     if let Node::Message(m, meta) = &self.items[i].node {
                         out.push((Some(i), m, meta));
                     }
@@ -274,7 +275,7 @@ impl Projection {
                     m.clone()
                 } else {
                     // The condensed form changes only when the turn closes or a purge arrives.
-                    let id = self.items[i].id.as_str();
+                    let id = &*self.items[i].id;
                     cached(&mut own.turns, &base.turns, (i, closed, mk.purged), || {
                         if closed {
                             Arc::new(condense_turn(idx, &self.config, id, &mk.call_refs, m))

@@ -244,7 +244,7 @@ pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Pre
         let t1 = std::time::Instant::now();
         let mut built = c.build(api, &raw, &rec, &internal)?;
         let t2 = std::time::Instant::now();
-        let mut body = upstream_body(api, &raw.buf, &fields, &built);
+        let (mut body, mut list_at) = upstream_body(api, &raw.buf, &fields, &mut built);
         let t3 = std::time::Instant::now();
         // The payload guard after a model change, on the bytes about to be sent: an oversized request is
         // recorded as an overflow and prepared once more (recovery).
@@ -252,13 +252,13 @@ pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Pre
             Ok(()) => {}
             Err(EngineError::ContextOverflow { .. }) => {
                 built = c.build(api, &raw, &rec, &internal)?;
-                body = upstream_body(api, &raw.buf, &fields, &built);
+                (body, list_at) = upstream_body(api, &raw.buf, &fields, &mut built);
             }
             Err(e) => return Err(e.into()),
         }
         // What the dashboard shows of this request: the conversation's figures, and how much of the
         // previous request's message list this one kept (a cache break when not all of it).
-        let sent = c.note_sent(&built.list, limits.map(|l| l.context_window));
+        let sent = c.note_sent(&body[list_at], limits.map(|l| l.context_window));
         Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2], c.ledger.clone(), c.session.id(), sent))
     })
     .await

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// The range of `part` (a slice of `buf`) within `buf`.
-fn range_in(buf: &[u8], part: &str) -> std::ops::Range<usize> {
+pub(crate) fn range_in(buf: &[u8], part: &str) -> std::ops::Range<usize> {
     let start = part.as_ptr() as usize - buf.as_ptr() as usize;
     start..start + part.len()
 }

@@ -25,7 +25,8 @@ use std::sync::Arc;
 /// Sends the request, answers overflows and condense's tools, and returns the client's response.
 pub(crate) async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, body: Vec<u8>) -> Response {
     let api = req.api;
-    let mut body = body;
+    // (Shared, not copied, with each send: a retry sends it again.)
+    let mut body = bytes::Bytes::from(body);
     let mut overflowed = false;
     let resp = loop {
         let resp = match send(&st, &req, body.clone()).await {
@@ -54,9 +55,9 @@ pub(crate) async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Rec
         })
         .await;
         match rebuilt {
-            Ok(built) if !overflowed => {
+            Ok(mut built) if !overflowed => {
                 overflowed = true;
-                body = req.upstream_body(&built);
+                body = req.upstream_body(&mut built).into();
             }
             Ok(_) => {
                 return api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("{CONTEXT_COMPACTION_FAILED}: the provider rejected the request as too long after a checkpoint and one retry"));
@@ -126,11 +127,11 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
             st.counters.round_limits.fetch_add(1, Ordering::Relaxed);
             Next::Done { note: Some(ROUND_LIMIT_NOTE.to_string()) }
         }
-        Some(Ok((built, session, figures))) => {
+        Some(Ok((mut built, session, figures))) => {
             st.counters.tool_rounds.fetch_add(1, Ordering::Relaxed);
             st.tokens(0, built.request_tokens(req.overhead));
             st.live.round(session, built.request_tokens(req.overhead), figures);
-            Next::Continue(req.upstream_body(&built))
+            Next::Continue(req.upstream_body(&mut built))
         }
     })
 }
@@ -171,7 +172,7 @@ async fn json_rounds(st: Arc<State>, conv: ConvRef, req: Req, mut rec: Recorded,
             }
             Ok(Next::Continue(body)) => {
                 round += 1;
-                resp = match send(&st, &req, body).await {
+                resp = match send(&st, &req, body.into()).await {
                     Ok(r) => r,
                     Err(r) => return r,
                 };
@@ -243,7 +244,7 @@ fn stream_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, first: 
                 Ok(Next::Continue(body)) => {
                     round += 1;
                     codec.next_round();
-                    resp = match send(&st, &req, body).await {
+                    resp = match send(&st, &req, body.into()).await {
                         Ok(r) if r.status().is_success() => r,
                         Ok(r) => {
                             let status = r.status();

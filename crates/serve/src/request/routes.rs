@@ -233,7 +233,7 @@ pub(crate) async fn count_tokens(axum::extract::State(st): S, req: Request) -> R
     };
     let (raw, internal) = (req.raw.clone(), req.internal.clone());
     let fields = req.fields.clone();
-    let body = with_conv(&conv, move |c| c.dry_run(api, &raw, &internal).map(|built| upstream_body(api, &raw.buf, &fields, &built))).await;
+    let body = with_conv(&conv, move |c| c.dry_run(api, &raw, &internal).map(|mut built| upstream_body(api, &raw.buf, &fields, &mut built).0)).await;
     match body {
         Ok(b) => count_upstream(&st, &req, b).await,
         Err(e) => conv_error(api, &e),

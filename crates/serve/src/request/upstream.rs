@@ -22,8 +22,7 @@ pub(crate) fn upstream_for(st: &State, h: &HeaderMap) -> String {
 
 /// Sends a conversation's request body upstream (and hands it to the conversation's ledger, when it has
 /// one, to be billed off the request path).
-pub(crate) async fn send(st: &State, req: &Req, body: Vec<u8>) -> Result<reqwest::Response, Response> {
-    let body = bytes::Bytes::from(body);
+pub(crate) async fn send(st: &State, req: &Req, body: bytes::Bytes) -> Result<reqwest::Response, Response> {
     if let Some(ledger) = &req.ledger {
         ledger.record(req.api, Side::Condense, body.clone());
     }
@@ -62,7 +61,7 @@ pub(crate) fn unreachable(st: &State, e: reqwest::Error) -> String {
 
 pub(crate) async fn forward_unchanged(st: &State, req: &Req, body: Vec<u8>) -> Response {
     st.passthrough();
-    match send(st, req, body).await {
+    match send(st, req, body.into()).await {
         Ok(resp) => stream_back(resp),
         Err(r) => r,
     }
@@ -77,51 +76,107 @@ pub(crate) async fn count_upstream(st: &State, req: &Req, body: Vec<u8>) -> Resp
 }
 
 impl Req {
-    /// The upstream body for what the engine built.
-    pub(crate) fn upstream_body(&self, built: &Built) -> Vec<u8> {
-        upstream_body(self.api, &self.raw.buf, &self.fields, built)
+    /// The upstream body for what the engine built (its message list moved into it).
+    pub(crate) fn upstream_body(&self, built: &mut Built) -> Vec<u8> {
+        upstream_body(self.api, &self.raw.buf, &self.fields, built).0
     }
 }
 
 /// The upstream body: the client's fields in its order and as it wrote them, its message list replaced and
-/// condense's tools added after the client's.
-pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::Range<usize>)], built: &Built) -> Vec<u8> {
-    {
-        let field = api.list_field();
-        let mut out = Vec::with_capacity(built.list.len() + 64 * 1024);
-        out.push(b'{');
-        let ours: Vec<String> = built.tools.iter().map(Value::to_string).collect();
-        let mut tools_written = false;
-        for (i, (k, r)) in fields.iter().enumerate() {
-            let v = std::str::from_utf8(&buf[r.clone()]).unwrap_or("null");
-            if i > 0 {
+/// condense's tools added after the client's; and where the list stands in it. The list is taken out of
+/// `built`, and its buffer becomes the body: the fields before it go in front (into the room
+/// [`crate::conv`] wrote the list with), those after it behind, so a long list is never in memory twice.
+pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::Range<usize>)], built: &mut Built) -> (Vec<u8>, std::ops::Range<usize>) {
+    let field = api.list_field();
+    let list = std::mem::take(&mut built.list);
+    let ours: Vec<String> = built.tools.iter().map(Value::to_string).collect();
+    let mut tools_written = false;
+    // What goes before the list's value, and after it.
+    let (mut head, mut tail) = (vec![b'{'], Vec::new());
+    let mut placed = false;
+    for (i, (k, r)) in fields.iter().enumerate() {
+        let out = if placed { &mut tail } else { &mut head };
+        let v = std::str::from_utf8(&buf[r.clone()]).unwrap_or("null");
+        if i > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, k).expect("JSON of a key");
+        out.push(b':');
+        if k == field {
+            // (A list field the client repeated gets the list again.)
+            match placed {
+                true => out.extend_from_slice(&list),
+                false => placed = true,
+            }
+        } else if k == "tools" && !ours.is_empty() && v.trim_start().starts_with('[') {
+            let text = v.trim_end();
+            let inner = text[..text.len() - 1].trim_end();
+            out.extend_from_slice(inner.as_bytes());
+            if !inner.ends_with('[') {
                 out.push(b',');
             }
-            serde_json::to_writer(&mut out, k).expect("JSON of a key");
-            out.push(b':');
-            if k == field {
-                out.extend_from_slice(&built.list);
-            } else if k == "tools" && !ours.is_empty() && v.trim_start().starts_with('[') {
-                let text = v.trim_end();
-                let inner = text[..text.len() - 1].trim_end();
-                out.extend_from_slice(inner.as_bytes());
-                if !inner.ends_with('[') {
-                    out.push(b',');
-                }
-                out.extend_from_slice(ours.join(",").as_bytes());
-                out.push(b']');
-                tools_written = true;
-            } else {
-                out.extend_from_slice(v.as_bytes());
-            }
+            out.extend_from_slice(ours.join(",").as_bytes());
+            out.push(b']');
+            tools_written = true;
+        } else {
+            out.extend_from_slice(v.as_bytes());
         }
-        if !tools_written && !ours.is_empty() {
-            if !fields.is_empty() {
-                out.push(b',');
-            }
-            out.extend_from_slice(format!("\"tools\":[{}]", ours.join(",")).as_bytes());
+    }
+    let out = if placed { &mut tail } else { &mut head };
+    if !tools_written && !ours.is_empty() {
+        if !fields.is_empty() {
+            out.push(b',');
         }
-        out.push(b'}');
-        out
+        out.extend_from_slice(format!("\"tools\":[{}]", ours.join(",")).as_bytes());
+    }
+    out.push(b'}');
+    if !placed {
+        return (head, 0..0);
+    }
+    let mut body = list;
+    let at = head.len()..head.len() + body.len();
+    body.reserve(head.len() + tail.len());
+    body.splice(0..0, head);
+    body.extend_from_slice(&tail);
+    (body, at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The client's fields with their ranges in `buf`, as the request reader finds them.
+    fn fields_of(buf: &[u8]) -> Vec<(String, std::ops::Range<usize>)> {
+        let fields: condense_formats::wire::Fields<'_> = serde_json::from_slice(buf).unwrap();
+        fields.0.iter().map(|(k, v)| (k.clone(), crate::request::read::range_in(buf, v.get()))).collect()
+    }
+
+    #[test]
+    fn the_upstream_body_is_written_around_the_list_in_the_lists_buffer() {
+        let buf = br#"{"model":"m", "messages":[{"role":"user","content":"a long history"}], "tools":[{"name":"bash"}],"stream":true}"#;
+        let fields = fields_of(buf);
+        let list = br#"[{"role":"user","content":"condensed"}]"#;
+        let ours = serde_json::json!({"name": "context_tree_query"});
+        let want = br#"{"model":"m","messages":[{"role":"user","content":"condensed"}],"tools":[{"name":"bash"},{"name":"context_tree_query"}],"stream":true}"#;
+        // With room for the other fields (what the context's writer leaves), the list's buffer is the
+        // body: the list is not copied.
+        let mut roomy = Vec::with_capacity(list.len() + buf.len() + 64);
+        roomy.extend_from_slice(list);
+        let at_first = roomy.as_ptr();
+        let mut built = Built { list: roomy, tools: vec![ours.clone()], tokens_sent: 0 };
+        let (body, at) = upstream_body(Api::Anthropic, buf, &fields, &mut built);
+        assert_eq!(String::from_utf8_lossy(&body), String::from_utf8_lossy(want));
+        assert_eq!(&body[at], list);
+        assert_eq!(body.as_ptr(), at_first, "the body is written in the list's own buffer");
+        assert!(built.list.is_empty(), "the list is moved into the body");
+        // Without the room, the same body.
+        let mut built = Built { list: list.to_vec(), tools: vec![ours], tokens_sent: 0 };
+        assert_eq!(upstream_body(Api::Anthropic, buf, &fields, &mut built).0, want);
+        // The list first, no tools of the client's, no tools of condense's: fields after the list go
+        // behind it.
+        let buf = br#"{"messages":[1],"model":"m"}"#;
+        let mut built = Built { list: b"[2]".to_vec(), tools: vec![], tokens_sent: 0 };
+        let (body, at) = upstream_body(Api::Chat, buf, &fields_of(buf), &mut built);
+        assert_eq!((&body[..], at), (&br#"{"messages":[2],"model":"m"}"#[..], 12..15));
     }
 }
