@@ -351,6 +351,11 @@ mod tests {
         let one = encode_packed(7, 1, &events[..1]);
         assert_eq!(one, vec![encode_event_compressed(7, 1, &events[0])]);
         assert!(encode_packed(7, 1, &[]).is_empty());
+        // A large event with nothing before it in its run, and one after a small event: each is stored
+        // alone, as any single value.
+        let edges = [config("z".repeat(PACK_BYTES + 1)), config("small".into()), config("w".repeat(2 * PACK_BYTES))];
+        let alone: Vec<Vec<u8>> = edges.iter().enumerate().map(|(i, e)| encode_event_compressed(7, 1 + i as u64, e)).collect();
+        assert_eq!(encode_packed(7, 1, &edges), alone);
     }
 
     #[test]
