@@ -396,9 +396,10 @@ impl Conv {
             track.reserve(ids.len());
             session.with_projection(|p| {
                 for (k, (id, &u)) in ids.iter().zip(&unit_of).enumerate() {
-                    let m = p.entry_message(id).ok_or_else(|| EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") })?;
-                    track.add(id, parent_of(k), m, &is, Some(crate::track::exact(m)));
-                    units.push(u, Some(id.as_str().into()));
+                    let (shared, m) = p.entry(id).ok_or_else(|| EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") })?;
+                    // The projection's copy of the id, shared by the client's view and the request's units.
+                    track.add(shared.clone(), parent_of(k), m, &is, Some(crate::track::exact(m)));
+                    units.push(u, Some(shared.clone()));
                 }
                 Ok::<(), EngineError>(())
             })??;
@@ -801,7 +802,7 @@ impl Conv {
         // The reply exists nowhere else: it is durable, with everything recorded before it, before the
         // client sees it end.
         self.session.sync()?;
-        self.track.add(&id, parent, &reply, &|n| internal.answers(n), None);
+        self.track.add(id.as_str(), parent, &reply, &|n| internal.answers(n), None);
         Ok(id)
     }
 
@@ -818,7 +819,7 @@ impl Conv {
             let session = self.session.clone();
         let id = session.with_projection(|p| self.next_id(p))?;
             self.append_entries(vec![SourceEvent::EntryAppended { id: id.clone(), parent: Some(last.clone()), entry: Entry::Message(m.clone()) }], internal)?;
-            self.track.add(&id, Some(&last), &m, &|n| internal.answers(n), None);
+            self.track.add(id.as_str(), Some(&last), &m, &|n| internal.answers(n), None);
             answers.push((call_id, answer.text));
             last = id;
         }

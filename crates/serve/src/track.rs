@@ -266,11 +266,11 @@ impl Track {
         let mut t = Track::default();
         for (id, parent, m) in p.tree() {
             match m {
-                Some(m) => t.add(id, parent, m, internal, None),
+                Some(m) => t.add(id.clone(), parent, m, internal, None),
                 // Host compactions and markers are not what a client sends: their children hang on.
                 None => {
                     if let Some(&o) = parent.and_then(|p| t.owner.get(p)) {
-                        t.owner.insert(id.into(), o);
+                        t.owner.insert(id.clone(), o);
                     }
                 }
             }
@@ -280,15 +280,17 @@ impl Track {
 
     /// Adds one appended entry; `exact` is the key of the client message it was recorded from (`None` for
     /// what serve recorded itself).
-    pub fn add(&mut self, id: &str, parent: Option<&str>, m: &Message, internal: &dyn Fn(&str) -> bool, exact: Option<u64>) {
+    /// `id` is taken as it comes: the projection's own copy (`Projection::entry`) is shared, not copied.
+    pub fn add(&mut self, id: impl Into<Arc<str>>, parent: Option<&str>, m: &Message, internal: &dyn Fn(&str) -> bool, exact: Option<u64>) {
+        let id: Arc<str> = id.into();
         let owner = parent.and_then(|p| self.owner.get(p).copied());
         if let Message::ToolResult { call_id, .. } = m {
             if self.internal_calls.contains(call_id.as_str()) {
                 // condense answered this itself: part of the reply's node, after which the client goes on.
                 if let Some(o) = owner {
-                    self.tails.insert(o, id.into());
+                    self.tails.insert(o, Box::from(&*id));
                     self.nodes[o as usize].single = false;
-                    self.owner.insert(id.into(), o);
+                    self.owner.insert(id, o);
                 }
                 return;
             }
@@ -328,7 +330,6 @@ impl Track {
             Some(p) => std::mem::replace(&mut self.nodes[p].last_child, ix),
             None => std::mem::replace(&mut self.last_root, ix),
         };
-        let id: Arc<str> = id.into();
         self.nodes.push(Node {
             fp: vis.fp(),
             exact: exact.unwrap_or(0),
@@ -454,6 +455,33 @@ mod tests {
     fn matched(t: &mut Track, ms: &[Message]) -> Matched {
         let refs: Vec<&Message> = ms.iter().collect();
         t.matching(&refs, &internal)
+    }
+
+    /// The client's view keeps the projection's copy of each entry id (one allocation per id, however many
+    /// hold it), for the entries it folds and for those it is given.
+    #[test]
+    fn the_view_shares_the_projections_entry_ids() {
+        use condense_events::{Entry, Event, SourceEvent};
+        let mut p = Projection::new();
+        let texts = ["go", "on", "stop"];
+        for (i, text) in texts.iter().enumerate() {
+            let parent = (i > 0).then(|| format!("e{}", i - 1));
+            let entry = Entry::Message(Message::user_text(*text, UserOrigin::Prompt));
+            p.apply(i as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry }));
+        }
+        let t = Track::build(&p, &internal);
+        assert_eq!(t.nodes.len(), 3);
+        for node in &t.nodes {
+            let (shared, _) = p.entry(&node.entry).expect("an entry of the projection");
+            assert!(Arc::ptr_eq(&node.entry, shared), "entry {} is a copy", node.entry);
+            let owner = t.owner.get_key_value(&*node.entry).expect("owned").0;
+            assert!(Arc::ptr_eq(owner, shared));
+        }
+        // Given the projection's copy, `add` keeps it too.
+        let mut t = Track::default();
+        let (shared, m) = p.entry("e0").unwrap();
+        t.add(shared.clone(), None, m, &internal, None);
+        assert!(Arc::ptr_eq(&t.nodes[0].entry, shared));
     }
 
     #[test]

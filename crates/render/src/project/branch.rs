@@ -69,16 +69,16 @@ impl Projection {
         self.leaf.map(|i| &*self.items[i].id)
     }
 
-    /// Every entry of the tree in the order it was appended, on every branch: its id, its parent's id and
-    /// its message (`None` for host compactions and markers).
-    pub fn tree(&self) -> impl Iterator<Item = (&str, Option<&str>, Option<&Arc<Message>>)> {
+    /// Every entry of the tree in the order it was appended, on every branch: its id (the projection's
+    /// copy, to share), its parent's id and its message (`None` for host compactions and markers).
+    pub fn tree(&self) -> impl Iterator<Item = (&Arc<str>, Option<&str>, Option<&Arc<Message>>)> {
         self.items.iter().map(|it| {
             let parent = it.parent.map(|p| &*self.items[p as usize].id);
             let m = match &it.node {
                 Node::Message(m, _) => Some(m),
                 _ => None,
             };
-            (&*it.id, parent, m)
+            (&it.id, parent, m)
         })
     }
 
@@ -99,8 +99,15 @@ impl Projection {
 
     /// The message of entry `id`, on any branch.
     pub fn entry_message(&self, id: &str) -> Option<&Arc<Message>> {
-        match &self.items[*self.index.get(id)?].node {
-            Node::Message(m, _) => Some(m),
+        self.entry(id).map(|(_, m)| m)
+    }
+
+    /// The message of entry `id` with the projection's copy of the id (one copy shared by whoever keeps
+    /// the id beside the projection); `None` when there is no such entry or it holds no message.
+    pub fn entry(&self, id: &str) -> Option<(&Arc<str>, &Arc<Message>)> {
+        let (id, &ix) = self.index.get_key_value(id)?;
+        match &self.items[ix].node {
+            Node::Message(m, _) => Some((id, m)),
             _ => None,
         }
     }
