@@ -211,6 +211,12 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
             m.extend((0..60_000).map(|i| json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": format!("out {i}")})));
             m
         }),
+        // Calls without results: the render answers each with a result of its own, written from the neutral
+        // model (condense's messages are held as JSON text until the list is written).
+        ("one reply of 100,000 parallel calls without results", vec![
+            json!({"role": "user", "content": "go"}),
+            json!({"role": "assistant", "content": null, "tool_calls": (0..100_000).map(|i| json!({"id": format!("c{i}"), "type": "function", "function": {"name": "bash", "arguments": "{}"}})).collect::<Vec<_>>()}),
+        ]),
         ("25,000 turns of prompt, call, ~1 KB output and reply", (0..25_000).flat_map(|i| [
             json!({"role": "user", "content": format!("task {i}: please look")}),
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"), "type": "function", "function": {"name": "bash", "arguments": format!("{{\"cmd\":\"cat f{i}\"}}")}}]}),

@@ -101,6 +101,49 @@ impl OutMessage<'_> {
     pub fn role(&self) -> Option<&str> {
         self.envelope.get("role").and_then(Value::as_str)
     }
+
+    /// The message held as JSON text (see [`Written`]).
+    pub fn written(&self) -> Written {
+        use serde_json::value::to_raw_value;
+        Written {
+            envelope: to_raw_value(&*self.envelope).expect("JSON of a map"),
+            role: self.role().map(Box::from),
+            parts: self.parts.iter().map(|p| to_raw_value(p).expect("JSON of a value")).collect(),
+        }
+    }
+}
+
+/// A message in wire form held as its JSON text, written as it would be written from its values: what a
+/// message condense wrote (a stub, a summary, a result condense supplies) takes between the render and
+/// the write, about a tenth of its form as values (a request of 100,000 calls without results held
+/// 1.8 KB a result).
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The message-level fields, as one JSON object.
+    envelope: Box<RawValue>,
+    /// The wire role, when the API has one per message.
+    role: Option<Box<str>>,
+    /// The wire content (see [`WireMessage::parts`]), each part as JSON.
+    parts: Vec<Box<RawValue>>,
+}
+
+impl Written {
+    /// The wire role, when the API has one per message.
+    pub fn role(&self) -> Option<&str> {
+        self.role.as_deref()
+    }
+
+    /// Whether any part's JSON text holds `needle`.
+    pub fn mentions(&self, needle: &str) -> bool {
+        self.parts.iter().any(|p| p.get().contains(needle))
+    }
+
+    /// The message as values again, for the few a write changes (a cache mark, a custom tool's output).
+    pub fn expand(&self) -> OutMessage<'static> {
+        let envelope: Map<String, Value> = serde_json::from_str(self.envelope.get()).expect("an object written from values");
+        let parts = self.parts.iter().map(|p| serde_json::from_str(p.get()).expect("a value written from values")).collect();
+        OutMessage { envelope: Cow::Owned(envelope), parts: Cow::Owned(parts) }
+    }
 }
 
 impl WireMessage {
@@ -881,6 +924,36 @@ pub enum Piece<'a> {
     Raw(&'a [u8], &'a [std::ops::Range<usize>]),
     /// A message in wire form (boxed: a list of many small unchanged units holds a piece each).
     Msg(Box<OutMessage<'a>>),
+    /// A message in wire form held as JSON text (written as the same message in values would be).
+    Written(Box<Written>),
+}
+
+impl<'a> Piece<'a> {
+    /// The wire role of a message piece, when the API has one per message.
+    fn role(&self) -> Option<&str> {
+        match self {
+            Piece::Msg(m) => m.role(),
+            Piece::Written(w) => w.role(),
+            Piece::Raw(..) => None,
+        }
+    }
+
+    /// The message of a message piece as values, to change (a written one is read back first).
+    pub fn message_mut(&mut self) -> Option<&mut OutMessage<'a>> {
+        if let Piece::Written(w) = self {
+            *self = Piece::Msg(Box::new(w.expand()));
+        }
+        match self {
+            Piece::Msg(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// A part of a message piece: a value, or the JSON text of one.
+enum Part<'v> {
+    Value(&'v Value),
+    Text(&'v RawValue),
 }
 
 /// Writes the wire message list of `api` as JSON: the system prefix, then the pieces in order. For
@@ -888,7 +961,14 @@ pub enum Piece<'a> {
 /// raw pieces are written as they are. Chat and Responses take every message as it is.
 pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: usize) -> Vec<u8> {
     let size: usize = system.iter().map(|s| s.len() + 1).sum::<usize>()
-        + pieces.iter().map(|p| match p { Piece::Raw(_, items) => items.iter().map(|i| i.len() + 1).sum(), Piece::Msg(_) => 512 }).sum::<usize>();
+        + pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Raw(_, items) => items.iter().map(|i| i.len() + 1).sum(),
+                Piece::Msg(_) => 512,
+                Piece::Written(w) => w.envelope.get().len() + w.parts.iter().map(|p| p.get().len() + 1).sum::<usize>() + 16,
+            })
+            .sum::<usize>();
     let mut out = Vec::with_capacity(size + 16 + headroom);
     out.push(b'[');
     let mut first = true;
@@ -911,32 +991,52 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: us
                 }
                 i += 1;
             }
-            Piece::Msg(m) if api == Api::Anthropic => {
+            first @ (Piece::Msg(_) | Piece::Written(_)) if api == Api::Anthropic => {
+                let role = first.role();
                 let mut j = i + 1;
                 while j < pieces.len()
-                    && matches!(&pieces[j], Piece::Msg(n) if n.role() == m.role())
-                    && matches!(m.role(), Some("user" | "assistant"))
+                    && !matches!(pieces[j], Piece::Raw(..))
+                    && pieces[j].role() == role
+                    && matches!(role, Some("user" | "assistant"))
                 {
                     j += 1;
                 }
                 sep(&mut out);
                 out.push(b'{');
-                for (k, v) in m.envelope.iter() {
-                    put(&mut out, k);
-                    out.push(b':');
-                    put(&mut out, v);
-                    out.push(b',');
+                match first {
+                    Piece::Written(w) => {
+                        // `{"k":v,...}`: its fields, each followed by a comma as below.
+                        let fields = w.envelope.get();
+                        let fields = &fields[1..fields.len() - 1];
+                        if !fields.is_empty() {
+                            out.extend_from_slice(fields.as_bytes());
+                            out.push(b',');
+                        }
+                    }
+                    Piece::Msg(m) => {
+                        for (k, v) in m.envelope.iter() {
+                            put(&mut out, k);
+                            out.push(b':');
+                            put(&mut out, v);
+                            out.push(b',');
+                        }
+                    }
+                    Piece::Raw(..) => {}
                 }
                 out.extend_from_slice(b"\"content\":");
-                let parts: Vec<&Value> = pieces[i..j]
+                let parts: Vec<Part<'_>> = pieces[i..j]
                     .iter()
                     .flat_map(|p| match p {
-                        Piece::Msg(g) => g.parts.iter().collect::<Vec<_>>(),
+                        Piece::Msg(g) => g.parts.iter().map(Part::Value).collect::<Vec<_>>(),
+                        Piece::Written(w) => w.parts.iter().map(|t| Part::Text(t)).collect(),
                         Piece::Raw(..) => Vec::new(),
                     })
                     .collect();
+                // A JSON string's text starts with its quote.
+                let text_of = |t: &RawValue| serde_json::from_str::<String>(t.get()).ok().filter(|_| t.get().starts_with('"'));
                 match parts.as_slice() {
-                    [Value::String(s)] => put(&mut out, s),
+                    [Part::Value(Value::String(s))] => put(&mut out, s),
+                    [Part::Text(t)] if t.get().starts_with('"') => out.extend_from_slice(t.get().as_bytes()),
                     _ => {
                         out.push(b'[');
                         for (k, p) in parts.iter().enumerate() {
@@ -944,8 +1044,12 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: us
                                 out.push(b',');
                             }
                             match p {
-                                Value::String(s) => put(&mut out, &json!({"type": "text", "text": s})),
-                                other => put(&mut out, other),
+                                Part::Value(Value::String(s)) => put(&mut out, &json!({"type": "text", "text": s})),
+                                Part::Value(other) => put(&mut out, other),
+                                Part::Text(t) => match text_of(t) {
+                                    Some(s) => put(&mut out, &json!({"type": "text", "text": s})),
+                                    None => out.extend_from_slice(t.get().as_bytes()),
+                                },
                             }
                         }
                         out.push(b']');
@@ -958,6 +1062,13 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: us
                 for p in m.parts.iter() {
                     sep(&mut out);
                     put(&mut out, p);
+                }
+                i += 1;
+            }
+            Piece::Written(w) => {
+                for p in &w.parts {
+                    sep(&mut out);
+                    out.extend_from_slice(p.get().as_bytes());
                 }
                 i += 1;
             }
@@ -1132,6 +1243,79 @@ mod tests {
     /// included, and an unmarked unit is read lean, not by falling back: hand-written shapes (repeated
     /// keys, lists where strings go, parts without text, every item kind), then every pi, Claude Code and
     /// Codex session of the corpus written in each API's form.
+    /// Every pi, Claude Code and Codex corpus session with the messages it appends, in order.
+    fn corpus_messages() -> Vec<(std::path::PathBuf, Vec<Message>)> {
+        let mut out = Vec::new();
+        for format in ["pi", "claude-code", "codex"] {
+            for f in crate::fast_tests::corpus_files(format) {
+                let imported = crate::import_file(&f).unwrap();
+                let messages = imported.events.into_iter().filter_map(|e| match e {
+                    condense_events::SourceEvent::EntryAppended { entry: condense_events::Entry::Message(m), .. } => Some(m),
+                    _ => None,
+                });
+                out.push((f, messages.collect()));
+            }
+        }
+        out
+    }
+
+    /// A message condense wrote, held as JSON text, is written to the byte as it was from its values: alone,
+    /// merged with its neighbours of one role (Anthropic), next to the client's own elements; and reads
+    /// back to the same values. Every message of the pi, Claude Code and Codex corpus sessions in each API.
+    #[test]
+    fn messages_held_as_text_are_written_as_from_their_values() {
+        let sessions = corpus_messages();
+        for (f, messages) in &sessions {
+            for api in [Api::Anthropic, Api::Chat, Api::Responses] {
+                let outs: Vec<OutMessage<'static>> = messages.iter().filter_map(|m| from_neutral(api, m)).collect();
+                // A client element every seventh piece (it ends a run of one role).
+                let client = match api {
+                    Api::Responses => br#"{"type":"message","role":"user","content":"raw"}"#.as_slice(),
+                    _ => br#"{"role":"user","content":"raw"}"#.as_slice(),
+                };
+                let ranges = [0..client.len()];
+                let pieces = |written: &dyn Fn(usize) -> bool| -> Vec<Piece<'_>> {
+                    let mut out = Vec::new();
+                    for (k, o) in outs.iter().enumerate() {
+                        if k % 7 == 3 {
+                            out.push(Piece::Raw(client, &ranges));
+                        }
+                        out.push(match written(k) {
+                            true => Piece::Written(Box::new(o.written())),
+                            false => Piece::Msg(Box::new(o.clone())),
+                        });
+                    }
+                    out
+                };
+                let name = format!("{} as {}", f.display(), api.name());
+                let values = write_list(api, &[], &pieces(&|_| false), 0);
+                assert_eq!(write_list(api, &[], &pieces(&|_| true), 0), values, "{name}");
+                assert_eq!(write_list(api, &[], &pieces(&|k| k % 2 == 0), 0), values, "{name}, every other one");
+                for o in &outs {
+                    assert_eq!(&o.written().expand(), o, "{name}");
+                }
+            }
+        }
+        assert!(sessions.len() >= 50, "the corpus sessions: {}", sessions.len());
+        // A part that is a plain string (a client's `content` string): alone it stays a string, merged it
+        // becomes a text block.
+        let msg = |role: &str, parts: Vec<Value>| {
+            let Value::Object(envelope) = json!({"role": role}) else { unreachable!() };
+            OutMessage { envelope: Cow::Owned(envelope), parts: Cow::Owned(parts) }
+        };
+        let shapes = [
+            vec![msg("user", vec![json!("plain \"quoted\" \u{e9} \u{7}")])],
+            vec![msg("user", vec![json!("a")]), msg("user", vec![json!({"type": "text", "text": "b"})])],
+            vec![msg("assistant", vec![json!({"type": "text", "text": "c"}), json!("d")]), msg("user", vec![json!("e")])],
+        ];
+        for outs in shapes {
+            let as_values: Vec<Piece<'_>> = outs.iter().map(|o| Piece::Msg(Box::new(o.clone()))).collect();
+            let as_text: Vec<Piece<'_>> = outs.iter().map(|o| Piece::Written(Box::new(o.written()))).collect();
+            let want = write_list(Api::Anthropic, &[], &as_values, 0);
+            assert_eq!(String::from_utf8_lossy(&write_list(Api::Anthropic, &[], &as_text, 0)), String::from_utf8_lossy(&want));
+        }
+    }
+
     #[test]
     fn units_read_lean_give_the_messages_of_a_full_read() {
         let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
@@ -1182,7 +1366,7 @@ mod tests {
             ]),
         ];
         let mut lists: Vec<(String, Api, Vec<Value>)> = Vec::new();
-        let mut check = |name: &str, api: Api, raw: RawRequest| -> usize {
+        let check = |name: &str, api: Api, raw: RawRequest| -> usize {
             let mut lean = 0;
             for (u, unit) in raw.units.iter().enumerate() {
                 let full = parse_unit(api, &raw, u).map(|r| r.messages.into_iter().map(|w| w.message).collect::<Vec<_>>());
@@ -1209,18 +1393,11 @@ mod tests {
             }
         }
         assert_eq!(checked, texts.iter().map(|(_, t)| t.len()).sum::<usize>() - 1, "only the element without a role is refused whole");
-        for format in ["pi", "claude-code", "codex"] {
-            for f in crate::fast_tests::corpus_files(format) {
-                let imported = crate::import_file(&f).unwrap();
-                let messages: Vec<&Message> = imported.events.iter().filter_map(|e| match e {
-                    condense_events::SourceEvent::EntryAppended { entry: condense_events::Entry::Message(m), .. } => Some(m),
-                    _ => None,
-                }).collect();
-                let name = f.display().to_string();
-                lists.push((name.clone(), Api::Anthropic, crate::export::anthropic(&messages)["messages"].as_array().unwrap().clone()));
-                lists.push((name.clone(), Api::Chat, crate::export::openai(&messages).as_array().unwrap().clone()));
-                lists.push((name, Api::Responses, crate::export::responses(&messages).as_array().unwrap().clone()));
-            }
+        for (f, messages) in corpus_messages() {
+            let name = f.display().to_string();
+            lists.push((name.clone(), Api::Anthropic, crate::export::anthropic(&messages.iter().collect::<Vec<_>>())["messages"].as_array().unwrap().clone()));
+            lists.push((name.clone(), Api::Chat, crate::export::openai(&messages.iter().collect::<Vec<_>>()).as_array().unwrap().clone()));
+            lists.push((name, Api::Responses, crate::export::responses(&messages.iter().collect::<Vec<_>>()).as_array().unwrap().clone()));
         }
         assert!(lists.len() >= 150, "the corpus sessions: {}", lists.len() / 3);
         let mut lean = 0;

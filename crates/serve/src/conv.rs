@@ -545,8 +545,9 @@ impl Conv {
 enum Seg {
     /// Message `.1` of the request's unit `.0` (numbers of 32 bits: a segment per rendered message).
     Client(u32, u32),
-    /// Written from the neutral model (`None`: nothing the API can carry).
-    New(Option<Box<OutMessage<'static>>>),
+    /// Written from the neutral model (`None`: nothing the API can carry), held as JSON text until the
+    /// list is written.
+    New(Option<Box<wire::Written>>),
 }
 
 /// The rendered context mapped for writing (see [`segments`]).
@@ -584,7 +585,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
         .iter()
         .map(|m| match from.binary_search_by_key(&(Arc::as_ptr(m) as usize), |e| e.0) {
             Ok(k) => Seg::Client(from[k].1, from[k].2),
-            Err(_) => Seg::New(wire::from_neutral(api, m).map(Box::new)),
+            Err(_) => Seg::New(wire::from_neutral(api, m).map(|o| Box::new(o.written()))),
         })
         .collect();
     let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
@@ -734,7 +735,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
                 src.push(Some((u, j)));
             }
             Seg::New(Some(o)) => {
-                pieces.push(Piece::Msg(o));
+                pieces.push(Piece::Written(o));
                 src.push(None);
             }
             Seg::New(None) => {}
@@ -748,15 +749,15 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
                 // The mark on the client's last message goes on the last message sent (before any
                 // notice): after a condense tool round's call and result too, so the next request reads
                 // them from the cache instead of paying for them again.
-                let end = pieces.len().checked_sub(1 + usize::from(notice)).filter(|e| last && matches!(pieces[*e], Piece::Msg(_)));
+                let end = pieces.len().checked_sub(1 + usize::from(notice)).filter(|e| last && matches!(pieces[*e], Piece::Msg(_) | Piece::Written(_)));
                 let at = end.or_else(|| src.iter().rposition(|s| *s == Some((*u, *j))));
-                if let Some(Piece::Msg(o)) = at.and_then(|a| pieces.get_mut(a)) {
+                if let Some(o) = at.and_then(|a| pieces.get_mut(a)).and_then(Piece::message_mut) {
                     mark_last_part(o, control);
                 }
             }
         }
     }
-    if let Some(Piece::Msg(o)) = own_piece.and_then(|a| pieces.get_mut(a)) {
+    if let Some(o) = own_piece.and_then(|a| pieces.get_mut(a)).and_then(Piece::message_mut) {
         if !o.parts.last().is_some_and(|p| p.get("cache_control").is_some()) {
             mark_last_part(o, &json!({"type": "ephemeral"}));
         }
@@ -771,7 +772,11 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             .filter_map(|v| v["call_id"].as_str().map(str::to_string))
             .collect();
         for (piece, s) in pieces.iter_mut().zip(&src) {
-            if let (Piece::Msg(o), None) = (piece, s) {
+            // (A written message is read back only when it holds an output.)
+            if s.is_some() || custom.is_empty() || matches!(&*piece, Piece::Written(w) if !w.mentions("\"function_call_output\"")) {
+                continue;
+            }
+            if let Some(o) = piece.message_mut() {
                 for part in o.parts.to_mut().iter_mut() {
                     if part["type"] == "function_call_output" && part["call_id"].as_str().is_some_and(|c| custom.iter().any(|x| x == c)) {
                         part["type"] = json!("custom_tool_call_output");
