@@ -258,9 +258,10 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         let _ = child.kill();
         let _ = child.wait();
     }
+    let promise = "(*promised*: 10 bytes per byte of body, 1.1 KB per message or tool call, 0.5 KB per other content part)";
     match over.as_slice() {
-        [] => writeln!(md, "\nEvery request served peaked under what docs/serve.md promises (*promised*: 10 bytes per byte of body, 1.1 KB per message or tool call, 0.5 KB per other content part).")?,
-        names => writeln!(md, "\n**Over what docs/serve.md promises** (*promised*: 10 bytes per byte of body, 1.1 KB per message or tool call, 0.5 KB per other content part): {}.", names.join("; "))?,
+        [] => writeln!(md, "\nEvery request served peaked under what docs/serve.md promises {promise}.")?,
+        names => writeln!(md, "\n**Over what docs/serve.md promises** {promise}: {}.", names.join("; "))?,
     }
     drop(rt);
     Ok(())

@@ -889,9 +889,9 @@ fn parse_responses(list: Vec<Value>, first: usize, prefix: bool) -> Result<WireR
 pub fn from_neutral(api: Api, m: &Message) -> Option<OutMessage<'static>> {
     match api {
         Api::Anthropic => {
-            let body = crate::export::anthropic(std::slice::from_ref(&m));
-            let msg = body["messages"].as_array()?.first()?.clone();
-            let Value::Object(mut o) = msg else { return None };
+            // (The one message is taken out of the body written for it, not copied.)
+            let mut body = crate::export::anthropic(std::slice::from_ref(&m));
+            let Value::Object(mut o) = body.get_mut("messages")?.get_mut(0)?.take() else { return None };
             let parts = match o.remove("content") {
                 Some(Value::Array(a)) => a,
                 _ => return None,
@@ -899,15 +899,14 @@ pub fn from_neutral(api: Api, m: &Message) -> Option<OutMessage<'static>> {
             Some(OutMessage { envelope: Cow::Owned(o), parts: Cow::Owned(parts) })
         }
         Api::Chat => {
-            let v = crate::export::openai(std::slice::from_ref(&m)).as_array()?.first()?.clone();
+            let v = crate::export::openai(std::slice::from_ref(&m)).get_mut(0)?.take();
             if v["role"] == "assistant" && v["content"].is_null() && v.get("tool_calls").is_none() {
                 return None;
             }
             Some(OutMessage { envelope: Cow::Owned(Map::new()), parts: Cow::Owned(vec![v]) })
         }
         Api::Responses => {
-            let items = crate::export::responses(std::slice::from_ref(&m));
-            let items = items.as_array()?.clone();
+            let Value::Array(items) = crate::export::responses(std::slice::from_ref(&m)) else { return None };
             (!items.is_empty()).then_some(OutMessage { envelope: Cow::Owned(Map::new()), parts: Cow::Owned(items) })
         }
     }
@@ -954,6 +953,25 @@ impl<'a> Piece<'a> {
 enum Part<'v> {
     Value(&'v Value),
     Text(&'v RawValue),
+}
+
+impl Part<'_> {
+    /// The part's string, when it is a plain string (a client's `content` string) rather than a block.
+    fn string(&self) -> Option<Cow<'_, str>> {
+        match self {
+            Part::Value(Value::String(s)) => Some(Cow::Borrowed(s)),
+            Part::Value(_) => None,
+            // A JSON string's text starts with its quote.
+            Part::Text(t) => t.get().starts_with('"').then(|| serde_json::from_str(t.get()).ok()).flatten().map(Cow::Owned),
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Part::Value(v) => put(out, v),
+            Part::Text(t) => out.extend_from_slice(t.get().as_bytes()),
+        }
+    }
 }
 
 /// Writes the wire message list of `api` as JSON: the system prefix, then the pieces in order. For
@@ -1032,24 +1050,18 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: us
                         Piece::Raw(..) => Vec::new(),
                     })
                     .collect();
-                // A JSON string's text starts with its quote.
-                let text_of = |t: &RawValue| serde_json::from_str::<String>(t.get()).ok().filter(|_| t.get().starts_with('"'));
                 match parts.as_slice() {
-                    [Part::Value(Value::String(s))] => put(&mut out, s),
-                    [Part::Text(t)] if t.get().starts_with('"') => out.extend_from_slice(t.get().as_bytes()),
+                    // One string stays a string; merged, each string is a text block.
+                    [p] if p.string().is_some() => p.write(&mut out),
                     _ => {
                         out.push(b'[');
                         for (k, p) in parts.iter().enumerate() {
                             if k > 0 {
                                 out.push(b',');
                             }
-                            match p {
-                                Part::Value(Value::String(s)) => put(&mut out, &json!({"type": "text", "text": s})),
-                                Part::Value(other) => put(&mut out, other),
-                                Part::Text(t) => match text_of(t) {
-                                    Some(s) => put(&mut out, &json!({"type": "text", "text": s})),
-                                    None => out.extend_from_slice(t.get().as_bytes()),
-                                },
+                            match p.string() {
+                                Some(s) => put(&mut out, &json!({"type": "text", "text": s})),
+                                None => p.write(&mut out),
                             }
                         }
                         out.push(b']');
@@ -1239,10 +1251,6 @@ mod tests {
         assert_eq!(split_values(Api::Chat, &[json!({"content": "x"})]).unwrap_err().reason, "`role` is missing");
     }
 
-    /// Every unit's messages read lean ([`unit_messages`]) are those read in full ([`parse_unit`]), errors
-    /// included, and an unmarked unit is read lean, not by falling back: hand-written shapes (repeated
-    /// keys, lists where strings go, parts without text, every item kind), then every pi, Claude Code and
-    /// Codex session of the corpus written in each API's form.
     /// Every pi, Claude Code and Codex corpus session with the messages it appends, in order.
     fn corpus_messages() -> Vec<(std::path::PathBuf, Vec<Message>)> {
         let mut out = Vec::new();
@@ -1316,6 +1324,10 @@ mod tests {
         }
     }
 
+    /// Every unit's messages read lean ([`unit_messages`]) are those read in full ([`parse_unit`]), errors
+    /// included, and an unmarked unit is read lean, not by falling back: hand-written shapes (repeated
+    /// keys, lists where strings go, parts without text, every item kind), then every pi, Claude Code and
+    /// Codex session of the corpus written in each API's form.
     #[test]
     fn units_read_lean_give_the_messages_of_a_full_read() {
         let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));

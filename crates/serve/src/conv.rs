@@ -223,8 +223,9 @@ pub struct Recorded {
 pub struct Built {
     /// The message list in the API's wire form, as JSON (the system prefix included).
     pub list: Vec<u8>,
-    /// condense's tools the context needs, in the API's wire form.
-    pub tools: Vec<Value>,
+    /// condense's tools the context needs, in the API's wire form, as JSON (written once: the body, its
+    /// room and its token count read it).
+    pub tools: Vec<String>,
     /// Tokens of the rendered context (pi's estimate).
     pub tokens_sent: u64,
 }
@@ -233,7 +234,7 @@ impl Built {
     /// Tokens of the whole upstream request: the rendered context, the client's own system prompt and
     /// tool declarations (`overhead`), and condense's tool declarations (chars / 4 of their JSON).
     pub fn request_tokens(&self, overhead: u64) -> u64 {
-        self.tokens_sent + overhead + self.tools.iter().map(|t| (t.to_string().len() as u64).div_ceil(4)).sum::<u64>()
+        self.tokens_sent + overhead + self.tools.iter().map(|t| (t.len() as u64).div_ceil(4)).sum::<u64>()
     }
 }
 
@@ -785,11 +786,11 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             }
         }
     }
-    let tools: Vec<Value> = tools.iter().map(|t| tools::tool_json(api, t)).collect();
+    let tools: Vec<String> = tools.iter().map(|t| tools::tool_json(api, t).to_string()).collect();
     // Room after the list for the request's other fields and condense's tools: the upstream body is
     // written around the list in its own buffer (`request::upstream::upstream_body`).
     let others = raw.buf.len().saturating_sub(raw.items.iter().map(|r| r.len()).sum());
-    let headroom = others + tools.iter().map(|t| t.to_string().len() + 1).sum::<usize>() + 64;
+    let headroom = others + tools.iter().map(|t| t.len() + 1).sum::<usize>() + 64;
     Ok(Built { list: wire::write_list(api, &raw.slice(0, raw.system), &pieces, headroom), tools, tokens_sent })
 }
 

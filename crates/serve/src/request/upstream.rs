@@ -9,7 +9,6 @@ use crate::conv::Built;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use condense_formats::wire::Api;
-use serde_json::Value;
 
 /// Which upstream a request that is not one of the three APIs goes to.
 pub(crate) fn upstream_for(st: &State, h: &HeaderMap) -> String {
@@ -89,7 +88,7 @@ impl Req {
 pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::Range<usize>)], built: &mut Built) -> (Vec<u8>, std::ops::Range<usize>) {
     let field = api.list_field();
     let list = std::mem::take(&mut built.list);
-    let ours: Vec<String> = built.tools.iter().map(Value::to_string).collect();
+    let ours = &built.tools;
     let mut tools_written = false;
     // What goes before the list's value, and after it.
     let (mut head, mut tail) = (vec![b'{'], Vec::new());
@@ -156,7 +155,7 @@ mod tests {
         let buf = br#"{"model":"m", "messages":[{"role":"user","content":"a long history"}], "tools":[{"name":"bash"}],"stream":true}"#;
         let fields = fields_of(buf);
         let list = br#"[{"role":"user","content":"condensed"}]"#;
-        let ours = serde_json::json!({"name": "context_tree_query"});
+        let ours = serde_json::json!({"name": "context_tree_query"}).to_string();
         let want = br#"{"model":"m","messages":[{"role":"user","content":"condensed"}],"tools":[{"name":"bash"},{"name":"context_tree_query"}],"stream":true}"#;
         // With room for the other fields (what the context's writer leaves), the list's buffer is the
         // body: the list is not copied.
