@@ -3,7 +3,7 @@
 
 use crate::store::{Live, Session};
 use crate::{controller, pipeline, query, recover, EngineError, Result, Stats};
-use condense_events::{DecisionEvent, Event, PruneConfig, Seq, SessionId, SourceEvent};
+use condense_events::{DecisionEvent, Entry, Event, PruneConfig, Seq, SessionId, SourceEvent};
 use condense_log::LogError;
 use condense_render::{Projection, Rendered};
 use std::sync::Arc;
@@ -192,10 +192,16 @@ impl Session {
 
     /// [`Session::append`] on a projection locked and caught up.
     fn append_caught_up(&self, proj: &mut Live, events: Vec<SourceEvent>) -> Result<Seq> {
-        let before = proj.model().and_then(|m| m.context_window);
         let switched = events.iter().any(|e| matches!(e, SourceEvent::ModelChanged { .. }));
-        // Mapped as they are written: a request of many small messages held its events twice.
         let entries = events.iter().filter(|e| matches!(e, SourceEvent::EntryAppended { .. })).count();
+        self.append_sources(proj, events, switched, entries)
+    }
+
+    /// Appends `events` to a projection locked and caught up: `switched`, whether one of them changes the
+    /// model; `entries`, how many add an entry. Mapped to log events as they are written: a request of many
+    /// small messages held its events twice.
+    fn append_sources(&self, proj: &mut Live, events: impl IntoIterator<Item = SourceEvent>, switched: bool, entries: usize) -> Result<Seq> {
+        let before = proj.model().and_then(|m| m.context_window);
         let head = self.append_counted(proj, events.into_iter().map(Event::Source), 0, entries)?;
         // Only a model change can make a route unsupported: other appends (every request) skip the check.
         match recover::route_unsupported(proj, before.filter(|_| switched)) {
@@ -224,6 +230,25 @@ impl Session {
             }
         }
         self.append_caught_up(&mut proj, events)
+    }
+
+    /// [`Session::append_continuing`] for a chain of new entries: `events` (a model change, the request's
+    /// overhead; no entries) and then an entry for each of `entries`, the first after `parent` and each
+    /// after the one before it. The entries become events one by one as they are written, so a request of
+    /// many messages is not held a second time as a list of events (152 bytes for each message, whatever
+    /// its size). When the log no longer holds `parent`, nothing is written ([`EngineError::ParentLost`]).
+    pub fn append_chain(&self, events: Vec<SourceEvent>, parent: Option<String>, entries: impl ExactSizeIterator<Item = (String, Entry)>) -> Result<Seq> {
+        let warm = self.store.warm(self.id);
+        let mut proj = warm.lock().expect("projection lock");
+        self.catch_up(&mut proj)?;
+        if let Some(p) = parent.as_deref().filter(|p| !proj.has_entry(p)) {
+            return Err(EngineError::ParentLost { name: self.name.clone(), parent: p.to_string() });
+        }
+        let switched = events.iter().any(|e| matches!(e, SourceEvent::ModelChanged { .. }));
+        let count = entries.len() + events.iter().filter(|e| matches!(e, SourceEvent::EntryAppended { .. })).count();
+        let mut last = parent;
+        let chained = entries.map(move |(id, entry)| SourceEvent::EntryAppended { parent: std::mem::replace(&mut last, Some(id.clone())), id, entry });
+        self.append_sources(&mut proj, events.into_iter().chain(chained), switched, count)
     }
 
     pub(crate) fn append_locked(&self, proj: &mut Live, events: Vec<Event>) -> Result<Seq> {
@@ -578,20 +603,23 @@ impl Session {
         if trigger != pipeline::Trigger::Request || split == decisions.len() || decisions[split..].iter().any(|d| !is_prune(d)) {
             return self.append_locked(&mut proj, decisions.into_iter().map(Event::Decision).collect());
         }
+        // One list: the captures, then the prunes, dropped when they do not pay (a second list of the
+        // prunes took 200 bytes for each output a request closed).
         let mut decisions = decisions;
-        let prunes = decisions.split_off(split);
         let base = proj.seq();
-        for (i, d) in decisions.iter().enumerate() {
+        for (i, d) in decisions[..split].iter().enumerate() {
             proj.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
         }
-        let mut applied = decisions.len();
-        if let Some(after) = worth_it(&proj, &prunes, requests) {
-            proj.proj = after;
-            for d in &prunes {
-                proj.stages.fold(&Event::Decision(d.clone()));
+        let mut applied = split;
+        match worth_it(&proj, &decisions[split..], requests) {
+            Some(after) => {
+                proj.proj = after;
+                for d in &decisions[split..] {
+                    proj.stages.fold(&Event::Decision(d.clone()));
+                }
+                applied = decisions.len();
             }
-            decisions.extend(prunes);
-            applied = decisions.len();
+            None => decisions.truncate(split),
         }
         self.append_applied(&mut proj, decisions.into_iter().map(Event::Decision).collect(), applied)
     }

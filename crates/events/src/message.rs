@@ -228,6 +228,27 @@ impl Message {
             .sum()
     }
 
+    /// Gives back the room its content list and texts hold beyond what they hold: a list built by pushing
+    /// keeps room for four blocks (288 bytes for one tool call), and a message kept for the session's
+    /// life should weigh what it holds.
+    pub fn shrink_to_fit(&mut self) {
+        let content = match self {
+            Message::User { content, .. } | Message::Assistant { content, .. } | Message::ToolResult { content, .. } => content,
+        };
+        content.shrink_to_fit();
+        for b in content {
+            match b {
+                Block::Text { text } => text.shrink_to_fit(),
+                Block::Thinking { thinking, signature } => {
+                    thinking.shrink_to_fit();
+                    signature.iter_mut().for_each(String::shrink_to_fit);
+                }
+                Block::ToolCall { id, name, arguments } => [id, name, arguments].into_iter().for_each(String::shrink_to_fit),
+                Block::Image { mime, data } => [mime, data].into_iter().for_each(String::shrink_to_fit),
+            }
+        }
+    }
+
     /// A user message made of one text block.
     pub fn user_text(text: impl Into<String>, origin: UserOrigin) -> Message {
         Message::User { content: vec![Block::Text { text: text.into() }], origin }

@@ -297,7 +297,13 @@ impl Conv {
     /// is folded again from what the store holds, and the error asks for the request again: the client's
     /// retry then records what was lost. Appending anyway would start a second root under the session.
     fn append_entries(&mut self, events: Vec<SourceEvent>, internal: &Internal) -> Result<condense_events::Seq> {
-        match self.session.append_continuing(events) {
+        let appended = self.session.append_continuing(events);
+        self.appended(appended, internal)
+    }
+
+    /// What [`Conv::append_entries`] does with the outcome of an append.
+    fn appended(&mut self, appended: Result<condense_events::Seq>, internal: &Internal) -> Result<condense_events::Seq> {
+        match appended {
             Err(e @ EngineError::ParentLost { .. }) => {
                 self.refold(internal)?;
                 self.units.clear();
@@ -360,7 +366,7 @@ impl Conv {
             _ if self.native_model.is_none() => self.native_model = Some(model.to_string()),
             _ => {}
         }
-        let mut events = Vec::with_capacity(new.len() + 4);
+        let mut events = Vec::new();
         if failed_before {
             // The last request ended in CONTEXT_COMPACTION_FAILED after provider overflows: this one is the
             // client's new attempt, with a checkpoint and a retry of its own.
@@ -382,15 +388,14 @@ impl Conv {
         }
         // Each new message follows the one before it, the first the matched history.
         let parent_of = |k: usize| if k == 0 { matched_parent.as_deref() } else { Some(ids[k - 1].as_str()) };
-        // The messages move into their events (a request of many small messages held each twice); the
-        // client's view takes them from the projection once the log has them.
-        let mut unit_of: Vec<usize> = Vec::with_capacity(new.len());
-        for (k, (u, m)) in new.into_iter().enumerate() {
-            events.push(SourceEvent::EntryAppended { id: ids[k].clone(), parent: parent_of(k).map(str::to_string), entry: Entry::Message(m) });
-            unit_of.push(u);
-        }
-        if !events.is_empty() {
-            self.append_entries(events, internal)?;
+        // The messages move into their events as the log writes them (a request of many small messages
+        // held each twice, and then its list of events); the client's view takes them from the projection
+        // once the log has them.
+        let unit_of: Vec<usize> = new.iter().map(|(u, _)| *u).collect();
+        if !events.is_empty() || !new.is_empty() {
+            let chained = new.into_iter().zip(&ids).map(|((_, m), id)| (id.clone(), Entry::Message(m)));
+            let appended = self.session.append_chain(events, matched_parent.clone(), chained);
+            self.appended(appended, internal)?;
         }
         if !ids.is_empty() {
             let track = &mut self.track;

@@ -324,6 +324,15 @@ impl<'a> Pass<'a> {
         self.decisions.push(d);
     }
 
+    /// Adds `decisions` in order, as [`Pass::push`] does, with room for them taken at once (a pass that
+    /// closes thousands of batches doubled its list, the old and the new one alive together).
+    pub fn extend(&mut self, decisions: Vec<DecisionEvent>) {
+        self.decisions.reserve_exact(decisions.len());
+        for d in decisions {
+            self.push(d);
+        }
+    }
+
     /// Adds a capture: its decision, and the record with its output text for the stages after.
     pub fn capture(&mut self, record: Record, text: Cow<'a, str>) {
         self.captured_by_entry.insert(record.entry.clone(), self.captured.len());

@@ -81,7 +81,7 @@ impl Stage for Close<'_> {
         } else {
             (BTreeSet::new(), Vec::new())
         };
-        let mut closed = Vec::new();
+        let mut closed = Vec::with_capacity(closing.len() + stub_now.len());
         for b in closing {
             let recs = &pending[&b];
             let refs: Vec<u32> = recs.iter().map(|r| r.ref_n).collect();
@@ -105,9 +105,7 @@ impl Stage for Close<'_> {
         }
         let (sums, _) = self.summaries(pass, &stub_now)?;
         closed.extend(stub_now.iter().zip(sums).map(|(r, summary)| DecisionEvent::OutputStubbed { ref_n: r.ref_n, summary }));
-        for d in closed {
-            pass.push(d);
-        }
+        pass.extend(closed);
         Ok(())
     }
 }

@@ -14,10 +14,11 @@ pub fn room_to_reserve(len: usize, capacity: usize, n: usize) -> Option<usize> {
 
 impl Projection {
     /// Absorbs one event the caller gives up, moving its message bodies into the projection instead of
-    /// copying them.
+    /// copying them (with no more room than they fill: [`Message::shrink_to_fit`]).
     pub fn apply_owned(&mut self, seq: Seq, event: Event) {
         match event {
-            Event::Source(SourceEvent::EntryAppended { id, parent, entry: Entry::Message(m) }) => {
+            Event::Source(SourceEvent::EntryAppended { id, parent, entry: Entry::Message(mut m) }) => {
+                m.shrink_to_fit();
                 self.push_message(seq, id, parent.as_deref(), Arc::new(m));
             }
             other => self.apply(seq, &other),

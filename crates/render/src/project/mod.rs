@@ -527,6 +527,26 @@ mod tests {
         assert!(p.tokens.lock().unwrap().is_empty());
     }
 
+    /// A message given up to the projection is kept with no spare room: a list of blocks built by pushing
+    /// holds room for four (a message of one tool call took 288 bytes for its block, not 72).
+    #[test]
+    fn messages_given_up_are_kept_without_spare_room() {
+        let mut content = Vec::new();
+        content.push(Block::ToolCall { id: "c1".into(), name: "bash".into(), arguments: String::with_capacity(64) + "{}" });
+        assert!(content.capacity() > 1);
+        let m = Message::Assistant { content, model: None, stop: None, usage: None };
+        let expected = m.clone();
+        let mut p = Projection::new();
+        p.apply_owned(1, Event::Source(SourceEvent::EntryAppended { id: "e0".into(), parent: None, entry: Entry::Message(m) }));
+        let (_, kept) = p.entry("e0").expect("the entry");
+        assert_eq!(**kept, expected);
+        assert_eq!(kept.content().len(), 1);
+        let Message::Assistant { content, .. } = &**kept else { panic!("{kept:?}") };
+        assert_eq!(content.capacity(), 1);
+        let Block::ToolCall { arguments, .. } = &content[0] else { panic!("{content:?}") };
+        assert_eq!(arguments.capacity(), 2);
+    }
+
     /// The capture of a bash call's output `entry` (its call in `call_entry`), ref and batch `n`.
     fn captured(n: u32, entry: &str, call_entry: &str, call_id: &str, chars: u64, turn: u32, utg: u32) -> Event {
         Event::Decision(condense_events::DecisionEvent::OutputCaptured(condense_events::Record {
