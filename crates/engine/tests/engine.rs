@@ -45,3 +45,37 @@ fn large_append_then_live_appends_render_the_same_everywhere() {
     assert_eq!(*live.messages, *again.messages);
     assert!(matches!(store.session("big").unwrap().render_at(99_999), Err(condense_engine::EngineError::PastHead { .. })));
 }
+
+/// `append_chain` (how serve records a request's new messages, made into events as the log writes them)
+/// writes what the same events appended as a list write, across the log's chunks; and when the log no
+/// longer holds the chain's first parent it writes nothing.
+#[test]
+fn a_chain_writes_its_events_and_nothing_when_its_parent_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let (listed, chained) = (store.create_session("listed").unwrap(), store.create_session("chained").unwrap());
+    let head: Vec<SourceEvent> = (0..10).map(entry).collect();
+    listed.append(head.clone()).unwrap();
+    chained.append(head).unwrap();
+    let overhead = SourceEvent::RequestOverhead { tokens: 42 };
+    let rest = 10..9_000;
+    let mut events = vec![overhead.clone()];
+    events.extend(rest.clone().map(entry));
+    assert_eq!(listed.append_continuing(events).unwrap(), 9_001);
+    let entries = rest.map(|n| match entry(n) {
+        SourceEvent::EntryAppended { id, entry, .. } => (id, entry),
+        _ => unreachable!(),
+    });
+    let entries: Vec<(String, Entry)> = entries.collect();
+    assert_eq!(chained.append_chain(vec![overhead.clone()], Some("e9".into()), entries.into_iter()).unwrap(), 9_001);
+    for at in [11, 4_000, 9_001] {
+        assert_eq!(*listed.render_at(at).unwrap().messages, *chained.render_at(at).unwrap().messages, "at {at}");
+    }
+    assert_eq!(listed.projection().unwrap().request_overhead(), chained.projection().unwrap().request_overhead());
+    let lost = chained.append_chain(vec![overhead], Some("e99999".into()), std::iter::once(("x".to_string(), Entry::Message(Message::user_text("x", UserOrigin::Prompt)))));
+    assert!(matches!(lost, Err(condense_engine::EngineError::ParentLost { ref parent, .. }) if parent == "e99999"), "{lost:?}");
+    assert_eq!(chained.head().unwrap(), 9_001);
+    drop((listed, chained, store));
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.session("chained").unwrap().head().unwrap(), 9_001);
+}

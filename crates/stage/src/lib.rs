@@ -325,7 +325,8 @@ impl<'a> Pass<'a> {
     }
 
     /// Adds `decisions` in order, as [`Pass::push`] does, with room for them taken at once (a pass that
-    /// closes thousands of batches doubled its list, the old and the new one alive together).
+    /// closes thousands of batches doubled its list, the old and the new one alive together). For a stage's
+    /// decisions gathered whole: room taken exactly each time is not amortized over many small calls.
     pub fn extend(&mut self, decisions: Vec<DecisionEvent>) {
         self.decisions.reserve_exact(decisions.len());
         for d in decisions {
