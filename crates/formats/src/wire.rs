@@ -153,31 +153,32 @@ impl WireMessage {
     }
 }
 
-/// The non-blank texts of a message's blocks, trimmed.
-fn texts(blocks: &[Block]) -> Vec<&str> {
-    blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.trim()), _ => None }).filter(|t| !t.is_empty()).collect()
+/// The non-blank texts of a message's blocks, trimmed (read in place: a message of many parts is asked
+/// this of each part).
+fn texts(blocks: &[Block]) -> impl Iterator<Item = &str> + Clone {
+    blocks.iter().filter_map(|b| match b { Block::Text { text } => Some(text.trim()), _ => None }).filter(|t| !t.is_empty())
 }
 
 /// Whether a message is host context: it has text and every text of it is (`<system-reminder>`,
 /// `<environment_context>`, AGENTS.md). A request's user message and a pi extension's message alike.
 pub(crate) fn is_host_context(blocks: &[Block]) -> bool {
-    all_host(&texts(blocks))
+    all_host(texts(blocks))
 }
 
 /// Whether there are texts and every one is host context.
-fn all_host(texts: &[&str]) -> bool {
-    !texts.is_empty() && texts.iter().all(|t| condense_events::host_context_kind(t).is_some())
+fn all_host<'a>(mut texts: impl Iterator<Item = &'a str> + Clone) -> bool {
+    texts.clone().next().is_some() && texts.all(|t| condense_events::host_context_kind(t).is_some())
 }
 
 /// Why a user message is there: host context ([`is_host_context`]), injected when it is only other tags
 /// (`<command-name>`), else a prompt.
 fn origin_of(blocks: &[Block]) -> UserOrigin {
-    let texts = texts(blocks);
-    if texts.is_empty() {
+    let mut texts = texts(blocks);
+    if texts.clone().next().is_none() {
         UserOrigin::Prompt
-    } else if all_host(&texts) {
+    } else if all_host(texts.clone()) {
         UserOrigin::Host
-    } else if texts.iter().all(|t| t.starts_with('<') && t.ends_with('>')) {
+    } else if texts.all(|t| t.starts_with('<') && t.ends_with('>')) {
         UserOrigin::Injected
     } else {
         UserOrigin::Prompt
@@ -529,13 +530,27 @@ impl<'v> Field<'v, '_> {
     }
 
     /// `f` of each element of a list field, in order (none for another field); an element kept as text
-    /// is read just before and dropped after. Only such a reading fails (`at` names the field).
+    /// is read just before and dropped after. Only such a reading fails (`at` names the field). The list
+    /// is made with room for every element at once (collected from results it grew by doubling, the old
+    /// and the new room alive together: a message of 200,000 parts held 28 MB of blocks for its 14).
     fn map_list<T>(self, at: &str, mut f: impl FnMut(usize, &Value) -> Result<T, WireError>) -> Result<Vec<T>, WireError> {
+        let mut out = Vec::new();
         match self {
-            Field::Value(Some(Value::Array(a))) => a.iter().enumerate().map(|(j, v)| f(j, v)).collect(),
-            Field::Raw(raw) => raw.iter().enumerate().map(|(j, t)| f(j, &read_raw(t, at, j)?)).collect(),
-            Field::Value(_) => Ok(Vec::new()),
+            Field::Value(Some(Value::Array(a))) => {
+                out.reserve_exact(a.len());
+                for (j, v) in a.iter().enumerate() {
+                    out.push(f(j, v)?);
+                }
+            }
+            Field::Raw(raw) => {
+                out.reserve_exact(raw.len());
+                for (j, t) in raw.iter().enumerate() {
+                    out.push(f(j, &read_raw(t, at, j)?)?);
+                }
+            }
+            Field::Value(_) => {}
         }
+        Ok(out)
     }
 }
 
@@ -753,7 +768,12 @@ fn chat_message(obj: &Value, content: Field<'_, '_>, calls: Field<'_, '_>, at: &
                     },
                 })
             })?;
-            content.extend(calls);
+            // A reply of calls alone (most of them) keeps the calls' list rather than copying it.
+            if content.is_empty() {
+                content = calls;
+            } else {
+                content.extend(calls);
+            }
             Message::Assistant { content, model: None, stop: None, usage: None }
         }
         "tool" | "function" => Message::ToolResult {
@@ -1321,6 +1341,26 @@ mod tests {
             let as_text: Vec<Piece<'_>> = outs.iter().map(|o| Piece::Written(Box::new(o.written()))).collect();
             let want = write_list(Api::Anthropic, &[], &as_values, 0);
             assert_eq!(String::from_utf8_lossy(&write_list(Api::Anthropic, &[], &as_text, 0)), String::from_utf8_lossy(&want));
+        }
+    }
+
+    /// A list read element by element (a message's parts, Chat's `tool_calls`) is made with room for its
+    /// elements at once, read lean or in full: collected from results, a message of many parts grew its
+    /// blocks by doubling and held up to twice their room; a reply of calls alone keeps the calls' list.
+    #[test]
+    fn lists_read_element_by_element_take_their_room_once() {
+        let parts: Vec<Value> = (0..1000).map(|i| json!({"type": "text", "text": format!("p{i}")})).collect();
+        let calls: Vec<Value> = (0..1000).map(|i| json!({"id": format!("c{i}"), "type": "function", "function": {"name": "bash", "arguments": "{}"}})).collect();
+        let list = vec![json!({"role": "user", "content": parts}), json!({"role": "assistant", "content": null, "tool_calls": calls})];
+        let raw = split_values(Api::Chat, &list).unwrap();
+        let lean: Vec<Message> = (0..raw.units.len()).flat_map(|u| unit_messages(Api::Chat, &raw, u).unwrap()).collect();
+        let full: Vec<Message> = parse_request(Api::Chat, list).unwrap().messages.into_iter().map(|w| w.message).collect();
+        for messages in [&lean, &full] {
+            assert_eq!(messages.len(), 2);
+            for m in messages.iter() {
+                let (Message::User { content, .. } | Message::Assistant { content, .. }) = m else { panic!("{m:?}") };
+                assert_eq!((content.len(), content.capacity()), (1000, 1000), "{}", m.role());
+            }
         }
     }
 
