@@ -620,6 +620,10 @@ fn anthropic_message(req: &mut WireRequest, i: usize, envelope: Map<String, Valu
     // The blocks gathered for the next message: neutral, and as the client wrote them (when kept). An
     // assistant message is one; a user message is split at each tool result.
     let mut run: (Vec<Block>, Vec<Value>) = Default::default();
+    if !user {
+        // One message of every block: room for them at once, not by doubling.
+        run.0.reserve_exact(values.len() + raw.len());
+    }
     let flush = |req: &mut WireRequest, run: &mut (Vec<Block>, Vec<Value>)| {
         if run.0.is_empty() && user {
             return;
@@ -1361,6 +1365,16 @@ mod tests {
                 let (Message::User { content, .. } | Message::Assistant { content, .. }) = m else { panic!("{m:?}") };
                 assert_eq!((content.len(), content.capacity()), (1000, 1000), "{}", m.role());
             }
+        }
+        // An Anthropic reply of many blocks.
+        let uses: Vec<Value> = (0..1000).map(|i| json!({"type": "tool_use", "id": format!("t{i}"), "name": "bash", "input": {}})).collect();
+        let list = vec![json!({"role": "user", "content": "go"}), json!({"role": "assistant", "content": uses})];
+        let raw = split_values(Api::Anthropic, &list).unwrap();
+        let lean: Vec<Message> = (0..raw.units.len()).flat_map(|u| unit_messages(Api::Anthropic, &raw, u).unwrap()).collect();
+        let full: Vec<Message> = parse_request(Api::Anthropic, list).unwrap().messages.into_iter().map(|w| w.message).collect();
+        for messages in [&lean, &full] {
+            let Message::Assistant { content, .. } = &messages[1] else { panic!("{messages:?}") };
+            assert_eq!((content.len(), content.capacity()), (1000, 1000));
         }
     }
 
