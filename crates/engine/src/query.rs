@@ -74,7 +74,7 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         }
     }
     if !unknown.is_empty() {
-        let known = match (idx.records.keys().next(), idx.records.keys().next_back()) {
+        let known = match (idx.records.first_key(), idx.records.last_key()) {
             (Some(a), Some(b)) => format!("known refs are t{a}–t{b}"),
             _ => "nothing has been pruned in this session yet".to_string(),
         };

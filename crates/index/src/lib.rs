@@ -194,9 +194,12 @@ const CHUNK_KEYS: u32 = 1024;
 
 /// A map by ref or batch number in chunks of 1,024 consecutive keys, each shared copy-on-write: a copy of
 /// the index (the cost guard's candidate) that then inserts a key copies that key's chunk, not the map.
+/// A chunk is a list of its keys' values in key order: the numbers are given in order, so each value is
+/// pushed at the end and the lists are full, where a tree of 200-byte records filled in order stayed half
+/// empty (a record took ~380 bytes). A number never given costs nothing, however far the keys spread.
 #[derive(Debug, Clone)]
 pub struct ChunkMap<V> {
-    chunks: BTreeMap<u32, Arc<BTreeMap<u32, V>>>,
+    chunks: BTreeMap<u32, Arc<Vec<(u16, V)>>>,
     len: usize,
 }
 
@@ -206,33 +209,67 @@ impl<V> Default for ChunkMap<V> {
     }
 }
 
+/// The chunk of `key` and its place there.
+fn chunk_of(key: u32) -> (u32, u16) {
+    (key / CHUNK_KEYS, (key % CHUNK_KEYS) as u16)
+}
+
 impl<V: Clone> ChunkMap<V> {
+    /// Where `key`'s value is (its chunk and index there), when it has one.
+    fn find(&self, key: u32) -> Option<(u32, usize)> {
+        let (chunk, slot) = chunk_of(key);
+        let at = self.chunks.get(&chunk)?.binary_search_by_key(&slot, |(s, _)| *s).ok()?;
+        Some((chunk, at))
+    }
+
     /// The value of `key`.
     pub fn get(&self, key: &u32) -> Option<&V> {
-        self.chunks.get(&(key / CHUNK_KEYS)).and_then(|c| c.get(key))
+        let (chunk, at) = self.find(*key)?;
+        Some(&self.chunks[&chunk][at].1)
     }
 
     /// Whether `key` has a value.
     pub fn contains_key(&self, key: &u32) -> bool {
-        self.get(key).is_some()
+        self.find(*key).is_some()
     }
 
     /// Sets the value of `key`.
     pub fn insert(&mut self, key: u32, value: V) {
-        let chunk = Arc::make_mut(self.chunks.entry(key / CHUNK_KEYS).or_default());
-        if chunk.insert(key, value).is_none() {
-            self.len += 1;
+        let (chunk, slot) = chunk_of(key);
+        let chunk = Arc::make_mut(self.chunks.entry(chunk).or_default());
+        match chunk.binary_search_by_key(&slot, |(s, _)| *s) {
+            Ok(at) => chunk[at].1 = value,
+            Err(at) => {
+                chunk.insert(at, (slot, value));
+                self.len += 1;
+            }
         }
     }
 
     /// The value of `key`, to change in place: its chunk is copied first when a copy of the map shares it.
     pub fn get_mut(&mut self, key: &u32) -> Option<&mut V> {
-        Arc::make_mut(self.chunks.get_mut(&(key / CHUNK_KEYS))?).get_mut(key)
+        let (chunk, at) = self.find(*key)?;
+        Some(&mut Arc::make_mut(self.chunks.get_mut(&chunk)?)[at].1)
+    }
+
+    /// The keys with a value and their values, in key order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (u32, &V)> + '_ {
+        self.chunks.iter().flat_map(|(&n, c)| c.iter().map(move |(s, v)| (n * CHUNK_KEYS + u32::from(*s), v)))
+    }
+
+    /// The keys with a value, in order.
+    pub fn keys(&self) -> impl DoubleEndedIterator<Item = u32> + '_ {
+        self.iter().map(|(k, _)| k)
+    }
+
+    /// The smallest key with a value.
+    pub fn first_key(&self) -> Option<u32> {
+        self.iter().next().map(|(k, _)| k)
     }
 
     /// The largest key with a value.
     pub fn last_key(&self) -> Option<u32> {
-        self.chunks.values().rev().find_map(|c| c.keys().next_back().copied())
+        self.iter().next_back().map(|(k, _)| k)
     }
 
     /// How many keys have a value.
@@ -246,8 +283,8 @@ impl<V: Clone> ChunkMap<V> {
     }
 
     /// The values in key order.
-    pub fn values(&self) -> impl Iterator<Item = &V> {
-        self.chunks.values().flat_map(|c| c.values())
+    pub fn values(&self) -> impl DoubleEndedIterator<Item = &V> + '_ {
+        self.iter().map(|(_, v)| v)
     }
 }
 
@@ -264,7 +301,7 @@ impl<V: Clone> std::ops::Index<&u32> for ChunkMap<V> {
 #[derive(Debug, Clone, Default)]
 pub struct Index {
     /// Records by ref number.
-    pub records: Arc<BTreeMap<u32, Record>>,
+    pub records: ChunkMap<Record>,
     /// Ref by tool-result entry id.
     pub by_entry: Arc<BTreeMap<String, u32>>,
     /// Refs of the calls each assistant entry made.
@@ -346,7 +383,7 @@ impl Index {
                 if r.tool == condense_events::QUERY_TOOL_NAME {
                     self.recoveries += 1;
                 }
-                Arc::make_mut(&mut self.records).insert(r.ref_n, r.clone());
+                self.records.insert(r.ref_n, r.clone());
             }
             DecisionEvent::OutputSpilled { ref_n, blob, bytes, preview } => {
                 Arc::make_mut(&mut self.spills).insert(*ref_n, Spill { blob: blob.clone(), bytes: *bytes, preview: preview.clone() });
@@ -420,7 +457,7 @@ impl Index {
 
     /// The next ref number to give.
     pub fn next_ref(&self) -> u32 {
-        self.records.keys().next_back().map_or(1, |r| r + 1)
+        self.records.last_key().map_or(1, |r| r + 1)
     }
 
     /// The next batch number to give.
@@ -489,6 +526,12 @@ mod chunk_map_tests {
         *copy.get_mut(&5000).expect("present") = 7;
         assert_eq!((m.get(&5000), copy.get(&5000)), (Some(&10000), Some(&7)), "the original's chunk was not changed");
         assert_eq!(copy.get_mut(&4), None);
+        assert_eq!(m.iter().map(|(k, v)| (k, *v)).collect::<Vec<_>>(), vec![(3, 6), (1023, 2046), (1024, 2048), (5000, 10000)]);
+        assert_eq!((m.first_key(), m.keys().collect::<Vec<_>>()), (Some(3), vec![3, 1023, 1024, 5000]));
+        // Keys without a value around one with, and the last key there is.
+        assert_eq!((m.get(&4999), m.get(&5001), m.get(&9999)), (None, None, None));
+        m.insert(u32::MAX, 1);
+        assert_eq!((m.last_key(), m.get(&u32::MAX), m.len()), (Some(u32::MAX), Some(&1), 5));
     }
 }
 
