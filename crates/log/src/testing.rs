@@ -175,9 +175,43 @@ impl Cluster {
         c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// Begins a transaction on database `url` that runs `sql` (a lock it takes, as a second writer's
+    /// would) and holds it until [`Held::commit`].
+    pub fn hold(&self, url: &str, sql: &str) -> Held {
+        let mut c = postgres::Client::connect(url, postgres::NoTls).expect("connecting to the test cluster");
+        c.batch_execute(&format!("BEGIN; {sql}")).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        Held { client: c, url: url.to_string() }
+    }
+
     /// The cluster's folder.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+}
+
+/// A transaction a test holds open ([`Cluster::hold`]).
+pub struct Held {
+    client: postgres::Client,
+    url: String,
+}
+
+impl Held {
+    /// Waits until another connection waits for a lock (one this transaction holds), up to 60 s.
+    pub fn wait_for_a_waiter(&self) {
+        let mut c = postgres::Client::connect(&self.url, postgres::NoTls).expect("connecting to the test cluster");
+        for _ in 0..600 {
+            let row = c.query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[]).expect("reading pg_locks");
+            if row.get::<_, i64>(0) > 0 {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("no connection waited for the lock held in 60 s");
+    }
+
+    /// Runs `sql` in the transaction and commits it, releasing its locks.
+    pub fn commit(mut self, sql: &str) {
+        self.client.batch_execute(&format!("{sql}; COMMIT")).unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 }
 

@@ -144,6 +144,12 @@ impl Fake {
         self.inner.lock().expect("fake lock").log.clone()
     }
 
+    /// How many requests other than summaries have arrived, counted as each arrives (the log takes a
+    /// request once it is answered, after any delay of its step).
+    pub fn arrived(&self) -> u64 {
+        self.inner.lock().expect("fake lock").counter
+    }
+
     /// Forgets the requests logged so far (long benchmarks keep memory flat).
     pub fn clear_log(&self) {
         self.inner.lock().expect("fake lock").log.clear();

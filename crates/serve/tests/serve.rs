@@ -1522,6 +1522,95 @@ async fn a_reply_whose_request_the_database_lost_is_refused_not_rooted() {
     serve.stop().await.unwrap();
 }
 
+/// Issue 35, item 1 (found by `cargo xtask soak`): the session's head moves in the database while serve
+/// records a request — a restart of the database lost an event not yet durable, or another server
+/// appended — so the append finds the head it expected gone. serve folds the session again from the
+/// database and records the request once more, and the client gets its reply (it got a 500 `append
+/// expected head 7, but the head is 6`). The test holds the session's row, as a second writer would,
+/// until serve's append waits for it, and meanwhile takes the session's newest event away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_moves_while_a_request_is_recorded_is_folded_again_and_the_request_carries_on() {
+    let url = pg_database().await;
+    let fake = Fake::start(vec![Step::Text("first".into()), Step::Text("second".into()), Step::Text("third".into())]).await;
+    let serve = start(config_for(&url, &fake)).await.unwrap();
+    let mut agent = Agent::new(Api::Chat, false, &format!("http://{}", serve.addr));
+    assert_eq!(agent.turn("one").await.unwrap(), "first");
+    let cluster = condense_log::testing::Cluster::shared();
+    let held = tokio::task::block_in_place(|| cluster.hold(&url, "SELECT head FROM condense_sessions FOR UPDATE"));
+    agent.user("two");
+    let asked = tokio::spawn(async move {
+        let reply = agent.run().await;
+        (agent, reply)
+    });
+    tokio::task::block_in_place(|| {
+        held.wait_for_a_waiter();
+        held.commit("DELETE FROM condense_events WHERE seq = (SELECT head FROM condense_sessions); UPDATE condense_sessions SET head = head - 1");
+    });
+    let (mut agent, reply) = asked.await.unwrap();
+    assert_eq!(reply.unwrap_or_else(|e| panic!("the request whose session moved: {e:?}")), "second");
+    let branch: Vec<String> = tokio::task::spawn_blocking(move || {
+        let store = condense_engine::Store::open(url).unwrap();
+        let name = store.sessions().unwrap()[0].name.clone();
+        let p = store.session(&name).unwrap().projection().unwrap();
+        assert_eq!(p.tree().filter(|(_, parent, _)| parent.is_none()).count(), 1, "one root");
+        p.branch_messages().iter().map(|m| m.text()).collect()
+    })
+    .await
+    .unwrap();
+    assert_eq!(branch, ["one", "first", "two", "second"]);
+    assert_eq!(agent.turn("three").await.unwrap(), "third", "the conversation goes on");
+    serve.stop().await.unwrap();
+}
+
+/// The same move of the session's head while a reply is recorded (the upstream answered; the request's
+/// message was not yet durable and a restart of the database lost it): the reply cannot be chained, and
+/// the client gets a 503 that says to send the request again (it got a 500 `append expected head …`);
+/// its retry records what was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_moves_while_a_reply_is_recorded_asks_for_the_request_again() {
+    let url = pg_database().await;
+    let fake = Fake::start(vec![Step::Text("first".into()), Step::Slow(1500), Step::Text("lost on the way".into()), Step::Text("second".into())]).await;
+    let serve = start(config_for(&url, &fake)).await.unwrap();
+    let mut agent = Agent::new(Api::Chat, false, &format!("http://{}", serve.addr));
+    assert_eq!(agent.turn("one").await.unwrap(), "first");
+    let cluster = condense_log::testing::Cluster::shared();
+    agent.user("two");
+    let asked = tokio::spawn(async move {
+        let reply = agent.run().await;
+        (agent, reply)
+    });
+    // Once the request reached the upstream it is recorded; while the upstream takes its time, the test
+    // holds the session's row.
+    for _ in 0..3000 {
+        if fake.arrived() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(fake.arrived(), 2, "the second request reached the upstream within 60 s");
+    let held = tokio::task::block_in_place(|| cluster.hold(&url, "SELECT head FROM condense_sessions FOR UPDATE"));
+    tokio::task::block_in_place(|| {
+        held.wait_for_a_waiter();
+        held.commit("DELETE FROM condense_events WHERE seq = (SELECT head FROM condense_sessions); UPDATE condense_sessions SET head = head - 1");
+    });
+    let (mut agent, reply) = asked.await.unwrap();
+    let err = reply.expect_err("a reply whose session moved under it is not answered");
+    assert_eq!(err.0, 503, "{err:?}");
+    assert!(err.1.contains("send the request again"), "{err:?}");
+    assert_eq!(agent.run().await.unwrap(), "second", "the client's retry");
+    let branch: Vec<String> = tokio::task::spawn_blocking(move || {
+        let store = condense_engine::Store::open(url).unwrap();
+        let name = store.sessions().unwrap()[0].name.clone();
+        let p = store.session(&name).unwrap().projection().unwrap();
+        assert_eq!(p.tree().filter(|(_, parent, _)| parent.is_none()).count(), 1, "one root");
+        p.branch_messages().iter().map(|m| m.text()).collect()
+    })
+    .await
+    .unwrap();
+    assert_eq!(branch, ["one", "first", "two", "second"]);
+    serve.stop().await.unwrap();
+}
+
 /// Issue 36, item 1: after a switch to a 16k model, a prompt near the window (just below, at and above
 /// what fits) either reaches the provider with the recovery serve prepared, or is refused because it
 /// cannot fit at all — never as PROVIDER_OVERFLOW_AFTER_RETRY with nothing sent (the payload guard took the

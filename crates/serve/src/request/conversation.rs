@@ -230,7 +230,20 @@ type Prepared = (Recorded, Built, Vec<u8>, [std::time::Duration; 4], Arc<crate::
 
 /// Records the request in its conversation, prepares the context and writes the upstream body, on a
 /// blocking thread with the conversation locked.
+///
+/// When the session's head moved in the store while the request was recorded (a restart of PostgreSQL
+/// lost an event not yet durable, or another server appended), the append is refused as stale and
+/// nothing of it is written: the request is then prepared once more, on the session folded again from
+/// the store, instead of failing (it was a 500 `append expected head …`).
 pub(crate) async fn prepare(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared, ConvError> {
+    match prepare_once(st, conv, req).await {
+        Err(ConvError::Engine(EngineError::Log(condense_log::LogError::HeadMismatch { .. }))) => prepare_once(st, conv, req).await,
+        other => other,
+    }
+}
+
+/// [`prepare`] once.
+async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared, ConvError> {
     let api = req.api;
     let queued = std::time::Instant::now();
     let model = req.model.clone();

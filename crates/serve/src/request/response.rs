@@ -84,6 +84,16 @@ pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
             r.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("5"));
             r
         }
+        // The session moved in the store between this server's read of it and its append (a database
+        // restart lost what was not yet durable, or another server appended): nothing was written, and the
+        // retry is folded from what the store holds. A request's recording is tried again at once
+        // (`conversation::prepare`); a reply's append meets it here.
+        EngineError::Log(condense_log::LogError::HeadMismatch { .. }) => {
+            let message = format!("condense serve: the session changed in the store while this was being recorded (a database restart, or another server); nothing was written: send the request again ({e})");
+            let mut r = api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &message);
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r
+        }
         other => api_error(api, StatusCode::INTERNAL_SERVER_ERROR, "api_error", &format!("condense serve: {other}")),
     }
 }
