@@ -1509,7 +1509,13 @@ async fn a_reply_whose_request_the_database_lost_is_refused_not_rooted() {
     assert_eq!(err.0, 503, "{err:?}");
     assert!(err.1.contains("send the request again"), "{err:?}");
     assert_eq!(agent.run().await.unwrap(), "second", "the client's retry");
-    let replies: Vec<String> = tokio::task::spawn_blocking(move || {
+    assert_eq!(only_branch(url).await, ["one", "first", "two", "second"]);
+    serve.stop().await.unwrap();
+}
+
+/// The texts of the branch of the one session in the store at `url`, which has one root.
+async fn only_branch(url: String) -> Vec<String> {
+    tokio::task::spawn_blocking(move || {
         let store = condense_engine::Store::open(url).unwrap();
         let name = store.sessions().unwrap()[0].name.clone();
         let p = store.session(&name).unwrap().projection().unwrap();
@@ -1517,9 +1523,14 @@ async fn a_reply_whose_request_the_database_lost_is_refused_not_rooted() {
         p.branch_messages().iter().map(|m| m.text()).collect()
     })
     .await
-    .unwrap();
-    assert_eq!(replies, ["one", "first", "two", "second"]);
-    serve.stop().await.unwrap();
+    .unwrap()
+}
+
+/// Once serve's append waits for the session's row that `held` holds, the database loses the session's
+/// newest event (as a restart loses one not yet durable) and lets the append go on.
+fn lose_the_newest_event_once_an_append_waits(held: condense_log::testing::Held) {
+    held.wait_for_a_waiter();
+    held.commit("DELETE FROM condense_events WHERE seq = (SELECT head FROM condense_sessions); UPDATE condense_sessions SET head = head - 1");
 }
 
 /// Issue 35, item 1 (found by `cargo xtask soak`): the session's head moves in the database while serve
@@ -1542,22 +1553,10 @@ async fn a_session_that_moves_while_a_request_is_recorded_is_folded_again_and_th
         let reply = agent.run().await;
         (agent, reply)
     });
-    tokio::task::block_in_place(|| {
-        held.wait_for_a_waiter();
-        held.commit("DELETE FROM condense_events WHERE seq = (SELECT head FROM condense_sessions); UPDATE condense_sessions SET head = head - 1");
-    });
+    tokio::task::block_in_place(|| lose_the_newest_event_once_an_append_waits(held));
     let (mut agent, reply) = asked.await.unwrap();
     assert_eq!(reply.unwrap_or_else(|e| panic!("the request whose session moved: {e:?}")), "second");
-    let branch: Vec<String> = tokio::task::spawn_blocking(move || {
-        let store = condense_engine::Store::open(url).unwrap();
-        let name = store.sessions().unwrap()[0].name.clone();
-        let p = store.session(&name).unwrap().projection().unwrap();
-        assert_eq!(p.tree().filter(|(_, parent, _)| parent.is_none()).count(), 1, "one root");
-        p.branch_messages().iter().map(|m| m.text()).collect()
-    })
-    .await
-    .unwrap();
-    assert_eq!(branch, ["one", "first", "two", "second"]);
+    assert_eq!(only_branch(url).await, ["one", "first", "two", "second"]);
     assert_eq!(agent.turn("three").await.unwrap(), "third", "the conversation goes on");
     serve.stop().await.unwrap();
 }
@@ -1589,25 +1588,13 @@ async fn a_session_that_moves_while_a_reply_is_recorded_asks_for_the_request_aga
     }
     assert_eq!(fake.arrived(), 2, "the second request reached the upstream within 60 s");
     let held = tokio::task::block_in_place(|| cluster.hold(&url, "SELECT head FROM condense_sessions FOR UPDATE"));
-    tokio::task::block_in_place(|| {
-        held.wait_for_a_waiter();
-        held.commit("DELETE FROM condense_events WHERE seq = (SELECT head FROM condense_sessions); UPDATE condense_sessions SET head = head - 1");
-    });
+    tokio::task::block_in_place(|| lose_the_newest_event_once_an_append_waits(held));
     let (mut agent, reply) = asked.await.unwrap();
     let err = reply.expect_err("a reply whose session moved under it is not answered");
     assert_eq!(err.0, 503, "{err:?}");
     assert!(err.1.contains("send the request again"), "{err:?}");
     assert_eq!(agent.run().await.unwrap(), "second", "the client's retry");
-    let branch: Vec<String> = tokio::task::spawn_blocking(move || {
-        let store = condense_engine::Store::open(url).unwrap();
-        let name = store.sessions().unwrap()[0].name.clone();
-        let p = store.session(&name).unwrap().projection().unwrap();
-        assert_eq!(p.tree().filter(|(_, parent, _)| parent.is_none()).count(), 1, "one root");
-        p.branch_messages().iter().map(|m| m.text()).collect()
-    })
-    .await
-    .unwrap();
-    assert_eq!(branch, ["one", "first", "two", "second"]);
+    assert_eq!(only_branch(url).await, ["one", "first", "two", "second"]);
     serve.stop().await.unwrap();
 }
 
