@@ -346,7 +346,6 @@ impl Conv {
         internal: &Internal,
     ) -> std::result::Result<Recorded, ConvError> {
         self.follow_log(internal)?;
-        self.figures.requests += 1;
         let is = |n: &str| internal.is(n);
         let Planned { mut units, keys, cur, new, mut tokens_in } = self.match_units(api, raw, internal)?;
         tokens_in += new.iter().map(|(_, m)| condense_tokens::estimate(m)).sum::<u64>();

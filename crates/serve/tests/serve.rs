@@ -1556,7 +1556,10 @@ async fn a_session_that_moves_while_a_request_is_recorded_is_folded_again_and_th
     tokio::task::block_in_place(|| lose_the_newest_event_once_an_append_waits(held));
     let (mut agent, reply) = asked.await.unwrap();
     assert_eq!(reply.unwrap_or_else(|e| panic!("the request whose session moved: {e:?}")), "second");
-    assert_eq!(only_branch(url).await, ["one", "first", "two", "second"]);
+    assert_eq!(only_branch(url.clone()).await, ["one", "first", "two", "second"]);
+    // The request prepared twice is one request of the conversation.
+    let status = serve.state.status().await;
+    assert_eq!(status["active_sessions"][0]["requests"], 2, "{status}");
     assert_eq!(agent.turn("three").await.unwrap(), "third", "the conversation goes on");
     serve.stop().await.unwrap();
 }

@@ -269,6 +269,8 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
             }
             Err(e) => return Err(e.into()),
         }
+        // Counted once prepared: a request prepared a second time (above) is one request.
+        c.figures.requests += 1;
         // What the dashboard shows of this request: the conversation's figures, and how much of the
         // previous request's message list this one kept (a cache break when not all of it).
         let sent = c.note_sent(&body[list_at], limits.map(|l| l.context_window));
