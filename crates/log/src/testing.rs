@@ -196,11 +196,13 @@ pub struct Held {
 }
 
 impl Held {
-    /// Waits until another connection waits for a lock (one this transaction holds), up to 60 s.
+    /// Waits until another connection to the same database waits for a lock (one this transaction
+    /// holds), up to 60 s.
     pub fn wait_for_a_waiter(&self) {
         let mut c = postgres::Client::connect(&self.url, postgres::NoTls).expect("connecting to the test cluster");
+        let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
         for _ in 0..600 {
-            let row = c.query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[]).expect("reading pg_locks");
+            let row = c.query_one(waiting, &[]).expect("reading pg_stat_activity");
             if row.get::<_, i64>(0) > 0 {
                 return;
             }
