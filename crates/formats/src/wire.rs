@@ -980,12 +980,20 @@ enum Part<'v> {
 }
 
 impl Part<'_> {
-    /// The part's string, when it is a plain string (a client's `content` string) rather than a block.
+    /// Whether the part is a plain string (a client's `content` string) rather than a block: a JSON
+    /// string's text starts with its quote, so the text is not read.
+    fn is_string(&self) -> bool {
+        match self {
+            Part::Value(v) => v.is_string(),
+            Part::Text(t) => t.get().starts_with('"'),
+        }
+    }
+
+    /// The part's string, when it [is one](Part::is_string).
     fn string(&self) -> Option<Cow<'_, str>> {
         match self {
             Part::Value(Value::String(s)) => Some(Cow::Borrowed(s)),
             Part::Value(_) => None,
-            // A JSON string's text starts with its quote.
             Part::Text(t) => t.get().starts_with('"').then(|| serde_json::from_str(t.get()).ok()).flatten().map(Cow::Owned),
         }
     }
@@ -1076,7 +1084,7 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: us
                     .collect();
                 match parts.as_slice() {
                     // One string stays a string; merged, each string is a text block.
-                    [p] if p.string().is_some() => p.write(&mut out),
+                    [p] if p.is_string() => p.write(&mut out),
                     _ => {
                         out.push(b'[');
                         for (k, p) in parts.iter().enumerate() {

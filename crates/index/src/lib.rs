@@ -209,35 +209,34 @@ impl<V> Default for ChunkMap<V> {
     }
 }
 
-/// The chunk of `key` and its place there.
+/// The chunk of `key` and its slot there.
 fn chunk_of(key: u32) -> (u32, u16) {
     (key / CHUNK_KEYS, (key % CHUNK_KEYS) as u16)
 }
 
-impl<V: Clone> ChunkMap<V> {
-    /// Where `key`'s value is (its chunk and index there), when it has one.
-    fn find(&self, key: u32) -> Option<(u32, usize)> {
-        let (chunk, slot) = chunk_of(key);
-        let at = self.chunks.get(&chunk)?.binary_search_by_key(&slot, |(s, _)| *s).ok()?;
-        Some((chunk, at))
-    }
+/// Where a chunk holds the value of `slot`, when it holds one.
+fn place<V>(chunk: &[(u16, V)], slot: u16) -> Option<usize> {
+    chunk.binary_search_by_key(&slot, |&(s, _)| s).ok()
+}
 
+impl<V: Clone> ChunkMap<V> {
     /// The value of `key`.
     pub fn get(&self, key: &u32) -> Option<&V> {
-        let (chunk, at) = self.find(*key)?;
-        Some(&self.chunks[&chunk][at].1)
+        let (chunk, slot) = chunk_of(*key);
+        let c = self.chunks.get(&chunk)?;
+        c.get(place(c, slot)?).map(|(_, v)| v)
     }
 
     /// Whether `key` has a value.
     pub fn contains_key(&self, key: &u32) -> bool {
-        self.find(*key).is_some()
+        self.get(key).is_some()
     }
 
     /// Sets the value of `key`.
     pub fn insert(&mut self, key: u32, value: V) {
         let (chunk, slot) = chunk_of(key);
         let chunk = Arc::make_mut(self.chunks.entry(chunk).or_default());
-        match chunk.binary_search_by_key(&slot, |(s, _)| *s) {
+        match chunk.binary_search_by_key(&slot, |&(s, _)| s) {
             Ok(at) => chunk[at].1 = value,
             Err(at) => {
                 chunk.insert(at, (slot, value));
@@ -248,8 +247,10 @@ impl<V: Clone> ChunkMap<V> {
 
     /// The value of `key`, to change in place: its chunk is copied first when a copy of the map shares it.
     pub fn get_mut(&mut self, key: &u32) -> Option<&mut V> {
-        let (chunk, at) = self.find(*key)?;
-        Some(&mut Arc::make_mut(self.chunks.get_mut(&chunk)?)[at].1)
+        let (chunk, slot) = chunk_of(*key);
+        let c = self.chunks.get_mut(&chunk)?;
+        let at = place(c, slot)?;
+        Some(&mut Arc::make_mut(c)[at].1)
     }
 
     /// The keys with a value and their values, in key order.

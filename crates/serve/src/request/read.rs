@@ -4,7 +4,7 @@
 use crate::budget::{Refusal, Reservation, PER_BODY_BYTE};
 use crate::state::State;
 use axum::response::IntoResponse;
-use crate::request::response::api_error;
+use crate::request::response::{api_error, retry_after};
 use crate::conv::Internal;
 use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
@@ -96,11 +96,7 @@ pub(crate) fn refused(api: Option<Api>, r: &Refusal) -> Response {
     let message = format!("condense serve: {r}");
     match r {
         Refusal::TooLarge { .. } => error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &message),
-        Refusal::Busy { .. } => {
-            let mut resp = error(api, StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", &message);
-            resp.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
-            resp
-        }
+        Refusal::Busy { .. } => retry_after(error(api, StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", &message), "1"),
     }
 }
 

@@ -70,6 +70,12 @@ pub(crate) fn conv_error(api: Api, e: &ConvError) -> Response {
     }
 }
 
+/// `r` with a `retry-after` of `seconds`.
+pub(crate) fn retry_after(mut r: Response, seconds: &'static str) -> Response {
+    r.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static(seconds));
+    r
+}
+
 pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
     match e {
         EngineError::CompactionFailed { code, reason, .. } => {
@@ -80,9 +86,7 @@ pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
         // The store's database is down or restarting, or lost what this request chained onto: nothing was
         // recorded, and the client's own retry (every client retries a 503) succeeds once it is back.
         EngineError::Log(condense_log::LogError::Unavailable { .. }) | EngineError::ParentLost { .. } => {
-            let mut r = api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &format!("condense serve: {e}"));
-            r.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("5"));
-            r
+            retry_after(api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &format!("condense serve: {e}")), "5")
         }
         // The session moved in the store between this server's read of it and its append (a database
         // restart lost what was not yet durable, or another server appended): nothing was written, and the
@@ -90,9 +94,7 @@ pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
         // (`conversation::prepare`); a reply's append meets it here.
         EngineError::Log(condense_log::LogError::HeadMismatch { .. }) => {
             let message = format!("condense serve: the session changed in the store while this was being recorded (a database restart, or another server); nothing was written: send the request again ({e})");
-            let mut r = api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &message);
-            r.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-            r
+            retry_after(api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &message), "1")
         }
         other => api_error(api, StatusCode::INTERNAL_SERVER_ERROR, "api_error", &format!("condense serve: {other}")),
     }
