@@ -229,34 +229,58 @@ struct Probe<'a> {
 }
 
 /// A wire role as a static name (roles come from a small set; anything else is `other`).
-fn role_name(r: Option<&str>) -> &'static str {
+/// The wire roles a unit tells apart, by the number a [`Unit`] keeps.
+const ROLES: [&str; 8] = ["", "user", "assistant", "system", "developer", "tool", "function", "other"];
+
+/// The number of role `r` in [`ROLES`] (`other` for any role not named there, `""` for none).
+fn role_number(r: Option<&str>) -> u8 {
     match r {
-        Some("user") => "user",
-        Some("assistant") => "assistant",
-        Some("system") => "system",
-        Some("developer") => "developer",
-        Some("tool") => "tool",
-        Some("function") => "function",
-        Some(_) => "other",
-        None => "",
+        None => 0,
+        Some(r) => ROLES.iter().position(|&n| n == r && !n.is_empty()).unwrap_or(ROLES.len() - 1) as u8,
     }
 }
 
 /// Consecutive list elements that make one or more neutral messages, as the client sent them: an
 /// Anthropic message (tool results and text split into several), a Chat message, a run of Responses
 /// items the model produced (one assistant message), or another Responses item.
+///
+/// Kept small (24 bytes), since a request holds one per message it sends while it is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unit {
     /// Index of its first element in the list.
-    pub start: usize,
+    start: u32,
     /// Number of elements.
-    pub len: usize,
+    len: u32,
     /// A fast key of the elements' JSON text: equal text, equal key.
     pub key: u64,
-    /// The wire role of its first element (Anthropic merges adjacent messages of one role).
-    pub role: &'static str,
+    /// The wire role of its first element (Anthropic merges adjacent messages of one role), by its number
+    /// in [`ROLES`].
+    role: u8,
     /// Whether its text mentions `cache_control` (it is then always read in full, so the marks come off).
     pub marked: bool,
+}
+
+impl Unit {
+    /// Index of its first element in the list.
+    pub fn start(&self) -> usize {
+        self.start as usize
+    }
+
+    /// Index of the element after its last.
+    pub fn end(&self) -> usize {
+        self.start as usize + self.len as usize
+    }
+
+    /// Its elements' indices in the list.
+    pub fn elements(&self) -> std::ops::Range<usize> {
+        self.start()..self.end()
+    }
+
+    /// The wire role of its first element (`user`, `assistant`, `system`, `developer`, `tool`,
+    /// `function`, `other` for any other, `""` for none).
+    pub fn role(&self) -> &'static str {
+        ROLES[usize::from(self.role)]
+    }
 }
 
 /// A request's message list, split into units without reading the messages themselves. The elements are
@@ -294,7 +318,11 @@ impl RawRequest {
 /// the elements' ranges in `buf`.
 pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>) -> Result<RawRequest, WireError> {
     use std::hash::Hasher;
-    let mut probes: Vec<(&'static str, bool)> = Vec::with_capacity(items.len());
+    // A list's element indices are kept in 32 bits (4 G elements would take a body of 8 GB first).
+    if u32::try_from(items.len()).is_err() {
+        return Err(werr(api.list_field().to_string(), format!("{} elements are more than a list may hold here", items.len())));
+    }
+    let mut probes: Vec<(u8, bool)> = Vec::with_capacity(items.len());
     let mut keys = Vec::with_capacity(items.len());
     for (i, r) in items.iter().enumerate() {
         let at = || format!("{}[{i}]", api.list_field());
@@ -309,14 +337,14 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
             Some(t) => !t.ends_with("_output") && !matches!(t, "item_reference" | "compaction" | "compaction_summary"),
             None => role == Some("assistant"),
         };
-        probes.push((role_name(role), assistant_side));
+        probes.push((role_number(role), assistant_side));
         let mut h = rustc_hash::FxHasher::default();
         h.write(text);
         keys.push(h.finish());
     }
     let mut req = RawRequest { system: 0, units: Vec::new(), items: Vec::new(), buf: bytes::Bytes::new() };
     if api != Api::Anthropic {
-        req.system = probes.iter().take_while(|(r, _)| matches!(*r, "system" | "developer")).count();
+        req.system = probes.iter().take_while(|(r, _)| matches!(ROLES[usize::from(*r)], "system" | "developer")).count();
     }
     // At most one unit per item: room for them at once, not by doubling.
     req.units.reserve_exact(items.len() - req.system);
@@ -333,7 +361,8 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
             h.write_u64(*k);
         }
         let marked = items[i..j].iter().any(|r| memmem(&buf[r.clone()], b"cache_control"));
-        req.units.push(Unit { start: i, len: j - i, key: h.finish(), role: probes[i].0, marked });
+        // Both under the list's length, which fits 32 bits (above).
+        req.units.push(Unit { start: i as u32, len: (j - i) as u32, key: h.finish(), role: probes[i].0, marked });
         i = j;
     }
     req.items = items;
@@ -343,6 +372,28 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
 
 fn memmem(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(hay, needle).is_some()
+}
+
+/// Calls `f` with each element of the JSON array `list`, in order, as the array is read: a list of many
+/// elements never stands whole as a list of pieces (16 bytes an element, doubled as it grows). An error
+/// `f` gives stops the reading and comes back as the error.
+pub fn each_element<'a>(list: &'a [u8], f: impl FnMut(&'a RawValue) -> Result<(), String>) -> serde_json::Result<()> {
+    struct Elements<F>(F);
+    impl<'de, F: FnMut(&'de RawValue) -> Result<(), String>> serde::de::Visitor<'de> for Elements<F> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON array")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                (self.0)(item).map_err(serde::de::Error::custom)?;
+            }
+            Ok(())
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(list);
+    serde::Deserializer::deserialize_seq(&mut de, Elements(f))?;
+    de.end()
 }
 
 /// How many JSON values `text` opens or separates outside its strings (each `{`, `[` and `,`): what the
@@ -394,11 +445,11 @@ pub fn split_values(api: Api, list: &[Value]) -> Result<RawRequest, WireError> {
 /// into the unit's messages). Tool results name no tool yet when their call is in another unit.
 pub fn parse_unit(api: Api, req: &RawRequest, u: usize) -> Result<WireRequest, WireError> {
     let unit = &req.units[u];
-    let mut values = Vec::with_capacity(unit.len);
-    for k in unit.start..unit.start + unit.len {
+    let mut values = Vec::with_capacity(unit.elements().len());
+    for k in unit.elements() {
         values.push(serde_json::from_slice::<Value>(req.item(k)).map_err(|e| werr(format!("{}[{k}]", api.list_field()), e.to_string()))?);
     }
-    parse_from(api, values, unit.start, false)
+    parse_from(api, values, unit.start(), false)
 }
 
 /// The neutral messages of unit `u`, the same as [`parse_unit`]'s, without its wire JSON: the lists an
@@ -420,7 +471,7 @@ pub fn unit_messages(api: Api, req: &RawRequest, u: usize) -> Result<Vec<Message
 fn lean_unit(api: Api, req: &RawRequest, unit: &Unit) -> Result<WireRequest, WireError> {
     let mut out = WireRequest::default();
     let mut prev_assistant = false;
-    for k in unit.start..unit.start + unit.len {
+    for k in unit.elements() {
         let at = format!("{}[{k}]", api.list_field());
         let Shallow { mut obj, content, tool_calls } = Shallow::read(req.item(k)).map_err(|e| werr(at.clone(), e.to_string()))?;
         if api == Api::Anthropic {
@@ -1218,6 +1269,26 @@ mod tests {
     }
 
     #[test]
+    fn each_element_is_given_in_order_and_a_refusal_stops_the_reading() {
+        let mut seen = Vec::new();
+        each_element(br#" [{"a": [1, 2]}, "x,]", 3 ] "#, |e| {
+            seen.push(e.get().to_string());
+            Ok(())
+        }).unwrap();
+        assert_eq!(seen, [r#"{"a": [1, 2]}"#, r#""x,]""#, "3"]);
+        let mut n = 0;
+        let e = each_element(b"[1,2,3]", |_| {
+            n += 1;
+            if n == 2 { Err("no second".into()) } else { Ok(()) }
+        });
+        assert!(e.unwrap_err().to_string().contains("no second"));
+        assert_eq!(n, 2, "nothing after the refusal is read");
+        for bad in [&b"{}"[..], b"[1,", b"[1] 2", b""] {
+            assert!(each_element(bad, |_| Ok(())).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
     fn anthropic_splits_results_and_keeps_marks() {
         let list = vec![
             json!({"role": "user", "content": "hi"}),
@@ -1268,7 +1339,13 @@ mod tests {
         ];
         let raw = split_values(Api::Responses, &list).unwrap();
         assert_eq!(raw.system, 1);
-        assert_eq!(raw.units.iter().map(|u| (u.start, u.len)).collect::<Vec<_>>(), vec![(1, 1), (2, 2), (4, 1)]);
+        assert_eq!(raw.units.iter().map(|u| (u.start(), u.elements().len())).collect::<Vec<_>>(), vec![(1, 1), (2, 2), (4, 1)]);
+        assert_eq!(raw.units.iter().map(Unit::role).collect::<Vec<_>>(), ["user", "", ""], "items without a role have none");
+        // A request holds one per message while it is served.
+        assert_eq!(std::mem::size_of::<Unit>(), 24);
+        let chat = split_values(Api::Chat, &[json!({"role": "system", "content": "s"}), json!({"role": "tool", "tool_call_id": "c", "content": "r"}), json!({"role": "critic", "content": "x"}), json!({"role": "function", "name": "f", "content": "y"})]).unwrap();
+        assert_eq!(chat.system, 1);
+        assert_eq!(chat.units.iter().map(Unit::role).collect::<Vec<_>>(), ["tool", "other", "function"]);
         let full = parse_request(Api::Responses, list.clone()).unwrap();
         let mut lazy: Vec<WireMessage> = (0..raw.units.len()).flat_map(|u| parse_unit(Api::Responses, &raw, u).unwrap().messages).collect();
         // A result's tool name comes from its call in another unit once the units are read together.

@@ -183,12 +183,112 @@ impl UnitKeys {
     }
 }
 
-impl From<Vec<u64>> for UnitKeys {
-    fn from(keys: Vec<u64>) -> UnitKeys {
-        match keys.as_slice() {
+impl From<&[u64]> for UnitKeys {
+    fn from(keys: &[u64]) -> UnitKeys {
+        match keys {
             [k] => UnitKeys::One(*k),
-            _ => UnitKeys::Many(keys.into_boxed_slice()),
+            _ => UnitKeys::Many(keys.into()),
         }
+    }
+}
+
+/// A list filled in order and given up in order, held in chunks so that giving it up frees it as it goes.
+/// A request's new messages move into the log one by one; held in one list, the list stayed whole (104
+/// bytes a message, besides the message's own text) until the last of them had moved, at the request's
+/// peak beside the projection that took them.
+struct Chunked<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+    /// The room the next chunk takes: what the caller expects to push still ([`Chunked::expect`]), then
+    /// twice the last chunk's when more came, at most [`CHUNK`].
+    room: usize,
+}
+
+/// The elements of one chunk of a [`Chunked`] list.
+const CHUNK: usize = 1024;
+
+impl<T> Default for Chunked<T> {
+    fn default() -> Self {
+        Chunked { chunks: Vec::new(), len: 0, room: 1 }
+    }
+}
+
+impl<T> Chunked<T> {
+    /// About `n` more elements are to come: the next chunks take room for them (up to a chunk's worth).
+    fn expect(&mut self, n: usize) {
+        self.room = n.clamp(1, CHUNK);
+    }
+
+    fn push(&mut self, t: T) {
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < c.capacity() => c.push(t),
+            _ => {
+                let mut c = Vec::with_capacity(self.room);
+                c.push(t);
+                self.chunks.push(c);
+                self.room = (self.room * 2).min(CHUNK);
+            }
+        }
+        self.len += 1;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.chunks.iter_mut().flatten()
+    }
+}
+
+impl<T> IntoIterator for Chunked<T> {
+    type Item = T;
+    type IntoIter = Drain<T>;
+    /// Each chunk is freed once its last element is taken.
+    fn into_iter(self) -> Drain<T> {
+        Drain { left: self.len, chunks: self.chunks.into_iter().flatten() }
+    }
+}
+
+/// The elements of a [`Chunked`] list, given up in order.
+struct Drain<T> {
+    chunks: std::iter::Flatten<std::vec::IntoIter<Vec<T>>>,
+    left: usize,
+}
+
+impl<T> Iterator for Drain<T> {
+    type Item = T;
+    fn next(&mut self) -> Option<T> {
+        let t = self.chunks.next()?;
+        self.left -= 1;
+        Some(t)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl<T> ExactSizeIterator for Drain<T> {}
+
+/// The exact keys of the messages of the units a request read in full, in one list (a list of its own
+/// for each unit took 48 bytes a unit besides its keys).
+#[derive(Default)]
+struct ReadKeys {
+    /// Each unit read, and where its keys start in `keys`.
+    units: Vec<(usize, usize)>,
+    keys: Vec<u64>,
+}
+
+impl ReadKeys {
+    /// Each unit read, with its keys.
+    fn iter(&self) -> impl Iterator<Item = (usize, &[u64])> {
+        let ends = self.units.iter().skip(1).map(|&(_, at)| at).chain([self.keys.len()]);
+        self.units.iter().zip(ends).map(|(&(u, from), to)| (u, &self.keys[from..to]))
     }
 }
 
@@ -199,11 +299,11 @@ struct Planned {
     /// The exact keys of the messages of each unit read in full (a unit matched by its key is not read at
     /// all): taken into the client's view once the request is recorded. The parsed unit itself is not
     /// kept; the render reads again the few units it sends message by message.
-    keys: Vec<(usize, Vec<u64>)>,
+    keys: ReadKeys,
     /// The visible node the history last matched.
     cur: Option<usize>,
     /// The new messages, with the unit each came from.
-    new: Vec<(usize, Message)>,
+    new: Chunked<(usize, Message)>,
     tokens_in: u64,
 }
 
@@ -411,7 +511,7 @@ impl Conv {
         }
         units.close(raw.units.len());
         // Units read in full are remembered by key, so the next request matches them without reading.
-        for (u, keys) in keys {
+        for (u, keys) in keys.iter() {
             if !raw.units[u].marked && keys.len() == units.of(u).len() {
                 self.units.entry(raw.units[u].key).or_insert_with(|| UnitKeys::from(keys));
             }
@@ -427,10 +527,10 @@ impl Conv {
         let mut cur: Option<usize> = None;
         let mut tokens_in = 0;
         let mut units = UnitEntries::with_capacity(raw.units.len(), raw.items.len());
-        let mut read_keys: Vec<(usize, Vec<u64>)> = Vec::new();
+        let mut read_keys = ReadKeys::default();
         // The first new message, as (unit, message within it).
         let mut diverged: Option<(usize, usize)> = None;
-        let mut new: Vec<(usize, Message)> = Vec::new();
+        let mut new: Chunked<(usize, Message)> = Chunked::default();
         for (u, unit) in raw.units.iter().enumerate() {
             if diverged.is_none() {
                 units.begin(u);
@@ -458,7 +558,10 @@ impl Conv {
                 }
             }
             let messages = wire::unit_messages(api, raw, u)?;
-            let keys: Vec<u64> = messages.iter().map(crate::track::exact).collect();
+            let from_key = read_keys.keys.len();
+            read_keys.units.push((u, from_key));
+            read_keys.keys.extend(messages.iter().map(crate::track::exact));
+            let keys = &read_keys.keys[from_key..];
             let mut from = 0;
             if diverged.is_none() {
                 from = messages.len();
@@ -473,7 +576,7 @@ impl Conv {
                             diverged = Some((u, j));
                             from = j;
                             // Every later message is new: room for them at once, not by doubling.
-                            new.reserve(raw.items.len().saturating_sub(raw.units[u].start + j));
+                            new.expect(raw.items.len().saturating_sub(raw.units[u].start() + j));
                             break;
                         }
                     }
@@ -481,8 +584,7 @@ impl Conv {
             }
             // Everything from the first new message on is recorded, chained from the last matched one;
             // the unit's wire JSON was never kept (the render reads again what it sends message by message).
-            new.extend(messages.into_iter().skip(from).map(|m| (u, m)));
-            read_keys.push((u, keys));
+            messages.into_iter().skip(from).for_each(|m| new.push((u, m)));
         }
         // A tool result names its tool by the call it answers (in this request, or recorded before).
         let mut names: BTreeMap<String, String> = BTreeMap::new();
@@ -655,7 +757,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
     // An Anthropic unit next to a rewritten message of the same role is merged with it, so it is read.
     let role_of = |i: usize| -> Option<String> {
         match &segs[i] {
-            Seg::Client(u, _) => Some(raw.units[*u as usize].role.to_string()),
+            Seg::Client(u, _) => Some(raw.units[*u as usize].role().to_string()),
             Seg::New(Some(o)) => o.role().map(str::to_string),
             Seg::New(None) => None,
         }
@@ -665,7 +767,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
         for s0 in starts {
             let u = whole[s0].expect("a whole unit") as usize;
             let end = s0 + count(u);
-            let role = raw.units[u].role;
+            let role = raw.units[u].role();
             let prev_new = s0 > 0 && matches!(segs[s0 - 1], Seg::New(Some(_))) && role_of(s0 - 1).as_deref() == Some(role);
             let next_new = end < segs.len() && matches!(segs[end], Seg::New(Some(_))) && role_of(end).as_deref() == Some(role);
             // A neighbour that is a complete client unit stays apart whether or not it carries the
@@ -720,14 +822,14 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             // Whole units that follow each other in the request are one piece (a request of a long
             // history held a piece per unit).
             match (pieces.last_mut(), raw_from) {
-                (Some(last @ Piece::Raw(..)), Some(from)) if raw_to == unit.start => *last = raw.piece(from, unit.start + unit.len),
+                (Some(last @ Piece::Raw(..)), Some(from)) if raw_to == unit.start() => *last = raw.piece(from, unit.end()),
                 _ => {
-                    pieces.push(raw.piece(unit.start, unit.start + unit.len));
+                    pieces.push(raw.piece(unit.start(), unit.end()));
                     src.push(Some((u, usize::MAX)));
-                    raw_from = Some(unit.start);
+                    raw_from = Some(unit.start());
                 }
             }
-            raw_to = unit.start + unit.len;
+            raw_to = unit.end();
             continue;
         }
         if covered[i] {
@@ -827,7 +929,7 @@ impl Conv {
             let answer = self.session.run_tool(&name, &arguments)?.expect("a condense tool");
             let m = Message::ToolResult { call_id: call_id.clone(), tool_name: name.clone(), content: vec![Block::Text { text: answer.text.clone() }], is_error: answer.is_error };
             let session = self.session.clone();
-        let id = session.with_projection(|p| self.next_id(p))?;
+            let id = session.with_projection(|p| self.next_id(p))?;
             self.append_entries(vec![SourceEvent::EntryAppended { id: id.clone(), parent: Some(last.clone()), entry: Entry::Message(m.clone()) }], internal)?;
             self.track.add(id.as_str(), Some(&last), &m, &|n| internal.answers(n), None);
             answers.push((call_id, answer.text));
@@ -845,24 +947,27 @@ impl Conv {
     /// conversation's figures, and how many leading messages of the previous request's list it kept.
     pub fn note_sent(&mut self, list: &[u8], window: Option<u64>) -> Sent {
         use std::hash::Hasher;
-        let hashes: Vec<u64> = serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(list)
-            .unwrap_or_default()
-            .iter()
-            .map(|m| {
-                let mut h = rustc_hash::FxHasher::default();
-                // A cache mark moving to the new last message is not a change of the message (the
-                // provider caches the prefix without the marks).
-                match m.get().contains("\"cache_control\"") {
-                    true => {
-                        let mut v: Value = serde_json::from_str(m.get()).unwrap_or(Value::Null);
-                        crate::billing::strip(&mut v);
-                        h.write(v.to_string().as_bytes());
-                    }
-                    false => h.write(m.get().as_bytes()),
+        // Hashed as the list is read (a list of its pieces took 16 bytes a message, doubled as it grew, at
+        // the request's peak); a list that does not parse keeps no hashes, as none of it can be compared.
+        let mut hashes: Vec<u64> = Vec::new();
+        let read = condense_formats::wire::each_element(list, |m| {
+            let mut h = rustc_hash::FxHasher::default();
+            // A cache mark moving to the new last message is not a change of the message (the provider
+            // caches the prefix without the marks).
+            match m.get().contains("\"cache_control\"") {
+                true => {
+                    let mut v: Value = serde_json::from_str(m.get()).unwrap_or(Value::Null);
+                    crate::billing::strip(&mut v);
+                    h.write(v.to_string().as_bytes());
                 }
-                h.finish()
-            })
-            .collect();
+                false => h.write(m.get().as_bytes()),
+            }
+            hashes.push(h.finish());
+            Ok(())
+        });
+        if read.is_err() {
+            hashes = Vec::new();
+        }
         let kept = self.sent.iter().zip(&hashes).take_while(|(a, b)| a == b).count();
         let before = std::mem::replace(&mut self.sent, hashes).len();
         Sent { figures: self.figures.clone(), window, kept, before }
@@ -914,6 +1019,33 @@ mod tests {
 
     fn reply(text: &str) -> Arc<Message> {
         Arc::new(Message::Assistant { content: vec![Block::Text { text: text.into() }], model: None, stop: None, usage: None })
+    }
+
+    /// A chunked list gives its elements back in order, and its chunks take the room expected of them
+    /// (then twice the last, up to a chunk): a request of one new message holds room for one, and one of
+    /// many never holds room for more than a chunk beyond what it has.
+    #[test]
+    fn a_chunked_list_is_given_up_in_order_in_chunks_of_the_room_expected() {
+        let caps = |c: &Chunked<usize>| c.chunks.iter().map(Vec::capacity).collect::<Vec<_>>();
+        let mut one = Chunked::default();
+        one.expect(1);
+        one.push(7);
+        assert_eq!(caps(&one), [1]);
+        one.push(8);
+        one.push(9);
+        assert_eq!(caps(&one), [1, 2], "more than expected grows as a list would");
+        let mut many = Chunked::default();
+        many.expect(2_500);
+        (0..2_500).for_each(|i| many.push(i));
+        assert_eq!(caps(&many), [CHUNK, CHUNK, CHUNK]);
+        many.iter_mut().for_each(|i| *i *= 2);
+        assert_eq!(many.iter().copied().take(3).collect::<Vec<_>>(), [0, 2, 4]);
+        let mut drain = many.into_iter();
+        assert_eq!(drain.len(), 2_500);
+        assert_eq!(drain.nth(1_999), Some(3_998));
+        assert_eq!(drain.len(), 500);
+        assert_eq!(drain.collect::<Vec<_>>(), (2_000..2_500).map(|i| i * 2).collect::<Vec<_>>());
+        assert!(Chunked::<usize>::default().is_empty());
     }
 
     /// condense's own mark goes on the last prompt a checkpoint keeps (host context between them is passed

@@ -149,27 +149,15 @@ fn write_sorted(raw: &str, out: &mut String) -> serde_json::Result<()> {
         }
         Some(b'[') => {
             // Each element written as it is read: a list of a million values is not held as one.
-            struct Elements<'o>(&'o mut String);
-            impl<'de> serde::de::Visitor<'de> for Elements<'_> {
-                type Value = ();
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("a JSON array")
+            out.push('[');
+            let mut first = true;
+            condense_formats::wire::each_element(raw.as_bytes(), |item| {
+                if !std::mem::take(&mut first) {
+                    out.push(',');
                 }
-                fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-                    self.0.push('[');
-                    let mut first = true;
-                    while let Some(item) = seq.next_element::<&RawValue>()? {
-                        if !std::mem::take(&mut first) {
-                            self.0.push(',');
-                        }
-                        write_sorted(item.get(), self.0).map_err(serde::de::Error::custom)?;
-                    }
-                    self.0.push(']');
-                    Ok(())
-                }
-            }
-            let mut de = serde_json::Deserializer::from_str(raw);
-            serde::Deserializer::deserialize_seq(&mut de, Elements(out))?;
+                write_sorted(item.get(), out).map_err(|e| e.to_string())
+            })?;
+            out.push(']');
         }
         _ => out.push_str(&serde_json::from_str::<serde_json::Value>(raw)?.to_string()),
     }

@@ -113,7 +113,7 @@ fn identity(req: &Req) -> Result<String, wire::WireError> {
     if let Some(id) = api::client_conversation_id(&req.headers, &json!({"metadata": req.metadata})) {
         return Ok(format!("{id}#{key}"));
     }
-    let first_prompt = match req.raw.units.iter().position(|u| u.role == "user") {
+    let first_prompt = match req.raw.units.iter().position(|u| u.role() == "user") {
         Some(u) => wire::unit_messages(req.api, &req.raw, u)?.iter().find(|m| matches!(m, Message::User { .. })).map(Message::text).unwrap_or_default(),
         None => String::new(),
     };
@@ -186,7 +186,7 @@ fn mask_digits(s: &str) -> String {
 /// message of the request holds typed words.
 fn first_typed(req: &Req) -> Result<String, wire::WireError> {
     for (u, unit) in req.raw.units.iter().enumerate() {
-        if unit.role != "user" {
+        if unit.role() != "user" {
             continue;
         }
         let messages = wire::unit_messages(req.api, &req.raw, u)?;
