@@ -352,6 +352,13 @@ pub enum ConvError {
 /// An error of the engine while serving a request.
 pub type Result<T> = std::result::Result<T, EngineError>;
 
+/// Entry `id`, which serve has just appended, as the projection holds it: its place, its id and its message.
+fn appended_entry<'p>(p: &'p condense_render::Projection, id: &str) -> Result<(usize, &'p Arc<str>, &'p Arc<Message>)> {
+    let lost = || EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") };
+    let (shared, m) = p.entry(id).ok_or_else(lost)?;
+    Ok((p.position(id).ok_or_else(lost)?, shared, m))
+}
+
 /// The client's view of `session` folded from the log, and how many entries it holds.
 fn client_view(session: &Session, internal: &Internal) -> Result<(Track, u64)> {
     session.with_projection(|p| (Track::build(p, &|n| internal.is(n)), p.entries() as u64))
@@ -501,9 +508,9 @@ impl Conv {
             track.reserve(ids.len());
             session.with_projection(|p| {
                 for (k, (id, &u)) in ids.iter().zip(&unit_of).enumerate() {
-                    let (shared, m) = p.entry(id).ok_or_else(|| EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") })?;
+                    let (at, shared, m) = appended_entry(p, id)?;
                     // The projection's copy of the id, shared by the client's view and the request's units.
-                    track.add(shared.clone(), parent_of(k), m, &is, Some(crate::track::exact(m)));
+                    track.add(at, shared.clone(), parent_of(k).and_then(|x| p.position(x)), m, &is, Some(crate::track::exact(m)));
                     units.push(u, Some(shared.clone()));
                 }
                 Ok::<(), EngineError>(())
@@ -914,8 +921,18 @@ impl Conv {
         // The reply exists nowhere else: it is durable, with everything recorded before it, before the
         // client sees it end.
         self.session.sync()?;
-        self.track.add(id.as_str(), parent, &reply, &|n| internal.answers(n), None);
+        self.add_to_view(&id, parent, &|n| internal.answers(n))?;
         Ok(id)
+    }
+
+    /// Adds entry `id`, which serve has just appended after `parent`, to the client's view.
+    fn add_to_view(&mut self, id: &str, parent: Option<&str>, internal: &dyn Fn(&str) -> bool) -> Result<()> {
+        let track = &mut self.track;
+        self.session.with_projection(|p| {
+            let (at, shared, m) = appended_entry(p, id)?;
+            track.add(at, shared.clone(), parent.and_then(|x| p.position(x)), m, internal, None);
+            Ok(())
+        })?
     }
 
     /// Answers the calls of condense's own tools in `reply` (recorded as entry `parent`) and records each
@@ -931,7 +948,7 @@ impl Conv {
             let session = self.session.clone();
             let id = session.with_projection(|p| self.next_id(p))?;
             self.append_entries(vec![SourceEvent::EntryAppended { id: id.clone(), parent: Some(last.clone()), entry: Entry::Message(m.clone()) }], internal)?;
-            self.track.add(id.as_str(), Some(&last), &m, &|n| internal.answers(n), None);
+            self.add_to_view(&id, Some(&last), &|n| internal.answers(n))?;
             answers.push((call_id, answer.text));
             last = id;
         }

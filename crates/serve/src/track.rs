@@ -186,7 +186,7 @@ struct Node {
     /// `has_exact`.
     exact: u64,
     /// The entry this node stands for (for a continued reply, its last assistant entry); the id's one
-    /// copy, shared with `owner` and a request's units.
+    /// copy, shared with the projection and a request's units.
     entry: Arc<str>,
     /// For an assistant entry whose calls were all condense's own: what the client has seen of the reply
     /// so far (the next assistant entry continues it).
@@ -212,8 +212,9 @@ pub struct Track {
     /// The entry the client's next message follows when it is not the node's own: the last internal
     /// result after it (few nodes have one).
     tails: BTreeMap<u32, Box<str>>,
-    /// The node each entry belongs to.
-    owner: BTreeMap<Arc<str>, u32>,
+    /// The node each entry belongs to, by the entry's place in the projection ([`Projection::position`]):
+    /// 4 bytes an entry (a map by id took ~38), [`NONE`] for an entry that belongs to none.
+    owner: Vec<u32>,
     /// The calls of condense's own tools (their results are internal).
     internal_calls: BTreeSet<Box<str>>,
     /// Tool-call id → name of every call (a client's tool result names no tool; its call does); the
@@ -228,7 +229,7 @@ impl Default for Track {
             nodes: Vec::new(),
             last_root: NONE,
             tails: BTreeMap::new(),
-            owner: BTreeMap::new(),
+            owner: Vec::new(),
             internal_calls: BTreeSet::new(),
             call_names: BTreeMap::new(),
             names: BTreeSet::new(),
@@ -252,13 +253,15 @@ impl Track {
     /// Folds every entry of a projection's tree, in the order they were appended.
     pub fn build(p: &Projection, internal: &dyn Fn(&str) -> bool) -> Track {
         let mut t = Track::default();
-        for (id, parent, m) in p.tree() {
+        t.owner.reserve_exact(p.entries());
+        for (at, (id, parent, m)) in p.tree().enumerate() {
+            let parent = parent.and_then(|x| p.position(x));
             match m {
-                Some(m) => t.add(id.clone(), parent, m, internal, None),
+                Some(m) => t.add(at, id.clone(), parent, m, internal, None),
                 // Host compactions and markers are not what a client sends: their children hang on.
                 None => {
-                    if let Some(&o) = parent.and_then(|p| t.owner.get(p)) {
-                        t.owner.insert(id.clone(), o);
+                    if let Some(o) = t.owner_of(parent) {
+                        t.own(at, o);
                     }
                 }
             }
@@ -266,19 +269,36 @@ impl Track {
         t
     }
 
-    /// Adds one appended entry; `exact` is the key of the client message it was recorded from (`None` for
-    /// what serve recorded itself).
+    /// The node the entry at `at` in the projection belongs to.
+    fn owner_of(&self, at: Option<usize>) -> Option<u32> {
+        at.and_then(|a| self.owner.get(a).copied()).filter(|&o| o != NONE)
+    }
+
+    /// Notes that the entry at `at` in the projection belongs to node `o`.
+    fn own(&mut self, at: usize, o: u32) {
+        if self.owner.len() <= at {
+            if let Some(more) = condense_render::room_to_reserve(self.owner.len(), self.owner.capacity(), at + 1 - self.owner.len()) {
+                self.owner.reserve_exact(more);
+            }
+            self.owner.resize(at + 1, NONE);
+        }
+        self.owner[at] = o;
+    }
+
+    /// Adds one appended entry, at `at` in the projection ([`Projection::position`]) after the entry at
+    /// `parent`; `exact` is the key of the client message it was recorded from (`None` for what serve
+    /// recorded itself).
     /// `id` is taken as it comes: the projection's own copy (`Projection::entry`) is shared, not copied.
-    pub fn add(&mut self, id: impl Into<Arc<str>>, parent: Option<&str>, m: &Message, internal: &dyn Fn(&str) -> bool, exact: Option<u64>) {
+    pub fn add(&mut self, at: usize, id: impl Into<Arc<str>>, parent: Option<usize>, m: &Message, internal: &dyn Fn(&str) -> bool, exact: Option<u64>) {
         let id: Arc<str> = id.into();
-        let owner = parent.and_then(|p| self.owner.get(p).copied());
+        let owner = self.owner_of(parent);
         if let Message::ToolResult { call_id, .. } = m {
             if self.internal_calls.contains(call_id.as_str()) {
                 // condense answered this itself: part of the reply's node, after which the client goes on.
                 if let Some(o) = owner {
                     self.tails.insert(o, Box::from(&*id));
                     self.nodes[o as usize].single = false;
-                    self.owner.insert(id, o);
+                    self.own(at, o);
                 }
                 return;
             }
@@ -321,7 +341,7 @@ impl Track {
         self.nodes.push(Node {
             fp: vis.fp(),
             exact: exact.unwrap_or(0),
-            entry: id.clone(),
+            entry: id,
             open: only_internal.then(|| Box::new(vis)),
             parent: vparent,
             prev,
@@ -330,7 +350,7 @@ impl Track {
             has_exact: exact.is_some(),
             single,
         });
-        self.owner.insert(id, ix);
+        self.own(at, ix);
     }
 
     /// Room for `n` more nodes (a request recording many messages at once) and the reply's after them,
@@ -440,6 +460,13 @@ mod tests {
         Message::ToolResult { call_id: id.into(), tool_name: String::new(), content: vec![Block::Text { text: text.into() }], is_error: false }
     }
 
+    /// Adds entry `eN` at place N-1 of the projection: the tests append their entries in the order of their
+    /// names.
+    fn add(t: &mut Track, id: &str, parent: Option<&str>, m: &Message, exact: Option<u64>) {
+        let at = |id: &str| id[1..].parse::<usize>().expect("an id eN") - 1;
+        t.add(at(id), id, parent.map(at), m, &internal, exact);
+    }
+
     fn matched(t: &mut Track, ms: &[Message]) -> Matched {
         let refs: Vec<&Message> = ms.iter().collect();
         t.matching(&refs, &internal)
@@ -459,34 +486,63 @@ mod tests {
         }
         let t = Track::build(&p, &internal);
         assert_eq!(t.nodes.len(), 3);
-        for node in &t.nodes {
+        for (n, node) in t.nodes.iter().enumerate() {
             let (shared, _) = p.entry(&node.entry).expect("an entry of the projection");
             assert!(Arc::ptr_eq(&node.entry, shared), "entry {} is a copy", node.entry);
-            let owner = t.owner.get_key_value(&*node.entry).expect("owned").0;
-            assert!(Arc::ptr_eq(owner, shared));
+            // Each entry is owned by its node, by its place in the projection.
+            assert_eq!(t.owner[p.position(&node.entry).unwrap()], n as u32);
         }
         // Given the projection's copy, `add` keeps it too.
         let mut t = Track::default();
         let (shared, m) = p.entry("e0").unwrap();
-        t.add(shared.clone(), None, m, &internal, None);
+        t.add(0, shared.clone(), None, m, &internal, None);
         assert!(Arc::ptr_eq(&t.nodes[0].entry, shared));
+    }
+
+    /// An entry that is no message (a host's marker) belongs to the node before it, so the client's next
+    /// message hangs on it; folded again, and added as serve appends it, alike.
+    #[test]
+    fn the_client_continues_past_an_entry_that_is_no_message() {
+        use condense_events::{Entry, Event, SourceEvent};
+        let u = Message::user_text("go", UserOrigin::Prompt);
+        let a = asst(vec![Block::Text { text: "ok".into() }]);
+        let next = Message::user_text("more", UserOrigin::Prompt);
+        let mut p = Projection::new();
+        let entries = [Entry::Message(u.clone()), Entry::Message(a.clone()), Entry::Marker { kind: "label".into() }, Entry::Message(next.clone())];
+        for (i, entry) in entries.into_iter().enumerate() {
+            let parent = (i > 0).then(|| format!("e{}", i - 1));
+            p.apply(i as u64 + 1, &Event::Source(SourceEvent::EntryAppended { id: format!("e{i}"), parent, entry }));
+        }
+        let mut folded = Track::build(&p, &internal);
+        assert_eq!(folded.nodes.len(), 3);
+        let m = matched(&mut folded, &[u.clone(), a.clone(), next.clone()]);
+        assert_eq!((m.count, m.parent.as_deref()), (3, Some("e3")));
+        // Built as serve appends: the marker's place left to the projection, the message after it added.
+        let mut added = Track::default();
+        add(&mut added, "e1", None, &u, None);
+        add(&mut added, "e2", Some("e1"), &a, None);
+        added.own(2, 1);
+        add(&mut added, "e4", Some("e3"), &next, None);
+        let m = matched(&mut added, &[u, a, next]);
+        assert_eq!((m.count, m.parent.as_deref()), (3, Some("e4")));
+        assert_eq!(added.owner, [0, 1, 1, 2]);
     }
 
     #[test]
     fn a_reply_with_condense_calls_is_one_visible_message() {
         let mut t = Track::default();
         let u = Message::user_text("go", UserOrigin::Prompt);
-        t.add("e1", None, &u, &internal, None);
-        t.add("e2", Some("e1"), &asst(vec![Block::Text { text: "look".into() }, call("q1", "context_tree_query")]), &internal, None);
-        t.add("e3", Some("e2"), &result("q1", "original"), &internal, None);
-        t.add("e4", Some("e3"), &asst(vec![Block::Text { text: "done".into() }, call("b1", "bash")]), &internal, None);
+        add(&mut t, "e1", None, &u, None);
+        add(&mut t, "e2", Some("e1"), &asst(vec![Block::Text { text: "look".into() }, call("q1", "context_tree_query")]), None);
+        add(&mut t, "e3", Some("e2"), &result("q1", "original"), None);
+        add(&mut t, "e4", Some("e3"), &asst(vec![Block::Text { text: "done".into() }, call("b1", "bash")]), None);
         // The client saw one message: both texts, the bash call, no condense call.
         let seen = asst(vec![Block::Text { text: "look".into() }, Block::Text { text: "\ndone".into() }, Block::ToolCall { id: "b1".into(), name: "bash".into(), arguments: "{\"b\":[2],\"a\":1}".into() }]);
         let m = matched(&mut t, &[u.clone(), seen.clone(), result("b1", "out")]);
         assert_eq!(m.count, 2);
         assert_eq!(m.parent.as_deref(), Some("e4"));
         assert_eq!(m.entries, vec![Some("e1".into()), None]);
-        t.add("e5", Some("e4"), &result("b1", "out"), &internal, None);
+        add(&mut t, "e5", Some("e4"), &result("b1", "out"), None);
         let m = matched(&mut t, &[u, seen, result("b1", "out")]);
         assert_eq!((m.count, m.parent.as_deref()), (3, Some("e5")));
     }
@@ -495,9 +551,9 @@ mod tests {
     fn a_rewound_history_leaves_at_the_fork() {
         let mut t = Track::default();
         let u = Message::user_text("go", UserOrigin::Prompt);
-        t.add("e1", None, &u, &internal, None);
-        t.add("e2", Some("e1"), &asst(vec![Block::Text { text: "a".into() }]), &internal, None);
-        t.add("e3", Some("e2"), &Message::user_text("first try", UserOrigin::Prompt), &internal, None);
+        add(&mut t, "e1", None, &u, None);
+        add(&mut t, "e2", Some("e1"), &asst(vec![Block::Text { text: "a".into() }]), None);
+        add(&mut t, "e3", Some("e2"), &Message::user_text("first try", UserOrigin::Prompt), None);
         let m = matched(&mut t, &[u.clone(), asst(vec![Block::Text { text: "a ".into() }]), Message::user_text("second try", UserOrigin::Prompt)]);
         assert_eq!((m.count, m.parent.as_deref()), (2, Some("e2")));
         // A different first message starts a new root.
@@ -512,11 +568,11 @@ mod tests {
     fn the_newest_of_alike_children_is_the_one_continued() {
         let mut t = Track::default();
         let u = Message::user_text("go", UserOrigin::Prompt);
-        t.add("e1", None, &u, &internal, Some(exact(&u)));
+        add(&mut t, "e1", None, &u, Some(exact(&u)));
         let a = asst(vec![Block::Text { text: "same".into() }]);
-        t.add("e2", Some("e1"), &a, &internal, Some(exact(&a)));
-        t.add("e3", Some("e1"), &a, &internal, Some(exact(&a)));
-        t.add("e4", None, &u, &internal, None);
+        add(&mut t, "e2", Some("e1"), &a, Some(exact(&a)));
+        add(&mut t, "e3", Some("e1"), &a, Some(exact(&a)));
+        add(&mut t, "e4", None, &u, None);
         // By exact key: e1 (the root remembered with it), then e3, the newer child of e1.
         let m = matched(&mut t, &[u.clone(), a.clone()]);
         assert_eq!((m.count, m.parent.as_deref()), (2, Some("e3")));
@@ -533,9 +589,9 @@ mod tests {
     #[test]
     fn mixed_calls_end_the_reply_after_the_internal_result() {
         let mut t = Track::default();
-        t.add("e1", None, &Message::user_text("go", UserOrigin::Prompt), &internal, None);
-        t.add("e2", Some("e1"), &asst(vec![call("b1", "bash"), call("q1", "context_tree_query")]), &internal, None);
-        t.add("e3", Some("e2"), &result("q1", "original"), &internal, None);
+        add(&mut t, "e1", None, &Message::user_text("go", UserOrigin::Prompt), None);
+        add(&mut t, "e2", Some("e1"), &asst(vec![call("b1", "bash"), call("q1", "context_tree_query")]), None);
+        add(&mut t, "e3", Some("e2"), &result("q1", "original"), None);
         let m = matched(&mut t, &[Message::user_text("go", UserOrigin::Prompt), asst(vec![call("b1", "bash")])]);
         assert_eq!((m.count, m.parent.as_deref()), (2, Some("e3")));
         assert_eq!(m.entries[1], None);

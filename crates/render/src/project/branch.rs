@@ -82,6 +82,12 @@ impl Projection {
         })
     }
 
+    /// The place of entry `id` in the order entries were appended (its place in [`Projection::tree`]),
+    /// on any branch: what a view kept beside the projection can index by instead of keeping the id.
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
     /// Whether an entry with this id exists (on any branch).
     pub fn has_entry(&self, id: &str) -> bool {
         self.index.contains_key(id)
