@@ -34,13 +34,25 @@ use std::collections::BTreeMap;
 /// The dedup stage. Its state: the first ref captured with each dedup key.
 #[derive(Debug, Clone, Default)]
 pub struct Dedup {
-    first_by_hash: BTreeMap<String, u32>,
+    /// By the key's bytes ([`stored`]): a session holds one per output it captured.
+    first_by_hash: BTreeMap<[u8; 32], u32>,
 }
 
 impl Dedup {
     /// The first ref captured with `key`.
     pub fn first(&self, key: &str) -> Option<u32> {
-        self.first_by_hash.get(key).copied()
+        self.first_by_hash.get(&stored(key)).copied()
+    }
+}
+
+/// A dedup key as the stage keeps it: the 32 bytes its hex stands for (held as text, a key took ~108
+/// bytes with its share of the map, as bytes ~50). Text that is not a key's hex as [`key`] writes it
+/// (no capture writes such) stands for the blake3 of itself, so two texts are one key only when they
+/// are the same text.
+fn stored(key: &str) -> [u8; 32] {
+    match blake3::Hash::from_hex(key) {
+        Ok(h) if h.to_hex().as_str() == key => *h.as_bytes(),
+        _ => *blake3::hash(key.as_bytes()).as_bytes(),
     }
 }
 
@@ -51,7 +63,7 @@ impl Stage for Dedup {
 
     fn fold(&mut self, event: &Event) {
         if let Event::Decision(DecisionEvent::OutputCaptured(r)) = event {
-            self.first_by_hash.entry(r.hash.clone()).or_insert(r.ref_n);
+            self.first_by_hash.entry(stored(&r.hash)).or_insert(r.ref_n);
         }
     }
 
@@ -60,12 +72,13 @@ impl Stage for Dedup {
             return Ok(());
         }
         // Captures of this pass count as seen from their own ref on.
-        let mut new: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut new: BTreeMap<[u8; 32], u32> = BTreeMap::new();
         let mut aliases = Vec::new();
         for (r, _) in pass.captured() {
-            match self.first_by_hash.get(&r.hash).or(new.get(r.hash.as_str())) {
+            let k = stored(&r.hash);
+            match self.first_by_hash.get(&k).or(new.get(&k)) {
                 Some(&original) => aliases.push(DecisionEvent::OutputAliased { ref_n: r.ref_n, original }),
-                None => drop(new.insert(&r.hash, r.ref_n)),
+                None => drop(new.insert(k, r.ref_n)),
             }
         }
         for d in aliases {
@@ -137,6 +150,18 @@ mod tests {
             assert_eq!(key("bash", &text), h.finalize().to_hex().to_string(), "{text:?}");
             assert_eq!(normalize(&text), reference(&text), "{text:?}");
         }
+    }
+
+    /// The stage keeps a key as the bytes its hex stands for, and any other text apart from every key.
+    #[test]
+    fn keys_are_kept_as_their_bytes_and_other_text_apart() {
+        let k = key("bash", "x");
+        let h = blake3::Hash::from_hex(&k).unwrap();
+        assert_eq!(stored(&k), *h.as_bytes());
+        let upper = k.to_uppercase();
+        assert_ne!(stored(&upper), stored(&k), "the same bytes written otherwise are another text");
+        assert_eq!(stored("not hex"), *blake3::hash(b"not hex").as_bytes());
+        assert_ne!(stored("not hex"), stored("not hex "));
     }
 
     #[test]
