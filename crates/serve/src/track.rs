@@ -254,8 +254,9 @@ impl Track {
     pub fn build(p: &Projection, internal: &dyn Fn(&str) -> bool) -> Track {
         let mut t = Track::default();
         t.owner.reserve_exact(p.entries());
-        for (at, (id, parent, m)) in p.tree().enumerate() {
-            let parent = parent.and_then(|x| p.position(x));
+        for (at, (id, _, m)) in p.tree().enumerate() {
+            // The parent's own place: an id given twice names its newest entry, not this one's parent.
+            let parent = p.parent_position(at);
             match m {
                 Some(m) => t.add(at, id.clone(), parent, m, internal, None),
                 // Host compactions and markers are not what a client sends: their children hang on.

@@ -88,6 +88,11 @@ impl Projection {
         self.index.get(id).copied()
     }
 
+    /// The place of the parent of the entry at place `at` (see [`Projection::position`]).
+    pub fn parent_position(&self, at: usize) -> Option<usize> {
+        self.items.get(at)?.parent.map(|p| p as usize)
+    }
+
     /// Whether an entry with this id exists (on any branch).
     pub fn has_entry(&self, id: &str) -> bool {
         self.index.contains_key(id)
