@@ -228,8 +228,8 @@ struct Probe<'a> {
     kind: Option<Cow<'a, str>>,
 }
 
-/// A wire role as a static name (roles come from a small set; anything else is `other`).
-/// The wire roles a unit tells apart, by the number a [`Unit`] keeps.
+/// The wire roles a unit tells apart, by the number a [`Unit`] keeps (roles come from a small set;
+/// anything else is `other`).
 const ROLES: [&str; 8] = ["", "user", "assistant", "system", "developer", "tool", "function", "other"];
 
 /// The number of role `r` in [`ROLES`] (`other` for any role not named there, `""` for none).
