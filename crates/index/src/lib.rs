@@ -214,9 +214,9 @@ fn chunk_of(key: u32) -> (u32, u16) {
     (key / CHUNK_KEYS, (key % CHUNK_KEYS) as u16)
 }
 
-/// Where a chunk holds the value of `slot`, when it holds one.
-fn place<V>(chunk: &[(u16, V)], slot: u16) -> Option<usize> {
-    chunk.binary_search_by_key(&slot, |&(s, _)| s).ok()
+/// Where a chunk holds the value of `slot` (`Ok`), or where it would go (`Err`).
+fn place<V>(chunk: &[(u16, V)], slot: u16) -> Result<usize, usize> {
+    chunk.binary_search_by_key(&slot, |&(s, _)| s)
 }
 
 impl<V: Clone> ChunkMap<V> {
@@ -224,7 +224,7 @@ impl<V: Clone> ChunkMap<V> {
     pub fn get(&self, key: &u32) -> Option<&V> {
         let (chunk, slot) = chunk_of(*key);
         let c = self.chunks.get(&chunk)?;
-        c.get(place(c, slot)?).map(|(_, v)| v)
+        c.get(place(c, slot).ok()?).map(|(_, v)| v)
     }
 
     /// Whether `key` has a value.
@@ -236,7 +236,7 @@ impl<V: Clone> ChunkMap<V> {
     pub fn insert(&mut self, key: u32, value: V) {
         let (chunk, slot) = chunk_of(key);
         let chunk = Arc::make_mut(self.chunks.entry(chunk).or_default());
-        match chunk.binary_search_by_key(&slot, |&(s, _)| s) {
+        match place(chunk, slot) {
             Ok(at) => chunk[at].1 = value,
             Err(at) => {
                 chunk.insert(at, (slot, value));
@@ -249,7 +249,7 @@ impl<V: Clone> ChunkMap<V> {
     pub fn get_mut(&mut self, key: &u32) -> Option<&mut V> {
         let (chunk, slot) = chunk_of(*key);
         let c = self.chunks.get_mut(&chunk)?;
-        let at = place(c, slot)?;
+        let at = place(c, slot).ok()?;
         Some(&mut Arc::make_mut(c)[at].1)
     }
 

@@ -352,11 +352,16 @@ pub enum ConvError {
 /// An error of the engine while serving a request.
 pub type Result<T> = std::result::Result<T, EngineError>;
 
-/// Entry `id`, which serve has just appended, as the projection holds it: its place, its id and its message.
-fn appended_entry<'p>(p: &'p condense_render::Projection, id: &str) -> Result<(usize, &'p Arc<str>, &'p Arc<Message>)> {
-    let lost = || EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") };
-    let (shared, m) = p.entry(id).ok_or_else(lost)?;
-    Ok((p.position(id).ok_or_else(lost)?, shared, m))
+/// Adds entry `id`, which serve has just appended, to the client's view `track` as the projection `p`
+/// holds it (its place, its parent's, and its message); `exact` when it was recorded from the client's
+/// message. Returns the projection's copy of the id, which the view shares.
+fn add_appended<'p>(track: &mut Track, p: &'p condense_render::Projection, id: &str, internal: &dyn Fn(&str) -> bool, exact: bool) -> Result<&'p Arc<str>> {
+    let (at, (shared, m)) = p
+        .position(id)
+        .and_then(|at| Some((at, p.entry_at(at)?)))
+        .ok_or_else(|| EngineError::Pipeline { name: "serve".into(), reason: format!("entry {id} was appended and is not in the session") })?;
+    track.add(at, shared.clone(), p.parent_position(at), m, internal, exact.then(|| crate::track::exact(m)));
+    Ok(shared)
 }
 
 /// The client's view of `session` folded from the log, and how many entries it holds.
@@ -492,8 +497,7 @@ impl Conv {
         if new.is_empty() && leaf != matched_parent {
             events.push(SourceEvent::LeafMoved { leaf: matched_parent.clone() });
         }
-        // Each new message follows the one before it, the first the matched history.
-        let parent_of = |k: usize| if k == 0 { matched_parent.as_deref() } else { Some(ids[k - 1].as_str()) };
+        // Each new message follows the one before it, the first the matched history (`append_chain`).
         // The messages move into their events as the log writes them (a request of many small messages
         // held each twice, and then its list of events); the client's view takes them from the projection
         // once the log has them.
@@ -507,11 +511,9 @@ impl Conv {
             let track = &mut self.track;
             track.reserve(ids.len());
             session.with_projection(|p| {
-                for (k, (id, &u)) in ids.iter().zip(&unit_of).enumerate() {
-                    let (at, shared, m) = appended_entry(p, id)?;
+                for (id, &u) in ids.iter().zip(&unit_of) {
                     // The projection's copy of the id, shared by the client's view and the request's units.
-                    track.add(at, shared.clone(), parent_of(k).and_then(|x| p.position(x)), m, &is, Some(crate::track::exact(m)));
-                    units.push(u, Some(shared.clone()));
+                    units.push(u, Some(add_appended(track, p, id, &is, true)?.clone()));
                 }
                 Ok::<(), EngineError>(())
             })??;
@@ -921,18 +923,14 @@ impl Conv {
         // The reply exists nowhere else: it is durable, with everything recorded before it, before the
         // client sees it end.
         self.session.sync()?;
-        self.add_to_view(&id, parent, &|n| internal.answers(n))?;
+        self.add_to_view(&id, &|n| internal.answers(n))?;
         Ok(id)
     }
 
-    /// Adds entry `id`, which serve has just appended after `parent`, to the client's view.
-    fn add_to_view(&mut self, id: &str, parent: Option<&str>, internal: &dyn Fn(&str) -> bool) -> Result<()> {
+    /// Adds entry `id`, which serve has just appended itself, to the client's view.
+    fn add_to_view(&mut self, id: &str, internal: &dyn Fn(&str) -> bool) -> Result<()> {
         let track = &mut self.track;
-        self.session.with_projection(|p| {
-            let (at, shared, m) = appended_entry(p, id)?;
-            track.add(at, shared.clone(), parent.and_then(|x| p.position(x)), m, internal, None);
-            Ok(())
-        })?
+        self.session.with_projection(|p| add_appended(track, p, id, internal, false).map(drop))?
     }
 
     /// Answers the calls of condense's own tools in `reply` (recorded as entry `parent`) and records each
@@ -948,7 +946,7 @@ impl Conv {
             let session = self.session.clone();
             let id = session.with_projection(|p| self.next_id(p))?;
             self.append_entries(vec![SourceEvent::EntryAppended { id: id.clone(), parent: Some(last.clone()), entry: Entry::Message(m.clone()) }], internal)?;
-            self.add_to_view(&id, Some(&last), &|n| internal.answers(n))?;
+            self.add_to_view(&id, &|n| internal.answers(n))?;
             answers.push((call_id, answer.text));
             last = id;
         }

@@ -116,9 +116,14 @@ impl Projection {
     /// The message of entry `id` with the projection's copy of the id (one copy shared by whoever keeps
     /// the id beside the projection); `None` when there is no such entry or it holds no message.
     pub fn entry(&self, id: &str) -> Option<(&Arc<str>, &Arc<Message>)> {
-        let (id, &ix) = self.index.get_key_value(id)?;
-        match &self.items[ix].node {
-            Node::Message(m, _) => Some((id, m)),
+        self.entry_at(self.position(id)?)
+    }
+
+    /// [`Projection::entry`] of the entry at place `at` (see [`Projection::position`]).
+    pub fn entry_at(&self, at: usize) -> Option<(&Arc<str>, &Arc<Message>)> {
+        let it = self.items.get(at)?;
+        match &it.node {
+            Node::Message(m, _) => Some((&it.id, m)),
             _ => None,
         }
     }
