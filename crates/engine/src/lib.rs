@@ -63,6 +63,7 @@ pub use condense_formats::{Diagnostic, Format};
 pub use stats::Stats;
 
 pub use import::{ImportAction, ImportOutcome};
+pub use session::Shrinking;
 pub use store::{least_recently_used, Session, Store, StoreOptions, DEFAULT_WARM_BYTES};
 
 /// Errors of the engine.

@@ -37,13 +37,15 @@ impl Drop for RestoreSummarizer {
 /// stayed whole until the last was written (a pass that captured 60,000 outputs held 13 MB of decisions
 /// beside the index taking in their records). The list is turned round once and taken from its end; its
 /// room shrinks to what is left whenever that is a quarter of it, so the copies add up to a third of the
-/// list at most.
-struct Shrinking<T> {
+/// list at most. A host that hands the engine an iterator over a list of its own (`Session::append_chain`)
+/// gives it up the same way.
+pub struct Shrinking<T> {
     rev: Vec<T>,
 }
 
 impl<T> Shrinking<T> {
-    fn new(mut list: Vec<T>) -> Shrinking<T> {
+    /// The elements of `list`, in order.
+    pub fn new(mut list: Vec<T>) -> Shrinking<T> {
         list.reverse();
         Shrinking { rev: list }
     }

@@ -192,89 +192,6 @@ impl From<&[u64]> for UnitKeys {
     }
 }
 
-/// A list filled in order and given up in order, held in chunks so that giving it up frees it as it goes.
-/// A request's new messages move into the log one by one; held in one list, the list stayed whole (104
-/// bytes a message, besides the message's own text) until the last of them had moved, at the request's
-/// peak beside the projection that took them.
-struct Chunked<T> {
-    chunks: Vec<Vec<T>>,
-    len: usize,
-    /// The room the next chunk takes: what the caller expects to push still ([`Chunked::expect`]), then
-    /// twice the last chunk's when more came, at most [`CHUNK`].
-    room: usize,
-}
-
-/// The elements of one chunk of a [`Chunked`] list.
-const CHUNK: usize = 1024;
-
-impl<T> Default for Chunked<T> {
-    fn default() -> Self {
-        Chunked { chunks: Vec::new(), len: 0, room: 1 }
-    }
-}
-
-impl<T> Chunked<T> {
-    /// About `n` more elements are to come: the next chunks take room for them (up to a chunk's worth).
-    fn expect(&mut self, n: usize) {
-        self.room = n.clamp(1, CHUNK);
-    }
-
-    fn push(&mut self, t: T) {
-        match self.chunks.last_mut() {
-            Some(c) if c.len() < c.capacity() => c.push(t),
-            _ => {
-                let mut c = Vec::with_capacity(self.room);
-                c.push(t);
-                self.chunks.push(c);
-                self.room = (self.room * 2).min(CHUNK);
-            }
-        }
-        self.len += 1;
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &T> {
-        self.chunks.iter().flatten()
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
-        self.chunks.iter_mut().flatten()
-    }
-}
-
-impl<T> IntoIterator for Chunked<T> {
-    type Item = T;
-    type IntoIter = Drain<T>;
-    /// Each chunk is freed once its last element is taken.
-    fn into_iter(self) -> Drain<T> {
-        Drain { left: self.len, chunks: self.chunks.into_iter().flatten() }
-    }
-}
-
-/// The elements of a [`Chunked`] list, given up in order.
-struct Drain<T> {
-    chunks: std::iter::Flatten<std::vec::IntoIter<Vec<T>>>,
-    left: usize,
-}
-
-impl<T> Iterator for Drain<T> {
-    type Item = T;
-    fn next(&mut self) -> Option<T> {
-        let t = self.chunks.next()?;
-        self.left -= 1;
-        Some(t)
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.left, Some(self.left))
-    }
-}
-
-impl<T> ExactSizeIterator for Drain<T> {}
-
 /// The exact keys of the messages of the units a request read in full, in one list (a list of its own
 /// for each unit took 48 bytes a unit besides its keys).
 #[derive(Default)]
@@ -303,7 +220,7 @@ struct Planned {
     /// The visible node the history last matched.
     cur: Option<usize>,
     /// The new messages, with the unit each came from.
-    new: Chunked<(usize, Message)>,
+    new: Vec<(usize, Message)>,
     tokens_in: u64,
 }
 
@@ -503,7 +420,9 @@ impl Conv {
         // once the log has them.
         let unit_of: Vec<usize> = new.iter().map(|(u, _)| *u).collect();
         if !events.is_empty() || !new.is_empty() {
-            let chained = new.into_iter().zip(&ids).map(|((_, m), id)| (id.clone(), Entry::Message(m)));
+            // Given up as it is written: a list of 104 bytes a message stayed whole beside the projection
+            // taking the messages in (`Shrinking`).
+            let chained = condense_engine::Shrinking::new(new).zip(&ids).map(|((_, m), id)| (id.clone(), Entry::Message(m)));
             let appended = self.session.append_chain(events, matched_parent.clone(), chained);
             self.appended(appended, internal)?;
         }
@@ -539,7 +458,7 @@ impl Conv {
         let mut read_keys = ReadKeys::default();
         // The first new message, as (unit, message within it).
         let mut diverged: Option<(usize, usize)> = None;
-        let mut new: Chunked<(usize, Message)> = Chunked::default();
+        let mut new: Vec<(usize, Message)> = Vec::new();
         for (u, unit) in raw.units.iter().enumerate() {
             if diverged.is_none() {
                 units.begin(u);
@@ -585,7 +504,7 @@ impl Conv {
                             diverged = Some((u, j));
                             from = j;
                             // Every later message is new: room for them at once, not by doubling.
-                            new.expect(raw.items.len().saturating_sub(raw.units[u].start() + j));
+                            new.reserve(raw.items.len().saturating_sub(raw.units[u].start() + j));
                             break;
                         }
                     }
@@ -593,7 +512,7 @@ impl Conv {
             }
             // Everything from the first new message on is recorded, chained from the last matched one;
             // the unit's wire JSON was never kept (the render reads again what it sends message by message).
-            messages.into_iter().skip(from).for_each(|m| new.push((u, m)));
+            new.extend(messages.into_iter().skip(from).map(|m| (u, m)));
         }
         // A tool result names its tool by the call it answers (in this request, or recorded before).
         let mut names: BTreeMap<String, String> = BTreeMap::new();
@@ -1034,33 +953,6 @@ mod tests {
 
     fn reply(text: &str) -> Arc<Message> {
         Arc::new(Message::Assistant { content: vec![Block::Text { text: text.into() }], model: None, stop: None, usage: None })
-    }
-
-    /// A chunked list gives its elements back in order, and its chunks take the room expected of them
-    /// (then twice the last, up to a chunk): a request of one new message holds room for one, and one of
-    /// many never holds room for more than a chunk beyond what it has.
-    #[test]
-    fn a_chunked_list_is_given_up_in_order_in_chunks_of_the_room_expected() {
-        let caps = |c: &Chunked<usize>| c.chunks.iter().map(Vec::capacity).collect::<Vec<_>>();
-        let mut one = Chunked::default();
-        one.expect(1);
-        one.push(7);
-        assert_eq!(caps(&one), [1]);
-        one.push(8);
-        one.push(9);
-        assert_eq!(caps(&one), [1, 2], "more than expected grows as a list would");
-        let mut many = Chunked::default();
-        many.expect(2_500);
-        (0..2_500).for_each(|i| many.push(i));
-        assert_eq!(caps(&many), [CHUNK, CHUNK, CHUNK]);
-        many.iter_mut().for_each(|i| *i *= 2);
-        assert_eq!(many.iter().copied().take(3).collect::<Vec<_>>(), [0, 2, 4]);
-        let mut drain = many.into_iter();
-        assert_eq!(drain.len(), 2_500);
-        assert_eq!(drain.nth(1_999), Some(3_998));
-        assert_eq!(drain.len(), 500);
-        assert_eq!(drain.collect::<Vec<_>>(), (2_000..2_500).map(|i| i * 2).collect::<Vec<_>>());
-        assert!(Chunked::<usize>::default().is_empty());
     }
 
     /// condense's own mark goes on the last prompt a checkpoint keeps (host context between them is passed
