@@ -99,6 +99,7 @@ impl Stage for Capture {
                 Message::User { .. } => {}
             }
         }
+        pass.reserve_captures(captured.len());
         for (rec, text) in captured {
             pass.capture(rec, text);
         }

@@ -204,9 +204,7 @@ impl Stage for Chains {
             }
         }
         self.compressed = done;
-        for d in blocks {
-            pass.push(d);
-        }
+        pass.extend(blocks);
         Ok(())
     }
 }

@@ -81,9 +81,7 @@ impl Stage for Dedup {
                 None => drop(new.insert(k, r.ref_n)),
             }
         }
-        for d in aliases {
-            pass.push(d);
-        }
+        pass.extend(aliases);
         Ok(())
     }
 }

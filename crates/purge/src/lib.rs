@@ -118,9 +118,7 @@ impl Stage for Purge {
         found.dedup();
         let purges: Vec<DecisionEvent> =
             found.into_iter().map(|(_, _, id, cid, chars)| DecisionEvent::ErrorArgsPurged { entry: id.to_string(), call_id: cid.to_string(), chars }).collect();
-        for d in purges {
-            pass.push(d);
-        }
+        pass.extend(purges);
         Ok(())
     }
 }

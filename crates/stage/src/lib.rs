@@ -334,6 +334,13 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Room for `n` more captures and their decisions at once (a first request of many tool results
+    /// captures them all in one pass: a list grown by doubling held the old and the new buffer together).
+    pub fn reserve_captures(&mut self, n: usize) {
+        self.decisions.reserve(n);
+        self.captured.reserve(n);
+    }
+
     /// Adds a capture: its decision, and the record with its output text for the stages after.
     pub fn capture(&mut self, record: Record, text: Cow<'a, str>) {
         self.captured_by_entry.insert(record.entry.clone(), self.captured.len());
