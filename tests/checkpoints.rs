@@ -36,7 +36,7 @@ impl Live {
         let r = self.s.prepare()?;
         assert!(condense_render::check(&r.messages[..]).is_empty());
         self.add(Message::Assistant {
-            content: vec![Block::ToolCall { id: id.into(), name: "read".into(), arguments: format!("{{\"path\":\"src/{id}.rs\"}}") }],
+            content: vec![Block::tool_call(id.into(), "read".into(), format!("{{\"path\":\"src/{id}.rs\"}}"))],
             model: None,
             stop: None,
             usage: None,
@@ -193,7 +193,7 @@ fn new_context_checkpoints_after_its_tool_turn() {
     // The model asks for a checkpoint; its call and result stay a normal, visible pair.
     l.s.prepare().unwrap();
     l.add(Message::Assistant {
-        content: vec![Block::ToolCall { id: "nc".into(), name: NEW_CONTEXT_TOOL.into(), arguments: "{}".into() }],
+        content: vec![Block::tool_call("nc".into(), NEW_CONTEXT_TOOL.into(), "{}".into())],
         model: None,
         stop: None,
         usage: None,
@@ -428,7 +428,7 @@ fn ineffective(store: &Store, name: &str) -> Session {
     }
     condense_tests::append_entry(&s, &mut n, Message::user_text("the last prompt", UserOrigin::Prompt));
     condense_tests::append_entry(&s, &mut n, Message::Assistant {
-        content: vec![Block::ToolCall { id: "c1".into(), name: "read".into(), arguments: "{\"path\":\"big.txt\"}".into() }],
+        content: vec![Block::tool_call("c1".into(), "read".into(), "{\"path\":\"big.txt\"}".into())],
         model: None,
         stop: None,
         usage: None,

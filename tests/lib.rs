@@ -96,9 +96,9 @@ pub fn readable<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> String 
             .iter()
             .map(|b| match b {
                 Block::Text { text } => format!("text {:?}", text.chars().take(70).collect::<String>()),
-                Block::Thinking { thinking, .. } => format!("thinking {:?}", thinking.chars().take(30).collect::<String>()),
-                Block::ToolCall { id, name, arguments } => format!("call {name}#{id} {arguments}"),
-                Block::Image { mime, .. } => format!("image {mime}"),
+                Block::Thinking(t) => format!("thinking {:?}", t.thinking.chars().take(30).collect::<String>()),
+                Block::ToolCall(c) => format!("call {}#{} {}", c.name, c.id, c.arguments),
+                Block::Image(i) => format!("image {}", i.mime),
             })
             .collect();
         let head = match &**m {

@@ -22,7 +22,7 @@ fn every_phase_on_a_hand_built_session() {
     let mut n = 0;
     let mut add = |m: Message| condense_tests::append_entry(&s, &mut n, m);
     let asst = |blocks: Vec<Block>| Message::Assistant { content: blocks, model: None, stop: None, usage: None };
-    let call = |id: &str, name: &str, args: &str| Block::ToolCall { id: id.into(), name: name.into(), arguments: args.into() };
+    let call = |id: &str, name: &str, args: &str| Block::tool_call(id.into(), name.into(), args.into());
     let result = |id: &str, name: &str, text: String, is_error: bool| Message::ToolResult {
         call_id: id.into(),
         tool_name: name.into(),
@@ -33,7 +33,7 @@ fn every_phase_on_a_hand_built_session() {
     add(Message::user_text("fix the build", UserOrigin::Prompt));
     s.prepare().unwrap();
     add(asst(vec![
-        Block::Thinking { thinking: "check the log first".into(), signature: Some("sig".into()) },
+        Block::thinking("check the log first".into(), Some("sig".into())),
         call("c1", "edit", &format!("{{\"path\":\"src/a.rs\",\"oldText\":\"{}\"}}", "x".repeat(600))),
     ]));
     add(result("c1", "edit", "Error: oldText not found in src/a.rs".into(), true));

@@ -42,7 +42,7 @@ impl S {
     /// A call and its result; returns (call entry, result entry).
     fn call(&mut self, id: &str, tool: &str, output: &str) -> (String, String) {
         let a = self.msg(Message::Assistant {
-            content: vec![Block::ToolCall { id: id.into(), name: tool.into(), arguments: "{\"refs\":[\"t1\"]}".into() }],
+            content: vec![Block::tool_call(id.into(), tool.into(), "{\"refs\":[\"t1\"]}".into())],
             model: None,
             stop: None,
             usage: None,
@@ -227,7 +227,7 @@ impl Live {
         self.add(Message::Assistant { content, model: None, stop: None, usage: None });
     }
     fn tool(&mut self, id: &str, name: &str, args: &str, output: &str, is_error: bool) {
-        self.answer(vec![Block::ToolCall { id: id.into(), name: name.into(), arguments: args.into() }]);
+        self.answer(vec![Block::tool_call(id.into(), name.into(), args.into())]);
         self.add(Message::ToolResult { call_id: id.into(), tool_name: name.into(), content: vec![Block::Text { text: output.into() }], is_error });
     }
     fn reply(&mut self, t: &str) {
@@ -453,7 +453,7 @@ fn random_sessions_stay_valid_and_recover_exactly() {
                         _ => format!("{call}").repeat(1000 + rng.below(3000) as usize),
                     };
                     let tool = if rng.below(6) == 0 { QUERY_TOOL_NAME } else { "bash" };
-                    blocks.push(Block::ToolCall { id: id.clone(), name: tool.into(), arguments: "{\"x\":1}".into() });
+                    blocks.push(Block::tool_call(id.clone(), tool.into(), "{\"x\":1}".into()));
                     outs.push((id, tool, text, rng.below(5) == 0));
                 }
                 l.answer(blocks);

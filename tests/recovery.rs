@@ -103,7 +103,7 @@ fn prepare_guards_a_context_whose_json_is_over_the_limit_while_its_text_is_small
     push(&mut events, "p".into(), Message::user_text("check every file", UserOrigin::Prompt));
     for k in 0..6_000 {
         let call = format!("call_{k:020}");
-        push(&mut events, format!("a{k}"), Message::Assistant { content: vec![Block::ToolCall { id: call.clone(), name: "r".into(), arguments: "{}".into() }], model: None, stop: None, usage: None });
+        push(&mut events, format!("a{k}"), Message::Assistant { content: vec![Block::tool_call(call.clone(), "r".into(), "{}".into())], model: None, stop: None, usage: None });
         push(&mut events, format!("t{k}"), Message::ToolResult { call_id: call, tool_name: "r".into(), content: vec![Block::Text { text: "ok".into() }], is_error: false });
     }
     s.append(events).unwrap();
@@ -113,7 +113,7 @@ fn prepare_guards_a_context_whose_json_is_over_the_limit_while_its_text_is_small
     // Text and arguments: what the guard's quick test counted.
     let text: usize = context.messages.iter().flat_map(|m| m.content()).map(|b| match b {
         Block::Text { text } => text.len(),
-        Block::ToolCall { arguments, .. } => arguments.len(),
+        Block::ToolCall(c) => c.arguments.len(),
         _ => 0,
     }).sum();
     let json = |m: &[std::sync::Arc<Message>]| serde_json::to_vec(&condense_formats::export::neutral(m)).unwrap().len() as u64;
@@ -240,7 +240,7 @@ fn each_fail_closed_reason() {
     img.append(vec![model(32_000), SourceEvent::EntryAppended {
         id: "i1".into(),
         parent: None,
-        entry: Entry::Message(Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "AA".into() }], origin: UserOrigin::Prompt }),
+        entry: Entry::Message(Message::User { content: vec![Block::image("image/png".into(), "AA".into())], origin: UserOrigin::Prompt }),
     }, SourceEvent::EntryAppended {
         id: "i2".into(),
         parent: Some("i1".into()),
@@ -300,7 +300,7 @@ fn msg(id: &str, parent: Option<&str>, m: condense_events::Message) -> SourceEve
 fn call(id: &str, text: &str) -> condense_events::Message {
     use condense_events::{Block, Message};
     Message::Assistant {
-        content: vec![Block::Text { text: text.into() }, Block::ToolCall { id: id.into(), name: "bash".into(), arguments: r#"{"command":"cat src/big.log"}"#.into() }],
+        content: vec![Block::Text { text: text.into() }, Block::tool_call(id.into(), "bash".into(), r#"{"command":"cat src/big.log"}"#.into())],
         model: None,
         stop: None,
         usage: None,
@@ -506,7 +506,7 @@ fn recovery_diagnostics_name_what_happened_without_source_text() {
     let img = store.create_session("img").unwrap();
     img.append(vec![
         model(200_000),
-        msg("i1", None, Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "AA".into() }], origin: UserOrigin::Prompt }),
+        msg("i1", None, Message::User { content: vec![Block::image("image/png".into(), "AA".into())], origin: UserOrigin::Prompt }),
         msg("i2", Some("i1"), reply("seen")),
         msg("i3", Some("i2"), Message::user_text("and now?", UserOrigin::Prompt)),
         model(32_000),
@@ -599,7 +599,7 @@ fn simulate_switch_replays_a_session_onto_a_smaller_model() {
     assert_eq!(plain.rendered_input_tokens_total, late.rendered_input_tokens_total);
     // A history recovery cannot read (an image) fails closed at every retry, and says why.
     use condense_events::{Block, Message, UserOrigin};
-    let mut events = vec![msg("i1", None, Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "AA".repeat(40_000) }, Block::Text { text: "x".repeat(80_000) }], origin: UserOrigin::Prompt })];
+    let mut events = vec![msg("i1", None, Message::User { content: vec![Block::image("image/png".into(), "AA".repeat(40_000)), Block::Text { text: "x".repeat(80_000) }], origin: UserOrigin::Prompt })];
     let mut parent = "i1".to_string();
     for i in 0..4 {
         events.push(msg(&format!("a{i}"), Some(&parent), reply(&format!("reply {i}"))));

@@ -17,7 +17,7 @@ fn random_event(rng: &mut Rng, n: u64, ids: &[String], calls: &[String]) -> Sour
         3..=5 => {
             let k = rng.below(4);
             let mut content: Vec<Block> = (0..k)
-                .map(|i| Block::ToolCall { id: format!("c{}", rng.below(30)), name: "bash".into(), arguments: format!("{{\"i\":{i}}}") })
+                .map(|i| Block::tool_call(format!("c{}", rng.below(30)), "bash".into(), format!("{{\"i\":{i}}}")))
                 .collect();
             if rng.below(3) == 0 {
                 content.insert(0, Block::Text { text: format!("step {n}") });

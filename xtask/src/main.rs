@@ -614,7 +614,7 @@ fn archive_bench(md: &mut String, scratch: &Path) -> Result<()> {
     for (id, m) in &branch {
         let b: usize = m.content().iter().map(|b| match b {
             condense_events::Block::Text { text } => text.len(),
-            condense_events::Block::ToolCall { name, arguments, .. } => name.len() + arguments.len() + 8,
+            condense_events::Block::ToolCall(c) => c.name.len() + c.arguments.len() + 8,
             _ => 0,
         }).sum();
         if bytes + b > condense_recovery::MAX_SOURCE_BYTES {

@@ -242,7 +242,7 @@ mod tests {
         let cut = reply_cut(7, &reply(vec![text(&long)])).unwrap();
         assert_eq!(cut, format!("{}é […rest: context_tree_query b7]", "a".repeat(h - 1)));
         // Text blocks join with a line end; thinking is not the reply's text.
-        let two = reply(vec![Block::Thinking { thinking: "x".repeat(500), signature: None }, text("first"), text(&"b".repeat(300))]);
+        let two = reply(vec![Block::thinking("x".repeat(500), None), text("first"), text(&"b".repeat(300))]);
         assert!(reply_cut(1, &two).unwrap().starts_with(&format!("first\n{} […rest", "b".repeat(h - 6))));
         // Within the head and the marker's length: left whole.
         assert_eq!(reply_cut(1, &reply(vec![text(&"c".repeat(h + 30))])), None);

@@ -19,7 +19,7 @@
 //! assert_eq!((budget.headroom, budget.hard), (32_000, 168_000));
 //! // The handoff that stands in for the history before a cut.
 //! let read = Message::Assistant {
-//!     content: vec![Block::ToolCall { id: "c1".into(), name: "read".into(), arguments: r#"{"path":"src/main.rs"}"#.into() }],
+//!     content: vec![Block::tool_call("c1".into(), "read".into(), r#"{"path":"src/main.rs"}"#.into())],
 //!     model: None,
 //!     stop: None,
 //!     usage: None,
@@ -136,7 +136,8 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
     let mut failures = Vec::new();
     for (_, m) in messages {
         for b in m.content() {
-            if let Block::ToolCall { name, arguments, .. } = b {
+            if let Block::ToolCall(c) = b {
+                let (name, arguments) = (&c.name, &c.arguments);
                 let lower = name.to_ascii_lowercase();
                 let paths = path_values(arguments);
                 let target = if ["edit", "write", "apply_patch", "multiedit", "notebookedit"].iter().any(|w| lower.contains(w)) {
@@ -455,8 +456,8 @@ mod tests {
                 Arc::new(Message::Assistant {
                     content: vec![
                         Block::Text { text: "Reading the grammar first.".into() },
-                        Block::ToolCall { id: "1".into(), name: "read".into(), arguments: "{\"path\":\"grammar.y\"}".into() },
-                        Block::ToolCall { id: "2".into(), name: "write".into(), arguments: "{\"file_path\":\"src/parse.rs\",\"content\":\"x\"}".into() },
+                        Block::tool_call("1".into(), "read".into(), "{\"path\":\"grammar.y\"}".into()),
+                        Block::tool_call("2".into(), "write".into(), "{\"file_path\":\"src/parse.rs\",\"content\":\"x\"}".into()),
                     ],
                     model: None,
                     stop: None,

@@ -18,7 +18,7 @@ fn model(context: &[std::sync::Arc<Message>], turn: usize) -> Message {
             files
                 .iter()
                 .enumerate()
-                .map(|(k, f)| Block::ToolCall { id: format!("call-{turn}-{k}"), name: "bash".into(), arguments: format!(r#"{{"command":"cat {f}"}}"#) })
+                .map(|(k, f)| Block::tool_call(format!("call-{turn}-{k}"), "bash".into(), format!(r#"{{"command":"cat {f}"}}"#)))
                 .collect()
         }
         _ => vec![Block::Text { text: format!("Read them all; turn {turn} is done.") }],

@@ -21,7 +21,7 @@
 //!     entry: Entry::Message(m),
 //! };
 //! let ls = Message::Assistant {
-//!     content: vec![Block::ToolCall { id: "c1".into(), name: "bash".into(), arguments: r#"{"command":"ls"}"#.into() }],
+//!     content: vec![Block::tool_call("c1".into(), "bash".into(), r#"{"command":"ls"}"#.into())],
 //!     model: None,
 //!     stop: None,
 //!     usage: None,

@@ -179,12 +179,13 @@ fn checkpoint_originals(p: &Projection, checkpoints: &[u32], refs: &[u32], blob:
                     for b in m.content() {
                         match b {
                             Block::Text { text: t, .. } => text.push_str(t),
-                            Block::Thinking { thinking, .. } => {
+                            Block::Thinking(t) => {
+                                let thinking = &t.thinking;
                                 text.push_str("[thinking]\n");
                                 text.push_str(thinking);
                             }
-                            Block::ToolCall { id, name, arguments } => text.push_str(&format!("[tool call {name} {id}] {arguments}")),
-                            Block::Image { .. } => text.push_str("[image]"),
+                            Block::ToolCall(c) => text.push_str(&format!("[tool call {} {}] {}", c.name, c.id, c.arguments)),
+                            Block::Image(_) => text.push_str("[image]"),
                         }
                         text.push('\n');
                     }

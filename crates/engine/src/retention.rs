@@ -23,7 +23,8 @@ pub fn shown_text(m: &Message) -> String {
 fn shown_blocks(m: &Message) -> impl Iterator<Item = std::borrow::Cow<'_, str>> {
     m.content().iter().map(|b| match b {
         Block::Text { text } => std::borrow::Cow::Borrowed(text.as_str()),
-        Block::ToolCall { name, arguments, .. } => {
+        Block::ToolCall(c) => {
+            let (name, arguments) = (&c.name, &c.arguments);
             let mut shown = format!("{name} {arguments}");
             if arguments.contains('\\') {
                 for_each_argument_value(arguments, |v| {
@@ -33,7 +34,7 @@ fn shown_blocks(m: &Message) -> impl Iterator<Item = std::borrow::Cow<'_, str>> 
             }
             std::borrow::Cow::Owned(shown)
         }
-        Block::Thinking { .. } | Block::Image { .. } => std::borrow::Cow::Borrowed(""),
+        Block::Thinking(_) | Block::Image(_) => std::borrow::Cow::Borrowed(""),
     })
 }
 
@@ -52,8 +53,8 @@ fn used_facts(m: &Message, out: &mut impl FactSet) {
     for b in m.content() {
         match b {
             Block::Text { text } => facts_into(text, out),
-            Block::ToolCall { arguments, .. } => argument_facts_into(arguments, out),
-            Block::Thinking { .. } | Block::Image { .. } => {}
+            Block::ToolCall(c) => argument_facts_into(&c.arguments, out),
+            Block::Thinking(_) | Block::Image(_) => {}
         }
     }
 }
@@ -112,7 +113,7 @@ mod tests {
         let answer = Message::Assistant {
             content: vec![
                 Block::Text { text: "frobnicate_all at 4096 in src/user_given.rs; also invented_name".into() },
-                Block::ToolCall { id: "c2".into(), name: "edit".into(), arguments: r#"{"path":"src/user_given.rs"}"#.into() },
+                Block::tool_call("c2".into(), "edit".into(), r#"{"path":"src/user_given.rs"}"#.into()),
             ],
             model: None,
             stop: None,
@@ -133,11 +134,11 @@ mod tests {
             content: vec![Block::Text { text: "edit_file takes file_path and new_string; parse_config(\"some quoted text\") in src/a.rs".into() }],
             is_error: false,
         });
-        let call = Block::ToolCall {
-            id: "c2".into(),
-            name: "edit_file".into(),
-            arguments: r#"{"file_path":"src/a.rs","new_string":"x\nparse_config(\"some quoted text\")"}"#.into(),
-        };
+        let call = Block::tool_call(
+            "c2".into(),
+            "edit_file".into(),
+            r#"{"file_path":"src/a.rs","new_string":"x\nparse_config(\"some quoted text\")"}"#.into(),
+        );
         let answer = Message::Assistant { content: vec![call], model: None, stop: None, usage: None };
         let needed = seen.needed(&answer);
         // The escapes decoded: the value's second line starts with the name, and the quotes pair.

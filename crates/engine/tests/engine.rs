@@ -8,7 +8,7 @@ fn entry(n: usize) -> SourceEvent {
     let message = match n % 3 {
         0 => Message::user_text(format!("prompt {n}"), UserOrigin::Prompt),
         1 => Message::Assistant {
-            content: vec![Block::ToolCall { id: format!("c{n}"), name: "bash".into(), arguments: "{}".into() }],
+            content: vec![Block::tool_call(format!("c{n}"), "bash".into(), "{}".into())],
             model: None,
             stop: None,
             usage: None,

@@ -3,7 +3,10 @@
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-/// One content block of a message.
+/// One content block of a message. A text block is the size of its `String` (24 bytes); the rarer kinds
+/// of two or three strings are boxed, so a list of text blocks — most of every session — is not laid out
+/// for a tool call's three strings (72 bytes a block). Serialized as if the variants held their fields
+/// inline: the events' bytes are the same either way.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Block {
     /// Plain text.
@@ -12,38 +15,65 @@ pub enum Block {
         text: String,
     },
     /// Model reasoning, with the provider's signature when it gave one.
-    Thinking {
-        /// The reasoning text (or the provider's summary of it).
-        thinking: String,
-        /// Opaque signature needed to send the block back to its provider.
-        signature: Option<String>,
-    },
+    Thinking(Box<Thinking>),
     /// A tool call made by the assistant.
-    ToolCall {
-        /// The provider's call id (pairs with [`Message::ToolResult::call_id`]).
-        id: String,
-        /// Tool name.
-        name: String,
-        /// Arguments as the source gave them: compact JSON text, or the raw string when the source held one.
-        arguments: String,
-    },
+    ToolCall(Box<ToolCall>),
     /// An image, base64-encoded (or a reference the host understands).
-    Image {
-        /// MIME type such as `image/png`.
-        mime: String,
-        /// Base64 data or reference.
-        data: String,
-    },
+    Image(Box<Image>),
+}
+
+/// Model reasoning ([`Block::Thinking`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Thinking {
+    /// The reasoning text (or the provider's summary of it).
+    pub thinking: String,
+    /// Opaque signature needed to send the block back to its provider.
+    pub signature: Option<String>,
+}
+
+/// A tool call ([`Block::ToolCall`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The provider's call id (pairs with [`Message::ToolResult::call_id`]).
+    pub id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments as the source gave them: compact JSON text, or the raw string when the source held one.
+    pub arguments: String,
+}
+
+/// An image ([`Block::Image`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Image {
+    /// MIME type such as `image/png`.
+    pub mime: String,
+    /// Base64 data or reference.
+    pub data: String,
 }
 
 impl Block {
+    /// A reasoning block.
+    pub fn thinking(thinking: String, signature: Option<String>) -> Block {
+        Block::Thinking(Box::new(Thinking { thinking, signature }))
+    }
+
+    /// A tool call.
+    pub fn tool_call(id: String, name: String, arguments: String) -> Block {
+        Block::ToolCall(Box::new(ToolCall { id, name, arguments }))
+    }
+
+    /// An image.
+    pub fn image(mime: String, data: String) -> Block {
+        Block::Image(Box::new(Image { mime, data }))
+    }
+
     /// Short name of the block kind, as used in reports and snapshots.
     pub fn kind(&self) -> &'static str {
         match self {
             Block::Text { .. } => "text",
-            Block::Thinking { .. } => "thinking",
-            Block::ToolCall { .. } => "tool_call",
-            Block::Image { .. } => "image",
+            Block::Thinking(_) => "thinking",
+            Block::ToolCall(_) => "tool_call",
+            Block::Image(_) => "image",
         }
     }
 }
@@ -180,8 +210,9 @@ pub enum Message {
         model: Option<String>,
         /// Why it ended, when known.
         stop: Option<StopReason>,
-        /// Usage the provider reported for the request that produced it.
-        usage: Option<Usage>,
+        /// Usage the provider reported for the request that produced it (boxed: most messages are not
+        /// an assistant's, and a message is as large as its largest kind).
+        usage: Option<Box<Usage>>,
     },
     /// The result of one tool call.
     ToolResult {
@@ -221,9 +252,9 @@ impl Message {
             .iter()
             .map(|b| match b {
                 Block::Text { text } => text.len(),
-                Block::Thinking { thinking, signature } => thinking.len() + signature.as_ref().map_or(0, String::len),
-                Block::ToolCall { id, name, arguments } => id.len() + name.len() + arguments.len(),
-                Block::Image { mime, data } => mime.len() + data.len(),
+                Block::Thinking(t) => t.thinking.len() + t.signature.as_ref().map_or(0, String::len),
+                Block::ToolCall(c) => c.id.len() + c.name.len() + c.arguments.len(),
+                Block::Image(i) => i.mime.len() + i.data.len(),
             })
             .sum()
     }
@@ -239,12 +270,12 @@ impl Message {
         for b in content {
             match b {
                 Block::Text { text } => text.shrink_to_fit(),
-                Block::Thinking { thinking, signature } => {
-                    thinking.shrink_to_fit();
-                    signature.iter_mut().for_each(String::shrink_to_fit);
+                Block::Thinking(t) => {
+                    t.thinking.shrink_to_fit();
+                    t.signature.iter_mut().for_each(String::shrink_to_fit);
                 }
-                Block::ToolCall { id, name, arguments } => [id, name, arguments].into_iter().for_each(String::shrink_to_fit),
-                Block::Image { mime, data } => [mime, data].into_iter().for_each(String::shrink_to_fit),
+                Block::ToolCall(c) => [&mut c.id, &mut c.name, &mut c.arguments].into_iter().for_each(String::shrink_to_fit),
+                Block::Image(i) => [&mut i.mime, &mut i.data].into_iter().for_each(String::shrink_to_fit),
             }
         }
     }
@@ -261,7 +292,7 @@ impl Message {
             _ => &[],
         };
         blocks.iter().filter_map(|b| match b {
-            Block::ToolCall { id, name, arguments } => Some((id.as_str(), name.as_str(), arguments.as_str())),
+            Block::ToolCall(c) => Some((c.id.as_str(), c.name.as_str(), c.arguments.as_str())),
             _ => None,
         })
     }

@@ -72,7 +72,8 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                 }
                 let blocks = assistant_blocks(msg.get_mut("content").map(Value::take), &mut |m| diags.push(diag(n, m)));
                 for blk in &blocks {
-                    if let Block::ToolCall { id, name, .. } = blk {
+                    if let Block::ToolCall(c) = blk {
+                        let (id, name) = (&c.id, &c.name);
                         b.names.insert(id.clone(), name.clone());
                     }
                 }
@@ -192,10 +193,10 @@ fn refine_origin(origin: UserOrigin, text: &str) -> UserOrigin {
 
 pub(crate) fn image(blk: &mut Value) -> Block {
     let src = blk.get_mut("source").map(Value::take).unwrap_or(Value::Null);
-    Block::Image {
-        mime: str_of(&src, "media_type").unwrap_or("image/png").to_string(),
-        data: str_of(&src, "data").or_else(|| str_of(&src, "url")).unwrap_or("").to_string(),
-    }
+    Block::image(
+        str_of(&src, "media_type").unwrap_or("image/png").to_string(),
+        str_of(&src, "data").or_else(|| str_of(&src, "url")).unwrap_or("").to_string(),
+    )
 }
 
 pub(crate) fn assistant_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)) -> Vec<Block> {
@@ -205,19 +206,19 @@ pub(crate) fn assistant_blocks(content: Option<Value>, diag: &mut dyn FnMut(Stri
             for mut b in blocks {
                 match str_of(&b, "type") {
                     Some("text") => out.push(Block::Text { text: take_str(&mut b, "text").unwrap_or_default() }),
-                    Some("thinking") => out.push(Block::Thinking {
-                        thinking: take_str(&mut b, "thinking").unwrap_or_default(),
-                        signature: take_str(&mut b, "signature").filter(|s| !s.is_empty()),
-                    }),
-                    Some("redacted_thinking") => out.push(Block::Thinking {
-                        thinking: String::new(),
-                        signature: take_str(&mut b, "data"),
-                    }),
-                    Some("tool_use" | "server_tool_use") => out.push(Block::ToolCall {
-                        id: take_str(&mut b, "id").unwrap_or_default(),
-                        name: take_str(&mut b, "name").unwrap_or_default(),
-                        arguments: b.get("input").map_or_else(|| "{}".to_string(), json_text),
-                    }),
+                    Some("thinking") => out.push(Block::thinking(
+                        take_str(&mut b, "thinking").unwrap_or_default(),
+                        take_str(&mut b, "signature").filter(|s| !s.is_empty()),
+                    )),
+                    Some("redacted_thinking") => out.push(Block::thinking(
+                        String::new(),
+                        take_str(&mut b, "data"),
+                    )),
+                    Some("tool_use" | "server_tool_use") => out.push(Block::tool_call(
+                        take_str(&mut b, "id").unwrap_or_default(),
+                        take_str(&mut b, "name").unwrap_or_default(),
+                        b.get("input").map_or_else(|| "{}".to_string(), json_text),
+                    )),
                     other => diag(format!("unknown assistant block type {other:?} dropped")),
                 }
             }
@@ -290,13 +291,13 @@ impl Builder {
                         *s = stop;
                     }
                     if usage.is_some() {
-                        *u = usage;
+                        *u = usage.map(Box::new);
                     }
                     return;
                 }
             }
         }
-        self.entries.push((uuid, Entry::Message(Message::Assistant { content: blocks, model, stop, usage })));
+        self.entries.push((uuid, Entry::Message(Message::Assistant { content: blocks, model, stop, usage: usage.map(Box::new) })));
         self.open = msg_id.map(|id| (self.entries.len() - 1, id));
     }
 

@@ -308,7 +308,8 @@ impl History {
 
     fn assistant_block(&mut self, b: Block) {
         self.flush_event_prompt();
-        if let Block::ToolCall { id, name, .. } = &b {
+        if let Block::ToolCall(c) = &b {
+            let (id, name) = (&c.id, &c.name);
             self.names.insert(id.clone(), name.clone());
         }
         if self.open {
@@ -362,7 +363,7 @@ impl History {
                     }
                     thinking.push_str(&text);
                 }
-                self.assistant_block(Block::Thinking { thinking, signature: it.encrypted_content });
+                self.assistant_block(Block::thinking(thinking, it.encrypted_content));
             }
             "function_call" | "custom_tool_call" | "local_shell_call" | "tool_search_call" => {
                 let id = it.call_id.or(it.id).unwrap_or_else(|| format!("call_line{n}"));
@@ -374,7 +375,7 @@ impl History {
                     (None, _, Some(action)) => json_text(&action),
                     _ => "{}".to_string(),
                 };
-                self.assistant_block(Block::ToolCall { id, name, arguments });
+                self.assistant_block(Block::tool_call(id, name, arguments));
             }
             "function_call_output" | "custom_tool_call_output" | "local_shell_call_output" | "tool_search_output" => {
                 let id = it.call_id.unwrap_or_default();
@@ -388,7 +389,7 @@ impl History {
                 // result that states its status, so the pair stays valid for every provider.
                 let id = it.id.unwrap_or_else(|| format!("ws_line{n}"));
                 let arguments = it.action.as_ref().map_or_else(|| "{}".to_string(), json_text);
-                self.assistant_block(Block::ToolCall { id: id.clone(), name: "web_search".into(), arguments });
+                self.assistant_block(Block::tool_call(id.clone(), "web_search".into(), arguments));
                 let status = it.status.unwrap_or_else(|| "unknown".into());
                 self.result(id, Some(Value::String(format!("web search {status}"))));
             }
@@ -411,7 +412,7 @@ impl History {
 /// type, anything else is taken as PNG.
 pub(crate) fn url_image(url: String) -> Block {
     let mime = url.strip_prefix("data:").and_then(|r| r.split(';').next()).unwrap_or("image/png").to_string();
-    Block::Image { mime, data: url }
+    Block::image(mime, url)
 }
 
 /// Text of a tool output and whether it reports a failure (a non-zero exit code).

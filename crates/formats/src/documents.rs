@@ -251,13 +251,13 @@ impl Doc {
                         match str_of(p, "type") {
                             Some("step-start") => flush(self, &mut step, &mut content, &mut results),
                             Some("text") => content.push(Block::Text { text: str_of(p, "text").unwrap_or("").to_string() }),
-                            Some("reasoning") => content.push(Block::Thinking { thinking: str_of(p, "text").unwrap_or("").to_string(), signature: None }),
+                            Some("reasoning") => content.push(Block::thinking(str_of(p, "text").unwrap_or("").to_string(), None)),
                             Some("tool") => {
                                 let call = str_of(p, "callID").map_or_else(|| format!("{id}-call{k}"), str::to_string);
                                 let tool = str_of(p, "tool").unwrap_or("tool").to_string();
                                 let state = p.get("state").cloned().unwrap_or(Value::Null);
                                 let input = state.get("input").map(json_text).unwrap_or_else(|| "{}".into());
-                                content.push(Block::ToolCall { id: call.clone(), name: tool.clone(), arguments: input });
+                                content.push(Block::tool_call(call.clone(), tool.clone(), input));
                                 let rid = str_of(p, "id").map_or_else(|| format!("{id}-result{k}"), str::to_string);
                                 match str_of(&state, "status") {
                                     Some("completed") => results.push((rid, result(&call, &tool, text_of(state.get("output").unwrap_or(&Value::Null)), false))),
@@ -289,7 +289,7 @@ impl Doc {
                     let mut content = Vec::new();
                     for t in m.get("thoughts").and_then(Value::as_array).into_iter().flatten() {
                         let thinking = [str_of(t, "subject"), str_of(t, "description")].into_iter().flatten().collect::<Vec<_>>().join(": ");
-                        content.push(Block::Thinking { thinking, signature: None });
+                        content.push(Block::thinking(thinking, None));
                     }
                     let text = text_of(m.get("content").unwrap_or(&Value::Null));
                     if !text.is_empty() {
@@ -299,7 +299,7 @@ impl Doc {
                     for (k, c) in m.get("toolCalls").and_then(Value::as_array).into_iter().flatten().enumerate() {
                         let call = str_of(c, "id").map_or_else(|| format!("{id}-call{k}"), str::to_string);
                         let name = str_of(c, "name").unwrap_or("tool").to_string();
-                        content.push(Block::ToolCall { id: call.clone(), name: name.clone(), arguments: c.get("args").map(json_text).unwrap_or_else(|| "{}".into()) });
+                        content.push(Block::tool_call(call.clone(), name.clone(), c.get("args").map(json_text).unwrap_or_else(|| "{}".into())));
                         let output: Vec<String> = c
                             .get("result")
                             .and_then(Value::as_array)
@@ -387,7 +387,7 @@ impl Doc {
                             open = Some((response, id.clone(), content));
                         }
                         if let Some((_, _, content)) = open.as_mut() {
-                            content.push(Block::ToolCall { id: call, name, arguments });
+                            content.push(Block::tool_call(call, name, arguments));
                         }
                     }
                     ("agent", "message", None) => {
@@ -436,7 +436,7 @@ impl Doc {
                 Some("assistant") => {
                     let mut blocks = Vec::new();
                     if let Some(r) = str_of(m, "reasoning_content").filter(|r| !r.is_empty()) {
-                        blocks.push(Block::Thinking { thinking: r.to_string(), signature: None });
+                        blocks.push(Block::thinking(r.to_string(), None));
                     }
                     if !content.is_empty() {
                         blocks.push(Block::Text { text: content });
@@ -451,7 +451,7 @@ impl Doc {
                         let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or("tool").to_string();
                         let arguments = c.pointer("/function/arguments").map(text_of).unwrap_or_else(|| "{}".into());
                         tools.insert(call.clone(), name.clone());
-                        blocks.push(Block::ToolCall { id: call, name, arguments });
+                        blocks.push(Block::tool_call(call, name, arguments));
                     }
                     if blocks.is_empty() {
                         self.diag(format!("{field}[{i}]"), "empty assistant message skipped");

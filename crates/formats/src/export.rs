@@ -39,9 +39,9 @@ fn neutral_message(m: &Message) -> Value {
 fn neutral_block(b: &Block) -> Value {
     match b {
         Block::Text { text } => json!({"type": "text", "text": text}),
-        Block::Thinking { thinking, signature } => json!({"type": "thinking", "thinking": thinking, "signature": signature}),
-        Block::ToolCall { id, name, arguments } => json!({"type": "tool_call", "id": id, "name": name, "arguments": arguments}),
-        Block::Image { mime, data } => json!({"type": "image", "mime": mime, "data": data}),
+        Block::Thinking(t) => json!({"type": "thinking", "thinking": t.thinking, "signature": t.signature}),
+        Block::ToolCall(c) => json!({"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}),
+        Block::Image(i) => json!({"type": "image", "mime": i.mime, "data": i.data}),
     }
 }
 
@@ -88,8 +88,8 @@ pub fn openai<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
                             .iter()
                             .filter_map(|b| match b {
                                 Block::Text { text } => Some(json!({"type": "text", "text": text})),
-                                Block::Image { mime, data } => {
-                                    Some(json!({"type": "image_url", "image_url": {"url": data_url(mime, data)}}))
+                                Block::Image(i) => {
+                                    Some(json!({"type": "image_url", "image_url": {"url": data_url(&i.mime, &i.data)}}))
                                 }
                                 _ => None,
                             })
@@ -122,7 +122,7 @@ pub fn openai<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
                 for b in content {
                     match b {
                         Block::Text { text: t } => text.push_str(t),
-                        Block::Image { .. } => text.push_str("[image omitted: tool messages carry text only]"),
+                        Block::Image(_) => text.push_str("[image omitted: tool messages carry text only]"),
                         _ => {}
                     }
                 }
@@ -145,7 +145,7 @@ pub fn responses<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                     .iter()
                     .filter_map(|b| match b {
                         Block::Text { text } => Some(json!({"type": "input_text", "text": text})),
-                        Block::Image { mime, data } => Some(json!({"type": "input_image", "image_url": data_url(mime, data)})),
+                        Block::Image(i) => Some(json!({"type": "input_image", "image_url": data_url(&i.mime, &i.data)})),
                         _ => None,
                     })
                     .collect();
@@ -161,9 +161,9 @@ pub fn responses<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                 for b in content {
                     match b {
                         Block::Text { text } if !text.is_empty() => texts.push(json!({"type": "output_text", "text": text, "annotations": []})),
-                        Block::ToolCall { id, name, arguments } => {
+                        Block::ToolCall(c) => {
                             flush(&mut texts, &mut out);
-                            out.push(json!({"type": "function_call", "call_id": id, "name": provider_tool_name(name), "arguments": arguments}));
+                            out.push(json!({"type": "function_call", "call_id": c.id, "name": provider_tool_name(&c.name), "arguments": c.arguments}));
                         }
                         _ => {}
                     }
@@ -175,7 +175,7 @@ pub fn responses<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                 for b in content {
                     match b {
                         Block::Text { text: t } => text.push_str(t),
-                        Block::Image { .. } => text.push_str("[image omitted: tool outputs carry text only]"),
+                        Block::Image(_) => text.push_str("[image omitted: tool outputs carry text only]"),
                         _ => {}
                     }
                 }
@@ -235,7 +235,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                     .iter()
                     .filter_map(|b| match b {
                         Block::Text { text } if !text.trim().is_empty() => Some(json!({"type": "text", "text": text})),
-                        Block::Image { mime, data } => Some(anthropic_image(mime, data)),
+                        Block::Image(i) => Some(anthropic_image(&i.mime, &i.data)),
                         _ => None,
                     })
                     .collect::<Vec<_>>(),
@@ -246,15 +246,15 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                     .iter()
                     .filter_map(|b| match b {
                         Block::Text { text } if !text.trim().is_empty() => Some(json!({"type": "text", "text": text})),
-                        Block::Thinking { thinking, signature: Some(sig) } if !thinking.is_empty() => {
-                            Some(json!({"type": "thinking", "thinking": thinking, "signature": sig}))
+                        Block::Thinking(t) if !t.thinking.is_empty() && t.signature.is_some() => {
+                            Some(json!({"type": "thinking", "thinking": t.thinking, "signature": t.signature}))
                         }
-                        Block::ToolCall { id, name, arguments } => {
-                            let input = match serde_json::from_str::<Value>(arguments) {
+                        Block::ToolCall(c) => {
+                            let input = match serde_json::from_str::<Value>(&c.arguments) {
                                 Ok(v @ Value::Object(_)) => v,
-                                _ => json!({"input": arguments}),
+                                _ => json!({"input": c.arguments}),
                             };
-                            Some(json!({"type": "tool_use", "id": id_of(id), "name": provider_tool_name(name), "input": input}))
+                            Some(json!({"type": "tool_use", "id": id_of(&c.id), "name": provider_tool_name(&c.name), "input": input}))
                         }
                         _ => None,
                     })
@@ -265,7 +265,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                     .iter()
                     .filter_map(|b| match b {
                         Block::Text { text } if !text.trim().is_empty() => Some(json!({"type": "text", "text": text})),
-                        Block::Image { mime, data } => Some(anthropic_image(mime, data)),
+                        Block::Image(i) => Some(anthropic_image(&i.mime, &i.data)),
                         _ => None,
                     })
                     .collect();
@@ -337,7 +337,7 @@ mod tests {
 
     #[test]
     fn a_tool_use_id_repeated_across_messages_is_made_unique_for_anthropic() {
-        let call = |id: &str| Message::Assistant { content: vec![Block::ToolCall { id: id.into(), name: "bash".into(), arguments: "{}".into() }], model: None, stop: None, usage: None };
+        let call = |id: &str| Message::Assistant { content: vec![Block::tool_call(id.into(), "bash".into(), "{}".into())], model: None, stop: None, usage: None };
         let result = |id: &str, t: &str| Message::ToolResult { call_id: id.into(), tool_name: "bash".into(), content: vec![Block::Text { text: t.into() }], is_error: false };
         let ms = vec![Message::user_text("go", UserOrigin::Prompt), call("call_0"), result("call_0", "a"), call("call_0"), result("call_0", "b"), call("call_0_2"), result("call_0_2", "c")];
         let v = anthropic(&ms.into_iter().map(std::sync::Arc::new).collect::<Vec<_>>());
@@ -370,7 +370,7 @@ mod tests {
         assert!(valid(&provider_tool_name(&long)) && provider_tool_name(&long).len() == 64);
         assert!(valid(&provider_tool_name("")));
         // In every provider format.
-        let m = Message::Assistant { content: vec![Block::ToolCall { id: "c1".into(), name: odd.into(), arguments: "{}".into() }], model: None, stop: None, usage: None };
+        let m = Message::Assistant { content: vec![Block::tool_call("c1".into(), odd.into(), "{}".into())], model: None, stop: None, usage: None };
         let ms = [&m];
         assert_eq!(openai(&ms)[0]["tool_calls"][0]["function"]["name"], a.as_ref());
         assert_eq!(anthropic(&ms)["messages"][0]["content"][0]["name"], a.as_ref());
@@ -381,7 +381,7 @@ mod tests {
     fn a_thinking_only_assistant_message_is_left_out_of_chat_completions() {
         let messages = [
             Message::user_text("hi", UserOrigin::Prompt),
-            Message::Assistant { content: vec![Block::Thinking { thinking: "hmm".into(), signature: None }], model: None, stop: None, usage: None },
+            Message::Assistant { content: vec![Block::thinking("hmm".into(), None)], model: None, stop: None, usage: None },
             Message::user_text("again", UserOrigin::Prompt),
             Message::Assistant { content: vec![Block::Text { text: "hello".into() }], model: None, stop: None, usage: None },
         ];

@@ -183,15 +183,15 @@ fn message(mut m: Value, _line: u64, diag: &mut dyn FnMut(String)) -> Entry {
                 for mut b in blocks {
                     match str_of(&b, "type") {
                         Some("text") => content.push(Block::Text { text: take_str(&mut b, "text").unwrap_or_default() }),
-                        Some("thinking") => content.push(Block::Thinking {
-                            thinking: take_str(&mut b, "thinking").unwrap_or_default(),
-                            signature: take_str(&mut b, "thinkingSignature").filter(|s| !s.is_empty()),
-                        }),
-                        Some("toolCall") => content.push(Block::ToolCall {
-                            id: take_str(&mut b, "id").unwrap_or_default(),
-                            name: take_str(&mut b, "name").unwrap_or_default(),
-                            arguments: b.get("arguments").map_or_else(|| "{}".to_string(), json_text),
-                        }),
+                        Some("thinking") => content.push(Block::thinking(
+                            take_str(&mut b, "thinking").unwrap_or_default(),
+                            take_str(&mut b, "thinkingSignature").filter(|s| !s.is_empty()),
+                        )),
+                        Some("toolCall") => content.push(Block::tool_call(
+                            take_str(&mut b, "id").unwrap_or_default(),
+                            take_str(&mut b, "name").unwrap_or_default(),
+                            b.get("arguments").map_or_else(|| "{}".to_string(), json_text),
+                        )),
                         other => diag(format!("unknown assistant block type {other:?} dropped")),
                     }
                 }
@@ -203,7 +203,7 @@ fn message(mut m: Value, _line: u64, diag: &mut dyn FnMut(String)) -> Entry {
                 cache_read: u.get("cacheRead").and_then(Value::as_u64).unwrap_or(0),
                 cache_write: u.get("cacheWrite").and_then(Value::as_u64).unwrap_or(0),
             });
-            Entry::Message(Message::Assistant { content, model: take_str(&mut m, "model"), stop, usage })
+            Entry::Message(Message::Assistant { content, model: take_str(&mut m, "model"), stop, usage: usage.map(Box::new) })
         }
         "toolResult" => {
             let content = m.get_mut("content").map(Value::take).unwrap_or(Value::Null);
@@ -277,10 +277,10 @@ pub(crate) fn user_blocks(content: Value, diag: &mut dyn FnMut(String)) -> Vec<B
             for mut b in blocks {
                 match str_of(&b, "type") {
                     Some("text") => out.push(Block::Text { text: take_str(&mut b, "text").unwrap_or_default() }),
-                    Some("image") => out.push(Block::Image {
-                        mime: take_str(&mut b, "mimeType").unwrap_or_else(|| "image/png".into()),
-                        data: take_str(&mut b, "data").unwrap_or_default(),
-                    }),
+                    Some("image") => out.push(Block::image(
+                        take_str(&mut b, "mimeType").unwrap_or_else(|| "image/png".into()),
+                        take_str(&mut b, "data").unwrap_or_default(),
+                    )),
                     other => diag(format!("unknown content block type {other:?} dropped")),
                 }
             }
@@ -311,15 +311,15 @@ pub(crate) fn fast(text: &str) -> Option<FastEntry> {
                 for b in blocks {
                     content.push(match b.kind.as_deref()? {
                         "text" => Block::Text { text: owned(b.text) },
-                        "thinking" => Block::Thinking { thinking: owned(b.thinking), signature: b.thinking_signature.map(String::from).filter(|s| !s.is_empty()) },
-                        "toolCall" => Block::ToolCall {
-                            id: owned(b.id),
-                            name: owned(b.name),
-                            arguments: match b.arguments {
+                        "thinking" => Block::thinking(owned(b.thinking), b.thinking_signature.map(String::from).filter(|s| !s.is_empty())),
+                        "toolCall" => Block::tool_call(
+                            owned(b.id),
+                            owned(b.name),
+                            match b.arguments {
                                 None => "{}".to_string(),
                                 Some(a) => json_text_of_raw(a)?,
                             },
-                        },
+                        ),
                         _ => return None,
                     });
                 }
@@ -329,7 +329,7 @@ pub(crate) fn fast(text: &str) -> Option<FastEntry> {
                 let u = u.map(|u| u.0).unwrap_or_default();
                 Usage { input: u.input.unwrap_or(0), output: u.output.unwrap_or(0), cache_read: u.cache_read.unwrap_or(0), cache_write: u.cache_write.unwrap_or(0) }
             });
-            Entry::Message(Message::Assistant { content, model: m.model.map(String::from), stop, usage })
+            Entry::Message(Message::Assistant { content, model: m.model.map(String::from), stop, usage: usage.map(Box::new) })
         }
         "toolResult" => Entry::Message(Message::ToolResult {
             call_id: owned(m.tool_call_id),
@@ -356,7 +356,7 @@ fn fast_user_blocks(content: Option<fast_shape::Content<'_>>) -> Option<Vec<Bloc
             for b in blocks {
                 out.push(match b.kind.as_deref()? {
                     "text" => Block::Text { text: owned(b.text) },
-                    "image" => Block::Image { mime: b.mime_type.map_or_else(|| "image/png".into(), String::from), data: owned(b.data) },
+                    "image" => Block::image(b.mime_type.map_or_else(|| "image/png".into(), String::from), owned(b.data)),
                     _ => return None,
                 });
             }

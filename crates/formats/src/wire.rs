@@ -619,11 +619,11 @@ enum Content<'a> {
 fn assistant_block(b: &Value, out: &mut Vec<Block>) {
     match str_of(b, "type") {
         Some("text") => out.push(Block::Text { text: str_of(b, "text").unwrap_or("").to_string() }),
-        Some("tool_use" | "server_tool_use") => out.push(Block::ToolCall {
-            id: str_of(b, "id").unwrap_or("").to_string(),
-            name: str_of(b, "name").unwrap_or("").to_string(),
-            arguments: b.get("input").map_or_else(|| "{}".to_string(), json_text),
-        }),
+        Some("tool_use" | "server_tool_use") => out.push(Block::tool_call(
+            str_of(b, "id").unwrap_or("").to_string(),
+            str_of(b, "name").unwrap_or("").to_string(),
+            b.get("input").map_or_else(|| "{}".to_string(), json_text),
+        )),
         _ => out.extend(assistant_blocks(Some(Value::Array(vec![b.clone()])), &mut |_| {})),
     }
 }
@@ -813,15 +813,15 @@ fn chat_message(obj: &Value, content: Field<'_, '_>, calls: Field<'_, '_>, at: &
             }
             let calls = calls.map_list(&format!("{at}.tool_calls"), |j, c| {
                 let f = c.get("function").ok_or_else(|| werr(format!("{at}.tool_calls[{j}]"), "`function` is missing"))?;
-                Ok(Block::ToolCall {
-                    id: str_of(c, "id").unwrap_or("").to_string(),
-                    name: str_of(f, "name").unwrap_or("").to_string(),
-                    arguments: match f.get("arguments") {
+                Ok(Block::tool_call(
+                    str_of(c, "id").unwrap_or("").to_string(),
+                    str_of(f, "name").unwrap_or("").to_string(),
+                    match f.get("arguments") {
                         Some(Value::String(s)) => s.clone(),
                         Some(v) => json_text(v),
                         None => "{}".into(),
                     },
-                })
+                ))
             })?;
             // A reply of calls alone (most of them) keeps the calls' list rather than copying it.
             if content.is_empty() {
@@ -865,7 +865,7 @@ fn responses_assistant_blocks(item: &Value, content: Field<'_, '_>, at: &str) ->
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(|p| str_of(p, "text")).collect())
                 .unwrap_or_default();
-            vec![Block::Thinking { thinking: text.join("\n"), signature: str_of(item, "encrypted_content").map(str::to_string) }]
+            vec![Block::thinking(text.join("\n"), str_of(item, "encrypted_content").map(str::to_string))]
         }
         Some(t) => {
             let id = str_of(item, "call_id").or_else(|| str_of(item, "id")).unwrap_or("").to_string();
@@ -877,7 +877,7 @@ fn responses_assistant_blocks(item: &Value, content: Field<'_, '_>, at: &str) ->
                 (None, _, Some(action)) => json_text(action),
                 _ => "{}".to_string(),
             };
-            vec![Block::ToolCall { id, name, arguments }]
+            vec![Block::tool_call(id, name, arguments)]
         }
     })
 }
@@ -1560,7 +1560,7 @@ mod tests {
 
     #[test]
     fn anthropic_never_gets_white_space_only_text() {
-        let m = Message::Assistant { content: vec![Block::Text { text: "\n\n".into() }, Block::ToolCall { id: "t".into(), name: "Bash".into(), arguments: "{}".into() }], model: None, stop: None, usage: None };
+        let m = Message::Assistant { content: vec![Block::Text { text: "\n\n".into() }, Block::tool_call("t".into(), "Bash".into(), "{}".into())], model: None, stop: None, usage: None };
         let o = from_neutral(Api::Anthropic, &m).unwrap();
         assert_eq!(o.parts.len(), 1);
         assert_eq!(o.parts[0]["type"], "tool_use");

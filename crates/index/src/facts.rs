@@ -269,7 +269,7 @@ impl FactsSeen {
             for b in m.content() {
                 match b {
                     Block::Text { text } => facts_into(text, &mut found),
-                    Block::ToolCall { arguments, .. } => argument_facts_into(arguments, &mut found),
+                    Block::ToolCall(c) => argument_facts_into(&c.arguments, &mut found),
                     _ => {}
                 }
             }
@@ -388,7 +388,7 @@ mod tests {
         let text = |t: &str| vec![Block::Text { text: t.into() }];
         let branch = [
             Message::user_text("fix parse_config in src/lib.rs", UserOrigin::Prompt),
-            Message::Assistant { content: vec![Block::ToolCall { id: "c1".into(), name: "read".into(), arguments: r#"{"path":"src/lib.rs"}"#.into() }], model: None, stop: None, usage: None },
+            Message::Assistant { content: vec![Block::tool_call("c1".into(), "read".into(), r#"{"path":"src/lib.rs"}"#.into())], model: None, stop: None, usage: None },
             Message::ToolResult { call_id: "c1".into(), tool_name: "read".into(), content: text("fn parse_config() -> ConfigError { load_all(); LATE_NAME }"), is_error: false },
             Message::Assistant { content: text("ConfigError comes from load_all; parse_config stays; NEW_NAME is mine"), model: None, stop: None, usage: None },
             Message::ToolResult { call_id: "c2".into(), tool_name: "bash".into(), content: text("NEW_NAME"), is_error: false },
@@ -405,7 +405,7 @@ mod tests {
         // A call's argument values, decoded: the name that starts the second line of an edit is
         // `load_all`, not `nload_all`, and the key `new_text` is not a name used.
         let edit = Message::Assistant {
-            content: vec![Block::ToolCall { id: "c3".into(), name: "edit".into(), arguments: r#"{"new_text":"x\nload_all()"}"#.into() }],
+            content: vec![Block::tool_call("c3".into(), "edit".into(), r#"{"new_text":"x\nload_all()"}"#.into())],
             model: None,
             stop: None,
             usage: None,

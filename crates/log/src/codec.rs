@@ -398,4 +398,41 @@ mod tests {
             let _ = decode_envelope(1, 1, &bad);
         }
     }
+
+    /// Logs written while a tool call, reasoning and an image were struct variants of `Block`, and an
+    /// assistant's usage was inline, read back the same now that they are boxed (a text block is 24 bytes,
+    /// not 72): where a value keeps its fields does not change its bytes.
+    #[test]
+    fn blocks_keep_their_bytes_now_that_the_rare_kinds_are_boxed() {
+        use condense_events::Block;
+        #[derive(serde::Serialize)]
+        enum Before {
+            Text { text: String },
+            Thinking { thinking: String, signature: Option<String> },
+            ToolCall { id: String, name: String, arguments: String },
+            Image { mime: String, data: String },
+        }
+        let before = vec![
+            Before::Text { text: "a".into() },
+            Before::Thinking { thinking: "b".into(), signature: Some("s".into()) },
+            Before::ToolCall { id: "c1".into(), name: "bash".into(), arguments: "{}".into() },
+            Before::Image { mime: "image/png".into(), data: "AA".into() },
+        ];
+        let now = vec![
+            Block::Text { text: "a".into() },
+            Block::thinking("b".into(), Some("s".into())),
+            Block::tool_call("c1".into(), "bash".into(), "{}".into()),
+            Block::image("image/png".into(), "AA".into()),
+        ];
+        let cfg = bincode::config::legacy();
+        let written = bincode::serde::encode_to_vec(&before, cfg).expect("encodes");
+        assert_eq!(bincode::serde::encode_to_vec(&now, cfg).expect("encodes"), written);
+        let (read, _): (Vec<Block>, usize) = bincode::serde::decode_from_slice(&written, cfg).expect("decodes");
+        assert_eq!(read, now);
+        assert_eq!(std::mem::size_of::<Block>(), 24);
+        // An assistant's usage is boxed as well: a message of any kind is 80 bytes, not 96.
+        let usage = condense_events::Usage { input: 1, output: 2, cache_read: 3, cache_write: 4 };
+        assert_eq!(bincode::serde::encode_to_vec(Some(Box::new(usage)), cfg).expect("encodes"), bincode::serde::encode_to_vec(Some(usage), cfg).expect("encodes"));
+        assert_eq!(std::mem::size_of::<condense_events::Message>(), 80);
+    }
 }

@@ -56,9 +56,9 @@ pub fn public_text(m: &Message) -> Option<String> {
     for b in m.content() {
         match b {
             Block::Text { text } => out.push_str(text),
-            Block::ToolCall { name, arguments, .. } => out.push_str(&format!("[call {name} {arguments}]")),
-            Block::Thinking { .. } => {}
-            Block::Image { .. } => return None,
+            Block::ToolCall(c) => out.push_str(&format!("[call {} {}]", c.name, c.arguments)),
+            Block::Thinking(_) => {}
+            Block::Image(_) => return None,
         }
     }
     Some(out)
@@ -358,7 +358,7 @@ mod tests {
 
     #[test]
     fn images_stop_the_build_and_archives_page() {
-        let img = Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "x".into() }], origin: UserOrigin::Prompt };
+        let img = Message::User { content: vec![Block::image("image/png".into(), "x".into())], origin: UserOrigin::Prompt };
         assert_eq!(Archive::build("a1", [("e1", &img, None)]).unwrap_err(), RecoveryError::Image("e1".into()));
         let ids: Vec<String> = (1..=5).map(|i| format!("a{i}")).collect();
         assert_eq!(archives_page(&ids, 0, 2), (vec!["a5".to_string(), "a4".to_string()], Some(1)));

@@ -18,7 +18,7 @@
 //!     Event::Source(SourceEvent::EntryAppended { id: id.into(), parent: parent.map(Into::into), entry: Entry::Message(m) })
 //! };
 //! let call = Message::Assistant {
-//!     content: vec![Block::ToolCall { id: "c1".into(), name: "bash".into(), arguments: "{}".into() }],
+//!     content: vec![Block::tool_call("c1".into(), "bash".into(), "{}".into())],
 //!     model: None,
 //!     stop: None,
 //!     usage: None,

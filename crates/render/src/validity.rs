@@ -159,8 +159,8 @@ pub fn check_from<M: std::ops::Deref<Target = Message>>(messages: &[M], from: us
                 close(&mut pending, &mut out);
                 let has = content.iter().any(|b| match b {
                     Block::Text { text } => !blank(text),
-                    Block::ToolCall { .. } | Block::Thinking { .. } => true,
-                    Block::Image { .. } => false,
+                    Block::ToolCall(_) | Block::Thinking(_) => true,
+                    Block::Image(_) => false,
                 });
                 if !has {
                     out.push(Violation::EmptyAssistant { at });
@@ -187,8 +187,8 @@ pub fn check_from<M: std::ops::Deref<Target = Message>>(messages: &[M], from: us
                 close(&mut pending, &mut out);
                 let has = content.iter().any(|b| match b {
                     Block::Text { text } => !blank(text),
-                    Block::Image { .. } => true,
-                    Block::ToolCall { .. } | Block::Thinking { .. } => false,
+                    Block::Image(_) => true,
+                    Block::ToolCall(_) | Block::Thinking(_) => false,
                 });
                 if !has {
                     out.push(Violation::EmptyUser { at });
@@ -212,7 +212,7 @@ mod tests {
         Message::Assistant { content, model: None, stop: None, usage: None }
     }
     fn call(id: &str, args: &str) -> Block {
-        Block::ToolCall { id: id.into(), name: "bash".into(), arguments: args.into() }
+        Block::tool_call(id.into(), "bash".into(), args.into())
     }
     fn result(id: &str) -> Message {
         Message::ToolResult { call_id: id.into(), tool_name: "bash".into(), content: vec![Block::Text { text: "ok".into() }], is_error: false }
@@ -228,11 +228,11 @@ mod tests {
     fn a_valid_context_breaks_no_rule() {
         let ok = vec![
             user("go"),
-            asst(vec![Block::Thinking { thinking: "hm".into(), signature: None }, call("call_1", "{}"), call("toolu_2-x", r#"{"a":1}"#)]),
+            asst(vec![Block::thinking("hm".into(), None), call("call_1", "{}"), call("toolu_2-x", r#"{"a":1}"#)]),
             result("call_1"),
             result("toolu_2-x"),
             asst(vec![text("done")]),
-            Message::User { content: vec![Block::Image { mime: "image/png".into(), data: "AA".into() }], origin: UserOrigin::Prompt },
+            Message::User { content: vec![Block::image("image/png".into(), "AA".into())], origin: UserOrigin::Prompt },
             asst(vec![text("  "), text("seen")]),
         ];
         assert_eq!(rules(ok), Vec::<&str>::new());

@@ -37,10 +37,10 @@ impl Visible {
                 // ASCII white space is dropped byte by byte (fast); other white space is rare in what clients
                 // rewrite and stays.
                 Block::Text { text } => v.text.extend(text.bytes().filter(|b| !b.is_ascii_whitespace())),
-                Block::ToolCall { id, name, arguments } if !internal(name) => {
-                    v.calls.push((id.clone(), name.clone(), canonical(arguments)));
+                Block::ToolCall(c) if !internal(&c.name) => {
+                    v.calls.push((c.id.clone(), c.name.clone(), canonical(&c.arguments)));
                 }
-                Block::Image { data, .. } => v.images.push(*blake3::hash(data.as_bytes()).as_bytes()),
+                Block::Image(i) => v.images.push(*blake3::hash(i.data.as_bytes()).as_bytes()),
                 _ => {}
             }
         }
@@ -99,18 +99,18 @@ pub fn exact(m: &Message) -> u64 {
     for b in m.content() {
         match b {
             Block::Text { text } => put(text.as_bytes()),
-            Block::Thinking { thinking, signature } => {
-                put(thinking.as_bytes());
-                put(signature.as_deref().unwrap_or("").as_bytes());
+            Block::Thinking(t) => {
+                put(t.thinking.as_bytes());
+                put(t.signature.as_deref().unwrap_or("").as_bytes());
             }
-            Block::ToolCall { id, name, arguments } => {
-                put(id.as_bytes());
-                put(name.as_bytes());
-                put(arguments.as_bytes());
+            Block::ToolCall(c) => {
+                put(c.id.as_bytes());
+                put(c.name.as_bytes());
+                put(c.arguments.as_bytes());
             }
-            Block::Image { mime, data } => {
-                put(mime.as_bytes());
-                put(data.as_bytes());
+            Block::Image(i) => {
+                put(i.mime.as_bytes());
+                put(i.data.as_bytes());
             }
         }
     }
@@ -454,7 +454,7 @@ mod tests {
     }
 
     fn call(id: &str, name: &str) -> Block {
-        Block::ToolCall { id: id.into(), name: name.into(), arguments: "{\"a\": 1, \"b\": [2]}".into() }
+        Block::tool_call(id.into(), name.into(), "{\"a\": 1, \"b\": [2]}".into())
     }
 
     fn result(id: &str, text: &str) -> Message {
@@ -538,7 +538,7 @@ mod tests {
         add(&mut t, "e3", Some("e2"), &result("q1", "original"), None);
         add(&mut t, "e4", Some("e3"), &asst(vec![Block::Text { text: "done".into() }, call("b1", "bash")]), None);
         // The client saw one message: both texts, the bash call, no condense call.
-        let seen = asst(vec![Block::Text { text: "look".into() }, Block::Text { text: "\ndone".into() }, Block::ToolCall { id: "b1".into(), name: "bash".into(), arguments: "{\"b\":[2],\"a\":1}".into() }]);
+        let seen = asst(vec![Block::Text { text: "look".into() }, Block::Text { text: "\ndone".into() }, Block::tool_call("b1".into(), "bash".into(), "{\"b\":[2],\"a\":1}".into())]);
         let m = matched(&mut t, &[u.clone(), seen.clone(), result("b1", "out")]);
         assert_eq!(m.count, 2);
         assert_eq!(m.parent.as_deref(), Some("e4"));

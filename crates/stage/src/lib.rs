@@ -452,7 +452,7 @@ pub fn output_text(m: &Message) -> String {
     for b in m.content() {
         match b {
             condense_events::Block::Text { text } => out.push_str(text),
-            condense_events::Block::Image { mime, .. } => out.push_str(&format!("[image {mime}]")),
+            condense_events::Block::Image(i) => out.push_str(&format!("[image {}]", i.mime)),
             _ => {}
         }
     }
@@ -470,7 +470,7 @@ mod tests {
                 let m = match i % 5 {
                     0 => Message::user_text(format!("task {i}"), UserOrigin::Prompt),
                     1 | 3 => Message::Assistant {
-                        content: vec![Block::ToolCall { id: format!("c{i}"), name: "bash".into(), arguments: "{}".into() }],
+                        content: vec![Block::tool_call(format!("c{i}"), "bash".into(), "{}".into())],
                         model: None,
                         stop: None,
                         usage: None,

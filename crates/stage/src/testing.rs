@@ -111,7 +111,7 @@ impl Recorded {
 pub fn calls(calls: &[(&str, &str, &str)]) -> Message {
     let content = calls
         .iter()
-        .map(|(id, name, arguments)| condense_events::Block::ToolCall { id: id.to_string(), name: name.to_string(), arguments: arguments.to_string() })
+        .map(|(id, name, arguments)| condense_events::Block::tool_call(id.to_string(), name.to_string(), arguments.to_string()))
         .collect();
     Message::Assistant { content, model: None, stop: None, usage: None }
 }

@@ -34,9 +34,9 @@ pub fn message_chars(m: &Message) -> usize {
         .iter()
         .map(|b| match b {
             Block::Text { text } => js_len(text),
-            Block::Thinking { thinking, .. } => js_len(thinking),
-            Block::ToolCall { name, arguments, .. } => js_len(name) + js_len(arguments),
-            Block::Image { .. } => IMAGE_CHARS,
+            Block::Thinking(t) => js_len(&t.thinking),
+            Block::ToolCall(c) => js_len(&c.name) + js_len(&c.arguments),
+            Block::Image(_) => IMAGE_CHARS,
         })
         .sum()
 }
@@ -105,9 +105,9 @@ impl Exact {
             .iter()
             .map(|b| match b {
                 Block::Text { text } => self.count_text(text),
-                Block::Thinking { thinking, .. } => self.count_text(thinking),
-                Block::ToolCall { name, arguments, .. } => self.count_text(name) + self.count_text(arguments),
-                Block::Image { .. } => (IMAGE_CHARS / 4) as u64,
+                Block::Thinking(t) => self.count_text(&t.thinking),
+                Block::ToolCall(c) => self.count_text(&c.name) + self.count_text(&c.arguments),
+                Block::Image(_) => (IMAGE_CHARS / 4) as u64,
             })
             .sum()
     }
@@ -136,8 +136,8 @@ mod tests {
         assert_eq!(estimate(&user), 2);
         let asst = Message::Assistant {
             content: vec![
-                Block::Thinking { thinking: "1234".into(), signature: Some("sig-not-counted".into()) },
-                Block::ToolCall { id: "id-not-counted".into(), name: "bash".into(), arguments: r#"{"c":"ls"}"#.into() },
+                Block::thinking("1234".into(), Some("sig-not-counted".into())),
+                Block::tool_call("id-not-counted".into(), "bash".into(), r#"{"c":"ls"}"#.into()),
             ],
             model: None,
             stop: None,
@@ -147,7 +147,7 @@ mod tests {
         let img = Message::ToolResult {
             call_id: "x".into(),
             tool_name: "read".into(),
-            content: vec![Block::Image { mime: "image/png".into(), data: "AAAA".into() }],
+            content: vec![Block::image("image/png".into(), "AAAA".into())],
             is_error: false,
         };
         assert_eq!(estimate(&img), 1200);

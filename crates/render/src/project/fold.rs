@@ -306,8 +306,8 @@ impl Projection {
                 }
                 let dedup = repeated.then(|| {
                     let mut once: rustc_hash::FxHashSet<&str> = rustc_hash::FxHashSet::default();
-                    let kept = content.iter().filter(|b| !matches!(b, Block::ToolCall { id, .. } if !once.insert(id))).cloned().collect();
-                    Arc::new(Message::Assistant { content: kept, model: model.clone(), stop: *stop, usage: *usage })
+                    let kept = content.iter().filter(|b| !matches!(b, Block::ToolCall(c) if !once.insert(&c.id))).cloned().collect();
+                    Arc::new(Message::Assistant { content: kept, model: model.clone(), stop: *stop, usage: usage.clone() })
                 });
                 Meta::Assistant { calls: calls.into_boxed_slice(), empty: content.is_empty(), dedup }
             }

@@ -456,7 +456,7 @@ mod tests {
         let (first, same) = p.render_since();
         assert_eq!((first.messages.len(), same), (3, 0));
         let call = Message::Assistant {
-            content: vec![Block::ToolCall { id: "c1".into(), name: "bash".into(), arguments: "{}".into() }],
+            content: vec![Block::tool_call("c1".into(), "bash".into(), "{}".into())],
             model: None,
             stop: None,
             usage: None,
@@ -532,7 +532,7 @@ mod tests {
     #[test]
     fn messages_given_up_are_kept_without_spare_room() {
         let mut content = Vec::new();
-        content.push(Block::ToolCall { id: "c1".into(), name: "bash".into(), arguments: String::with_capacity(64) + "{}" });
+        content.push(Block::tool_call("c1".into(), "bash".into(), String::with_capacity(64) + "{}"));
         assert!(content.capacity() > 1);
         let m = Message::Assistant { content, model: None, stop: None, usage: None };
         let expected = m.clone();
@@ -543,7 +543,8 @@ mod tests {
         assert_eq!(kept.content().len(), 1);
         let Message::Assistant { content, .. } = &**kept else { panic!("{kept:?}") };
         assert_eq!(content.capacity(), 1);
-        let Block::ToolCall { arguments, .. } = &content[0] else { panic!("{content:?}") };
+        let Block::ToolCall(c) = &content[0] else { panic!("{content:?}") };
+        let arguments = &c.arguments;
         assert_eq!(arguments.capacity(), 2);
     }
 
@@ -588,7 +589,7 @@ mod tests {
             apply(p, Event::Source(SourceEvent::EntryAppended { id: id.into(), parent: parent.replace(id.into()), entry: Entry::Message(m) }));
         };
         let calls = |ids: &[&str]| Message::Assistant {
-            content: ids.iter().map(|c| Block::ToolCall { id: (*c).into(), name: "bash".into(), arguments: "{}".into() }).collect(),
+            content: ids.iter().map(|c| Block::tool_call((*c).into(), "bash".into(), "{}".into())).collect(),
             model: None,
             stop: None,
             usage: None,
@@ -630,7 +631,7 @@ mod tests {
             let id = format!("c{t}");
             let msgs = [
                 Message::user_text(format!("task {t}"), UserOrigin::Prompt),
-                Message::Assistant { content: vec![Block::ToolCall { id: id.clone(), name: "bash".into(), arguments: format!("{{\"command\":\"cat f{t}\"}}") }], model: None, stop: None, usage: None },
+                Message::Assistant { content: vec![Block::tool_call(id.clone(), "bash".into(), format!("{{\"command\":\"cat f{t}\"}}"))], model: None, stop: None, usage: None },
                 Message::ToolResult { call_id: id.clone(), tool_name: "bash".into(), content: vec![Block::Text { text: format!("line {t}\n").repeat(300) }], is_error: false },
                 Message::Assistant { content: vec![Block::Text { text: format!("done {t}") }], model: None, stop: None, usage: None },
             ];
@@ -688,7 +689,7 @@ mod tests {
             p.apply(seq, &e);
         };
         let call = |id: &str| Message::Assistant {
-            content: vec![Block::ToolCall { id: id.into(), name: "bash".into(), arguments: format!("{{\"command\":\"{}\"}}", "x".repeat(120)) }],
+            content: vec![Block::tool_call(id.into(), "bash".into(), format!("{{\"command\":\"{}\"}}", "x".repeat(120)))],
             model: None,
             stop: None,
             usage: None,

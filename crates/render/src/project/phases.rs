@@ -33,7 +33,7 @@ impl Projection {
         let PhaseCache { base, own } = cache;
         cached(&mut own.replies, &base.replies, (chain.block, chain.reply.is_some()), || match (&chain.reply, &**m) {
             (Some(text), Message::Assistant { model, stop, usage, .. }) => {
-                Arc::new(Message::Assistant { content: vec![Block::Text { text: text.clone() }], model: model.clone(), stop: *stop, usage: *usage })
+                Arc::new(Message::Assistant { content: vec![Block::Text { text: text.clone() }], model: model.clone(), stop: *stop, usage: usage.clone() })
             }
             _ if self.config.thinking_strip => strip_thinking(m),
             _ => m.clone(),
@@ -293,9 +293,9 @@ impl Projection {
 /// A copy of an assistant message without its thinking blocks.
 fn strip_thinking(m: &Arc<Message>) -> Arc<Message> {
     match &**m {
-        Message::Assistant { content, model, stop, usage } if content.iter().any(|b| matches!(b, Block::Thinking { .. })) => {
-            let content: Vec<Block> = content.iter().filter(|b| !matches!(b, Block::Thinking { .. })).cloned().collect();
-            Arc::new(Message::Assistant { content, model: model.clone(), stop: *stop, usage: *usage })
+        Message::Assistant { content, model, stop, usage } if content.iter().any(|b| matches!(b, Block::Thinking(_))) => {
+            let content: Vec<Block> = content.iter().filter(|b| !matches!(b, Block::Thinking(_))).cloned().collect();
+            Arc::new(Message::Assistant { content, model: model.clone(), stop: *stop, usage: usage.clone() })
         }
         _ => m.clone(),
     }
@@ -333,17 +333,17 @@ fn condense_turn(idx: &Index, cfg: &PruneConfig, entry: &str, refs: &[u32], m: &
     let Message::Assistant { content, model, stop, usage } = purged else { return purged };
     let content = content
         .into_iter()
-        .filter(|b| !(cfg.thinking_strip && matches!(b, Block::Thinking { .. })))
+        .filter(|b| !(cfg.thinking_strip && matches!(b, Block::Thinking(_))))
         .map(|b| match b {
-            Block::ToolCall { id, name, arguments } if cfg.condense_args_chars > 0 => {
-                let r = refs.iter().copied().find(|r| idx.records.get(r).is_some_and(|rec| rec.call_id == id));
-                let arguments = match r {
-                    Some(r) if !idx.purged.contains_key(&(entry.to_string(), id.clone())) => {
-                        crate::args::shorten(&arguments, cfg.condense_args_chars as usize, r)
+            Block::ToolCall(mut c) if cfg.condense_args_chars > 0 => {
+                let r = refs.iter().copied().find(|r| idx.records.get(r).is_some_and(|rec| rec.call_id == c.id));
+                match r {
+                    Some(r) if !idx.purged.contains_key(&(entry.to_string(), c.id.clone())) => {
+                        c.arguments = crate::args::shorten(&c.arguments, cfg.condense_args_chars as usize, r);
                     }
-                    _ => arguments,
-                };
-                Block::ToolCall { id, name, arguments }
+                    _ => {}
+                }
+                Block::ToolCall(c)
             }
             other => other,
         })
@@ -357,18 +357,18 @@ fn purge(idx: &Index, entry: &str, m: &Message) -> Message {
     let content = content
         .iter()
         .map(|b| match b {
-            Block::ToolCall { id, name, .. } if idx.purged.contains_key(&(entry.to_string(), id.clone())) => {
-                let chars = idx.purged[&(entry.to_string(), id.clone())];
-                Block::ToolCall {
-                    id: id.clone(),
-                    name: name.clone(),
-                    arguments: format!("{{\"purged\":\"arguments of a failed call ({chars} chars) removed\"}}"),
-                }
+            Block::ToolCall(c) if idx.purged.contains_key(&(entry.to_string(), c.id.clone())) => {
+                let chars = idx.purged[&(entry.to_string(), c.id.clone())];
+                Block::tool_call(
+                    c.id.clone(),
+                    c.name.clone(),
+                    format!("{{\"purged\":\"arguments of a failed call ({chars} chars) removed\"}}"),
+                )
             }
             other => other.clone(),
         })
         .collect();
-    Message::Assistant { content, model: model.clone(), stop: *stop, usage: *usage }
+    Message::Assistant { content, model: model.clone(), stop: *stop, usage: usage.clone() }
 }
 
 pub(super) fn synthetic(id: &str, name: &str) -> Arc<Message> {

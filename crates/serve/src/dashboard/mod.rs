@@ -132,9 +132,9 @@ async fn session(axum::extract::State(st): S, Path(id): Path<String>) -> Respons
 fn block_text(b: &Block) -> String {
     match b {
         Block::Text { text } => text.clone(),
-        Block::Thinking { thinking, .. } => format!("(thinking) {thinking}"),
-        Block::ToolCall { name, arguments, id } => format!("→ {name}({arguments})  [{id}]"),
-        Block::Image { mime, .. } => format!("(image, {mime})"),
+        Block::Thinking(t) => format!("(thinking) {}", t.thinking),
+        Block::ToolCall(c) => format!("→ {}({})  [{}]", c.name, c.arguments, c.id),
+        Block::Image(i) => format!("(image, {})", i.mime),
     }
 }
 
