@@ -75,7 +75,7 @@ impl S {
             utg: 0,
             protected,
         };
-        self.ev(Event::Decision(DecisionEvent::OutputCaptured(rec)));
+        self.ev(Event::Decision(DecisionEvent::OutputCaptured(Box::new(rec))));
         self.ev(Event::Decision(DecisionEvent::BatchClosed {
             batch: r,
             refs: vec![r],

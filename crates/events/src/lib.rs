@@ -344,7 +344,8 @@ pub enum DecisionEvent {
         text: String,
     },
     /// A tool output was captured and indexed.
-    OutputCaptured(Record),
+    /// (Boxed: a record is 200 bytes, most decisions a few dozen, and a pass lists thousands of them.)
+    OutputCaptured(Box<Record>),
     /// An output was written to a blob file; its stub shows the preview.
     OutputSpilled {
         /// The ref.

@@ -26,7 +26,7 @@
 //!     utg: 1,
 //!     protected: false,
 //! };
-//! index.apply(&DecisionEvent::OutputCaptured(record));
+//! index.apply(&DecisionEvent::OutputCaptured(Box::new(record)));
 //! // A ref, or the provider's own call id, finds the output.
 //! assert_eq!(index.lookup("t1"), Some(Target::Output(1)));
 //! assert_eq!(index.lookup("call_7"), Some(Target::Output(1)));
@@ -301,8 +301,9 @@ impl<V: Clone> std::ops::Index<&u32> for ChunkMap<V> {
 /// of the index (the cost guard renders a candidate on one) costs only the maps a decision then changes.
 #[derive(Debug, Clone, Default)]
 pub struct Index {
-    /// Records by ref number.
-    pub records: ChunkMap<Record>,
+    /// Records by ref number (shared: a copy of a chunk copies pointers, and a record given up with its
+    /// event is taken as it is, [`Index::apply_owned`]).
+    pub records: ChunkMap<Arc<Record>>,
     /// Ref by tool-result entry id.
     pub by_entry: Arc<BTreeMap<String, u32>>,
     /// Refs of the calls each assistant entry made.
@@ -358,6 +359,39 @@ pub enum Target {
 }
 
 impl Index {
+    /// Folds one decision given up: a captured output's record is kept as the event held it, not copied
+    /// (a pass that captures thousands held each twice until its list was written).
+    pub fn apply_owned(&mut self, d: DecisionEvent) {
+        match d {
+            DecisionEvent::OutputCaptured(r) => {
+                self.note_capture(&r);
+                self.records.insert(r.ref_n, Arc::from(r));
+            }
+            other => self.apply(&other),
+        }
+    }
+
+    /// What a capture adds besides its record: the maps by entry, call and batch, and the counts.
+    fn note_capture(&mut self, r: &Record) {
+        if FILE_TOOLS.contains(&r.tool.as_str()) {
+            note_file_call(Arc::make_mut(&mut self.newest_file_call), r);
+            // Asked first, so a read leaves the shared map uncopied.
+            if is_file_write(r) {
+                note_files(Arc::make_mut(&mut self.written_files), r, u32::min);
+            }
+        }
+        Arc::make_mut(&mut self.by_entry).insert(r.entry.clone(), r.ref_n);
+        Arc::make_mut(&mut self.by_call_entry).entry(r.call_entry.clone()).or_default().push(r.ref_n);
+        Arc::make_mut(&mut self.by_call).entry(r.call_id.clone()).or_default().push(r.ref_n);
+        Arc::make_mut(&mut self.batches).entry(r.batch).or_default().push(r.ref_n);
+        if !self.outcomes.contains_key(&r.batch) && !self.open_batches.contains(&r.batch) {
+            Arc::make_mut(&mut self.open_batches).insert(r.batch);
+        }
+        if r.tool == condense_events::QUERY_TOOL_NAME {
+            self.recoveries += 1;
+        }
+    }
+
     /// Folds one decision.
     pub fn apply(&mut self, d: &DecisionEvent) {
         match d {
@@ -367,24 +401,8 @@ impl Index {
                 }
             }
             DecisionEvent::OutputCaptured(r) => {
-                if FILE_TOOLS.contains(&r.tool.as_str()) {
-                    note_file_call(Arc::make_mut(&mut self.newest_file_call), r);
-                    // Asked first, so a read leaves the shared map uncopied.
-                    if is_file_write(r) {
-                        note_files(Arc::make_mut(&mut self.written_files), r, u32::min);
-                    }
-                }
-                Arc::make_mut(&mut self.by_entry).insert(r.entry.clone(), r.ref_n);
-                Arc::make_mut(&mut self.by_call_entry).entry(r.call_entry.clone()).or_default().push(r.ref_n);
-                Arc::make_mut(&mut self.by_call).entry(r.call_id.clone()).or_default().push(r.ref_n);
-                Arc::make_mut(&mut self.batches).entry(r.batch).or_default().push(r.ref_n);
-                if !self.outcomes.contains_key(&r.batch) && !self.open_batches.contains(&r.batch) {
-                    Arc::make_mut(&mut self.open_batches).insert(r.batch);
-                }
-                if r.tool == condense_events::QUERY_TOOL_NAME {
-                    self.recoveries += 1;
-                }
-                self.records.insert(r.ref_n, r.clone());
+                self.note_capture(r);
+                self.records.insert(r.ref_n, Arc::new(Record::clone(r)));
             }
             DecisionEvent::OutputSpilled { ref_n, blob, bytes, preview } => {
                 Arc::make_mut(&mut self.spills).insert(*ref_n, Spill { blob: blob.clone(), bytes: *bytes, preview: preview.clone() });
@@ -406,7 +424,7 @@ impl Index {
                         !summaries.iter().any(|(s, _)| s == *r)
                             && !self.aliases.contains_key(r)
                             && !self.spills.contains_key(r)
-                            && self.records.get(r).is_some_and(is_file_read)
+                            && self.records.get(r).is_some_and(|rec| is_file_read(rec))
                     });
                     let reads: Vec<u32> = reads.copied().collect();
                     if !reads.is_empty() {
@@ -557,6 +575,35 @@ mod tests {
             utg: 1,
             protected: false,
         }
+    }
+
+    /// A decision given up folds as one lent does: the same record under its ref and the same maps, the
+    /// record taken as the event held it.
+    #[test]
+    fn a_capture_given_up_folds_as_one_lent() {
+        let decisions = vec![
+            DecisionEvent::OutputCaptured(Box::new(call(1, "write", r#"{"path":"src/a.rs"}"#))),
+            DecisionEvent::OutputCaptured(Box::new(call(2, "bash", r#"{"command":"ls"}"#))),
+            DecisionEvent::OutputAliased { ref_n: 2, original: 1 },
+        ];
+        let (mut lent, mut given) = (Index::default(), Index::default());
+        for d in decisions {
+            lent.apply(&d);
+            // Where the record's texts are: the index keeps them there, not a copy.
+            let texts = match &d {
+                DecisionEvent::OutputCaptured(r) => Some((r.ref_n, r.entry.as_ptr(), r.arguments.as_ptr())),
+                _ => None,
+            };
+            given.apply_owned(d);
+            if let Some((n, entry, arguments)) = texts {
+                let kept = &given.records[&n];
+                assert_eq!((kept.entry.as_ptr(), kept.arguments.as_ptr()), (entry, arguments), "ref {n} was copied");
+            }
+        }
+        assert_eq!(format!("{given:?}"), format!("{lent:?}"));
+        assert_eq!(given.records.get(&2).map(|r| r.tool.as_str()), Some("bash"));
+        assert_eq!(given.aliases.get(&2), Some(&1));
+        assert_eq!(given.written_files.get("src/a.rs"), Some(&1));
     }
 
     /// The agent's own files are those it wrote or edited, by file (a read selector left out), from its

@@ -77,7 +77,7 @@ impl Stage for Purge {
         }
         let settled_to = self.settled.filter(|(g, min, _)| (*g, *min) == (shape.generation(), cfg.purge_min_chars)).map(|(_, _, r)| r);
         let from = settled_to.map_or(0, |r| r + 1);
-        let kept = self.errored.range(from..).filter_map(|n| idx.records.get(n)).map(|r| (true, r));
+        let kept = self.errored.range(from..).filter_map(|n| idx.records.get(n)).map(|r| (true, &**r));
         let errored = kept.chain(pass.captured().map(|(r, _)| r).filter(|r| r.is_error).map(|r| (false, r)));
         let mut found: Vec<(usize, usize, &str, &str, u64)> = Vec::new();
         // Whether every errored output looked at so far is settled, and the last of them.
@@ -103,7 +103,7 @@ impl Stage for Purge {
             settling = false;
             let Some((pos, k, id, cid, chars)) = candidate else { continue };
             // The call's last output on the branch, captured earlier or now.
-            let earlier = idx.by_call.get(cid).into_iter().flatten().filter_map(|n| idx.records.get(n));
+            let earlier = idx.by_call.get(cid).into_iter().flatten().filter_map(|n| idx.records.get(n)).map(|r| &**r);
             let outputs = earlier.chain(pass.captured().map(|(r, _)| r).filter(|n| n.call_id == cid));
             let last = outputs.filter_map(|o| pass.position(&o.entry).map(|p| (p, o.is_error))).max_by_key(|(p, _)| *p);
             if last.is_some_and(|(_, e)| e) {

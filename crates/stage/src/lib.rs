@@ -345,7 +345,7 @@ impl<'a> Pass<'a> {
     pub fn capture(&mut self, record: Record, text: Cow<'a, str>) {
         self.captured_by_entry.insert(record.entry.clone(), self.captured.len());
         self.captured.push((self.decisions.len(), text));
-        self.push(DecisionEvent::OutputCaptured(record));
+        self.push(DecisionEvent::OutputCaptured(Box::new(record)));
     }
 
     /// The pass's decisions.

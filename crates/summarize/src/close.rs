@@ -41,7 +41,7 @@ impl Stage for Close<'_> {
         let (cfg, idx, shape) = (pass.config, pass.index, pass.shape);
         let mut pending: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
         for &b in idx.open_batches.iter() {
-            pending.insert(b, idx.batches[&b].iter().map(|r| &idx.records[r]).collect());
+            pending.insert(b, idx.batches[&b].iter().map(|r| &*idx.records[r]).collect());
         }
         for (r, _) in pass.captured() {
             pending.entry(r.batch).or_default().push(r);
@@ -163,7 +163,7 @@ fn live_reads<'a>(pass: &Pass<'a>, closing: &[u32], pending: &BTreeMap<u32, Vec<
             && condense_stage::path_arguments(&r.arguments).iter().map(|p| condense_index::file_of(p)).any(|f| newest(f) == Some(r.ref_n) && first_write(f).is_some_and(|w| w < r.ref_n))
     };
     // Reads earlier prunes kept verbatim (the index follows them), and the reads of the batches closing now.
-    let earlier: Vec<&'a Record> = idx.unsummarized_reads.iter().filter_map(|r| idx.records.get(r)).collect();
+    let earlier: Vec<&'a Record> = idx.unsummarized_reads.iter().filter_map(|r| idx.records.get(r).map(|r| &**r)).collect();
     let now = closing.iter().flat_map(|b| pending[b].iter().copied()).filter(|r| pass.keepable_read(r));
     let mut candidates: Vec<&Record> = earlier.iter().copied().chain(now).filter(|r| live(r)).collect();
     candidates.sort_by_key(|r| std::cmp::Reverse(r.ref_n));

@@ -21,6 +21,12 @@ impl Projection {
                 m.shrink_to_fit();
                 self.push_message(seq, id, parent.as_deref(), Arc::new(m));
             }
+            // What `apply` does with a capture (its marks, its record), the record taken, not copied.
+            Event::Decision(d @ DecisionEvent::OutputCaptured(_)) => {
+                self.seq = seq;
+                self.mark(&d);
+                self.decisions.apply_owned(d);
+            }
             other => self.apply(seq, &other),
         }
     }

@@ -550,7 +550,7 @@ mod tests {
 
     /// The capture of a bash call's output `entry` (its call in `call_entry`), ref and batch `n`.
     fn captured(n: u32, entry: &str, call_entry: &str, call_id: &str, chars: u64, turn: u32, utg: u32) -> Event {
-        Event::Decision(condense_events::DecisionEvent::OutputCaptured(condense_events::Record {
+        Event::Decision(condense_events::DecisionEvent::OutputCaptured(Box::new(condense_events::Record {
             ref_n: n,
             batch: n,
             entry: entry.into(),
@@ -565,7 +565,7 @@ mod tests {
             turn,
             utg,
             protected: false,
-        }))
+        })))
     }
 
     /// Applies events to a projection in order, each at the next seq.
