@@ -85,7 +85,7 @@ impl Projection {
     /// The place of entry `id` in the order entries were appended (its place in [`Projection::tree`]),
     /// on any branch: what a view kept beside the projection can index by instead of keeping the id.
     pub fn position(&self, id: &str) -> Option<usize> {
-        self.index.get(id).copied()
+        self.index.get(&self.items, id)
     }
 
     /// The place of the parent of the entry at place `at` (see [`Projection::position`]).
@@ -95,12 +95,12 @@ impl Projection {
 
     /// Whether an entry with this id exists (on any branch).
     pub fn has_entry(&self, id: &str) -> bool {
-        self.index.contains_key(id)
+        self.position(id).is_some()
     }
 
     /// Whether entry `id` is on the path from the root to the leaf (the active branch).
     pub fn on_path(&self, id: &str) -> bool {
-        self.index.get(id).is_some_and(|&target| self.ancestors().any(|i| i == target))
+        self.position(id).is_some_and(|target| self.ancestors().any(|i| i == target))
     }
 
     /// Entry ids on the path from the root to the leaf.
@@ -135,7 +135,7 @@ impl Projection {
     pub fn transcript(&self) -> Vec<TranscriptRow<'_>> {
         let mut after: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
         for (n, cp) in self.decisions.checkpoints.iter() {
-            if let Some(&b) = self.index.get(cp.boundary.as_str()) {
+            if let Some(b) = self.position(&cp.boundary) {
                 after.entry(b).or_default().push(*n);
             }
         }
@@ -201,7 +201,7 @@ impl Projection {
 /// Entry ids and messages of the active branch, root first (see [`Projection::branch_view`]).
 pub struct BranchView<'a> {
     items: &'a [Item],
-    ids: &'a HashMap<Arc<str>, usize>,
+    ids: &'a Ids,
     path: Arc<Vec<usize>>,
 }
 
@@ -232,7 +232,7 @@ impl<'a> BranchView<'a> {
 
     /// Where the message of entry `id` sits on the branch, in constant time (`None` when it is not on it).
     pub fn position(&self, id: &str) -> Option<usize> {
-        let ix = *self.ids.get(id)?;
+        let ix = self.ids.get(self.items, id)?;
         let pos = self.items.get(ix)?.messages_before as usize;
         (self.path.get(pos) == Some(&ix)).then_some(pos)
     }

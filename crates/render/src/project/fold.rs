@@ -47,7 +47,7 @@ impl Projection {
     pub fn reserve_entries(&mut self, n: usize) {
         if let Some(more) = room_to_reserve(self.items.len(), self.items.capacity(), n) {
             Arc::make_mut(&mut self.items).reserve_exact(more);
-            Arc::make_mut(&mut self.index).reserve(more);
+            Arc::make_mut(&mut self.index).reserve(&self.items, more);
         }
     }
 
@@ -60,23 +60,23 @@ impl Projection {
             Node::Message(m, _) => m.bytes() as u64,
             _ => 0,
         };
-        let parent = parent.and_then(|p| self.index.get(p).copied());
+        let parent = parent.and_then(|p| self.position(p));
         let ix = self.items.len();
         let id: Arc<str> = id.into();
-        // A repeated id points at its newest entry; the importers rename duplicates anyway.
-        Arc::make_mut(&mut self.index).insert(id.clone(), ix);
         let (depth, messages_before) = parent.map_or((0, 0), |p| {
             let it = &self.items[p];
             (it.depth + 1, it.messages_before + u32::from(matches!(it.node, Node::Message(..))))
         });
         let up = parent.map(|p| u32::try_from(p).expect("fewer than 2^32 entries"));
         Arc::make_mut(&mut self.items).push(Item { id, parent: up, node, depth, messages_before });
+        // A repeated id points at its newest entry; the importers rename duplicates anyway.
+        Arc::make_mut(&mut self.index).insert(&self.items, ix);
         self.leaf = Some(ix);
         self.extend_render(parent, ix);
     }
 
     pub(super) fn mark(&mut self, d: &DecisionEvent) {
-        let at = |id: &str| self.index.get(id).copied();
+        let at = |id: &str| self.position(id);
         let (a, b) = match d {
             DecisionEvent::OutputCaptured(r) => (at(&r.entry), at(&r.call_entry)),
             DecisionEvent::ErrorArgsPurged { entry, .. } => (at(entry), None),
@@ -141,7 +141,7 @@ impl Projection {
                     self.overflow_checkpointed = true;
                     self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
                     for (entry, text) in bounded {
-                        let Some(&i) = self.index.get(entry.as_str()) else { continue };
+                        let Some(i) = self.position(entry) else { continue };
                         if let Node::Message(m, _) = &self.items[i].node {
                             let copy = match &**m {
                                 Message::ToolResult { call_id, tool_name, is_error, .. } => Message::ToolResult {
@@ -187,7 +187,7 @@ impl Projection {
                 self.push_entry(id.clone(), parent.as_deref(), node);
             }
             SourceEvent::LeafMoved { leaf } => {
-                self.leaf = leaf.as_ref().and_then(|l| self.index.get(l.as_str()).copied());
+                self.leaf = leaf.as_ref().and_then(|l| self.position(l));
                 let inc = self.inc.get_mut().expect("render cache lock");
                 if inc.leaf != self.leaf {
                     inc.valid = false;

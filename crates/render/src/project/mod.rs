@@ -95,6 +95,39 @@ struct Incremental {
     replace: BTreeMap<usize, (Arc<Message>, Arc<Message>)>,
 }
 
+/// The entries by id: the place of each entry in the tree, its id read from the entry itself (a map
+/// keyed by a second pointer to the id took 33 bytes an entry; this takes about 6). Lookups only.
+#[derive(Debug, Clone, Default)]
+struct Ids(hashbrown::HashTable<u32>);
+
+fn hash_id(id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    rustc_hash::FxBuildHasher.hash_one(id)
+}
+
+impl Ids {
+    /// The place of entry `id` in `items`.
+    fn get(&self, items: &[Item], id: &str) -> Option<usize> {
+        self.0.find(hash_id(id), |&i| &*items[i as usize].id == id).map(|&i| i as usize)
+    }
+
+    /// Takes the entry at place `at` of `items` in; an id given before points at its newest entry from now on.
+    fn insert(&mut self, items: &[Item], at: usize) {
+        let id = &*items[at].id;
+        let hash = hash_id(id);
+        let place = u32::try_from(at).expect("fewer than 2^32 entries");
+        match self.0.find_mut(hash, |&i| &*items[i as usize].id == id) {
+            Some(slot) => *slot = place,
+            None => drop(self.0.insert_unique(hash, place, |&i| hash_id(&items[i as usize].id))),
+        }
+    }
+
+    /// Room for `more` entries.
+    fn reserve(&mut self, items: &[Item], more: usize) {
+        self.0.reserve(more, |&i| hash_id(&items[i as usize].id));
+    }
+}
+
 /// The messages of a rendered context, shared with the projection that keeps them up to date. Drop a
 /// render before appending to the session again, or the next render copies the list instead of extending it.
 pub type Messages = Arc<Vec<Arc<Message>>>;
@@ -107,7 +140,7 @@ pub struct Projection {
     // no more than the parts a decision changes.
     items: Arc<Vec<Item>>,
     // Used for lookups only, never iterated, so its order cannot reach a rendered byte.
-    index: Arc<HashMap<Arc<str>, usize>>,
+    index: Arc<Ids>,
     // Tool-call ids interned as numbers (lookups only).
     call_ids: Arc<HashMap<String, u32>>,
     leaf: Option<usize>,
@@ -445,6 +478,21 @@ mod tests {
         }
         let grown = p.items.capacity();
         assert!(grown > room && grown <= room + room / 8 + 32, "{room} -> {grown}");
+    }
+
+    /// Entries are found by id through the places kept for them, each read from its entry: thousands of
+    /// them (the table grows past its first room several times), and an id given twice names its newest
+    /// entry, as the log says it does.
+    #[test]
+    fn entries_are_found_by_id_and_a_repeated_id_names_the_newest() {
+        let mut p = prompts(5_000);
+        assert_eq!((p.position("e0"), p.position("e4321"), p.position("e4999")), (Some(0), Some(4321), Some(4999)));
+        assert_eq!((p.position("e5000"), p.has_entry("x")), (None, false));
+        let again = Message::user_text("again", UserOrigin::Prompt);
+        p.apply(5_001, &Event::Source(SourceEvent::EntryAppended { id: "e7".into(), parent: Some("e4999".into()), entry: Entry::Message(again) }));
+        assert_eq!(p.position("e7"), Some(5_000));
+        assert!(p.on_path("e7") && p.on_path("e4999"));
+        assert_eq!(p.render().messages.last().map(|m| m.text()), Some("again".to_string()));
     }
 
     /// `render_since` says how many leading messages the render before it handed out too: all of them

@@ -33,7 +33,7 @@ impl Projection {
         drop(inc);
         let mut cache = self.phase_cache.lock().expect("phase cache lock");
         let mut out: Vec<(usize, Arc<Message>)> =
-            entries.iter().filter_map(|id| self.index.get(*id).copied()).filter_map(|i| Some((i, self.phased_at(&mut cache, i)?))).collect();
+            entries.iter().filter_map(|id| self.position(id)).filter_map(|i| Some((i, self.phased_at(&mut cache, i)?))).collect();
         out.sort_unstable_by_key(|(i, _)| *i);
         out.dedup_by_key(|(i, _)| *i);
         Some(out)
@@ -96,7 +96,7 @@ impl Projection {
     /// chain's messages there are not exactly its own entries' (a result bound across the chain's edge).
     fn splice_chain(&self, inc: &mut Incremental, first: &str, last: &str, block: u32) -> bool {
         let branch = self.branch_view();
-        let (Some(&fi), Some(&li)) = (self.index.get(first), self.index.get(last)) else { return false };
+        let (Some(fi), Some(li)) = (self.position(first), self.position(last)) else { return false };
         let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };
         let (Some(bf), Some(bl)) = (branch.position(first), branch.position(last)) else { return false };
         let Some(chain) = self.decisions.chains.get(&block) else { return false };

@@ -136,7 +136,7 @@ impl Projection {
         raw: Vec<(Option<usize>, &'a Arc<Message>, &'a Meta)>,
     ) -> Vec<(Option<usize>, &'a Arc<Message>, &'a Meta)> {
         for (n, cp) in self.decisions.checkpoints.iter().rev() {
-            let Some(&b) = self.index.get(cp.boundary.as_str()) else { continue };
+            let Some(b) = self.position(&cp.boundary) else { continue };
             let Some(pos) = raw.iter().position(|(i, _, _)| *i == Some(b)) else {
                 if path.contains(&b) {
                     return raw; // On the branch but before a newer host compaction: that one rules.
@@ -159,7 +159,7 @@ impl Projection {
             }
             out.extend(host.into_iter().rev());
             for k in &cp.kept {
-                if let Some(&i) = self.index.get(k.as_str()) {
+                if let Some(i) = self.position(k) {
                     if let Node::Message(m, meta) = &self.items[i].node {
                         out.push((Some(i), m, meta));
                     }
