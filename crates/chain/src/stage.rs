@@ -12,7 +12,7 @@
 //! are dropped when the branch's shape is rebuilt.
 
 use crate::{block_body, names_listed, reply_cut, CallInfo, ChainScan, FactsSeen, Span};
-use condense_events::{DecisionEvent, Event, Message, Record, UserOrigin, QUERY_TOOL_NAME};
+use condense_events::{ChainCompressed, DecisionEvent, Event, Message, Record, UserOrigin, QUERY_TOOL_NAME};
 use condense_stage::{is_final_reply, Pass, Stage, StageError};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -106,9 +106,9 @@ impl Stage for Chains {
 
     fn fold(&mut self, event: &Event) {
         match event {
-            Event::Decision(DecisionEvent::ChainCompressed { block, first, last, .. }) => {
-                self.blocks.insert(first.clone(), *block);
-                self.uncut.insert(*block, last.clone());
+            Event::Decision(DecisionEvent::ChainCompressed(ch)) => {
+                self.blocks.insert(ch.first.clone(), ch.block);
+                self.uncut.insert(ch.block, ch.last.clone());
             }
             Event::Decision(DecisionEvent::ChainReplyCut { block, .. }) => {
                 self.uncut.remove(block);
@@ -174,13 +174,13 @@ impl Stage for Chains {
             let fresh: Vec<&str> = used.iter().map(String::as_str).filter(|n| !self.listed.contains(*n) && !listed_now.contains(*n)).collect();
             let body = block_body(block, &infos, &fresh);
             listed_now.extend(names_listed(&body));
-            blocks.push(DecisionEvent::ChainCompressed {
+            blocks.push(DecisionEvent::ChainCompressed(Box::new(ChainCompressed {
                 block,
                 first: branch.entry(span.first).0.to_string(),
                 last: branch.entry(span.last).0.to_string(),
                 refs: inside.iter().map(|r| r.ref_n).collect(),
                 body,
-            });
+            })));
             compressed_now.push((block, span.last));
             block += 1;
         }
@@ -235,7 +235,8 @@ mod tests {
         chain(&mut log, 2);
         let given = Given(vec![(record(1, 1, "r1", "a1", "c1", "read", "text", "h"), "text".into())]);
         let d = log.run(&mut [&mut { given }, &mut stage], Trigger::Request).unwrap();
-        let DecisionEvent::ChainCompressed { block: 1, first, last, refs, body } = &d[1] else { panic!("{d:?}") };
+        let DecisionEvent::ChainCompressed(ch) = &d[1] else { panic!("{d:?}") };
+        let ChainCompressed { block: 1, first, last, refs, body } = &**ch else { panic!("{d:?}") };
         assert_eq!((first.as_str(), last.as_str(), refs.as_slice()), ("u1", "f1", &[1][..]));
         assert!(body.starts_with("[Compressed chain b1: 1 tool call; outputs t1]"), "{body}");
         let mut fresh = Chains::default();
@@ -252,7 +253,7 @@ mod tests {
         let mut q = record(2, 2, "r3", "a3", "q3", QUERY_TOOL_NAME, "original", "q");
         q.utg = 3;
         let d = log.run(&mut [&mut Given(vec![(q, "original".into())]), &mut stage], Trigger::Request).unwrap();
-        let blocks: Vec<&str> = d.iter().filter_map(|d| match d { DecisionEvent::ChainCompressed { first, .. } => Some(first.as_str()), _ => None }).collect();
+        let blocks: Vec<&str> = d.iter().filter_map(|d| match d { DecisionEvent::ChainCompressed(ch) => Some(ch.first.as_str()), _ => None }).collect();
         assert_eq!(blocks, vec!["u2"], "{d:?}");
     }
 
@@ -273,7 +274,7 @@ mod tests {
         let body = |d: &[DecisionEvent]| {
             d.iter()
                 .find_map(|d| match d {
-                    DecisionEvent::ChainCompressed { body, .. } => Some(body.clone()),
+                    DecisionEvent::ChainCompressed(ch) => Some(ch.body.clone()),
                     _ => None,
                 })
                 .unwrap_or_else(|| panic!("no block: {d:?}"))
@@ -293,7 +294,7 @@ mod tests {
         assert!(body(&d).ends_with("\nnames used: load_all\nOriginals: context_tree_query b2 or tN."), "{}", body(&d));
         // A checkpoint covering chains 1 and 2 takes their blocks out: chain 3's block lists their names again.
         log.append(
-            Event::Decision(DecisionEvent::CheckpointCommitted {
+            Event::Decision(DecisionEvent::CheckpointCommitted(Box::new(condense_events::CheckpointCommitted {
                 n: 1,
                 boundary: "f2".into(),
                 summary: "s".into(),
@@ -303,7 +304,7 @@ mod tests {
                 bounded: Vec::new(),
                 tokens_before: 0,
                 tokens_after: 0,
-            }),
+            }))),
             &mut [&mut fresh],
         );
         turn(&mut log, 4, "x", "done");

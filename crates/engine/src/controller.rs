@@ -179,7 +179,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         let summary_tokens = estimate(&Message::user_text(summary.clone(), condense_events::UserOrigin::Summary));
         let kept: Vec<String> =
             retained_tail(covered, budget.tail_target(summary_tokens + p.request_overhead())).into_iter().map(|i| covered[i].0.clone()).collect();
-        let mut d = DecisionEvent::CheckpointCommitted {
+        let mut d = DecisionEvent::CheckpointCommitted(Box::new(condense_events::CheckpointCommitted {
             n,
             boundary: boundary.clone(),
             summary,
@@ -189,10 +189,10 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
             bounded: bounded.clone(),
             tokens_before: before,
             tokens_after: 0,
-        };
+        }));
         let after = tokens_with(p, &d);
-        if let DecisionEvent::CheckpointCommitted { tokens_after, .. } = &mut d {
-            *tokens_after = after;
+        if let DecisionEvent::CheckpointCommitted(c) = &mut d {
+            c.tokens_after = after;
         }
         (after <= hard).then_some(d)
     };

@@ -47,8 +47,9 @@ impl Store {
                     }
                     DecisionEvent::BatchClosed { refs, .. } => refs.iter().all(|r| copied_refs.contains(r)),
                     DecisionEvent::FrontierAdvanced { entry } | DecisionEvent::ErrorArgsPurged { entry, .. } => on_path.contains(entry),
-                    DecisionEvent::ChainCompressed { first, last, .. } => on_path.contains(first) && on_path.contains(last),
-                    DecisionEvent::CheckpointCommitted { boundary, kept, .. } => {
+                    DecisionEvent::ChainCompressed(ch) => on_path.contains(&ch.first) && on_path.contains(&ch.last),
+                    DecisionEvent::CheckpointCommitted(c) => {
+                        let condense_events::CheckpointCommitted { boundary, kept, .. } = &**c;
                         on_path.contains(boundary) && kept.iter().all(|k| on_path.contains(k))
                     }
                     DecisionEvent::CheckpointStarted { .. } | DecisionEvent::CheckpointFailed { .. } => false,

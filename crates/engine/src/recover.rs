@@ -232,7 +232,7 @@ pub fn prepare_within(
     let covers: Vec<u32> = covered.iter().filter_map(|(id, _)| id.as_ref().and_then(|id| idx.by_entry.get(id)).copied()).collect();
     let archive = DecisionEvent::ArchiveCommitted { id: archive_id.clone(), seq: p.seq(), leaf: p.path_ids().last().cloned() };
     let before = context_tokens(p);
-    let mut cp = DecisionEvent::CheckpointCommitted {
+    let mut cp = DecisionEvent::CheckpointCommitted(Box::new(condense_events::CheckpointCommitted {
         n,
         boundary,
         summary,
@@ -243,7 +243,7 @@ pub fn prepare_within(
         bounded: Vec::new(),
         tokens_before: before,
         tokens_after: 0,
-    };
+    }));
     // Measured with the archive in place: the request that carries the recovery declares the history
     // tools too.
     let with_archive = |cp: &DecisionEvent| {
@@ -263,8 +263,8 @@ pub fn prepare_within(
             .filter_map(|(id, _)| id.as_deref().and_then(|id| p.entry_message(id).map(|m| (id, &**m))))
             .collect();
         if !tail.is_empty() {
-            if let DecisionEvent::CheckpointCommitted { bounded, .. } = &mut cp {
-                *bounded = bounded_copies(p, tail.into_iter(), budget.hard);
+            if let DecisionEvent::CheckpointCommitted(c) = &mut cp {
+                c.bounded = bounded_copies(p, tail.into_iter(), budget.hard);
             }
             after = with_archive(&cp);
         }
@@ -272,8 +272,8 @@ pub fn prepare_within(
             return Err(Blocked::NoRoom(after, budget.hard));
         }
     }
-    if let DecisionEvent::CheckpointCommitted { tokens_after, .. } = &mut cp {
-        *tokens_after = after;
+    if let DecisionEvent::CheckpointCommitted(c) = &mut cp {
+        c.tokens_after = after;
     }
     let note = DecisionEvent::Note {
         stage: "recovery".into(),

@@ -97,7 +97,7 @@ impl Drop for ClearDown {
 fn is_prune(d: &DecisionEvent) -> bool {
     matches!(
         d,
-        DecisionEvent::BatchClosed { .. } | DecisionEvent::OutputStubbed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed { .. } | DecisionEvent::ChainReplyCut { .. }
+        DecisionEvent::BatchClosed { .. } | DecisionEvent::OutputStubbed { .. } | DecisionEvent::ErrorArgsPurged { .. } | DecisionEvent::ChainCompressed(_) | DecisionEvent::ChainReplyCut { .. }
     )
 }
 
@@ -298,6 +298,13 @@ impl Session {
     fn append_applied(&self, proj: &mut Live, events: Vec<Event>, applied: usize) -> Result<Seq> {
         let entries = events.iter().skip(applied).filter(|e| matches!(e, Event::Source(SourceEvent::EntryAppended { .. }))).count();
         self.append_counted(proj, Shrinking::new(events), applied, entries)
+    }
+
+    /// [`Session::append_applied`] for a pass's decisions, each made an event as it is written: a list of
+    /// events is laid out for an entry's (152 bytes), a decision takes 64, and a pass of thousands of
+    /// captures copied into such a list held both.
+    fn append_decisions(&self, proj: &mut Live, decisions: Vec<DecisionEvent>, applied: usize) -> Result<Seq> {
+        self.append_counted(proj, Shrinking::new(decisions).map(Event::Decision), applied, 0)
     }
 
     /// [`Session::append_applied`] with the entries among `events` past the first `applied` counted.
@@ -638,7 +645,7 @@ impl Session {
         // will have, and the candidate copies only what the prunes change.
         let split = decisions.iter().position(is_prune).unwrap_or(decisions.len());
         if trigger != pipeline::Trigger::Request || split == decisions.len() || decisions[split..].iter().any(|d| !is_prune(d)) {
-            return self.append_locked(&mut proj, decisions.into_iter().map(Event::Decision).collect());
+            return self.append_decisions(&mut proj, decisions, 0);
         }
         // One list: the captures, then the prunes, dropped when they do not pay (a second list of the
         // prunes took 200 bytes for each output a request closed).
@@ -658,7 +665,7 @@ impl Session {
             }
             None => decisions.truncate(split),
         }
-        self.append_applied(&mut proj, decisions.into_iter().map(Event::Decision).collect(), applied)
+        self.append_decisions(&mut proj, decisions, applied)
     }
 
     /// Answers `context_tree_query` for refs (`t12`, `b3`) or raw tool-call ids: the originals, byte for

@@ -389,41 +389,11 @@ pub enum DecisionEvent {
         /// Characters of the arguments purged.
         chars: u64,
     },
-    /// A closed chain was compressed into one block.
-    ChainCompressed {
-        /// The block number (`b<block>`).
-        block: u32,
-        /// Entry id of the chain's user prompt.
-        first: String,
-        /// Entry id of the chain's final text-only reply.
-        last: String,
-        /// The tool refs inside the chain.
-        refs: Vec<u32>,
-        /// The block's text.
-        body: String,
-    },
+    /// A closed chain was compressed into one block (boxed, as the checkpoint below: a pass lists
+    /// thousands of decisions, and a list is laid out for its largest kind).
+    ChainCompressed(Box<ChainCompressed>),
     /// A checkpoint now stands in for the history up to `boundary` (seed 001).
-    CheckpointCommitted {
-        /// The checkpoint number (`c<n>`).
-        n: u32,
-        /// Entry id of the last entry the checkpoint covers.
-        boundary: String,
-        /// The summary that replaces the covered history.
-        summary: String,
-        /// Entry ids of the recent user prompts retained after the summary.
-        kept: Vec<String>,
-        /// Tool refs inside the covered span (they stay recoverable).
-        covers: Vec<u32>,
-        /// Whether this is the retained-tail recovery without a model summary (ADR 0049).
-        recovery: bool,
-        /// Bounded copies of the final tool batch, used in the model context in place of the results
-        /// with these entry ids (the originals stay complete in the log).
-        bounded: Vec<(String, String)>,
-        /// Tokens of the context before and after, as estimated when it was made.
-        tokens_before: u64,
-        /// See `tokens_before`.
-        tokens_after: u64,
-    },
+    CheckpointCommitted(Box<CheckpointCommitted>),
     /// A checkpoint could not bring the context under budget; the run stops before the next request.
     CheckpointFailed {
         /// Stable error code (`CONTEXT_COMPACTION_FAILED`).
@@ -468,6 +438,45 @@ pub enum DecisionEvent {
     },
 }
 
+/// What [`DecisionEvent::ChainCompressed`] holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainCompressed {
+    /// The block number (`b<block>`).
+    pub block: u32,
+    /// Entry id of the chain's user prompt.
+    pub first: String,
+    /// Entry id of the chain's final text-only reply.
+    pub last: String,
+    /// The tool refs inside the chain.
+    pub refs: Vec<u32>,
+    /// The block's text.
+    pub body: String,
+}
+
+/// What [`DecisionEvent::CheckpointCommitted`] holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointCommitted {
+    /// The checkpoint number (`c<n>`).
+    pub n: u32,
+    /// Entry id of the last entry the checkpoint covers.
+    pub boundary: String,
+    /// The summary that replaces the covered history.
+    pub summary: String,
+    /// Entry ids of the recent user prompts retained after the summary.
+    pub kept: Vec<String>,
+    /// Tool refs inside the covered span (they stay recoverable).
+    pub covers: Vec<u32>,
+    /// Whether this is the retained-tail recovery without a model summary (ADR 0049).
+    pub recovery: bool,
+    /// Bounded copies of the final tool batch, used in the model context in place of the results
+    /// with these entry ids (the originals stay complete in the log).
+    pub bounded: Vec<(String, String)>,
+    /// Tokens of the context before and after, as estimated when it was made.
+    pub tokens_before: u64,
+    /// See `tokens_before`.
+    pub tokens_after: u64,
+}
+
 impl DecisionEvent {
     fn kind(&self) -> &'static str {
         match self {
@@ -479,8 +488,8 @@ impl DecisionEvent {
             DecisionEvent::OutputStubbed { .. } => "output_stubbed",
             DecisionEvent::FrontierAdvanced { .. } => "frontier_advanced",
             DecisionEvent::ErrorArgsPurged { .. } => "error_args_purged",
-            DecisionEvent::ChainCompressed { .. } => "chain_compressed",
-            DecisionEvent::CheckpointCommitted { .. } => "checkpoint_committed",
+            DecisionEvent::ChainCompressed(_) => "chain_compressed",
+            DecisionEvent::CheckpointCommitted(_) => "checkpoint_committed",
             DecisionEvent::CheckpointFailed { .. } => "checkpoint_failed",
             DecisionEvent::CheckpointStarted { .. } => "checkpoint_started",
             DecisionEvent::ArchiveCommitted { .. } => "archive_committed",

@@ -442,7 +442,8 @@ impl Index {
             DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {
                 Arc::make_mut(&mut self.purged).insert((entry.clone(), call_id.clone()), *chars);
             }
-            DecisionEvent::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, bounded, tokens_before, .. } => {
+            DecisionEvent::CheckpointCommitted(c) => {
+                let condense_events::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, bounded, tokens_before, .. } = &**c;
                 Arc::make_mut(&mut self.checkpoints).insert(
                     *n,
                     Checkpoint {
@@ -460,7 +461,8 @@ impl Index {
             DecisionEvent::CheckpointFailed { code, reason } => self.checkpoint_failures.push((code.clone(), reason.clone())),
             DecisionEvent::CheckpointStarted { .. } => {}
             DecisionEvent::ArchiveCommitted { id, seq, leaf } => self.archives.push((id.clone(), *seq, leaf.clone())),
-            DecisionEvent::ChainCompressed { block, first, last, refs, body } => {
+            DecisionEvent::ChainCompressed(ch) => {
+                let condense_events::ChainCompressed { block, first, last, refs, body } = &**ch;
                 self.chains.insert(
                     *block,
                     Arc::new(Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone(), reply: None }),

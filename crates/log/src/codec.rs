@@ -399,9 +399,10 @@ mod tests {
         }
     }
 
-    /// Logs written while a tool call, reasoning and an image were struct variants of `Block`, and an
-    /// assistant's usage was inline, read back the same now that they are boxed (a text block is 24 bytes,
-    /// not 72): where a value keeps its fields does not change its bytes.
+    /// Logs written while a tool call, reasoning and an image were struct variants of `Block`, an
+    /// assistant's usage was inline and decisions held their fields inline, read back the same now that
+    /// they are boxed (a text block is 24 bytes, not 72; a decision 64, not 200): where a value keeps its
+    /// fields does not change its bytes.
     #[test]
     fn blocks_keep_their_bytes_now_that_the_rare_kinds_are_boxed() {
         use condense_events::Block;
@@ -434,5 +435,31 @@ mod tests {
         let usage = condense_events::Usage { input: 1, output: 2, cache_read: 3, cache_write: 4 };
         assert_eq!(bincode::serde::encode_to_vec(Some(Box::new(usage)), cfg).expect("encodes"), bincode::serde::encode_to_vec(Some(usage), cfg).expect("encodes"));
         assert_eq!(std::mem::size_of::<condense_events::Message>(), 80);
+        // A compressed chain and a committed checkpoint were struct variants too: their bytes are still
+        // the variant's number (7 and 8) and then the fields in order, as a tuple of them encodes.
+        use condense_events::{ChainCompressed, CheckpointCommitted, DecisionEvent};
+        let chain = ChainCompressed { block: 2, first: "u1".into(), last: "f1".into(), refs: vec![1, 2], body: "[b2]".into() };
+        assert_eq!(
+            bincode::serde::encode_to_vec(DecisionEvent::ChainCompressed(Box::new(chain.clone())), cfg).expect("encodes"),
+            bincode::serde::encode_to_vec((7u32, chain.block, &chain.first, &chain.last, &chain.refs, &chain.body), cfg).expect("encodes")
+        );
+        let c = CheckpointCommitted {
+            n: 1,
+            boundary: "e9".into(),
+            summary: "s".into(),
+            kept: vec!["e7".into()],
+            covers: vec![3],
+            recovery: true,
+            bounded: vec![("e8".into(), "t".into())],
+            tokens_before: 900,
+            tokens_after: 90,
+        };
+        let fields = (8u32, c.n, &c.boundary, &c.summary, &c.kept, &c.covers, c.recovery, &c.bounded, c.tokens_before, c.tokens_after);
+        let written = bincode::serde::encode_to_vec(fields, cfg).expect("encodes");
+        assert_eq!(bincode::serde::encode_to_vec(DecisionEvent::CheckpointCommitted(Box::new(c.clone())), cfg).expect("encodes"), written);
+        let (read, _): (DecisionEvent, usize) = bincode::serde::decode_from_slice(&written, cfg).expect("decodes");
+        assert_eq!(read, DecisionEvent::CheckpointCommitted(Box::new(c)));
+        // So a list of decisions is laid out for the small ones: a pass lists one per captured output.
+        assert_eq!(std::mem::size_of::<DecisionEvent>(), 64);
     }
 }

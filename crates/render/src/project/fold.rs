@@ -80,7 +80,7 @@ impl Projection {
         let (a, b) = match d {
             DecisionEvent::OutputCaptured(r) => (at(&r.entry), at(&r.call_entry)),
             DecisionEvent::ErrorArgsPurged { entry, .. } => (at(entry), None),
-            DecisionEvent::ChainCompressed { first, last, .. } => (at(first), at(last)),
+            DecisionEvent::ChainCompressed(ch) => (at(&ch.first), at(&ch.last)),
             _ => return,
         };
         match d {
@@ -97,7 +97,8 @@ impl Projection {
                     mark_of(&mut self.marks, i).purged += 1;
                 }
             }
-            DecisionEvent::ChainCompressed { block, .. } => {
+            DecisionEvent::ChainCompressed(ch) => {
+                let block = &ch.block;
                 if let Some(i) = a {
                     mark_of(&mut self.marks, i).chain_first = Some(*block);
                 }
@@ -137,7 +138,8 @@ impl Projection {
                 if matches!(d, DecisionEvent::CheckpointFailed { .. }) && self.overflow_streak > 0 {
                     self.overflow_failed = true;
                 }
-                if let DecisionEvent::CheckpointCommitted { n, summary, bounded, .. } = d {
+                if let DecisionEvent::CheckpointCommitted(c) = d {
+                    let condense_events::CheckpointCommitted { n, summary, bounded, .. } = &**c;
                     self.overflow_checkpointed = true;
                     self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
                     for (entry, text) in bounded {

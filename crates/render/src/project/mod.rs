@@ -699,7 +699,7 @@ mod tests {
         }
         assert!(kept(&p), "the batches were taken in place");
         assert!(pending(&p) > 0, "the replacements wait for the next read");
-        let chain = |t: u32| Event::Decision(DecisionEvent::ChainCompressed { block: t + 1, first: format!("t{t}e0"), last: format!("t{t}e3"), refs: vec![t + 1], body: format!("[b{t}: cat f{t}]") });
+        let chain = |t: u32| Event::Decision(DecisionEvent::ChainCompressed(Box::new(condense_events::ChainCompressed { block: t + 1, first: format!("t{t}e0"), last: format!("t{t}e3"), refs: vec![t + 1], body: format!("[b{t}: cat f{t}]") })));
         // A chain near the end, over a turn whose output waits to be replaced: spliced in place.
         let mut near = p.clone();
         put(&mut near, chain(turns - 1));
@@ -770,7 +770,7 @@ mod tests {
         assert!(made[2].text().contains("400 lines of `line`"), "{:?}", made[2]);
         // The chain compressed: its prompt, its block and its reply stand for it.
         let mut chained = after.clone();
-        chained.apply(seq + 2, &Event::Decision(DecisionEvent::ChainCompressed { block: 1, first: "e0".into(), last: "e5".into(), refs: vec![1, 2], body: "[b1: 2 calls]".into() }));
+        chained.apply(seq + 2, &Event::Decision(DecisionEvent::ChainCompressed(Box::new(condense_events::ChainCompressed { block: 1, first: "e0".into(), last: "e5".into(), refs: vec![1, 2], body: "[b1: 2 calls]".into() }))));
         assert!(kept(&chained), "the chain was taken in place");
         let made = chained.render().messages;
         assert_eq!(made, chained.render_full_now().messages);

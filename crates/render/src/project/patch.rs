@@ -23,7 +23,7 @@ impl Projection {
             }
             DecisionEvent::ErrorArgsPurged { entry, .. } => vec![entry.as_str()],
             // The chain's span is replaced whole, where nothing in the render was repaired.
-            DecisionEvent::ChainCompressed { .. } => {
+            DecisionEvent::ChainCompressed(_) => {
                 inc.drop_answered();
                 return (inc.report.is_clean() && inc.pending.is_empty()).then(Vec::new);
             }
@@ -77,7 +77,8 @@ impl Projection {
         }
         // Replacements still pending stay valid through a splice that takes none of their messages: they
         // find them by identity wherever the splice moves them (see `splice_chain`).
-        if let DecisionEvent::ChainCompressed { first, last, block, .. } = d {
+        if let DecisionEvent::ChainCompressed(ch) = d {
+            let condense_events::ChainCompressed { first, last, block, .. } = &**ch;
             inc.valid = self.splice_chain(&mut inc, first, last, *block);
         }
         // Checked on a copy, so the replacements stay pending in debug builds as they do in release ones.

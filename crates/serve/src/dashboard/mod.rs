@@ -228,10 +228,11 @@ fn describe(e: &Event) -> Option<(&'static str, String)> {
             DecisionEvent::OutputAliased { ref_n, original } => ("alias", format!("t{ref_n} repeats t{original}: shown as a reference to it")),
             DecisionEvent::OutputStubbed { ref_n, .. } => ("batch", format!("t{ref_n} (a file read kept whole while live) stubbed")),
             DecisionEvent::ErrorArgsPurged { call_id, chars, .. } => ("purge", format!("arguments of the failed call {call_id} purged ({chars} characters)")),
-            DecisionEvent::ChainCompressed { block, refs: r, .. } => ("chain", format!("chain compressed into b{block}{}", if r.is_empty() { String::new() } else { format!(" ({})", refs(r)) })),
+            DecisionEvent::ChainCompressed(ch) => ("chain", format!("chain compressed into b{}{}", ch.block, if ch.refs.is_empty() { String::new() } else { format!(" ({})", refs(&ch.refs)) })),
             DecisionEvent::ChainReplyCut { block, .. } => ("chain", format!("final reply of b{block} cut to its head")),
             DecisionEvent::CheckpointStarted { reason, tokens } => ("checkpoint", format!("checkpoint started ({reason}, {tokens} tokens)")),
-            DecisionEvent::CheckpointCommitted { n, tokens_before, tokens_after, recovery, .. } => {
+            DecisionEvent::CheckpointCommitted(c) => {
+                let condense_events::CheckpointCommitted { n, tokens_before, tokens_after, recovery, .. } = &**c;
                 ("checkpoint", format!("checkpoint c{n}{}: {tokens_before} → {tokens_after} tokens", if *recovery { " (recovery)" } else { "" }))
             }
             DecisionEvent::CheckpointFailed { code, reason } => ("error", format!("{code}: {}", cut(reason))),
