@@ -454,7 +454,7 @@ pub struct ChainCompressed {
 }
 
 /// What [`DecisionEvent::CheckpointCommitted`] holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointCommitted {
     /// The checkpoint number (`c<n>`).
     pub n: u32,

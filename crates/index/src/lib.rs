@@ -168,26 +168,8 @@ pub struct Chain {
     pub reply: Option<String>,
 }
 
-/// A committed checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checkpoint {
-    /// Number (`c<n>`).
-    pub n: u32,
-    /// Last entry covered.
-    pub boundary: String,
-    /// The summary.
-    pub summary: String,
-    /// Retained prompts.
-    pub kept: Vec<String>,
-    /// Refs covered.
-    pub covers: Vec<u32>,
-    /// Retained-tail recovery (no model summary).
-    pub recovery: bool,
-    /// Bounded copies of the final batch: (result entry id, text).
-    pub bounded: Vec<(String, String)>,
-    /// Estimated tokens before the checkpoint.
-    pub tokens_before: u64,
-}
+/// A committed checkpoint: what its decision holds.
+pub use condense_events::CheckpointCommitted as Checkpoint;
 
 /// Keys per chunk of a [`ChunkMap`].
 const CHUNK_KEYS: u32 = 1024;
@@ -442,22 +424,7 @@ impl Index {
             DecisionEvent::ErrorArgsPurged { entry, call_id, chars } => {
                 Arc::make_mut(&mut self.purged).insert((entry.clone(), call_id.clone()), *chars);
             }
-            DecisionEvent::CheckpointCommitted(c) => {
-                let condense_events::CheckpointCommitted { n, boundary, summary, kept, covers, recovery, bounded, tokens_before, .. } = &**c;
-                Arc::make_mut(&mut self.checkpoints).insert(
-                    *n,
-                    Checkpoint {
-                        n: *n,
-                        boundary: boundary.clone(),
-                        summary: summary.clone(),
-                        kept: kept.clone(),
-                        covers: covers.clone(),
-                        recovery: *recovery,
-                        bounded: bounded.clone(),
-                        tokens_before: *tokens_before,
-                    },
-                );
-            }
+            DecisionEvent::CheckpointCommitted(c) => drop(Arc::make_mut(&mut self.checkpoints).insert(c.n, Checkpoint::clone(c))),
             DecisionEvent::CheckpointFailed { code, reason } => self.checkpoint_failures.push((code.clone(), reason.clone())),
             DecisionEvent::CheckpointStarted { .. } => {}
             DecisionEvent::ArchiveCommitted { id, seq, leaf } => self.archives.push((id.clone(), *seq, leaf.clone())),
