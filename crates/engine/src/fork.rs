@@ -48,10 +48,7 @@ impl Store {
                     DecisionEvent::BatchClosed { refs, .. } => refs.iter().all(|r| copied_refs.contains(r)),
                     DecisionEvent::FrontierAdvanced { entry } | DecisionEvent::ErrorArgsPurged { entry, .. } => on_path.contains(entry),
                     DecisionEvent::ChainCompressed(ch) => on_path.contains(&ch.first) && on_path.contains(&ch.last),
-                    DecisionEvent::CheckpointCommitted(c) => {
-                        let condense_events::CheckpointCommitted { boundary, kept, .. } = &**c;
-                        on_path.contains(boundary) && kept.iter().all(|k| on_path.contains(k))
-                    }
+                    DecisionEvent::CheckpointCommitted(c) => on_path.contains(&c.boundary) && c.kept.iter().all(|k| on_path.contains(k)),
                     DecisionEvent::CheckpointStarted { .. } | DecisionEvent::CheckpointFailed { .. } => false,
                     DecisionEvent::ArchiveCommitted { .. } => false,
                     DecisionEvent::ChainReplyCut { block, .. } => {

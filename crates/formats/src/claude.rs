@@ -73,8 +73,7 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                 let blocks = assistant_blocks(msg.get_mut("content").map(Value::take), &mut |m| diags.push(diag(n, m)));
                 for blk in &blocks {
                     if let Block::ToolCall(c) = blk {
-                        let (id, name) = (&c.id, &c.name);
-                        b.names.insert(id.clone(), name.clone());
+                        b.names.insert(c.id.clone(), c.name.clone());
                     }
                 }
                 let stop = match str_of(&msg, "stop_reason") {

@@ -309,8 +309,7 @@ impl History {
     fn assistant_block(&mut self, b: Block) {
         self.flush_event_prompt();
         if let Block::ToolCall(c) = &b {
-            let (id, name) = (&c.id, &c.name);
-            self.names.insert(id.clone(), name.clone());
+            self.names.insert(c.id.clone(), c.name.clone());
         }
         if self.open {
             if let Some(Entry::Message(Message::Assistant { content, .. })) = self.entries.last_mut() {

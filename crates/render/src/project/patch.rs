@@ -78,8 +78,7 @@ impl Projection {
         // Replacements still pending stay valid through a splice that takes none of their messages: they
         // find them by identity wherever the splice moves them (see `splice_chain`).
         if let DecisionEvent::ChainCompressed(ch) = d {
-            let condense_events::ChainCompressed { first, last, block, .. } = &**ch;
-            inc.valid = self.splice_chain(&mut inc, first, last, *block);
+            inc.valid = self.splice_chain(&mut inc, &ch.first, &ch.last, ch.block);
         }
         // Checked on a copy, so the replacements stay pending in debug builds as they do in release ones.
         if cfg!(debug_assertions) && inc.valid {
