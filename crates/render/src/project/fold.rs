@@ -21,11 +21,17 @@ impl Projection {
                 m.shrink_to_fit();
                 self.push_message(seq, id, parent.as_deref(), Arc::new(m));
             }
-            // What `apply` does with a capture (its marks, its record), the record taken, not copied.
-            Event::Decision(d @ DecisionEvent::OutputCaptured(_)) => {
+            // The index takes what it keeps of a decision as the event held it (a captured output's
+            // record), unless the kept render still has to read the decision after it.
+            Event::Decision(d) => {
                 self.seq = seq;
-                self.mark(&d);
-                self.decisions.apply_owned(d);
+                match self.take_decision(&d) {
+                    Some(old) => {
+                        self.decisions.apply(&d);
+                        self.patch_render(&d, old);
+                    }
+                    None => self.decisions.apply_owned(d),
+                }
             }
             other => self.apply(seq, &other),
         }
@@ -110,56 +116,65 @@ impl Projection {
         }
     }
 
+    /// What decision `d` changes in the projection before the index takes it: the marks of its entries,
+    /// the checkpoint's messages, and the kept render, which takes the change in place where it can (the
+    /// returned messages: finished by [`Projection::patch_render`] once the index has `d`) or else is made
+    /// again at the next render.
+    fn take_decision(&mut self, d: &DecisionEvent) -> Option<Vec<(usize, Arc<Message>)>> {
+        // Capturing, aliasing and moving the frontier change nothing on screen until a batch closes.
+        let unseen = matches!(
+            d,
+            DecisionEvent::Note { .. }
+                | DecisionEvent::FrontierAdvanced { .. }
+                | DecisionEvent::OutputCaptured(_)
+                | DecisionEvent::OutputAliased { .. }
+                | DecisionEvent::ArchiveCommitted { .. }
+        );
+        // A decision changes what earlier positions render as: the kept render takes the change
+        // in place where it can, else the next render starts over.
+        let patch = if unseen { None } else { self.patch_start(d) };
+        if !unseen {
+            self.usage_anchor = None;
+            if patch.is_none() {
+                self.inc.get_mut().expect("render cache lock").valid = false;
+            }
+        }
+        self.mark(d);
+        if matches!(d, DecisionEvent::CheckpointFailed { .. }) && self.overflow_streak > 0 {
+            self.overflow_failed = true;
+        }
+        if let DecisionEvent::CheckpointCommitted(c) = d {
+            let condense_events::CheckpointCommitted { n, summary, bounded, .. } = &**c;
+            self.overflow_checkpointed = true;
+            self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
+            for (entry, text) in bounded {
+                let Some(i) = self.position(entry) else { continue };
+                if let Node::Message(m, _) = &self.items[i].node {
+                    let copy = match &**m {
+                        Message::ToolResult { call_id, tool_name, is_error, .. } => Message::ToolResult {
+                            call_id: call_id.clone(),
+                            tool_name: tool_name.clone(),
+                            content: vec![Block::Text { text: text.clone() }],
+                            is_error: *is_error,
+                        },
+                        // An oversized recent user message during recovery (seed 004).
+                        Message::User { origin, .. } => Message::User { content: vec![Block::Text { text: text.clone() }], origin: *origin },
+                        Message::Assistant { .. } => continue,
+                    };
+                    self.bounded_msgs.insert((*n, i), Arc::new(copy));
+                }
+            }
+        }
+        patch
+    }
+
     /// Absorbs one event.
     pub fn apply(&mut self, seq: Seq, event: &Event) {
         self.seq = seq;
         let ev = match event {
             Event::Source(ev) => ev,
             Event::Decision(d) => {
-                // Capturing, aliasing and moving the frontier change nothing on screen until a batch closes.
-                let unseen = matches!(
-                    d,
-                    DecisionEvent::Note { .. }
-                        | DecisionEvent::FrontierAdvanced { .. }
-                        | DecisionEvent::OutputCaptured(_)
-                        | DecisionEvent::OutputAliased { .. }
-                        | DecisionEvent::ArchiveCommitted { .. }
-                );
-                // A decision changes what earlier positions render as: the kept render takes the change
-                // in place where it can, else the next render starts over.
-                let patch = if unseen { None } else { self.patch_start(d) };
-                if !unseen {
-                    self.usage_anchor = None;
-                    if patch.is_none() {
-                        self.inc.get_mut().expect("render cache lock").valid = false;
-                    }
-                }
-                self.mark(d);
-                if matches!(d, DecisionEvent::CheckpointFailed { .. }) && self.overflow_streak > 0 {
-                    self.overflow_failed = true;
-                }
-                if let DecisionEvent::CheckpointCommitted(c) = d {
-                    let condense_events::CheckpointCommitted { n, summary, bounded, .. } = &**c;
-                    self.overflow_checkpointed = true;
-                    self.checkpoint_msgs.insert(*n, Arc::new(Message::user_text(summary.clone(), UserOrigin::Summary)));
-                    for (entry, text) in bounded {
-                        let Some(i) = self.position(entry) else { continue };
-                        if let Node::Message(m, _) = &self.items[i].node {
-                            let copy = match &**m {
-                                Message::ToolResult { call_id, tool_name, is_error, .. } => Message::ToolResult {
-                                    call_id: call_id.clone(),
-                                    tool_name: tool_name.clone(),
-                                    content: vec![Block::Text { text: text.clone() }],
-                                    is_error: *is_error,
-                                },
-                                // An oversized recent user message during recovery (seed 004).
-                                Message::User { origin, .. } => Message::User { content: vec![Block::Text { text: text.clone() }], origin: *origin },
-                                Message::Assistant { .. } => continue,
-                            };
-                            self.bounded_msgs.insert((*n, i), Arc::new(copy));
-                        }
-                    }
-                }
+                let patch = self.take_decision(d);
                 self.decisions.apply(d);
                 if let Some(old) = patch {
                     self.patch_render(d, old);
