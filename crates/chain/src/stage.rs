@@ -86,7 +86,7 @@ impl Chains {
             let done = boundary.is_some_and(|b| span.first <= b)
                 || self.listed_firsts.contains(first)
                 || self.blocks.get(first).is_some_and(|b| {
-                    let body = pass.index.chains.get(b).map_or("", |c| c.body.as_str());
+                    let body = pass.index.chains.get(b).map_or("", |c| c.compressed.body.as_str());
                     self.listed.extend(names_listed(body));
                     self.listed_firsts.insert(first.to_string());
                     true

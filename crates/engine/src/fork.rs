@@ -52,7 +52,7 @@ impl Store {
                     DecisionEvent::CheckpointStarted { .. } | DecisionEvent::CheckpointFailed { .. } => false,
                     DecisionEvent::ArchiveCommitted { .. } => false,
                     DecisionEvent::ChainReplyCut { block, .. } => {
-                        idx.chains.get(block).is_some_and(|c| on_path.contains(&c.first) && on_path.contains(&c.last))
+                        idx.chains.get(block).is_some_and(|c| on_path.contains(&c.compressed.first) && on_path.contains(&c.compressed.last))
                     }
                 },
             };

@@ -64,7 +64,7 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         match idx.lookup(k) {
             Some(Target::Output(r)) => refs.push(r),
             Some(Target::Chain(b)) => {
-                refs.extend(idx.chains[&b].refs.iter().copied());
+                refs.extend(idx.chains[&b].compressed.refs.iter().copied());
                 if idx.chains[&b].reply.is_some() {
                     replies.push(b);
                 }
@@ -110,7 +110,7 @@ pub fn answer(p: &Projection, keys: &[String], blob: &dyn Fn(&str) -> Result<Vec
         originals.push((r, original));
     }
     for b in replies {
-        let whole = p.entry_message(&idx.chains[&b].last).map(|m| condense_chain::reply_text(m)).unwrap_or_default();
+        let whole = p.entry_message(&idx.chains[&b].compressed.last).map(|m| condense_chain::reply_text(m)).unwrap_or_default();
         if !text.is_empty() {
             text.push('\n');
         }

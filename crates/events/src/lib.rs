@@ -439,7 +439,7 @@ pub enum DecisionEvent {
 }
 
 /// What [`DecisionEvent::ChainCompressed`] holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChainCompressed {
     /// The block number (`b<block>`).
     pub block: u32,

@@ -154,16 +154,8 @@ pub struct Spill {
 /// A compressed chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chain {
-    /// Block number (`b<block>`).
-    pub block: u32,
-    /// Entry id of the chain's user prompt.
-    pub first: String,
-    /// Entry id of its final reply.
-    pub last: String,
-    /// Tool refs inside.
-    pub refs: Vec<u32>,
-    /// The block text.
-    pub body: String,
+    /// The chain as its decision holds it: block number, first and last entry, refs, block text.
+    pub compressed: condense_events::ChainCompressed,
     /// What its final reply's text renders as, when it was cut (`ChainReplyCut`).
     pub reply: Option<String>,
 }
@@ -428,13 +420,7 @@ impl Index {
             DecisionEvent::CheckpointFailed { code, reason } => self.checkpoint_failures.push((code.clone(), reason.clone())),
             DecisionEvent::CheckpointStarted { .. } => {}
             DecisionEvent::ArchiveCommitted { id, seq, leaf } => self.archives.push((id.clone(), *seq, leaf.clone())),
-            DecisionEvent::ChainCompressed(ch) => {
-                let condense_events::ChainCompressed { block, first, last, refs, body } = &**ch;
-                self.chains.insert(
-                    *block,
-                    Arc::new(Chain { block: *block, first: first.clone(), last: last.clone(), refs: refs.clone(), body: body.clone(), reply: None }),
-                );
-            }
+            DecisionEvent::ChainCompressed(ch) => self.chains.insert(ch.block, Arc::new(Chain { compressed: (**ch).clone(), reply: None })),
             DecisionEvent::ChainReplyCut { block, text } => {
                 if let Some(chain) = self.chains.get_mut(block) {
                     Arc::make_mut(chain).reply = Some(text.clone());

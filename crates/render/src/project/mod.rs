@@ -289,6 +289,13 @@ fn cached<K: Ord>(
     own.entry(key).or_insert_with(make).clone()
 }
 
+/// The block message compressed chain `chain` renders as, built once and shared by every render.
+fn chain_block(cache: &mut PhaseCache, chain: &condense_index::Chain) -> Arc<Message> {
+    let PhaseCache { base, own } = cache;
+    let c = &chain.compressed;
+    cached(&mut own.chains, &base.chains, c.block, || Arc::new(Message::user_text(c.body.clone(), UserOrigin::Summary)))
+}
+
 /// What [`Projection::weight`] counts for an entry besides its message's bytes: a warm session of
 /// 100,000 one-letter messages (its entries, messages, index, token cache, render and pipeline stages)
 /// took about 400–450 bytes of memory a message.

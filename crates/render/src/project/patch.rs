@@ -27,7 +27,7 @@ impl Projection {
                 inc.drop_answered();
                 return (inc.report.is_clean() && inc.pending.is_empty()).then(Vec::new);
             }
-            DecisionEvent::ChainReplyCut { block, .. } => idx.chains.get(block).map(|c| c.last.as_str()).into_iter().collect(),
+            DecisionEvent::ChainReplyCut { block, .. } => idx.chains.get(block).map(|c| c.compressed.last.as_str()).into_iter().collect(),
             _ => return None,
         };
         drop(inc);
@@ -119,9 +119,7 @@ impl Projection {
         }
         let (block_msg, reply) = {
             let mut cache = self.phase_cache.lock().expect("phase cache lock");
-            let PhaseCache { base, own } = &mut *cache;
-            let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
-            (block_msg, self.chain_reply(&mut cache, chain, lm))
+            (chain_block(&mut cache, chain), self.chain_reply(&mut cache, chain, lm))
         };
         let host: Vec<Arc<Message>> = inc.out[pf + 1..pl].iter().filter(|m| m.is_host()).cloned().collect();
         Arc::make_mut(&mut inc.out).splice(pf..=pl, std::iter::once(fm.clone()).chain(host).chain([block_msg, reply]));

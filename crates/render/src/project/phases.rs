@@ -31,7 +31,7 @@ impl Projection {
     /// (`ChainReplyCut`), else whole (thinking stripped when `thinkingStrip` is on).
     pub(super) fn chain_reply(&self, cache: &mut PhaseCache, chain: &condense_index::Chain, m: &Arc<Message>) -> Arc<Message> {
         let PhaseCache { base, own } = cache;
-        cached(&mut own.replies, &base.replies, (chain.block, chain.reply.is_some()), || match (&chain.reply, &**m) {
+        cached(&mut own.replies, &base.replies, (chain.compressed.block, chain.reply.is_some()), || match (&chain.reply, &**m) {
             (Some(text), Message::Assistant { model, stop, usage, .. }) => {
                 Arc::new(Message::Assistant { content: vec![Block::Text { text: text.clone() }], model: model.clone(), stop: *stop, usage: usage.clone() })
             }
@@ -223,9 +223,7 @@ impl Projection {
                         out.push((item, m.clone(), meta));
                         // Host context inside the chain stays, verbatim and in order, ahead of the block.
                         out.extend(raw[k + 1..last].iter().filter(|(_, h, _)| h.is_host()).map(|&(hi, h, hmeta)| (hi, h.clone(), hmeta)));
-                        let PhaseCache { base, own } = &mut *cache;
-                        let block_msg = cached(&mut own.chains, &base.chains, block, || Arc::new(Message::user_text(chain.body.clone(), UserOrigin::Summary)));
-                        out.push((None, block_msg, &Meta::User));
+                        out.push((None, chain_block(&mut cache, chain), &Meta::User));
                         let (fi, fm, fmeta) = raw[last];
                         out.push((fi, self.chain_reply(&mut cache, chain, fm), fmeta));
                         k = last + 1;
