@@ -114,18 +114,22 @@ impl Ids {
     /// Takes the entry at place `at` of `items` in; an id given before points at its newest entry from now on.
     fn insert(&mut self, items: &[Item], at: usize) {
         let id = &*items[at].id;
-        let hash = hash_id(id);
         let place = u32::try_from(at).expect("fewer than 2^32 entries");
-        match self.0.find_mut(hash, |&i| &*items[i as usize].id == id) {
-            Some(slot) => *slot = place,
-            None => drop(self.0.insert_unique(hash, place, |&i| hash_id(&items[i as usize].id))),
+        match self.0.entry(hash_id(id), |&i| &*items[i as usize].id == id, hash_at(items)) {
+            hashbrown::hash_table::Entry::Occupied(mut slot) => *slot.get_mut() = place,
+            hashbrown::hash_table::Entry::Vacant(slot) => drop(slot.insert(place)),
         }
     }
 
     /// Room for `more` entries.
     fn reserve(&mut self, items: &[Item], more: usize) {
-        self.0.reserve(more, |&i| hash_id(&items[i as usize].id));
+        self.0.reserve(more, hash_at(items));
     }
+}
+
+/// The hash of the id of the entry at a place of `items` (what the table rehashes by when it grows).
+fn hash_at(items: &[Item]) -> impl Fn(&u32) -> u64 + '_ {
+    move |&i| hash_id(&items[i as usize].id)
 }
 
 /// The messages of a rendered context, shared with the projection that keeps them up to date. Drop a
