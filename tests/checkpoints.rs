@@ -453,11 +453,12 @@ fn an_ineffective_summary_takes_the_retained_tail_path_and_manual_compaction_fai
     assert!(r.messages[0].text().contains("no summary could be made small enough"), "{}", r.messages[0].text());
     assert!(condense_engine::controller::context_tokens(&p) <= 4_000);
     // Manual compaction covers everything, so only what every request carries can leave it over budget:
-    // with a 3,990-token system prompt and tools no summary fits. It fails fast with
+    // with a 7,500-token system prompt and tools in the 8,000-token window no summary fits (the reserve
+    // yields to them, down to the 5% floor: a hard budget of 7,600). It fails fast with
     // CONTEXT_COMPACTION_FAILED, without the retained-tail attempt, and commits nothing; the automatic
     // path on the same session tries the retained tail too before it fails.
     let manual = ineffective(&store, "manual");
-    manual.set_request_overhead(3_990).unwrap();
+    manual.set_request_overhead(7_500).unwrap();
     let reason = compaction_failed(manual.compact_now());
     assert!(reason.starts_with("manual compaction: the summary does not bring"), "{reason}");
     assert!(manual.projection().unwrap().index().checkpoints.is_empty());
@@ -537,4 +538,94 @@ fn a_simulated_window_checkpoints_rather_than_recovers() {
     let f = replay_with(&store, "windowed", events, condense_events::PruneConfig::default(), Prices::default(), Some(32_000), None).unwrap();
     assert!(f.checkpoints >= 10, "{} checkpoints", f.checkpoints);
     assert_eq!((f.recoveries, f.archives, f.compaction_failures, f.validity_errors), (0, 0, 0, 0));
+}
+
+/// The tokens of the request `prepare` gives, as the controller counts them (the messages, the host's
+/// overhead and condense's tools).
+fn request_tokens(s: &Session) -> u64 {
+    s.prepare().unwrap();
+    s.with_projection(condense_engine::controller::context_tokens).unwrap()
+}
+
+fn newest_checkpoint(s: &Session) -> condense_events::CheckpointCommitted {
+    s.projection().unwrap().index().checkpoints.values().next_back().expect("a checkpoint").clone()
+}
+
+/// Issue 59, the moves when even a checkpoint does not fit, each through `Session::prepare`. Move 3: the
+/// marker alone, no prompts retained, when the retained prompts and the final batch do not fit together.
+#[test]
+fn a_tight_window_drops_the_retained_prompts_before_it_refuses() {
+    let mut l = Live::new(16_000);
+    l.s.set_request_overhead(6_000).unwrap();
+    let hard = l.s.with_projection(|p| condense_engine::controller::budget_of(p).unwrap().hard).unwrap();
+    for k in 0..7 {
+        l.prompt(&format!("request {k}: {}", "keep the parser's old API and its error messages ".repeat(24)));
+    }
+    // ~3,000 tokens: under half the hard budget (no ADR 0030 copy), too much beside the prompts.
+    l.turn("a", lines("file", 360)).unwrap();
+    let tokens = request_tokens(&l.s);
+    let cp = newest_checkpoint(&l.s);
+    assert!(cp.recovery && cp.kept.is_empty() && cp.bounded.is_empty(), "{cp:?}");
+    assert!(tokens <= hard, "{tokens} over {hard}");
+    // The batch went whole.
+    assert!(l.s.prepare().unwrap().messages.iter().any(|m| m.text() == lines("file", 360)));
+}
+
+/// Move 4: the final batch cut to the room that is left (a smaller bounded copy than ADR 0030's half of
+/// the hard budget), each result naming its ref; the originals stay whole in the log and by ref.
+#[test]
+fn a_tight_window_cuts_the_final_batch_to_the_room_left() {
+    let mut l = Live::new(16_000);
+    l.s.set_request_overhead(8_000).unwrap();
+    let hard = l.s.with_projection(|p| condense_engine::controller::budget_of(p).unwrap().hard).unwrap();
+    // Half the window is the client's: the reserve yields so the history keeps a quarter of it.
+    assert!(hard >= 11_000, "{hard}");
+    l.prompt("Read both logs.");
+    l.turn("a", lines("a", 20)).unwrap();
+    // Two results of ~2,500 tokens each: together under half the hard budget, more than the room.
+    l.s.prepare().unwrap();
+    condense_tests::append_entry(&l.s, &mut l.n, Message::Assistant {
+        content: vec![Block::tool_call("x".into(), "read".into(), "{}".into()), Block::tool_call("y".into(), "read".into(), "{}".into())],
+        model: None,
+        stop: None,
+        usage: None,
+    });
+    for id in ["x", "y"] {
+        l.add(Message::ToolResult { call_id: id.into(), tool_name: "read".into(), content: vec![Block::Text { text: lines(id, 300) }], is_error: false });
+    }
+    let tokens = request_tokens(&l.s);
+    assert!(tokens <= hard, "{tokens} over {hard}");
+    let cp = newest_checkpoint(&l.s);
+    assert_eq!(cp.bounded.len(), 2, "{cp:?}");
+    let sent = l.s.prepare().unwrap();
+    for (id, copy) in &cp.bounded {
+        // No pruning here, so no refs: the copy says where the original is.
+        assert!(copy.contains("checkpoint truncation") && copy.contains("the full output stays in the log"), "{id}: {copy}");
+        assert!(sent.messages.iter().any(|m| m.text() == *copy), "the copy is what goes out");
+    }
+    let p = l.s.projection().unwrap();
+    assert!(p.branch_messages().iter().any(|m| m.text() == lines("y", 300)), "the original stays in the log");
+}
+
+/// Move 5: nothing fits (the client's own context takes the whole window): one refusal that names the
+/// parts and what to do; and the next request that can fit goes through.
+#[test]
+fn a_window_the_clients_own_context_fills_is_refused_with_its_parts_named() {
+    let mut l = Live::new(16_000);
+    l.prompt("hello");
+    l.turn("a", lines("a", 400)).unwrap();
+    l.s.set_request_overhead(15_500).unwrap();
+    let reason = compaction_failed(l.s.prepare().map(drop));
+    for part in ["the client's own system prompt and tool declarations 15500", "condense's tools", "a window of 16000", "use a model with a larger window"] {
+        assert!(reason.contains(part), "missing {part:?} in {reason}");
+    }
+    // On the first request too, with nothing before it to condense.
+    let mut first = Live::new(16_000);
+    first.s.set_request_overhead(15_500).unwrap();
+    first.prompt("hello");
+    let reason = compaction_failed(first.s.prepare().map(drop));
+    assert!(reason.contains("the client's own system prompt and tool declarations 15500"), "{reason}");
+    // The client drops most of its tools: the same conversation goes through.
+    l.s.set_request_overhead(4_000).unwrap();
+    l.s.prepare().unwrap();
 }

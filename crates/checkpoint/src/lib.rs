@@ -70,6 +70,19 @@ impl Budget {
         Budget::new(window, max_output, DEFAULT_RESERVE)
     }
 
+    /// The budget of a model for a client whose every request carries `fixed` tokens whatever its history
+    /// (its own system prompt and tool declarations, condense's tools, the host context a checkpoint sends
+    /// again). The reserve (not the output allowance, not the 5% floor) yields to that fixed context so the
+    /// history keeps at least a quarter of the window beside it: with a 32,000-token window and a client
+    /// whose fixed context is 12,500 tokens, the seed's 16,000 reserve left 3,500 tokens for the whole
+    /// conversation, and a single tool output more could be fitted by nothing (docs/checkpoints.md, "The
+    /// client's fixed context"). A deviation from ADR 0030's "at least the configured reserve", which ADR
+    /// 0061 already derives from the model instead of a setting.
+    pub fn fitted(window: u64, max_output: Option<u64>, fixed: u64) -> Budget {
+        let room = window.saturating_sub(fixed).saturating_sub(window / 4);
+        Budget::new(window, max_output, DEFAULT_RESERVE.min(room))
+    }
+
     /// The retained-tail target once a summary of `summary_tokens` is in place.
     pub fn tail_target(&self, summary_tokens: u64) -> u64 {
         (self.hard.saturating_sub(summary_tokens) / 2).min(TAIL_CAP)
@@ -430,6 +443,21 @@ mod tests {
         assert_eq!(Budget::new(200_000, Some(32_000), DEFAULT_RESERVE).tail_target(8_000), 20_000);
         // 32k window: the 16,384 reserve is capped at 16,000, so the hard budget is 16,000.
         assert_eq!(Budget::new(32_000, None, DEFAULT_RESERVE).tail_target(2_000), 7_000);
+    }
+
+    #[test]
+    fn the_reserve_yields_to_the_clients_fixed_context() {
+        // A small fixed context changes nothing.
+        assert_eq!(Budget::fitted(32_000, None, 2_000), Budget::new(32_000, None, DEFAULT_RESERVE));
+        assert_eq!(Budget::fitted(200_000, Some(32_000), 20_000), Budget::new(200_000, Some(32_000), DEFAULT_RESERVE));
+        // 12,500 fixed in 32,000: the reserve leaves a quarter of the window (8,000) to the history.
+        let b = Budget::fitted(32_000, None, 12_500);
+        assert_eq!((b.headroom, b.hard), (11_500, 20_500));
+        assert_eq!(b.hard - 12_500, 8_000);
+        // Fixed context past three quarters of the window: the 5% floor is all that is kept.
+        assert_eq!(Budget::fitted(24_000, None, 19_500).headroom, 1_200);
+        // The output allowance never yields (the reply needs it): 4,096 of 16,000 is capped at 4,000.
+        assert_eq!(Budget::fitted(16_000, Some(4_096), 9_000).headroom, 4_000);
     }
 
     #[test]

@@ -802,3 +802,115 @@ fn serve_logs_one_json_line_per_request_without_keys_or_bodies() {
     assert!(quiet.contains(r#"a context window of 32000 tokens assumed (from the models table, \"fake-*\")"#), "{quiet}");
     drop(e);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Tight windows (issue 59): each client through serve at a 16k, 24k and 32k model window, every turn with
+// large outputs and a recall now and then. No turn fails, the host's environment is in every request,
+// every request the provider gets is valid.
+
+/// The script of a tight-window session of `turns` turns: two outputs of ~8–15 KB a turn, a recall of
+/// the newest stub every fourth turn.
+fn tight_script(turns: usize) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for k in 1..=turns {
+        if k % 4 == 0 {
+            steps.push(Step::QueryNewestStub);
+        }
+        steps.push(Step::Shell(format!("seq {k} {}", k + 3000)));
+        steps.push(Step::Shell(format!("seq -w {} {}", 100 * k, 100 * k + 1500)));
+        steps.push(Step::Text(format!("FAKE-FINAL: turn {k} done")));
+    }
+    steps
+}
+
+/// `turns` turns of client `c` through serve with a model window of `window` tokens (the store's models
+/// table, for every model the client may name). Returns the turns that failed, with what the client said.
+fn tight_window(c: &Client, window: u64, turns: usize) -> Vec<(usize, String)> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let fake = rt.block_on(Fake::start(tight_script(turns)));
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for d in ["home", "tmp", "work", "store"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let store = root.join("store");
+    let models = serde_json::json!({"models": {"claude-*": {"contextWindow": window}, "fake-*": {"contextWindow": window}, "gpt-*": {"contextWindow": window}}});
+    std::fs::write(store.join("config.json"), models.to_string()).unwrap();
+    let serve = Serve::start(&store, &fake);
+    let base = format!("http://{}", serve.addr);
+    let mut failed = Vec::new();
+    for k in 1..=turns {
+        let (code, out, err) = (c.turn)(root, &base, k, &format!("Turn {k}: count the numbers with seq"));
+        if code != 0 || !out.contains(&format!("turn {k} done")) {
+            let said = format!("{out}{err}");
+            let tail: String = said.chars().rev().take(500).collect::<Vec<_>>().into_iter().rev().collect();
+            failed.push((k, format!("exit {code}: …{tail}")));
+        }
+    }
+    drop(serve);
+    // CONDENSE_E2E_KEEP keeps the store there (for `condense log`, `render`, `stats`).
+    if let Some(keep) = std::env::var_os("CONDENSE_E2E_KEEP") {
+        let to = PathBuf::from(keep).join(format!("tight-{}-{window}", c.name.replace(' ', "-")));
+        let _ = std::fs::remove_dir_all(&to);
+        assert!(Command::new("cp").arg("-r").arg(&store).arg(&to).status().unwrap().success());
+        if let Some(first) = fake.log().first() {
+            std::fs::write(to.join("first-request.json"), first.body.to_string()).unwrap();
+        }
+    }
+    let log = fake.log();
+    let mut largest = 0;
+    for (i, l) in log.iter().enumerate().filter(|(_, l)| !l.path.ends_with("/count_tokens")) {
+        let ms: Vec<std::sync::Arc<Message>> = l.messages().into_iter().map(std::sync::Arc::new).collect();
+        // What the request takes of the window, counted as condense counts it (chars / 4 of the messages,
+        // bytes / 4 of the system prompt, instructions and tool declarations): never more than the window.
+        let overhead: u64 = ["system", "instructions", "tools"].iter().filter_map(|k| l.body.get(*k)).map(|v| (v.to_string().len() as u64).div_ceil(4)).sum();
+        let tokens = overhead + condense_tokens::estimate_all(ms.iter().map(|m| &**m));
+        largest = largest.max(tokens);
+        assert!(tokens <= window, "{} at {window}: request {i} takes {tokens} tokens ({overhead} of them the client's system prompt and tools)", c.name);
+        let problems = condense_render::check(&ms);
+        assert!(problems.is_empty(), "{} at {window}: request {i} is not valid: {problems:?}", c.name);
+        if let Some(has) = c.environment {
+            assert!(has(l), "{} at {window}: request {i} lacks the environment", c.name);
+        }
+    }
+    eprintln!("tight window: {} at {window}: {} of {turns} turns failed, {} requests, the largest {largest} tokens", c.name, failed.len(), log.len());
+    drop(rt);
+    failed
+}
+
+/// The tight windows and the turns run at each (fewer at the smallest, to keep the suite in CI's time).
+const TIGHT: [(u64, usize); 3] = [(16_000, 30), (24_000, 50), (32_000, 50)];
+// CONDENSE_E2E_TIGHT=16000:3 runs only that window, for that many turns (a quick look).
+
+fn tight_windows(c: Client) {
+    let mut report = String::new();
+    let mut failures = Vec::new();
+    let only: Option<(u64, usize)> = std::env::var("CONDENSE_E2E_TIGHT").ok().and_then(|v| v.split_once(':').and_then(|(w, t)| Some((w.parse().ok()?, t.parse().ok()?))));
+    for (window, turns) in only.map_or(TIGHT.to_vec(), |o| vec![o]) {
+        let failed = tight_window(&c, window, turns);
+        report.push_str(&format!("| {} | {window} | {turns} | {} |\n", c.name, failed.len()));
+        if !failed.is_empty() {
+            failures.push(format!("{} at {window}: {} of {turns} turns failed: {failed:#?}", c.name, failed.len()));
+        }
+    }
+    let dir = workspace().join("target/e2e-tight");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{}.md", c.name.replace(' ', "-"))), &report).unwrap();
+    eprint!("{report}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn tight_windows_claude_code() {
+    tight_windows(claude());
+}
+
+#[test]
+fn tight_windows_codex() {
+    tight_windows(codex());
+}
+
+#[test]
+fn tight_windows_pi() {
+    tight_windows(pi());
+}

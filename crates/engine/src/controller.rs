@@ -35,10 +35,17 @@ pub fn context_tokens(p: &Projection) -> u64 {
     p.anchored_tokens(&rendered).map_or(estimate_all, |a| a.max(estimate_all))
 }
 
-/// The budget of the projection's current model, if its window is known.
+/// The budget of the projection's current model, if its window is known, with the reserve yielding to
+/// the client's fixed context ([`Budget::fitted`]). The host context sent again after a checkpoint is
+/// looked for on the branch only where it can matter: a window under four reserves (65,536 tokens) or a
+/// fixed context of a quarter of the window without it; elsewhere the reserve is a small part of the
+/// window and the walk would cost every request of a long session for nothing.
 pub fn budget_of(p: &Projection) -> Option<Budget> {
     let model = p.model()?;
-    Some(Budget::of_model(model.context_window?, model.max_output))
+    let window = model.context_window?;
+    let cheap = Fixed { overhead: p.request_overhead(), tools: crate::tools::declared_tokens(p), host: 0 };
+    let fixed = if window < 4 * condense_checkpoint::DEFAULT_RESERVE || cheap.total() * 4 >= window { Fixed::of(p) } else { cheap };
+    Some(Budget::fitted(window, model.max_output, fixed.total()))
 }
 
 pub use crate::tools::{NEW_CONTEXT_RESULT, NEW_CONTEXT_TOOL};
@@ -153,11 +160,13 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         Outcome::Failed(started.clone(), DecisionEvent::CheckpointFailed { code: CONTEXT_COMPACTION_FAILED.into(), reason })
     };
     if keep_from == 0 {
-        return fail(if overflowed {
+        let after_tail: u64 = branch.iter().map(|(_, m)| estimate(m)).sum();
+        let head = if overflowed {
             format!("the provider refused the request as too long, and it holds nothing to condense before its final batch ({before} tokens by condense's estimate)")
         } else {
             format!("{before} tokens exceed the hard budget of {}, and nothing precedes the final batch", budget.hard)
-        });
+        };
+        return fail(too_large(head, p, &budget, after_tail, false));
     }
     let covered = &branch[..keep_from];
     let boundary = covered.last().expect("keep_from > 0").0.clone();
@@ -175,10 +184,10 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
     } else {
         Vec::new()
     };
-    let attempt = |summary: String, recovery: bool| {
-        let summary_tokens = estimate(&Message::user_text(summary.clone(), condense_events::UserOrigin::Summary));
-        let kept: Vec<String> =
-            retained_tail(covered, budget.tail_target(summary_tokens + p.request_overhead())).into_iter().map(|i| covered[i].0.clone()).collect();
+    // A candidate checkpoint and the tokens of the context it leaves; `tail_target` bounds the retained
+    // prompts (0: none), `bounded` replaces final-batch results by their copies.
+    let candidate = |summary: String, recovery: bool, tail_target: u64, bounded: &[(String, String)]| {
+        let kept: Vec<String> = retained_tail(covered, tail_target).into_iter().map(|i| covered[i].0.clone()).collect();
         let mut d = DecisionEvent::CheckpointCommitted(Box::new(condense_events::CheckpointCommitted {
             n,
             boundary: boundary.clone(),
@@ -186,7 +195,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
             kept,
             covers: covers.clone(),
             recovery,
-            bounded: bounded.clone(),
+            bounded: bounded.to_vec(),
             tokens_before: before,
             tokens_after: 0,
         }));
@@ -194,7 +203,11 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         if let DecisionEvent::CheckpointCommitted(c) = &mut d {
             c.tokens_after = after;
         }
-        (after <= hard).then_some(d)
+        (after, d)
+    };
+    let tail_for = |summary: &str| {
+        let summary_tokens = estimate(&Message::user_text(summary.to_string(), condense_events::UserOrigin::Summary));
+        budget.tail_target(summary_tokens + p.request_overhead())
     };
     let summary = match summarizer.handoff(&transcript(covered), max_chars.saturating_sub(200)) {
         Ok(Some(text)) => {
@@ -208,8 +221,15 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         // The summary failed: go straight to the retained-tail recovery.
         Err(_) => None,
     };
-    if let Some(d) = summary.and_then(|s| attempt(s, false)) {
-        return Outcome::Commit(started, d);
+    // The moves, in order (docs/checkpoints.md, "When even a checkpoint does not fit"): 1. the summary
+    // with the retained tail; 2. the retained-tail recovery (a marker instead of the summary); 3. the
+    // marker alone, no prompts retained; 4. the final batch cut to the room that is left (a smaller
+    // bounded copy, each result naming its ref); 5. a refusal naming what did not fit.
+    if let Some(s) = summary {
+        let (after, d) = candidate(s.clone(), false, tail_for(&s), &bounded);
+        if after <= hard {
+            return Outcome::Commit(started, d);
+        }
     }
     if reason == Reason::Manual {
         return fail(format!("manual compaction: the summary does not bring {before} tokens under {}", budget.hard));
@@ -218,14 +238,100 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         "[Checkpoint c{n}: the history before this point was removed to fit the context window (no summary could \
          be made small enough). Tool outputs of that span stay recoverable with {QUERY_TOOL_NAME} c{n}.]"
     );
-    if let Some(d) = attempt(marker, true) {
+    let (after, d) = candidate(marker.clone(), true, tail_for(&marker), &bounded);
+    if after <= hard {
         return Outcome::Commit(started, d);
     }
+    let (after, d) = candidate(marker.clone(), true, 0, &bounded);
+    if after <= hard {
+        return Outcome::Commit(started, d);
+    }
+    // What the final batch takes as the last candidate renders it; everything else is fixed now.
+    let rendered_batch: u64 = final_batch
+        .iter()
+        .map(|(id, m)| match bounded.iter().find(|(b, _)| b == id) {
+            Some((_, copy)) => (copy.chars().count() as u64).div_ceil(4),
+            None => estimate(m),
+        })
+        .sum();
+    let rest = after.saturating_sub(rendered_batch);
+    if !final_batch.is_empty() && rest < hard {
+        let results = final_batch.len() as u64;
+        // Each copy's marker and the result's framing take about 60 tokens of its share.
+        let mut share = ((hard - rest) / results).saturating_sub(60) * 4;
+        while share >= MIN_BOUNDED_CHARS {
+            let copies: Vec<(String, String)> =
+                final_batch.iter().map(|(id, m)| (id.clone(), bounded_copy(&m.text(), share as usize, idx.by_entry.get(id).copied()))).collect();
+            let (after, d) = candidate(marker.clone(), true, 0, &copies);
+            if after <= hard {
+                return Outcome::Commit(started, d);
+            }
+            share = share * 3 / 4;
+        }
+    }
     let after_tail: u64 = branch[keep_from..].iter().map(|(_, m)| estimate(m)).sum();
-    fail(format!(
-        "{before} tokens exceed the hard budget of {}; even without history the final batch and what follows take {after_tail}",
+    let head = format!(
+        "{before} tokens exceed the hard budget of {}; even without history the request takes {after}",
         budget.hard
-    ))
+    );
+    fail(too_large(head, p, &budget, after_tail, !final_batch.is_empty()))
+}
+
+/// A refusal's reason: `head`, then what the request holds that no checkpoint can take away (the parts of
+/// the fixed context, the final batch and what follows it, `tail` tokens) and what the user can do.
+fn too_large(head: String, p: &Projection, budget: &Budget, tail: u64, cut: bool) -> String {
+    let fixed = Fixed::of(p);
+    format!(
+        "{head} (a window of {} less {} kept for the reply): the client's own system prompt and tool declarations \
+         {}, condense's tools {}, the host context sent again {}, the final batch and what follows {tail}{}. {}",
+        budget.window,
+        budget.headroom,
+        fixed.overhead,
+        fixed.tools,
+        fixed.host,
+        if cut { " (its outputs cut to the least a copy keeps)" } else { "" },
+        if fixed.total() >= budget.hard / 2 {
+            "The client's own context takes most of the window: use a model with a larger window (or tell condense its \
+             real window with `condense config set models`), or fewer tools and a shorter system prompt"
+        } else {
+            "The newest message alone is too large for this window: send a shorter one, or use a model with a larger window"
+        }
+    )
+}
+
+/// Least characters a bounded copy of one result keeps (head and tail around the marker naming its ref).
+pub const MIN_BOUNDED_CHARS: u64 = 400;
+
+/// What every request carries whatever its history, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fixed {
+    /// The client's own system prompt and tool declarations (the request's overhead).
+    pub overhead: u64,
+    /// condense's own tool declarations.
+    pub tools: u64,
+    /// The host context a checkpoint sends again: the newest message of each kind on the branch.
+    pub host: u64,
+}
+
+impl Fixed {
+    /// The fixed context of the projection's next request.
+    pub fn of(p: &Projection) -> Fixed {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut host = 0;
+        for (_, m) in p.branch_entries_in_context().iter().rev() {
+            if let Some(kind) = m.host_kind() {
+                if seen.insert(kind.to_string()) {
+                    host += p.estimate(m);
+                }
+            }
+        }
+        Fixed { overhead: p.request_overhead(), tools: crate::tools::declared_tokens(p), host }
+    }
+
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.overhead + self.tools + self.host
+    }
 }
 
 /// The context's tokens (as [`context_tokens`] counts them) once decision `d` is applied to a copy of

@@ -98,8 +98,10 @@ pub use crate::tools::archives_on_branch;
 
 /// The largest payload, in bytes, the guard lets through: the hard budget at four bytes per token.
 pub fn payload_limit(p: &Projection) -> Option<u64> {
-    let m = p.model()?;
-    Some(Budget::of_model(m.context_window?, m.max_output).hard * 4)
+    // The controller's budget, with the reserve yielding to the client's fixed context: the bytes measured
+    // are the whole request's, its system prompt and tools included (a budget that left them out refused
+    // Claude Code's first request at a 24,000-token window, and every request after it).
+    Some(crate::controller::budget_of(p)?.hard * 4)
 }
 
 /// Prepares the recovery checkpoint. Returns the decisions to commit (an archive view, then the
@@ -121,7 +123,7 @@ pub fn prepare_within(
     }
     let window = p.model().and_then(|m| m.context_window);
     let window = window.filter(|w| *w >= MIN_WINDOW).ok_or(Blocked::Window(window))?;
-    let budget = Budget::of_model(window, p.model().and_then(|m| m.max_output));
+    let budget = crate::controller::budget_of(p).unwrap_or_else(|| Budget::of_model(window, p.model().and_then(|m| m.max_output)));
     let input = input_budget(window) as usize;
     // Room for the system prompt and tool declarations every request carries (seed 004).
     let max_summary = summary_budget(input as u64, p.request_overhead() * 4);

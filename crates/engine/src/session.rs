@@ -572,20 +572,27 @@ impl Session {
         let summarizer = self.summarizer();
         if reason == controller::Reason::Threshold && proj.overflow_pending() && recover::guard_active(&proj) {
             let started = DecisionEvent::CheckpointStarted { reason: "recovery".into(), tokens: controller::context_tokens(&proj) };
-            return match recover::prepare(&proj, summarizer.as_ref()) {
+            match recover::prepare(&proj, summarizer.as_ref()) {
                 Ok(decisions) => {
                     let mut events = vec![Event::Decision(started)];
                     events.extend(decisions.into_iter().map(Event::Decision));
                     self.append_locked(&mut proj, events).map_err(|e| self.not_stored(e))?;
-                    Ok(None)
+                    return Ok(None);
+                }
+                // Nothing before the final batch to hand off, or a handoff that leaves too little room:
+                // the checkpoint controller's later moves (no retained prompts, the final batch cut to the
+                // room left) may still fit the request, so the blocked recovery is noted and they run.
+                Err(why @ (recover::Blocked::Blank | recover::Blocked::NoRoom(..))) => {
+                    let note = DecisionEvent::Note { stage: "recovery".into(), text: format!("{}: {why}; the checkpoint controller goes on", recover::DIAG_BLOCKED) };
+                    self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(note)])?;
                 }
                 Err(why) => {
                     let failed = DecisionEvent::CheckpointFailed { code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() };
                     let note = DecisionEvent::Note { stage: "recovery".into(), text: format!("{}: {why}", recover::DIAG_BLOCKED) };
                     self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(note), Event::Decision(failed)])?;
-                    Err(EngineError::CompactionFailed { name: self.name.clone(), code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() })
+                    return Err(EngineError::CompactionFailed { name: self.name.clone(), code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() });
                 }
-            };
+            }
         }
         match controller::decide_for(&proj, reason, summarizer.as_ref()) {
             controller::Outcome::Fits(tokens) => Ok(tokens),
