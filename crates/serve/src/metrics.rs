@@ -26,6 +26,14 @@ pub(crate) struct StatusLabel {
     pub(crate) status: String,
 }
 
+/// A request condense itself refused: the API and the stable code (`CONTEXT_COMPACTION_FAILED`,
+/// `RECOVERY_BLOCKED`, `bad_request`, `unavailable`, `internal`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct FailureLabel {
+    pub(crate) api: String,
+    pub(crate) code: &'static str,
+}
+
 /// Which side of the cache-priced comparison: what condense sent, or the client's requests as sent.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PathLabel {
@@ -40,6 +48,7 @@ pub(crate) struct Metrics {
     pub(crate) tokens_received: Counter,
     pub(crate) tokens_sent: Counter,
     pub(crate) upstream_errors: Family<StatusLabel, Counter>,
+    pub(crate) request_failures: Family<FailureLabel, Counter>,
     pub(crate) overflows: Counter,
     pub(crate) passthrough: Counter,
     pub(crate) summarizer_fallbacks: Counter,
@@ -77,6 +86,12 @@ impl Metrics {
             tokens_received: add(&mut r, "tokens_received", "Estimated tokens of the client requests as received (messages, system prompt, tools)", Counter::default()),
             tokens_sent: add(&mut r, "tokens_sent", "Estimated tokens of the upstream requests as sent, every round", Counter::default()),
             upstream_errors: add(&mut r, "upstream_errors", "Upstream answers that were errors, by HTTP status or unreachable, stream_cut, not_a_stream", Family::default()),
+            request_failures: add(
+                &mut r,
+                "request_failures",
+                "Client requests condense itself refused (not the provider's errors), by API and code",
+                Family::default(),
+            ),
             overflows: add(&mut r, "overflows", "Provider context overflows (each answered by a checkpoint and one retry)", Counter::default()),
             passthrough: add(&mut r, "passthrough", "Requests forwarded unchanged (no conversation to manage, or a compressed body)", Counter::default()),
             summarizer_fallbacks: add(&mut r, "summarizer_fallbacks", "Times the configured summarizer failed and the extractive one stood in", Counter::default()),

@@ -1827,3 +1827,47 @@ async fn idle_conversations_close_past_the_memory_bound_and_come_back_whole() {
     assert_eq!(alpha["messages"], 44, "the client's view folded again from the log: {status}");
     assert_eq!(status["requests"], 4);
 }
+
+/// Issue 59 through serve: at a 16,000-token window a client whose system prompt takes half of it runs
+/// turns of outputs larger than the room left (the final batch cut to fit, each copy naming its ref),
+/// never more than the window upstream; a system prompt larger than the window gets one refusal naming
+/// it, logged and counted as condense's own failure (`condense_request_failures_total`), and the next
+/// request that can fit goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tight_window_cuts_what_it_must_and_refuses_only_what_cannot_fit() {
+    let mut steps = Vec::new();
+    for k in 0..4 {
+        steps.push(Step::Shell("seq 1 9000".into()));
+        steps.push(Step::Text(format!("done {k}")));
+    }
+    steps.push(Step::Text("after the refusal".into()));
+    let s = setup(steps, vec![("fake-model".into(), ModelLimits { context_window: 16_000, max_output: None })]).await;
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    // ~8,000 tokens of system prompt: half the window.
+    agent.history[0] = json!({"role": "system", "content": "You are a careful agent. ".repeat(1_280)});
+    for k in 0..4 {
+        assert_eq!(agent.turn(&format!("count, turn {k}")).await.unwrap(), format!("done {k}"));
+    }
+    for (i, l) in s.fake.log().iter().enumerate() {
+        let system = l.body["messages"][0]["content"].as_str().map_or(0, str::len) as u64 / 4;
+        let tools = (l.body["tools"].to_string().len() as u64).div_ceil(4);
+        let messages: Vec<Message> = l.messages().into_iter().filter(|m| !m.is_host()).collect();
+        let tokens = system + tools + condense_tokens::estimate_all(&messages);
+        assert!(tokens <= 16_000, "request {i} takes {tokens} tokens");
+    }
+    let last = s.fake.log().last().unwrap().messages();
+    assert!(last.iter().any(|m| m.text().contains("checkpoint truncation") && m.text().contains("context_tree_query t")), "the newest output went as a copy naming its ref");
+    // A system prompt of 20,000 tokens cannot fit a 16,000-token window: one clear refusal.
+    let small = agent.history[0].clone();
+    agent.history[0] = json!({"role": "system", "content": "You are a careful agent. ".repeat(3_200)});
+    let (status, body) = agent.turn("one more").await.unwrap_err();
+    assert_eq!(status, 400, "{body}");
+    for part in ["CONTEXT_COMPACTION_FAILED", "the client's own system prompt and tool declarations", "use a model with a larger window"] {
+        assert!(body.contains(part), "missing {part:?} in {body}");
+    }
+    let m = metric_values(&reqwest::get(format!("{}/condense/metrics", s.url())).await.unwrap().text().await.unwrap());
+    assert_eq!(m.get(r#"condense_request_failures_total{api="chat",code="CONTEXT_COMPACTION_FAILED"}"#), Some(&1.0), "{m:?}");
+    // The client goes back to its own size: the conversation carries on.
+    agent.history[0] = small;
+    assert_eq!(agent.run().await.unwrap(), "after the refusal");
+}

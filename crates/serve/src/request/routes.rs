@@ -2,6 +2,7 @@
 //! (read, conversation, rounds, upstream, response); `count_tokens`, the status page, the CLI route for
 //! other `condense` processes, and the pass-through of every other `/v1/` path.
 
+use crate::conv::ConvError;
 use crate::billing::Side;
 use crate::state::State;
 use crate::request::read::{read_body, read_request};
@@ -113,10 +114,46 @@ struct RequestLine {
     stream: bool,
     /// Forwarded unchanged.
     passthrough: bool,
+    /// condense refused the request: its stable code and the reason the client was told.
+    failure: Option<(&'static str, String)>,
+}
+
+/// The stable code of condense's own refusal, for the log and the failure metric.
+fn failure_code(e: &ConvError) -> &'static str {
+    use condense_engine::EngineError;
+    match e {
+        ConvError::Wire(_) => "bad_request",
+        ConvError::Engine(EngineError::CompactionFailed { code, .. }) if code == condense_engine::recover::RECOVERY_BLOCKED => "RECOVERY_BLOCKED",
+        ConvError::Engine(EngineError::CompactionFailed { code, .. }) if code == condense_engine::controller::PROVIDER_OVERFLOW_AFTER_RETRY => "PROVIDER_OVERFLOW_AFTER_RETRY",
+        ConvError::Engine(EngineError::CompactionFailed { .. }) => "CONTEXT_COMPACTION_FAILED",
+        ConvError::Engine(EngineError::Log(condense_log::LogError::Unavailable { .. }) | EngineError::ParentLost { .. } | EngineError::Log(condense_log::LogError::HeadMismatch { .. })) => "unavailable",
+        ConvError::Engine(_) => "internal",
+    }
 }
 
 impl RequestLine {
-    fn log(&self, api: &str, status: StatusCode) {
+    /// Answers with condense's own error `e`, noting it for the log line and the failure metric.
+    fn refuse(&mut self, api: Api, e: &ConvError) -> Response {
+        self.failure = Some((failure_code(e), e.to_string()));
+        conv_error(api, e)
+    }
+
+    fn log(&self, st: &State, api: &str, status: StatusCode) {
+        if let Some((code, reason)) = &self.failure {
+            st.metrics.request_failures.get_or_create(&crate::metrics::FailureLabel { api: api.to_string(), code }).inc();
+            // A refusal is what an operator needs to see: at WARN, with its code and the reason the client
+            // got (built from counts and names, never from a header or a body's content).
+            tracing::warn!(
+                target: "condense::request",
+                api,
+                status = status.as_u16(),
+                session = self.session.unwrap_or(0),
+                code,
+                reason = reason.as_str(),
+                "request refused"
+            );
+            return;
+        }
         tracing::info!(
             target: "condense::request",
             api,
@@ -135,8 +172,9 @@ impl RequestLine {
 /// The three APIs: record, prepare, forward, and answer; one log line each.
 async fn handle(st: S, api: Api, req: Request) -> Response {
     let mut line = RequestLine::default();
+    let state = st.0.clone();
     let resp = handle_request(st, api, req, &mut line).await;
-    line.log(api.name(), resp.status());
+    line.log(&state, api.name(), resp.status());
     resp
 }
 
@@ -162,12 +200,15 @@ async fn handle_request(axum::extract::State(st): S, api: Api, req: Request, lin
     st.metrics.requests.get_or_create(&crate::metrics::ApiLabel { api: api.name() }).inc();
     let conv = match conv_for(&st, &req).await {
         Ok(c) => c,
-        Err(e) => return conv_error(api, &e),
+        Err(e) => return line.refuse(api, &e),
     };
     let prepared = prepare(&st, &conv, &req).await;
     let (rec, built, body, [wait, record, build, write], ledger, session, sent) = match prepared {
         Ok(x) => x,
-        Err(e) => return conv_error(api, &e),
+        Err(e) => {
+            line.session = Some(conv.lock().await.session.id());
+            return line.refuse(api, &e);
+        }
     };
     line.session = Some(session);
     let ledger_for_live = ledger.clone();
@@ -191,7 +232,7 @@ pub(crate) async fn passthrough(axum::extract::State(st): S, req: Request) -> Re
     let kind = req.uri().path().strip_prefix("/v1/").map(|p| p.split('/').next().unwrap_or("").to_string());
     let resp = forward(&st, req).await;
     let line = RequestLine { passthrough: true, ..RequestLine::default() };
-    line.log(kind.as_deref().unwrap_or("other"), resp.status());
+    line.log(&st, kind.as_deref().unwrap_or("other"), resp.status());
     resp
 }
 
