@@ -873,7 +873,36 @@ fn tight_window(c: &Client, window: u64, turns: usize) -> Vec<(usize, String)> {
             assert!(has(l), "{} at {window}: request {i} lacks the environment", c.name);
         }
     }
-    eprintln!("tight window: {} at {window}: {} of {turns} turns failed, {} requests, the largest {largest} tokens", c.name, failed.len(), log.len());
+    // Every recall was answered: the original whole where it fits the window, else a copy cut to the room
+    // left that names the ref that returns it whole (docs/checkpoints.md, "When even a checkpoint does not
+    // fit").
+    let (mut whole, mut cut, mut recalls) = (0, 0, 0);
+    let outputs: std::collections::BTreeSet<String> = log.iter().flat_map(|l| l.messages()).filter(|m| matches!(m, Message::ToolResult { .. })).map(|m| m.text()).collect();
+    for (q, l) in log.iter().enumerate().filter(|(_, l)| l.step == Some(Step::QueryNewestStub)) {
+        recalls += 1;
+        let _ = l;
+        let cont = log.get(q + 1).map(Logged::messages).unwrap_or_default();
+        let call = cont.iter().flat_map(|m| m.tool_calls().filter(|(_, n, _)| *n == "context_tree_query").map(|(i, _, _)| i.to_string()).collect::<Vec<_>>()).last();
+        let answer = call.and_then(|call| cont.iter().find_map(|m| match m {
+            Message::ToolResult { call_id, .. } if *call_id == call => Some(m.text()),
+            _ => None,
+        }));
+        let answer = answer.unwrap_or_else(|| panic!("{} at {window}: recall {q} never answered upstream", c.name));
+        let body = answer.split_once('\n').map_or("", |(_, b)| b);
+        if outputs.contains(body) && !body.contains("checkpoint truncation") {
+            whole += 1;
+        } else {
+            assert!(answer.contains("checkpoint truncation") && answer.contains("returns it whole"), "{} at {window}: recall {q} answered neither whole nor as a copy naming its ref: {answer}", c.name);
+            cut += 1;
+        }
+    }
+    assert!(recalls >= turns / 4 - 1, "{} at {window}: {recalls} recalls", c.name);
+    eprintln!(
+        "tight window: {} at {window}: {} of {turns} turns failed, {} requests, the largest {largest} tokens, {recalls} recalls ({whole} whole, {cut} cut to fit)",
+        c.name,
+        failed.len(),
+        log.len()
+    );
     drop(rt);
     failed
 }
