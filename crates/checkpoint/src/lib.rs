@@ -250,6 +250,9 @@ fn names_used(messages: &[(String, std::sync::Arc<Message>)], room: usize) -> St
     out
 }
 
+/// The Task section's share of a recovery handoff, in percent.
+const TASK_SHARE: usize = 22;
+
 /// The recovery handoff seed 004 lists, extracted verbatim when no summarizer compute is configured: the
 /// current task, constraints, decisions, completed and uncertain actions, dependencies, source references
 /// and the next step, each line cited by the entry it comes from (`[id]`, readable with `history_read`)
@@ -273,12 +276,22 @@ pub fn recovery_handoff(
     // The first and the latest request lead the Task section and are kept before anything else of it;
     // earlier summaries fill what room is left, newest first (issue 36: compressed-chain blocks, being the
     // newest lines, used to push the user's requests out).
+    // The latest request is the one being worked on: it always shows whole within the section's room; the
+    // first gets at most half of it while the latest needs the rest, and gives back what the latest does
+    // not take (issue 59: a long first request filled the section and the latest was dropped).
     let mut task = Vec::new();
-    if let Some((first, text)) = prompts.first() {
-        task.push(format!("- first request [{}]: {}", cite(*first), one_line(text, 600)));
-    }
-    if let Some((last, text)) = prompts.last().filter(|_| prompts.len() > 1) {
-        task.push(format!("- latest request [{}]: {}", cite(*last), one_line(text, 600)));
+    let task_room = (max * TASK_SHARE / 100).saturating_sub("## Task\n".len() + 2);
+    let first = prompts.first().map(|(k, text)| format!("- first request [{}]: {}", cite(*k), one_line(text, 600)));
+    let latest = prompts.last().filter(|_| prompts.len() > 1).map(|(k, text)| format!("- latest request [{}]: {}", cite(*k), one_line(text, 600)));
+    match (first, latest) {
+        (Some(first), Some(latest)) => {
+            let first = clip_bytes(&first, task_room.saturating_sub(latest.len().min(task_room / 2)));
+            let latest = clip_bytes(&latest, task_room.saturating_sub(first.len()));
+            task.push(first);
+            task.push(latest);
+        }
+        (Some(first), None) => task.push(first),
+        _ => {}
     }
     for (k, (_, m)) in context.iter().enumerate().rev() {
         if matches!(**m, Message::User { origin: UserOrigin::Summary, .. }) {
@@ -352,7 +365,7 @@ pub fn recovery_handoff(
     };
     // (title, lines, share of `max` in percent, whether the first lines are kept rather than the newest)
     let sections: [(&str, Vec<String>, usize, bool); 8] = [
-        ("Task", task, 22, true),
+        ("Task", task, TASK_SHARE, true),
         ("Constraints", constraints, 10, false),
         ("Decisions", decisions, 14, false),
         ("Completed actions", done, 16, false),
@@ -523,6 +536,19 @@ mod tests {
         let names = s.split("## Names used\n").nth(1).unwrap();
         assert!(names.len() <= 2000 * NAMES_SHARE / 100 && names.starts_with("name_000, name_001"), "{s}");
         assert!(s.len() <= 2000);
+    }
+
+    /// Issue 59: a first request that fills the Task section on its own no longer pushes the latest out.
+    #[test]
+    fn the_latest_request_always_shows_in_the_task() {
+        let prompt = |t: &str| (None, Arc::new(Message::user_text(t, UserOrigin::Prompt)));
+        let ctx = vec![prompt(&format!("Task 1 {}", "port every module of src/server.rs ".repeat(40))), prompt("Task 12: bump the version in Cargo.toml")];
+        for max in [1_000, 2_000, 8_000] {
+            let r = recovery_handoff(&ctx, &|k| format!("e{k}"), &|_| None, max);
+            let task = r.split("## Task\n").nth(1).unwrap().split("\n## ").next().unwrap();
+            assert!(task.contains("- latest request [e1]: Task 12: bump the version in Cargo.toml"), "{max}: {r}");
+            assert!(task.contains("- first request [e0]: Task 1 port"), "{max}: {r}");
+        }
     }
 
     #[test]
