@@ -499,7 +499,7 @@ fn recovery_diagnostics_name_what_happened_without_source_text() {
     s.prepare().unwrap();
     let notes = recovery_notes(&store, &s);
     assert_eq!(notes.len(), 1, "{notes:?}");
-    assert!(notes[0].starts_with("source_recovery_prepared: 1 piece(s), 1 summarizer call(s), archive a2"), "{notes:?}");
+    assert!(notes[0].starts_with("source_recovery_prepared: 1 piece(s), 1 summarizer call(s), 0 section(s) added to the model's handoff, archive a2"), "{notes:?}");
     assert!(!notes[0].contains("secret-ish"));
     assert_eq!(s.stats().unwrap().recovery, notes, "condense stats lists them");
     // Blocked: the reason.

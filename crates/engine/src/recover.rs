@@ -216,12 +216,28 @@ pub fn prepare_within(
             }
         }
     }
+    let mut sections_added = 0;
+    if !parts.is_empty() && parts.iter().all(|p| p.trim().is_empty()) {
+        return Err(Blocked::Blank);
+    }
     let (header, body) = if parts.is_empty() {
         // No summarizer compute: the handoff's sections extracted verbatim from the context, with refs
         // (docs/decisions.md).
         (extracted, condense_checkpoint::recovery_handoff(covered, &cite, &|id| idx.by_entry.get(id).copied(), (max_summary as usize).saturating_sub(header.len())))
     } else {
-        (by_model, parts.join(""))
+        // A model-written handoff has every section the seed names (issue 59): those its answers lack are
+        // added, saying so, and counted in the `source_recovery_prepared` diagnostic; one that the additions
+        // take over the bound is extracted instead.
+        match condense_summarize::http::repair_recovery_handoff(&parts.join(""), (max_summary as usize).saturating_sub(by_model.len())) {
+            Some((body, added)) => {
+                sections_added = added;
+                (by_model, body)
+            }
+            None => {
+                sections_added = condense_summarize::http::RECOVERY_SECTIONS.len();
+                (extracted, condense_checkpoint::recovery_handoff(covered, &cite, &|id| idx.by_entry.get(id).copied(), (max_summary as usize).saturating_sub(header.len())))
+            }
+        }
     };
     if body.trim().is_empty() {
         return Err(Blocked::Blank);
@@ -279,7 +295,7 @@ pub fn prepare_within(
     }
     let note = DecisionEvent::Note {
         stage: "recovery".into(),
-        text: format!("{DIAG_PREPARED}: {} piece(s), {} summarizer call(s), archive {archive_id}", pieces.len(), summarizer_calls),
+        text: format!("{DIAG_PREPARED}: {} piece(s), {} summarizer call(s), {sections_added} section(s) added to the model's handoff, archive {archive_id}", pieces.len(), summarizer_calls),
     };
     Ok(vec![note, archive, cp])
 }

@@ -270,7 +270,7 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
     let api = logged.api();
     // condense's summary requests are answered apart from the script.
     let kind = match instructions(api, &logged.body) {
-        Some(i) if i == condense_summarize::http::HANDOFF => Some("handoff"),
+        Some(i) if i == condense_summarize::http::HANDOFF || i == condense_summarize::http::RECOVERY_HANDOFF => Some("handoff"),
         Some(i) if i == condense_summarize::http::SYSTEM => Some("batch"),
         _ => None,
     };

@@ -124,7 +124,7 @@ impl Summarizer for Through {
     }
 
     fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
-        self.http()?.handoff(piece, max_chars)
+        self.http()?.recovery_handoff(piece, max_chars)
     }
 }
 

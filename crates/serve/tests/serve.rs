@@ -1688,10 +1688,18 @@ async fn a_recovery_handoff_is_written_by_the_native_model_through_the_upstream(
                 }
             }
         }
-        assert!(last_seen > 0, "{api:?}: the pieces cite the session's entries");
+        assert!(last_seen > 0, "{api:?}: the pieces cite the session's entries: {:?} {:?}", order, handoffs.iter().map(|h| condense_serve::fake::summary_input(api, &h.body).chars().take(300).collect::<String>()).collect::<Vec<_>>());
         // The answers are the handoff, in the order of the pieces, under a header that says a model wrote it.
         let summary = newest_checkpoint_summary(&s);
         assert!(summary.contains("summarized below by a model"), "{summary}");
+        // Asked for the seed's sections (issue 59); the fake's answer has none of them but its Goal, so each
+        // is added, saying the model named nothing there. No `temperature`: reasoning models refuse it.
+        for h in &handoffs {
+            assert!(h.body.get("temperature").is_none(), "{api:?}: {}", h.body);
+        }
+        for section in condense_summarize::http::RECOVERY_SECTIONS {
+            assert!(summary.contains(&format!("## {section}\n")), "{api:?}: no {section} in {summary}");
+        }
         let mut from = 0;
         for h in &handoffs {
             let input = condense_serve::fake::summary_input(api, &h.body);

@@ -131,6 +131,39 @@ replaced by your summary. Use these sections, in this order, as Markdown heading
 Decisions, Files read, Files modified, Next steps. Keep exact paths, commands, error messages and refs such as t12. \
 Be brief.";
 
+/// The instructions of a recovery handoff request (seed 004): the sections the seed names, each item citing
+/// the entry ids the transcript's lines start with.
+pub const RECOVERY_HANDOFF: &str = "You write the handoff that lets a coding agent continue on a model with a smaller \
+context window; its earlier conversation is archived and replaced by your handoff. The transcript's lines start with \
+entry ids in brackets such as [e12]. Use these sections, in this order, as Markdown headings: Task (the current \
+task: the latest request and what it is part of), Constraints, Decisions, Completed actions, Uncertain actions, Dependencies, References, Next step. End every item \
+with the ids of the entries it comes from, in brackets. Under Uncertain actions list calls that failed or whose \
+result is not in the transcript. Keep exact paths, commands, error messages and refs such as t12. Be brief.";
+
+/// The section headings a recovery handoff must have, in order.
+pub const RECOVERY_SECTIONS: [&str; 8] =
+    ["Task", "Constraints", "Decisions", "Completed actions", "Uncertain actions", "Dependencies", "References", "Next step"];
+
+/// A model-written recovery handoff with every section of [`RECOVERY_SECTIONS`]: the sections its answer
+/// lacks are added, saying the model named nothing there (and where the evidence is), and the count of
+/// sections added; `None` when the repaired text is over `max` bytes (the caller extracts the handoff
+/// instead).
+pub fn repair_recovery_handoff(text: &str, max: usize) -> Option<(String, usize)> {
+    let lower = text.to_lowercase();
+    let mut out = text.trim_end().to_string();
+    let mut added = 0;
+    for section in RECOVERY_SECTIONS {
+        let section_lower = section.to_lowercase();
+        let has = lower.lines().any(|l| l.starts_with('#') && l.trim_start_matches('#').trim().starts_with(&section_lower));
+        if !has {
+            out.push_str(&format!("\n## {section}\n- (none named)"));
+            added += 1;
+        }
+    }
+    out.push('\n');
+    (out.len() <= max).then_some((out, added))
+}
+
 impl HttpSummarizer {
     fn chat(&self, system: &str, user: &str, max_tokens: u64) -> Result<String, SummarizeError> {
         let fail = |reason: String| SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason };
@@ -139,7 +172,6 @@ impl HttpSummarizer {
                 format!("{}/chat/completions", self.cfg.base_url),
                 serde_json::json!({
                     "model": self.cfg.model,
-                    "temperature": 0,
                     "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
                 }),
             ),
@@ -188,6 +220,15 @@ impl HttpSummarizer {
         let content = reply_of(self.cfg.api, &v).map(|(m, _)| m).filter(|m| m.content().iter().any(|b| matches!(b, Block::Text { .. }))).map(|m| m.text());
         content.ok_or_else(|| fail("reply has no message content".into()))
     }
+
+    /// `text` when it is not blank and within `max` bytes (the bound recovery checks is in bytes: an answer
+    /// checked in characters passed here and failed there when it was not ASCII).
+    fn bounded(&self, text: String, max: usize) -> Result<String, SummarizeError> {
+        if text.trim().is_empty() || text.len() > max {
+            return Err(SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason: format!("handoff of {} bytes (blank or over {max})", text.len()) });
+        }
+        Ok(text)
+    }
 }
 
 /// An HTTP error with its causes on one line (reqwest's own text leaves out why: a timeout, a refused
@@ -223,13 +264,16 @@ impl Summarizer for HttpSummarizer {
             });
         }
         let text = self.chat(HANDOFF, transcript, (max_chars as u64 / 3).clamp(256, 16_384))?;
-        if text.trim().is_empty() || text.chars().count() > max_chars {
-            return Err(SummarizeError::Failed {
-                name: format!("http {}", self.cfg.base_url),
-                reason: format!("handoff of {} characters (blank or over {max_chars})", text.chars().count()),
-            });
+        self.bounded(text, max_chars).map(Some)
+    }
+
+    /// A recovery piece's handoff, asked for with the seed's sections ([`RECOVERY_HANDOFF`]); the joined
+    /// handoff is checked for them by the engine ([`repair_recovery_handoff`]).
+    fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
+        if piece.len() > HANDOFF_MAX_INPUT {
+            return self.handoff(piece, max_chars);
         }
-        Ok(Some(text))
+        self.bounded(self.chat(RECOVERY_HANDOFF, piece, (max_chars as u64 / 3).clamp(256, 16_384))?, max_chars).map(Some)
     }
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
@@ -240,5 +284,24 @@ impl Summarizer for HttpSummarizer {
             got: refs.iter().filter(|r| content.contains(&format!("t{r}:"))).count(),
             want: refs.len(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 59: a recovery handoff without a section the seed names gets it, saying so, and the count;
+    /// none when the repair is over the bound.
+    #[test]
+    fn a_recovery_handoff_missing_sections_is_repaired_within_its_bound() {
+        let full: String = RECOVERY_SECTIONS.iter().map(|s| format!("## {s}\n- x [e1]\n")).collect();
+        assert_eq!(repair_recovery_handoff(&full, 10_000), Some((full.clone(), 0)));
+        let (text, added) = repair_recovery_handoff("## Task\n- port the parser [e3]\n### Next step:\n- run the tests [e9]\n## Uncertain actions (reconcile)\n- y [e4]", 10_000).unwrap();
+        assert_eq!(added, 5);
+        for s in RECOVERY_SECTIONS {
+            assert_eq!(text.matches(&format!("# {s}")).count(), 1, "{s} in {text}");
+        }
+        assert_eq!(repair_recovery_handoff("## Task\n- x", 100), None);
     }
 }
