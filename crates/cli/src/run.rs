@@ -135,9 +135,9 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
         Command::Stats { session, entry_ids, json } => {
             let store = open()?;
             let session = session_of(&store, &session)?;
-            commands::inspect::print_stats(&session, json)?;
-            if entry_ids {
-                commands::inspect::print_entries(&session, json)?;
+            commands::inspect::print_stats(&session, json, entry_ids)?;
+            if entry_ids && !json {
+                commands::inspect::print_entries(&session, false)?;
             }
             Ok(ExitCode::SUCCESS)
         }

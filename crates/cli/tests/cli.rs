@@ -260,9 +260,11 @@ fn compact_and_checkpoint_line() {
     let (code, out, _) = condense(&store, &["render", "demo", "--entry-ids"]);
     assert_eq!(code, 0);
     assert_eq!(out.matches("──── checkpoint c1: the context up to here was compacted").count(), 1, "{out}");
+    // `--json` output is one document (issue 62: it was the figures, then the entries).
     let (_, out, _) = condense(&store, &["stats", "demo", "--entry-ids", "--json"]);
-    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&out).into_iter().map(|d| d.unwrap()).collect();
-    assert_eq!(docs[1]["dividers"][0]["checkpoint"], "c1");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("one JSON document: {e}\n{out}"));
+    assert_eq!(doc["dividers"][0]["checkpoint"], "c1");
+    assert!(doc["entries"].as_array().is_some_and(|e| !e.is_empty()) && doc["session"] == "demo", "{doc}");
     let (code, out, _) = condense(&store, &["checkpoint-line", "demo", "c1", "--timestamp", "2026-11-30T00:00:00.000Z"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
@@ -721,8 +723,8 @@ fn store_from_the_environment_rm_and_simulate_keep_force() {
     assert!(out.contains("forked"), "{out}");
     let (code, out, _) = run(&["stats", "forked", "--entry-ids", "--json"]);
     assert_eq!(code, 0);
-    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&out).into_iter().map(|d| d.unwrap()).collect();
-    assert_eq!(docs[1]["entries"].as_array().unwrap().last().unwrap()["entry"], entry.as_str());
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["entries"].as_array().unwrap().last().unwrap()["entry"], entry.as_str());
     // rm by name and by id.
     let forked_id = {
         let (_, list, _) = run(&["sessions", "--json"]);

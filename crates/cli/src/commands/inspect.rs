@@ -16,11 +16,6 @@ use std::sync::Arc;
 pub(crate) fn print_entries(session: &Session, json_out: bool) -> Result<()> {
     use condense_render::TranscriptRow;
     let p = session.projection()?;
-    let preview = |m: &Message| {
-        let calls: Vec<String> = m.tool_calls().map(|(_, name, _)| format!("[{name}]")).collect();
-        let text = format!("{} {}", m.text(), calls.join(" "));
-        text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(70).collect::<String>()
-    };
     let checkpoints = &p.index().checkpoints;
     // Each compaction is a divider in the transcript (ADR 0064).
     let checkpoint_divider = |n: &u32| {
@@ -29,10 +24,45 @@ pub(crate) fn print_entries(session: &Session, json_out: bool) -> Result<()> {
             checkpoints.get(n).map_or(0, |c| c.tokens_before)
         )
     };
-    const HOST_DIVIDER: &str = "the host compacted its context here";
     let rows = p.transcript();
     let messages = rows.iter().filter(|r| matches!(r, TranscriptRow::Message(..))).count();
     if json_out {
+        outln!("{}", serde_json::to_string_pretty(&entries_json(session)?)?);
+        return Ok(());
+    }
+    outln!("entries on the active branch ({messages}):");
+    for row in &rows {
+        match row {
+            TranscriptRow::Message(id, m) => outln!("  {id}  {:<9}  {}", m.role(), preview(m)),
+            TranscriptRow::HostCompaction(_) => outln!("  ──── {HOST_DIVIDER} ────"),
+            TranscriptRow::Checkpoint(n, _) => outln!("  ──── {} ────", checkpoint_divider(n)),
+        }
+    }
+    Ok(())
+}
+
+/// The first 70 characters of a message and its calls, on one line.
+fn preview(m: &Message) -> String {
+    let calls: Vec<String> = m.tool_calls().map(|(_, name, _)| format!("[{name}]")).collect();
+    let text = format!("{} {}", m.text(), calls.join(" "));
+    text.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(70).collect::<String>()
+}
+
+const HOST_DIVIDER: &str = "the host compacted its context here";
+
+/// The active branch's entries and dividers as one JSON document (`session`, `entries`, `dividers`).
+fn entries_json(session: &Session) -> Result<Value> {
+    use condense_render::TranscriptRow;
+    let p = session.projection()?;
+    let checkpoints = &p.index().checkpoints;
+    let checkpoint_divider = |n: &u32| {
+        format!(
+            "checkpoint c{n}: the context up to here was compacted ({} tokens before; originals: context_tree_query c{n})",
+            checkpoints.get(n).map_or(0, |c| c.tokens_before)
+        )
+    };
+    let rows = p.transcript();
+    {
         let mut entries = Vec::new();
         let mut dividers = Vec::new();
         for row in &rows {
@@ -42,18 +72,8 @@ pub(crate) fn print_entries(session: &Session, json_out: bool) -> Result<()> {
                 TranscriptRow::Checkpoint(n, id) => dividers.push(json!({"after": id, "kind": "checkpoint", "checkpoint": format!("c{n}"), "text": checkpoint_divider(n)})),
             }
         }
-        outln!("{}", serde_json::to_string_pretty(&json!({"session": session.name(), "entries": entries, "dividers": dividers}))?);
-    } else {
-        outln!("entries on the active branch ({messages}):");
-        for row in &rows {
-            match row {
-                TranscriptRow::Message(id, m) => outln!("  {id}  {:<9}  {}", m.role(), preview(m)),
-                TranscriptRow::HostCompaction(_) => outln!("  ──── {HOST_DIVIDER} ────"),
-                TranscriptRow::Checkpoint(n, _) => outln!("  ──── {} ────", checkpoint_divider(n)),
-            }
-        }
+        Ok(json!({"session": session.name(), "entries": entries, "dividers": dividers}))
     }
-    Ok(())
 }
 
 /// Prints the originals behind refs; exits 1 (a finding) when a ref recovers nothing, with or without
@@ -102,11 +122,18 @@ pub(crate) fn stats_json(s: &Stats) -> Value {
     })
 }
 
-pub(crate) fn print_stats(session: &Session, json_out: bool) -> Result<()> {
+/// The session's statistics; with `entry_ids` its entries too, in the same JSON document under `--json`
+/// (`entries`, `dividers`) and after the figures otherwise.
+pub(crate) fn print_stats(session: &Session, json_out: bool, entry_ids: bool) -> Result<()> {
     let s = session.stats()?;
     if json_out {
         let mut v = stats_json(&s);
         v["session"] = json!(session.name());
+        if entry_ids {
+            let e = entries_json(session)?;
+            v["entries"] = e["entries"].clone();
+            v["dividers"] = e["dividers"].clone();
+        }
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
