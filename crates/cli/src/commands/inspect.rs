@@ -16,14 +16,7 @@ use std::sync::Arc;
 pub(crate) fn print_entries(session: &Session, json_out: bool) -> Result<()> {
     use condense_render::TranscriptRow;
     let p = session.projection()?;
-    let checkpoints = &p.index().checkpoints;
-    // Each compaction is a divider in the transcript (ADR 0064).
-    let checkpoint_divider = |n: &u32| {
-        format!(
-            "checkpoint c{n}: the context up to here was compacted ({} tokens before; originals: context_tree_query c{n})",
-            checkpoints.get(n).map_or(0, |c| c.tokens_before)
-        )
-    };
+    let checkpoint_divider = |n: &u32| checkpoint_divider(&p, *n);
     let rows = p.transcript();
     let messages = rows.iter().filter(|r| matches!(r, TranscriptRow::Message(..))).count();
     if json_out {
@@ -41,6 +34,14 @@ pub(crate) fn print_entries(session: &Session, json_out: bool) -> Result<()> {
     Ok(())
 }
 
+/// Each compaction is a divider in the transcript (ADR 0064): checkpoint `n`'s line.
+fn checkpoint_divider(p: &condense_render::Projection, n: u32) -> String {
+    format!(
+        "checkpoint c{n}: the context up to here was compacted ({} tokens before; originals: context_tree_query c{n})",
+        p.index().checkpoints.get(&n).map_or(0, |c| c.tokens_before)
+    )
+}
+
 /// The first 70 characters of a message and its calls, on one line.
 fn preview(m: &Message) -> String {
     let calls: Vec<String> = m.tool_calls().map(|(_, name, _)| format!("[{name}]")).collect();
@@ -54,13 +55,7 @@ const HOST_DIVIDER: &str = "the host compacted its context here";
 fn entries_json(session: &Session) -> Result<Value> {
     use condense_render::TranscriptRow;
     let p = session.projection()?;
-    let checkpoints = &p.index().checkpoints;
-    let checkpoint_divider = |n: &u32| {
-        format!(
-            "checkpoint c{n}: the context up to here was compacted ({} tokens before; originals: context_tree_query c{n})",
-            checkpoints.get(n).map_or(0, |c| c.tokens_before)
-        )
-    };
+    let checkpoint_divider = |n: &u32| checkpoint_divider(&p, *n);
     let rows = p.transcript();
     {
         let mut entries = Vec::new();
