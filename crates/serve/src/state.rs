@@ -302,13 +302,18 @@ pub(crate) fn identities(store: &Store, after: SessionId) -> Result<(BTreeMap<St
         if info.head == 0 {
             continue;
         }
-        if let Some(env) = store.log().read(info.id, 1, 1)?.into_iter().next() {
-            if let condense_events::Event::Source(SourceEvent::SessionStarted { source, source_id: Some(id), .. }) = env.body {
-                if source.starts_with("serve:") {
-                    out.insert(id, info.name);
-                }
-            }
+        if let Some(id) = identity_of(store, info.id)? {
+            out.insert(id, info.name);
         }
     }
     Ok((out, upto))
+}
+
+/// The conversation identity a session serve started names in its first event (`None` for a session
+/// serve did not start, or one with nothing written yet).
+pub(crate) fn identity_of(store: &Store, session: SessionId) -> Result<Option<String>, EngineError> {
+    Ok(store.log().read(session, 1, 1)?.into_iter().next().and_then(|env| match env.body {
+        condense_events::Event::Source(SourceEvent::SessionStarted { source, source_id: Some(id), .. }) if source.starts_with("serve:") => Some(id),
+        _ => None,
+    }))
 }

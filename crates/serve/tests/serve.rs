@@ -1879,3 +1879,38 @@ async fn a_tight_window_cuts_what_it_must_and_refuses_only_what_cannot_fit() {
     agent.history[0] = small;
     assert_eq!(agent.run().await.unwrap(), "after the refusal");
 }
+
+/// Issue 62, item 4: the first request of a new conversation reaching two servers on one PostgreSQL
+/// database at once never answers 500 (``session `…` exists already``): each is a 200, or the loser a 503
+/// with `retry-after`, whose retry is a 200 in the same, one session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_starting_one_conversation_at_once_never_answer_500() {
+    let store = pg_database().await;
+    let fake = Fake::start((0..200).map(|i| Step::Text(format!("answer {i}"))).collect()).await;
+    let a = start(config_for(&store, &fake)).await.expect("serve starts");
+    let b = start(config_for(&store, &fake)).await.expect("serve starts");
+    let (mut retried, pairs) = (0, 20);
+    for k in 0..pairs {
+        let mut one = Agent::new(Api::Chat, false, &format!("http://{}", a.addr));
+        let mut two = Agent::new(Api::Chat, false, &format!("http://{}", b.addr));
+        for agent in [&mut one, &mut two] {
+            agent.user(&format!("conversation {k}: the same first words"));
+        }
+        let (r1, r2) = tokio::join!(one.request(), two.request());
+        for (r, agent) in [(r1, &mut one), (r2, &mut two)] {
+            match r {
+                Ok(_) => {}
+                Err((503, body)) => {
+                    assert!(body.contains("send the request again"), "{body}");
+                    retried += 1;
+                    agent.request().await.unwrap_or_else(|e| panic!("pair {k}: the retry: {e:?}"));
+                }
+                Err(e) => panic!("pair {k}: {e:?}"),
+            }
+        }
+    }
+    let names = tokio::task::spawn_blocking(move || condense_engine::Store::open(store).unwrap().sessions().unwrap().len()).await.unwrap();
+    assert_eq!(names, pairs, "one session a conversation ({retried} retried)");
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}

@@ -68,11 +68,13 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
     let conv = tokio::task::spawn_blocking(move || -> Result<(Conv, String), EngineError> {
         match known {
             Some(name) => Ok((Conv::open(store.session(&name)?, &internal)?, name)),
-            None => {
-                let name = session_name(&store, &client, &typed, &id2)?;
-                let session = store.create_session(&name)?;
-                Ok((Conv::create(session, &id2, &client, prune)?, name))
-            }
+            None => match session_name(&store, &client, &typed, &id2)? {
+                (name, true) => Ok((Conv::open(store.session(&name)?, &internal)?, name)),
+                (name, false) => {
+                    let session = store.create_session(&name)?;
+                    Ok((Conv::create(session, &id2, &client, prune)?, name))
+                }
+            },
         }
     })
     .await
@@ -198,7 +200,7 @@ fn first_typed(req: &Req) -> Result<String, wire::WireError> {
 }
 
 /// A name a person recognises: the client, the first words the user typed, and a short id.
-fn session_name(store: &Store, client: &str, typed: &str, identity: &str) -> Result<String, EngineError> {
+fn session_name(store: &Store, client: &str, typed: &str, identity: &str) -> Result<(String, bool), EngineError> {
     let mut slug = String::new();
     for word in typed.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).take(6) {
         if slug.len() + word.len() > 40 {
@@ -216,11 +218,22 @@ fn session_name(store: &Store, client: &str, typed: &str, identity: &str) -> Res
     let base = format!("{client}/{slug}/{id}");
     let mut name = base.clone();
     let mut n = 2;
-    while store.log().session_id(&name)?.is_some() {
+    while let Some(id) = store.log().session_id(&name)? {
+        // A session of this name with nothing written yet is being started by another server on the same
+        // database, for this very conversation (the name holds its identity's hash): this request is
+        // answered 503 with `retry-after`, and the retry finds that session (issue 62: a retry that came
+        // first started a second session for the one conversation).
+        if store.log().head(id)? == 0 {
+            return Err(EngineError::Log(condense_log::LogError::SessionExists(name)));
+        }
+        // Started since this server read the names, for this conversation: it is taken up, not doubled.
+        if crate::state::identity_of(store, id)?.as_deref() == Some(identity) {
+            return Ok((name, true));
+        }
         name = format!("{base}-{n}");
         n += 1;
     }
-    Ok(name)
+    Ok((name, false))
 }
 
 /// What preparing a request gave: the request recorded, the context built, the upstream body, the

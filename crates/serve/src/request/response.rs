@@ -96,6 +96,13 @@ pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
             let message = format!("condense serve: the session changed in the store while this was being recorded (a database restart, or another server); nothing was written: send the request again ({e})");
             retry_after(api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &message), "1")
         }
+        // Another server on the same database started this conversation at the same moment (the first
+        // request reached both): nothing was written here, and the retry finds the other's session (issue
+        // 62: a 500 before).
+        EngineError::Log(condense_log::LogError::SessionExists(_)) => {
+            let message = format!("condense serve: another server started this conversation at the same moment; nothing was written here: send the request again ({e})");
+            retry_after(api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &message), "1")
+        }
         other => api_error(api, StatusCode::INTERNAL_SERVER_ERROR, "api_error", &format!("condense serve: {other}")),
     }
 }

@@ -126,7 +126,10 @@ fn failure_code(e: &ConvError) -> &'static str {
         ConvError::Engine(EngineError::CompactionFailed { code, .. }) if code == condense_engine::recover::RECOVERY_BLOCKED => "RECOVERY_BLOCKED",
         ConvError::Engine(EngineError::CompactionFailed { code, .. }) if code == condense_engine::controller::PROVIDER_OVERFLOW_AFTER_RETRY => "PROVIDER_OVERFLOW_AFTER_RETRY",
         ConvError::Engine(EngineError::CompactionFailed { .. }) => "CONTEXT_COMPACTION_FAILED",
-        ConvError::Engine(EngineError::Log(condense_log::LogError::Unavailable { .. }) | EngineError::ParentLost { .. } | EngineError::Log(condense_log::LogError::HeadMismatch { .. })) => "unavailable",
+        ConvError::Engine(
+            EngineError::Log(condense_log::LogError::Unavailable { .. } | condense_log::LogError::HeadMismatch { .. } | condense_log::LogError::SessionExists(_))
+            | EngineError::ParentLost { .. },
+        ) => "unavailable",
         ConvError::Engine(_) => "internal",
     }
 }
