@@ -33,7 +33,7 @@ fn start_logging(format: crate::cli::LogFormat) {
 pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine::Store, Vec<String>) -> (Vec<u8>, Vec<u8>, i32)) -> Result<ExitCode> {
     // A server already holding this store is named at once (opening the store would wait seconds for its
     // lock, then say only that another process holds it).
-    if let Some(running) = store_folder(store_dir).and_then(lock::read).filter(|r| process_alive(r.pid) && r.pid != std::process::id()) {
+    if let Some(running) = store_folder(store_dir).and_then(lock::read).filter(|r| r.pid != std::process::id() && server_alive(r)) {
         bail!(
             "condense serve already runs on {} (pid {}, http://{}): point the agent at it, or stop it first",
             shown(store_dir),
@@ -149,7 +149,22 @@ fn absolute_args(argv: &[String], takes_paths: bool) -> Vec<String> {
 /// Whether process `pid` exists (on Linux, by `/proc`; elsewhere every announced server is taken as
 /// running, and a gone one is found by its refused connection).
 fn process_alive(pid: u32) -> bool {
-    if cfg!(target_os = "linux") { Path::new(&format!("/proc/{pid}")).exists() } else { true }
+    if !cfg!(target_os = "linux") {
+        return true;
+    }
+    // A process killed but not yet reaped by its parent (a supervisor, a shell script) keeps its entry as
+    // a zombie (`Z`, or `X` while it goes): it holds nothing and serves nothing (issue 62).
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()), Some('Z' | 'X')),
+        Err(_) => false,
+    }
+}
+
+/// Whether the server `serve.json` announces is still there: its process alive, and something accepting
+/// connections on its address (a pid the dead server's was reused for listens there by chance only).
+/// A server stopped with SIGSTOP still accepts connections: it counts as running (and is named).
+fn server_alive(running: &lock::Announced) -> bool {
+    process_alive(running.pid) && std::net::TcpStream::connect_timeout(&running.addr, std::time::Duration::from_secs(1)).is_ok()
 }
 
 /// How long a command waits for the server holding its store to answer at all.
@@ -159,7 +174,7 @@ const ROUTE_PROBE: std::time::Duration = std::time::Duration::from_secs(5);
 /// server runs here (the caller opens the store itself).
 pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) -> Result<Option<ExitCode>> {
     let Some(announced) = store_folder(store_dir).and_then(lock::read) else { return Ok(None) };
-    if !process_alive(announced.pid) {
+    if !server_alive(&announced) {
         // A server killed without withdrawing its serve.json: the store is free, and whatever listens on
         // that port now is not it.
         return Ok(None);

@@ -416,6 +416,33 @@ fn a_second_serve_on_a_served_store_names_the_first() {
     drop(e);
 }
 
+/// A serve killed with -9 whose parent has not reaped it (a zombie: its pid still exists) does not block
+/// the next serve on the store, nor a command (issue 62, item 1: "already runs … point the agent at it"
+/// while nothing listened).
+#[test]
+fn a_killed_serve_not_yet_reaped_does_not_block_the_next() {
+    let e = env_with(vec![]);
+    let (fake, store) = (&e.fake, e.root.join("store"));
+    let mut first = Serve::start(&store, fake);
+    let pid = first.child.id();
+    let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+    // Not waited for: the process stays a zombie until this test reaps it, as a busy supervisor would.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z")) {
+        assert!(std::time::Instant::now() < deadline, "the killed serve did not become a zombie");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (code, out, err) = condense(&store, &["sessions"]);
+    assert_eq!(code, 0, "a command on the store: {out}{err}");
+    let second = Serve::start(&store, fake);
+    assert_ne!(second.addr, first.addr);
+    let (code, _, err) = condense(&store, &["serve", "--listen", "127.0.0.1:0"]);
+    assert!(code == 2 && err.contains(&format!("pid {}", second.child.id())), "the live one is named: {err}");
+    let _ = first.child.wait();
+    drop(second);
+    drop(e);
+}
+
 #[test]
 fn cli_commands_go_through_a_running_server() {
     let e = env_with(vec![]);
