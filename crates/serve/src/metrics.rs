@@ -52,6 +52,11 @@ pub(crate) struct Metrics {
     pub(crate) overflows: Counter,
     pub(crate) passthrough: Counter,
     pub(crate) summarizer_fallbacks: Counter,
+    /// The provider's usage and serve's tool rounds, as `/condense/status` counts them (brought up to its
+    /// figures when the metrics are read).
+    pub(crate) usage: [Counter; 8],
+    pub(crate) sessions: Gauge,
+    pub(crate) memory_budget: Gauge,
     pub(crate) sessions_warm: Gauge,
     pub(crate) checkpoints: Gauge,
     pub(crate) recoveries: Gauge,
@@ -66,6 +71,19 @@ fn add<M: prometheus_client::registry::Metric + Clone>(r: &mut Registry, name: &
     r.register(name, help, metric.clone());
     metric
 }
+
+/// The counters of `/condense/status` kept as atomics and read into metrics of the same names, in the
+/// order of [`Metrics::usage`].
+pub(crate) const USAGE: [(&str, &str); 8] = [
+    ("input_tokens", "Input tokens as the provider reports them (Anthropic leaves cache reads and writes out; OpenAI includes them)"),
+    ("uncached_input_tokens", "Input tokens the provider read uncached, for every provider alike"),
+    ("output_tokens", "Output tokens the provider reported"),
+    ("cache_read_tokens", "Input tokens the provider read from its prompt cache"),
+    ("cache_write_tokens", "Input tokens the provider wrote to its prompt cache"),
+    ("tool_rounds", "Rounds serve answered itself (condense's own tool calls) and sent on upstream"),
+    ("tool_round_limits", "Replies ended by the limit of tool rounds (--max-tool-rounds)"),
+    ("upstream_error_answers", "Upstream answers that were errors, all kinds (by kind: upstream_errors)"),
+];
 
 const APIS: [Api; 3] = [Api::Anthropic, Api::Chat, Api::Responses];
 
@@ -95,6 +113,9 @@ impl Metrics {
             overflows: add(&mut r, "overflows", "Provider context overflows (each answered by a checkpoint and one retry)", Counter::default()),
             passthrough: add(&mut r, "passthrough", "Requests forwarded unchanged (no conversation to manage, or a compressed body)", Counter::default()),
             summarizer_fallbacks: add(&mut r, "summarizer_fallbacks", "Times the configured summarizer failed and the extractive one stood in", Counter::default()),
+            usage: USAGE.map(|(name, help)| add(&mut r, name, help, Counter::default())),
+            sessions: add(&mut r, "sessions", "Conversations serve knows in its store (open or not)", Gauge::default()),
+            memory_budget: add(&mut r, "memory_budget_bytes", "--memory-budget: what requests in flight may hold", Gauge::default()),
             sessions_warm: add(&mut r, "sessions_warm", "Conversations held in memory", Gauge::default()),
             checkpoints: add(&mut r, "checkpoints", "Checkpoints committed in the conversations held in memory", Gauge::default()),
             recoveries: add(&mut r, "recoveries", "Recovery handoffs prepared in the conversations held in memory", Gauge::default()),

@@ -269,6 +269,13 @@ impl State {
         let fallbacks = self.summarizer_fallbacks();
         m.summarizer_fallbacks.inc_by(fallbacks.saturating_sub(m.summarizer_fallbacks.get()));
         m.memory_reserved.set(self.budget.used() as i64);
+        m.memory_budget.set(self.cfg.memory_budget as i64);
+        m.sessions.set(self.names.lock().expect("names lock").len() as i64);
+        let c = &self.counters;
+        let now = [&c.input_tokens, &c.uncached_input_tokens, &c.output_tokens, &c.cache_read_tokens, &c.cache_write_tokens, &c.tool_rounds, &c.round_limits, &c.upstream_errors];
+        for (counter, figure) in m.usage.iter().zip(now) {
+            counter.inc_by(figure.load(Ordering::Relaxed).saturating_sub(counter.get()));
+        }
         m.encode()
     }
 

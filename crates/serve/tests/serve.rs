@@ -583,6 +583,30 @@ async fn metrics_count_what_happened_as_status_does() {
     let priced: f64 = status["active_sessions"].as_array().unwrap().iter().filter_map(|c| c["cache_priced"]["condense"]["cost"].as_f64()).sum();
     assert!((get(r#"condense_cache_priced_cost{path="condense"}"#) - priced).abs() < 0.01 * priced.max(1.0), "{priced}");
     assert!(get(r#"condense_cache_priced_cost{path="direct"}"#) > 0.0);
+    // Every numeric figure of /condense/status has its metric, with the same value (issue 62, item 3): a
+    // figure added to status without one fails here. Series of one name are summed over their labels.
+    let status = s.status().await;
+    let m = metric_values(&reqwest::get(format!("{}/condense/metrics", s.url())).await.unwrap().text().await.unwrap());
+    let series = |name: &str| -> Option<f64> {
+        let v: Vec<f64> = m.iter().filter(|(k, _)| k.split('{').next() == Some(name)).map(|(_, v)| *v).collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    };
+    fn renamed(key: &str) -> &str {
+        match key {
+            "tokens_in" => "tokens_received",
+            "upstream_errors" => "upstream_error_answers",
+            k => k,
+        }
+    }
+    let mut checked = 0;
+    for (key, value) in status.as_object().unwrap().iter().filter(|(_, v)| v.is_number()) {
+        let name = format!("condense_{}", renamed(key));
+        let metric = series(&format!("{name}_total")).or_else(|| series(&name)).unwrap_or_else(|| panic!("status figure `{key}` has no metric ({name})"));
+        assert_eq!(metric, value.as_f64().unwrap(), "`{key}`");
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked} figures");
+    assert!(get("condense_output_tokens_total") > 0.0 && get("condense_upstream_error_answers_total") == 1.0);
 }
 
 /// `/condense/status` counts as docs/serve.md says (issue 37): a client request once, whatever condense's
