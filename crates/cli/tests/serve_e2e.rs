@@ -800,14 +800,20 @@ fn serve_logs_one_json_line_per_request_without_keys_or_bodies() {
         assert_eq!(r.status(), 200);
         let r = http.get(format!("http://{addr}/v1/models")).header("authorization", "Bearer sk-LOGTEST-key-123").send().unwrap();
         assert_eq!(r.status(), 200, "the fake answers every path");
+        // One condense refuses itself: a WARN line with its code and reason (issue 62, item 2).
+        let body = serde_json::json!({"model": "fake-model", "messages": "PROMPT-secret-bad"}).to_string();
+        let r = http.post(format!("http://{addr}/v1/chat/completions")).header("authorization", "Bearer sk-LOGTEST-key-123").header("content-type", "application/json").body(body).send().unwrap();
+        assert_eq!(r.status(), 400);
         let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
         let output = child.wait_with_output().unwrap();
         String::from_utf8_lossy(&output.stderr).into_owned()
     };
     let err = run_serve("info");
     let lines: Vec<serde_json::Value> = err.lines().filter_map(|l| serde_json::from_str(l).ok()).filter(|v: &serde_json::Value| v["target"] == "condense::request").collect();
-    assert_eq!(lines.len(), 3, "one line per request: {err}");
-    let (chat, models) = (&lines[0], &lines[2]);
+    assert_eq!(lines.len(), 4, "one line per request: {err}");
+    let (chat, models, refused) = (&lines[0], &lines[2], &lines[3]);
+    assert_eq!((refused["level"].as_str(), refused["message"].as_str(), refused["code"].as_str(), refused["status"].as_u64()), (Some("WARN"), Some("request refused"), Some("bad_request"), Some(400)), "{refused}");
+    assert!(refused["reason"].as_str().unwrap().contains("`messages` must be a list"), "{refused}");
     // The model nobody configured: one warning, saying how to set its window.
     let model_lines: Vec<serde_json::Value> = err.lines().filter_map(|l| serde_json::from_str(l).ok()).filter(|v: &serde_json::Value| v["target"] == "condense::model").collect();
     assert_eq!(model_lines.len(), 1, "{err}");
@@ -821,11 +827,13 @@ fn serve_logs_one_json_line_per_request_without_keys_or_bodies() {
     for secret in ["LOGTEST", "PROMPT-secret", "ANSWER-words"] {
         assert!(!err.contains(secret), "`{secret}` in the log: {err}");
     }
-    // A filter that leaves the request lines out; a window from the config's table is logged as such.
+    // A filter that leaves the request lines out but the refusals (WARN); a window from the config's table
+    // is logged as such.
     let (code, out, cerr) = condense(&store, &["config", "set", "models", r#"{"fake-*": {"contextWindow": 32000}}"#]);
     assert_eq!(code, 0, "{out}{cerr}");
     let quiet = run_serve("warn,condense::model=info");
-    assert!(!quiet.contains("condense::request"), "{quiet}");
+    let request_lines: Vec<&str> = quiet.lines().filter(|l| l.contains("condense::request")).collect();
+    assert!(request_lines.len() == 1 && request_lines[0].contains("request refused"), "{quiet}");
     assert!(quiet.contains(r#"a context window of 32000 tokens assumed (from the models table, \"fake-*\")"#), "{quiet}");
     drop(e);
 }

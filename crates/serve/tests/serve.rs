@@ -482,6 +482,13 @@ async fn bad_requests_get_errors_in_the_api_format() {
     let r = post("/v1/responses", json!({"model": "m", "input": 5}).to_string().into_bytes()).await.unwrap();
     assert_eq!(r.status(), 400);
     assert!(fake.log().is_empty(), "nothing bad went upstream");
+    // Each refusal is condense's own failure, counted by API and code (issue 62, item 2).
+    let m = metric_values(&reqwest::get(format!("http://{}/condense/metrics", serve.addr)).await.unwrap().text().await.unwrap());
+    let failures = |api: &str, code: &str| m.get(&format!(r#"condense_request_failures_total{{api="{api}",code="{code}"}}"#)).copied();
+    assert_eq!(failures("anthropic", "too_large"), Some(1.0), "{m:?}");
+    assert_eq!(failures("chat", "bad_request"), Some(1.0), "{m:?}");
+    assert_eq!(failures("anthropic", "bad_request"), Some(1.0), "{m:?}");
+    assert_eq!(failures("responses", "bad_request"), Some(1.0), "{m:?}");
 }
 
 /// Messages condense leaves unchanged go upstream exactly as the client wrote them — spacing, key order,

@@ -37,8 +37,15 @@ pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response {
 }
 
 pub(crate) fn api_error(api: Api, status: StatusCode, kind: &str, message: &str) -> Response {
-    json_response(status, &api::error_body(api, kind, message))
+    let mut r = json_response(status, &api::error_body(api, kind, message));
+    r.extensions_mut().insert(Refused(message.to_string()));
+    r
 }
+
+/// Marks a response condense made itself to refuse a request (not the provider's answer), with the
+/// message the client got: the request's log line and `condense_request_failures_total` read it.
+#[derive(Clone, Debug)]
+pub(crate) struct Refused(pub(crate) String);
 
 /// The upstream's response headers as they go to the client.
 pub(crate) fn response_headers(h: &reqwest::header::HeaderMap) -> Vec<(HeaderName, HeaderValue)> {

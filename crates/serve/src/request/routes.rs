@@ -2,7 +2,7 @@
 //! (read, conversation, rounds, upstream, response); `count_tokens`, the status page, the CLI route for
 //! other `condense` processes, and the pass-through of every other `/v1/` path.
 
-use crate::conv::ConvError;
+use crate::api::CONTEXT_COMPACTION_FAILED;
 use crate::billing::Side;
 use crate::state::State;
 use crate::request::read::{read_body, read_request};
@@ -114,33 +114,29 @@ struct RequestLine {
     stream: bool,
     /// Forwarded unchanged.
     passthrough: bool,
-    /// condense refused the request: its stable code and the reason the client was told.
+    /// condense refused the request itself: its stable code and the message the client got.
     failure: Option<(&'static str, String)>,
 }
 
-/// The stable code of condense's own refusal, for the log and the failure metric.
-fn failure_code(e: &ConvError) -> &'static str {
-    use condense_engine::EngineError;
-    match e {
-        ConvError::Wire(_) => "bad_request",
-        ConvError::Engine(EngineError::CompactionFailed { code, .. }) if code == condense_engine::recover::RECOVERY_BLOCKED => "RECOVERY_BLOCKED",
-        ConvError::Engine(EngineError::CompactionFailed { code, .. }) if code == condense_engine::controller::PROVIDER_OVERFLOW_AFTER_RETRY => "PROVIDER_OVERFLOW_AFTER_RETRY",
-        ConvError::Engine(EngineError::CompactionFailed { .. }) => "CONTEXT_COMPACTION_FAILED",
-        ConvError::Engine(
-            EngineError::Log(condense_log::LogError::Unavailable { .. } | condense_log::LogError::HeadMismatch { .. } | condense_log::LogError::SessionExists(_))
-            | EngineError::ParentLost { .. },
-        ) => "unavailable",
-        ConvError::Engine(_) => "internal",
+/// The stable code of a refusal condense made itself, from its status and message (the engine's codes lead
+/// the message of a checkpoint or recovery that could not fit).
+fn failure_code(status: StatusCode, message: &str) -> &'static str {
+    const CODES: [&str; 3] = ["RECOVERY_BLOCKED", "PROVIDER_OVERFLOW_AFTER_RETRY", "CONTEXT_COMPACTION_FAILED"];
+    if let Some(code) = CODES.iter().find(|c| message.starts_with(&format!("{CONTEXT_COMPACTION_FAILED}: {c}")) || message.starts_with(**c)) {
+        return code;
+    }
+    match status.as_u16() {
+        400 => "bad_request",
+        401 | 403 => "unauthorized",
+        408 => "timeout",
+        413 => "too_large",
+        502 => "upstream_unreachable",
+        503 => "unavailable",
+        _ => "internal",
     }
 }
 
 impl RequestLine {
-    /// Answers with condense's own error `e`, noting it for the log line and the failure metric.
-    fn refuse(&mut self, api: Api, e: &ConvError) -> Response {
-        self.failure = Some((failure_code(e), e.to_string()));
-        conv_error(api, e)
-    }
-
     fn log(&self, st: &State, api: &str, status: StatusCode) {
         if let Some((code, reason)) = &self.failure {
             st.metrics.request_failures.get_or_create(&crate::metrics::FailureLabel { api: api.to_string(), code }).inc();
@@ -177,6 +173,9 @@ async fn handle(st: S, api: Api, req: Request) -> Response {
     let mut line = RequestLine::default();
     let state = st.0.clone();
     let resp = handle_request(st, api, req, &mut line).await;
+    if let Some(crate::request::response::Refused(message)) = resp.extensions().get() {
+        line.failure = Some((failure_code(resp.status(), message), message.clone()));
+    }
     line.log(&state, api.name(), resp.status());
     resp
 }
@@ -203,14 +202,14 @@ async fn handle_request(axum::extract::State(st): S, api: Api, req: Request, lin
     st.metrics.requests.get_or_create(&crate::metrics::ApiLabel { api: api.name() }).inc();
     let conv = match conv_for(&st, &req).await {
         Ok(c) => c,
-        Err(e) => return line.refuse(api, &e),
+        Err(e) => return conv_error(api, &e),
     };
     let prepared = prepare(&st, &conv, &req).await;
     let (rec, built, body, [wait, record, build, write], ledger, session, sent) = match prepared {
         Ok(x) => x,
         Err(e) => {
             line.session = Some(conv.lock().await.session.id());
-            return line.refuse(api, &e);
+            return conv_error(api, &e);
         }
     };
     line.session = Some(session);
