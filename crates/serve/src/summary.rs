@@ -39,6 +39,8 @@ pub struct Route {
     /// Batch summaries and checkpoint handoffs too (`--summaries upstream`).
     pub(crate) all: bool,
     pub(crate) fallbacks: Arc<AtomicU64>,
+    /// The request's reasoning setting, carried into its summary requests.
+    pub(crate) reasoning: Vec<(String, serde_json::Value)>,
 }
 
 impl std::fmt::Debug for Route {
@@ -63,6 +65,7 @@ impl Route {
         let mut cfg = HttpConfig::new(&self.base, &model, None);
         (cfg.idle, cfg.total) = (IDLE, TOTAL);
         cfg.api = self.api;
+        cfg.extra = self.reasoning.clone();
         let upstream = Through { cfg, headers: self.headers.clone(), all: self.all, started: std::time::Instant::now() };
         let fallbacks = self.fallbacks.clone();
         let notice = move |_: u64, reason: &str| {

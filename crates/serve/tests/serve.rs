@@ -29,6 +29,8 @@ struct Agent {
     bases: Vec<String>,
     /// Requests sent.
     sent: usize,
+    /// Fields set in every request body besides the usual (a reasoning setting).
+    extra: Vec<(String, Value)>,
 }
 
 fn bash_tool(api: Api) -> Value {
@@ -59,6 +61,7 @@ impl Agent {
             outputs: Vec::new(),
             bases: Vec::new(),
             sent: 0,
+            extra: Vec::new(),
         }
     }
 
@@ -71,6 +74,9 @@ impl Agent {
 
     fn body(&self) -> Value {
         let mut b = json!({"model": self.model, "stream": self.stream, "tools": [bash_tool(self.api)]});
+        for (k, v) in &self.extra {
+            b[k.as_str()] = v.clone();
+        }
         b[self.api.list_field()] = Value::Array(self.history.clone());
         if self.api == Api::Anthropic {
             b["max_tokens"] = json!(4096);
@@ -1693,9 +1699,22 @@ async fn a_recovery_handoff_is_written_by_the_native_model_through_the_upstream(
         let (s, mut agent) = switched_setup(api, |_| {}).await;
         assert!(s.fake.log().iter().all(|l| l.summary.is_none()), "{api:?}: no summary before the switch");
         agent.model = "small-model".into();
+        // The session's reasoning setting, which the handoff requests carry too (issue 59).
+        let reasoning = match api {
+            Api::Chat => ("reasoning_effort", json!("high")),
+            Api::Responses => ("reasoning", json!({"effort": "high"})),
+            Api::Anthropic => ("thinking", json!({"type": "enabled", "budget_tokens": 1024})),
+        };
+        agent.extra = vec![(reasoning.0.to_string(), reasoning.1.clone())];
         agent.turn("now continue on the small model").await.unwrap();
         let log = s.fake.log();
         let handoffs: Vec<&Logged> = log.iter().filter(|l| l.summary == Some("handoff")).collect();
+        for h in &handoffs {
+            assert_eq!(h.body.get(reasoning.0), Some(&reasoning.1), "{api:?}: the reasoning setting in {}", h.body);
+            if api == Api::Anthropic {
+                assert!(h.body["max_tokens"].as_u64().unwrap() > 1024, "{api:?}: room beside the thinking budget");
+            }
+        }
         assert!(!handoffs.is_empty() && handoffs.len() <= 64, "{api:?}: {} handoff requests", handoffs.len());
         let budget = condense_recovery::input_budget(32_000) as usize;
         let (_, session) = store_of(&s);

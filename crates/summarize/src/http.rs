@@ -34,6 +34,10 @@ pub struct HttpConfig {
     /// Headers sent with every call besides the content type (a client's own credentials, when serve
     /// summarizes through the upstream): never logged, never written anywhere.
     pub headers: Vec<(String, String)>,
+    /// Fields of the client's own request that summary requests carry as they are: its reasoning setting
+    /// (`reasoning_effort`, `reasoning`, `thinking`), so a handoff is prepared at the session's effort
+    /// (seed 004). A `thinking` budget is added to `max_tokens`, which Anthropic wants larger.
+    pub extra: Vec<(String, serde_json::Value)>,
 }
 
 
@@ -49,6 +53,7 @@ impl HttpConfig {
             max_chars_per_output: 12_000,
             api: Api::Chat,
             headers: Vec::new(),
+            extra: Vec::new(),
         }
     }
 }
@@ -189,6 +194,13 @@ impl HttpSummarizer {
                 serde_json::json!({"model": self.cfg.model, "instructions": system, "input": user, "store": false}),
             ),
         };
+        let mut body = body;
+        for (k, v) in &self.cfg.extra {
+            if let (Some(budget), Some(max)) = (v.get("budget_tokens").and_then(serde_json::Value::as_u64), body.get("max_tokens").and_then(serde_json::Value::as_u64)) {
+                body["max_tokens"] = serde_json::json!(max + budget);
+            }
+            body[k.as_str()] = v.clone();
+        }
         let body = serde_json::to_vec(&body).map_err(|e| fail(e.to_string()))?;
         // A runtime and a client per call: both live and end inside this synchronous call, so neither is
         // ever dropped inside another runtime (serve's), and no connection outlives the runtime it runs on.

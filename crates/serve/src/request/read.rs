@@ -170,14 +170,22 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
         + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
     let overhead = overhead_bytes.div_ceil(4) as u64;
     let upstream_headers = Arc::new(crate::request::response::upstream_headers(&parts.headers));
-    let summary = summary_route(st, api, &upstream_headers);
+    // The session's reasoning setting, which its handoff requests carry too (seed 004).
+    let reasoning_field = match api {
+        Api::Chat => "reasoning_effort",
+        Api::Responses => "reasoning",
+        Api::Anthropic => "thinking",
+    };
+    let reasoning: Vec<(String, Value)> =
+        text_of(reasoning_field).and_then(|t| serde_json::from_slice::<Value>(t).ok()).map(|v| vec![(reasoning_field.to_string(), v)]).unwrap_or_default();
+    let summary = summary_route(st, api, &upstream_headers, reasoning);
     let req = Req { api, headers: parts.headers, upstream_headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, summary, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
     Ok((req, bytes, arrived))
 }
 
 /// How this request's summaries reach the upstream: its API, the upstream it goes to, and the client's
 /// headers as they go with it (`None` when a summarizer is configured or `--summaries extractive`).
-fn summary_route(st: &State, api: Api, headers: &Arc<HeaderMap>) -> Option<crate::summary::Route> {
+fn summary_route(st: &State, api: Api, headers: &Arc<HeaderMap>, reasoning: Vec<(String, Value)>) -> Option<crate::summary::Route> {
     use crate::summary::Summaries;
     if st.cfg.summarizer.is_some() || st.cfg.summaries == Summaries::Extractive {
         return None;
@@ -193,5 +201,6 @@ fn summary_route(st: &State, api: Api, headers: &Arc<HeaderMap>) -> Option<crate
         model: st.cfg.summary_model.clone(),
         all: st.cfg.summaries == Summaries::Upstream,
         fallbacks: st.upstream_fallbacks.clone(),
+        reasoning,
     })
 }
