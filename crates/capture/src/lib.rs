@@ -85,4 +85,17 @@ mod tests {
         assert!(is_protected(&cfg, "multi", r#"{"files":["a.rs","/x/skills/y/z.md"]}"#));
         assert_eq!(json_strings(r#"{"a":"x\"y","b":["\u0041"]}"#), vec!["a", "x\"y", "b", "A"]);
     }
+
+    /// Seed 000: `protectedTools` defaults to none — every tool's output is captured, the recovery tool's
+    /// too (its lifetime is the grace window, not permanent protection); named, a tool is protected.
+    #[test]
+    fn no_tool_is_protected_by_default() {
+        let d = PruneConfig::default();
+        assert!(d.protected_tools.is_empty());
+        for tool in [condense_events::QUERY_TOOL_NAME, "read", "bash", "todo"] {
+            assert!(!is_protected(&d, tool, "{}"), "{tool}");
+        }
+        let named = PruneConfig { protected_tools: vec![condense_events::QUERY_TOOL_NAME.into()], ..PruneConfig::default() };
+        assert!(is_protected(&named, condense_events::QUERY_TOOL_NAME, "{}"));
+    }
 }
