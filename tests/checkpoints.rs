@@ -597,6 +597,8 @@ fn a_tight_window_cuts_the_final_batch_to_the_room_left() {
     assert!(tokens <= hard, "{tokens} over {hard}");
     let cp = newest_checkpoint(&l.s);
     assert_eq!(cp.bounded.len(), 2, "{cp:?}");
+    // A fair share each: two outputs of the same size get copies of the same size.
+    assert_eq!(cp.bounded[0].1.len(), cp.bounded[1].1.len(), "{cp:?}");
     let sent = l.s.prepare().unwrap();
     for (id, copy) in &cp.bounded {
         // No pruning here, so no refs: the copy says where the original is.
