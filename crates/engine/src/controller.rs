@@ -15,9 +15,10 @@ use std::sync::Arc;
 /// What the controller decided.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The context fits (or the window is unknown): nothing to do. Carries the tokens measured, when
-    /// the window is known, so the budget notice does not count the context a second time.
-    Fits(Option<u64>),
+    /// The context fits (or the window is unknown): nothing to do. Carries the tokens measured and the
+    /// budget they were measured against, when the window is known, so the budget notice counts neither a
+    /// second time.
+    Fits(Option<(u64, Budget)>),
     /// Commit this checkpoint (the `CheckpointStarted` event, then the commit).
     Commit(DecisionEvent, DecisionEvent),
     /// Nothing fits: record the start and this failure, and stop before the request.
@@ -136,7 +137,7 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
     let hard = budget.hard.saturating_sub(NOTICE_TOKENS);
     let before = context_tokens(p);
     if before <= hard && !requested {
-        return Outcome::Fits(Some(before));
+        return Outcome::Fits(Some((before, budget)));
     }
     let branch: Vec<(String, Arc<Message>)> =
         p.branch_entries_in_context().into_iter().map(|(id, m)| (id.to_string(), m.clone())).collect();
@@ -316,11 +317,12 @@ pub struct Fixed {
 impl Fixed {
     /// The fixed context of the projection's next request.
     pub fn of(p: &Projection) -> Fixed {
+        let branch = p.branch_entries_in_context();
         let mut seen = std::collections::BTreeSet::new();
         let mut host = 0;
-        for (_, m) in p.branch_entries_in_context().iter().rev() {
+        for (_, m) in branch.iter().rev() {
             if let Some(kind) = m.host_kind() {
-                if seen.insert(kind.to_string()) {
+                if seen.insert(kind) {
                     host += p.estimate(m);
                 }
             }
@@ -387,9 +389,9 @@ pub const NOTICE_2_PERCENT: u64 = 90;
 /// The budget notice for the next request, if the context has reached a notice threshold: the first at
 /// 75% of the hard budget, the second at 90%. It is computed from the render (so from events only) and is
 /// appended after the last message of the request, never stored, so every earlier message stays a cached
-/// prefix. `tokens` is the context as the controller counts it ([`context_tokens`]).
-pub fn notice(p: &Projection, tokens: u64) -> Option<Message> {
-    let budget = budget_of(p)?;
+/// prefix. `tokens` is the context as the controller counts it ([`context_tokens`]), against `budget`
+/// ([`budget_of`]).
+pub fn notice(budget: Budget, tokens: u64) -> Option<Message> {
     let remaining = budget.hard.saturating_sub(tokens);
     // ADR 0064: the notices tell the model the budget that remains; they do not ask it to call a tool (the
     // hard boundary is what enforces the limit).

@@ -463,11 +463,11 @@ impl Session {
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
         let rendered = proj.render();
-        // The controller counted the context when it fitted; after a checkpoint it is counted afresh.
-        let notice = match (measured, controller::budget_of(&proj)) {
-            (_, None) => None,
-            (Some(tokens), Some(_)) => controller::notice(&proj, tokens),
-            (None, Some(_)) => controller::notice(&proj, controller::context_tokens(&proj)),
+        // The controller counted the context against its budget when it fitted; after a checkpoint both are
+        // counted afresh.
+        let notice = match measured {
+            Some((tokens, budget)) => controller::notice(budget, tokens),
+            None => controller::budget_of(&proj).and_then(|b| controller::notice(b, controller::context_tokens(&proj))),
         };
         let rendered = match notice {
             None => rendered,
@@ -564,8 +564,9 @@ impl Session {
         self.checkpoint(controller::Reason::Manual).map(drop)
     }
 
-    /// Runs the controller; returns the tokens it measured when the context fitted as it was.
-    pub(crate) fn checkpoint(&self, reason: controller::Reason) -> Result<Option<u64>> {
+    /// Runs the controller; returns the tokens it measured, and the budget, when the context fitted as it
+    /// was.
+    pub(crate) fn checkpoint(&self, reason: controller::Reason) -> Result<Option<(u64, condense_checkpoint::Budget)>> {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;

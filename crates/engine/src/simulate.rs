@@ -706,11 +706,13 @@ pub fn replay_with(
             let (raw_total, raw_cached, raw_broke) = raw_meter.request_after(&r.messages, kept);
             let h = host.request(&r.messages, &raw_meter.sums, raw_cached, raw_broke);
             drop(r);
-            let (rendered, committed) = match session.prepare_then(|p, r| (r.clone(), p.index().checkpoints.len())) {
+            // The budget the engine itself holds the request to (the reserve yielding to a large fixed
+            // context, docs/checkpoints.md), read with the prepared context, else the window's.
+            let (rendered, committed, engine_budget) = match session.prepare_then(|p, r| (r.clone(), p.index().checkpoints.len(), crate::controller::budget_of(p))) {
                 Ok(r) => r,
                 Err(crate::EngineError::CompactionFailed { .. }) => {
                     f.compaction_failures += 1;
-                    (session.render()?, checkpoints)
+                    (session.render()?, checkpoints, session.with_projection(crate::controller::budget_of)?)
                 }
                 Err(e) => return Err(e),
             };
@@ -722,10 +724,7 @@ pub fn replay_with(
             let violations = meter.violations(&rendered.messages[..]);
             debug_assert_eq!(violations, check(&rendered.messages[..]).len());
             f.validity_errors += violations as u64;
-            // Over the budget the engine itself holds the request to (the reserve yielding to a large fixed
-            // context, docs/checkpoints.md), else the window's.
-            let hard = session.with_projection(crate::controller::budget_of)?.or(budget).map(|b| b.hard);
-            if hard.is_some_and(|h| total > h) {
+            if engine_budget.or(budget).is_some_and(|b| total > b.hard) {
                 f.over_budget_requests += 1;
             }
             drop(rendered);
