@@ -253,6 +253,30 @@ fn names_used(messages: &[(String, std::sync::Arc<Message>)], room: usize) -> St
 /// The Task section's share of a recovery handoff, in percent.
 const TASK_SHARE: usize = 22;
 
+/// The sections of a recovery handoff, as seed 004 names them, in order: the extracted handoff writes
+/// them, a model is asked for them, and [`repair_recovery_handoff`] checks a model's answer has them.
+pub const RECOVERY_SECTIONS: [&str; 8] =
+    ["Task", "Constraints", "Decisions", "Completed actions", "Uncertain actions", "Dependencies", "References", "Next step"];
+
+/// A model-written recovery handoff with every section of [`RECOVERY_SECTIONS`]: the sections its answer
+/// lacks are added, saying the model named nothing there, and the count of sections added; `None` when the
+/// repaired text is over `max` bytes (the caller extracts the handoff instead).
+pub fn repair_recovery_handoff(text: &str, max: usize) -> Option<(String, usize)> {
+    let lower = text.to_lowercase();
+    let mut out = text.trim_end().to_string();
+    let mut added = 0;
+    for section in RECOVERY_SECTIONS {
+        let section_lower = section.to_lowercase();
+        let has = lower.lines().any(|l| l.starts_with('#') && l.trim_start_matches('#').trim().starts_with(&section_lower));
+        if !has {
+            out.push_str(&format!("\n## {section}\n- (none named)"));
+            added += 1;
+        }
+    }
+    out.push('\n');
+    (out.len() <= max).then_some((out, added))
+}
+
 /// The recovery handoff seed 004 lists, extracted verbatim when no summarizer compute is configured: the
 /// current task, constraints, decisions, completed and uncertain actions, dependencies, source references
 /// and the next step, each line cited by the entry it comes from (`[id]`, readable with `history_read`)
@@ -363,21 +387,22 @@ pub fn recovery_handoff(
         (None, Some((p, _))) => vec![format!("- answer the latest request [{}]", cite(*p))],
         _ => Vec::new(),
     };
-    // (title, lines, share of `max` in percent, whether the first lines are kept rather than the newest)
-    let sections: [(&str, Vec<String>, usize, bool); 8] = [
-        ("Task", task, TASK_SHARE, true),
-        ("Constraints", constraints, 10, false),
-        ("Decisions", decisions, 14, false),
-        ("Completed actions", done, 16, false),
-        ("Uncertain actions (reconcile, do not repeat blindly)", uncertain, 10, false),
-        ("Dependencies", deps.into_iter().map(|d| format!("- {d}")).collect(), 10, false),
-        ("References", references, 6, false),
-        ("Next step", next, 12, false),
+    // (lines, a hint after the title, share of `max` in percent, whether the first lines are kept rather
+    // than the newest), in the order of RECOVERY_SECTIONS
+    let sections: [(Vec<String>, &str, usize, bool); 8] = [
+        (task, "", TASK_SHARE, true),
+        (constraints, "", 10, false),
+        (decisions, "", 14, false),
+        (done, "", 16, false),
+        (uncertain, " (reconcile, do not repeat blindly)", 10, false),
+        (deps.into_iter().map(|d| format!("- {d}")).collect(), "", 10, false),
+        (references, "", 6, false),
+        (next, "", 12, false),
     ];
     let mut out = String::new();
-    for (title, lines, share, first_kept) in sections {
+    for (title, (lines, hint, share, first_kept)) in RECOVERY_SECTIONS.into_iter().zip(sections) {
         let room = max * share / 100;
-        let head = format!("## {title}\n");
+        let head = format!("## {title}{hint}\n");
         if lines.is_empty() {
             continue;
         }
@@ -536,6 +561,20 @@ mod tests {
         let names = s.split("## Names used\n").nth(1).unwrap();
         assert!(names.len() <= 2000 * NAMES_SHARE / 100 && names.starts_with("name_000, name_001"), "{s}");
         assert!(s.len() <= 2000);
+    }
+
+    /// Issue 59: a recovery handoff without a section the seed names gets it, saying so, and the count;
+    /// none when the repair is over the bound.
+    #[test]
+    fn a_recovery_handoff_missing_sections_is_repaired_within_its_bound() {
+        let full: String = RECOVERY_SECTIONS.iter().map(|s| format!("## {s}\n- x [e1]\n")).collect();
+        assert_eq!(repair_recovery_handoff(&full, 10_000), Some((full.clone(), 0)));
+        let (text, added) = repair_recovery_handoff("## Task\n- port the parser [e3]\n### Next step:\n- run the tests [e9]\n## Uncertain actions (reconcile)\n- y [e4]", 10_000).unwrap();
+        assert_eq!(added, 5);
+        for s in RECOVERY_SECTIONS {
+            assert_eq!(text.matches(&format!("# {s}")).count(), 1, "{s} in {text}");
+        }
+        assert_eq!(repair_recovery_handoff("## Task\n- x", 100), None);
     }
 
     /// Issue 59: a first request that fills the Task section on its own no longer pushes the latest out.

@@ -8,7 +8,6 @@
 //! untouched.
 
 use crate::controller::{bounded_copies, context_tokens};
-use condense_checkpoint::Budget;
 use condense_events::{DecisionEvent, Message};
 use condense_recovery::{input_budget, summary_budget, MAX_INVOCATIONS, MAX_SOURCE_BYTES, MIN_WINDOW};
 use condense_render::Projection;
@@ -123,7 +122,7 @@ pub fn prepare_within(
     }
     let window = p.model().and_then(|m| m.context_window);
     let window = window.filter(|w| *w >= MIN_WINDOW).ok_or(Blocked::Window(window))?;
-    let budget = crate::controller::budget_of(p).unwrap_or_else(|| Budget::of_model(window, p.model().and_then(|m| m.max_output)));
+    let budget = crate::controller::budget_of(p).ok_or(Blocked::Window(Some(window)))?;
     let input = input_budget(window) as usize;
     // Room for the system prompt and tool declarations every request carries (seed 004).
     let max_summary = summary_budget(input as u64, p.request_overhead() * 4);
@@ -216,27 +215,21 @@ pub fn prepare_within(
             }
         }
     }
-    let mut sections_added = 0;
-    if !parts.is_empty() && parts.iter().all(|p| p.trim().is_empty()) {
-        return Err(Blocked::Blank);
-    }
-    let (header, body) = if parts.is_empty() {
-        // No summarizer compute: the handoff's sections extracted verbatim from the context, with refs
-        // (docs/decisions.md).
-        (extracted, condense_checkpoint::recovery_handoff(covered, &cite, &|id| idx.by_entry.get(id).copied(), (max_summary as usize).saturating_sub(header.len())))
-    } else {
-        // A model-written handoff has every section the seed names (issue 59): those its answers lack are
-        // added, saying so, and counted in the `source_recovery_prepared` diagnostic; one that the additions
-        // take over the bound is extracted instead.
-        match condense_summarize::http::repair_recovery_handoff(&parts.join(""), (max_summary as usize).saturating_sub(by_model.len())) {
-            Some((body, added)) => {
-                sections_added = added;
-                (by_model, body)
-            }
-            None => {
-                sections_added = condense_summarize::http::RECOVERY_SECTIONS.len();
-                (extracted, condense_checkpoint::recovery_handoff(covered, &cite, &|id| idx.by_entry.get(id).copied(), (max_summary as usize).saturating_sub(header.len())))
-            }
+    // A model-written handoff has every section the seed names (issue 59): those its answers lack are
+    // added, saying so, and counted in the `source_recovery_prepared` diagnostic; one that the additions
+    // take over the bound is extracted instead (all its sections counted as added).
+    let repaired = match parts.join("") {
+        _ if parts.is_empty() => None,
+        joined if joined.trim().is_empty() => return Err(Blocked::Blank),
+        joined => Some(condense_checkpoint::repair_recovery_handoff(&joined, (max_summary as usize).saturating_sub(by_model.len()))),
+    };
+    let (header, body, sections_added) = match repaired {
+        Some(Some((body, added))) => (by_model, body, added),
+        // No summarizer compute (or a repair over the bound): the handoff's sections extracted verbatim
+        // from the context, with refs (docs/decisions.md).
+        other => {
+            let extracted_body = condense_checkpoint::recovery_handoff(covered, &cite, &|id| idx.by_entry.get(id).copied(), (max_summary as usize).saturating_sub(header.len()));
+            (extracted, extracted_body, if other.is_some() { condense_checkpoint::RECOVERY_SECTIONS.len() } else { 0 })
         }
     };
     if body.trim().is_empty() {

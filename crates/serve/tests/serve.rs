@@ -1747,7 +1747,7 @@ async fn a_recovery_handoff_is_written_by_the_native_model_through_the_upstream(
         for h in &handoffs {
             assert!(h.body.get("temperature").is_none(), "{api:?}: {}", h.body);
         }
-        for section in condense_summarize::http::RECOVERY_SECTIONS {
+        for section in condense_checkpoint::RECOVERY_SECTIONS {
             assert!(summary.contains(&format!("## {section}\n")), "{api:?}: no {section} in {summary}");
         }
         let mut from = 0;

@@ -145,30 +145,6 @@ task: the latest request and what it is part of), Constraints, Decisions, Comple
 with the ids of the entries it comes from, in brackets. Under Uncertain actions list calls that failed or whose \
 result is not in the transcript. Keep exact paths, commands, error messages and refs such as t12. Be brief.";
 
-/// The section headings a recovery handoff must have, in order.
-pub const RECOVERY_SECTIONS: [&str; 8] =
-    ["Task", "Constraints", "Decisions", "Completed actions", "Uncertain actions", "Dependencies", "References", "Next step"];
-
-/// A model-written recovery handoff with every section of [`RECOVERY_SECTIONS`]: the sections its answer
-/// lacks are added, saying the model named nothing there (and where the evidence is), and the count of
-/// sections added; `None` when the repaired text is over `max` bytes (the caller extracts the handoff
-/// instead).
-pub fn repair_recovery_handoff(text: &str, max: usize) -> Option<(String, usize)> {
-    let lower = text.to_lowercase();
-    let mut out = text.trim_end().to_string();
-    let mut added = 0;
-    for section in RECOVERY_SECTIONS {
-        let section_lower = section.to_lowercase();
-        let has = lower.lines().any(|l| l.starts_with('#') && l.trim_start_matches('#').trim().starts_with(&section_lower));
-        if !has {
-            out.push_str(&format!("\n## {section}\n- (none named)"));
-            added += 1;
-        }
-    }
-    out.push('\n');
-    (out.len() <= max).then_some((out, added))
-}
-
 impl HttpSummarizer {
     fn chat(&self, system: &str, user: &str, max_tokens: u64) -> Result<String, SummarizeError> {
         let fail = |reason: String| SummarizeError::Failed { name: format!("http {}", self.cfg.base_url), reason };
@@ -279,8 +255,8 @@ impl Summarizer for HttpSummarizer {
         self.bounded(text, max_chars).map(Some)
     }
 
-    /// A recovery piece's handoff, asked for with the seed's sections ([`RECOVERY_HANDOFF`]); the joined
-    /// handoff is checked for them by the engine ([`repair_recovery_handoff`]).
+    /// A recovery piece's handoff, asked for with the seed's sections ([`RECOVERY_HANDOFF`]); the engine
+    /// checks the joined handoff has them (`condense_checkpoint::repair_recovery_handoff`).
     fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
         if piece.len() > HANDOFF_MAX_INPUT {
             return self.handoff(piece, max_chars);
@@ -299,21 +275,3 @@ impl Summarizer for HttpSummarizer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 59: a recovery handoff without a section the seed names gets it, saying so, and the count;
-    /// none when the repair is over the bound.
-    #[test]
-    fn a_recovery_handoff_missing_sections_is_repaired_within_its_bound() {
-        let full: String = RECOVERY_SECTIONS.iter().map(|s| format!("## {s}\n- x [e1]\n")).collect();
-        assert_eq!(repair_recovery_handoff(&full, 10_000), Some((full.clone(), 0)));
-        let (text, added) = repair_recovery_handoff("## Task\n- port the parser [e3]\n### Next step:\n- run the tests [e9]\n## Uncertain actions (reconcile)\n- y [e4]", 10_000).unwrap();
-        assert_eq!(added, 5);
-        for s in RECOVERY_SECTIONS {
-            assert_eq!(text.matches(&format!("# {s}")).count(), 1, "{s} in {text}");
-        }
-        assert_eq!(repair_recovery_handoff("## Task\n- x", 100), None);
-    }
-}
