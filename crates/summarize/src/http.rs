@@ -209,6 +209,19 @@ impl HttpSummarizer {
         content.ok_or_else(|| fail("reply has no message content".into()))
     }
 
+    /// A handoff of `transcript` asked for with `instructions`, at most `max` bytes. The caller sends pieces
+    /// within the preparation's input budget (seed 004); a larger one is refused whole, never cut in the
+    /// middle without saying so.
+    fn handoff_with(&self, instructions: &str, transcript: &str, max: usize) -> Result<String, SummarizeError> {
+        if transcript.len() > HANDOFF_MAX_INPUT {
+            return Err(SummarizeError::Failed {
+                name: format!("http {}", self.cfg.base_url),
+                reason: format!("a handoff piece of {} bytes, over the {HANDOFF_MAX_INPUT}-byte input budget", transcript.len()),
+            });
+        }
+        self.bounded(self.chat(instructions, transcript, (max as u64 / 3).clamp(256, 16_384))?, max)
+    }
+
     /// `text` when it is not blank and within `max` bytes (the bound recovery checks is in bytes: an answer
     /// checked in characters passed here and failed there when it was not ASCII).
     fn bounded(&self, text: String, max: usize) -> Result<String, SummarizeError> {
@@ -243,25 +256,13 @@ impl Summarizer for HttpSummarizer {
     }
 
     fn handoff(&self, transcript: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
-        // The caller sends pieces within the preparation's input budget (seed 004); a larger one is refused
-        // whole, never cut in the middle without saying so.
-        if transcript.len() > HANDOFF_MAX_INPUT {
-            return Err(SummarizeError::Failed {
-                name: format!("http {}", self.cfg.base_url),
-                reason: format!("a handoff piece of {} bytes, over the {HANDOFF_MAX_INPUT}-byte input budget", transcript.len()),
-            });
-        }
-        let text = self.chat(HANDOFF, transcript, (max_chars as u64 / 3).clamp(256, 16_384))?;
-        self.bounded(text, max_chars).map(Some)
+        self.handoff_with(HANDOFF, transcript, max_chars).map(Some)
     }
 
     /// A recovery piece's handoff, asked for with the seed's sections ([`RECOVERY_HANDOFF`]); the engine
     /// checks the joined handoff has them (`condense_checkpoint::repair_recovery_handoff`).
     fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
-        if piece.len() > HANDOFF_MAX_INPUT {
-            return self.handoff(piece, max_chars);
-        }
-        self.bounded(self.chat(RECOVERY_HANDOFF, piece, (max_chars as u64 / 3).clamp(256, 16_384))?, max_chars).map(Some)
+        self.handoff_with(RECOVERY_HANDOFF, piece, max_chars).map(Some)
     }
 
     fn summarize(&self, batch: &[Item<'_>]) -> Result<Vec<String>, SummarizeError> {
