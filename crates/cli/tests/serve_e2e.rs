@@ -663,6 +663,16 @@ fn bill(api: Api, log: &[Logged]) -> Billing {
     Billing { billed: sim.total, requests }
 }
 
+/// When the environment variable `var` names a folder, a copy of `store` there under `name` (for
+/// `condense log`, `render`, `stats` after the test); its path.
+fn keep_store(var: &str, store: &Path, name: &str) -> Option<PathBuf> {
+    let to = PathBuf::from(std::env::var_os(var)?).join(name);
+    let _ = std::fs::remove_dir_all(&to);
+    let status = Command::new("cp").arg("-r").arg(store).arg(&to).status().unwrap();
+    assert!(status.success(), "copying the store to {}", to.display());
+    Some(to)
+}
+
 /// Runs the client's thirty turns against `base()` (called before each turn: serve's address changes
 /// when it restarts); `between(k)` runs after turn `k`.
 fn thirty_turns(c: &Client, root: &Path, mut base: impl FnMut() -> String, mut between: impl FnMut(usize)) {
@@ -707,12 +717,7 @@ fn long_session(c: Client) {
     );
     drop(serve.borrow_mut().take());
     // CONDENSE_E2E_BILL_DIR also keeps the store through serve there (for `condense log`, `render`).
-    if let Some(keep) = std::env::var_os("CONDENSE_E2E_BILL_DIR") {
-        let to = PathBuf::from(keep).join(format!("store-{}", c.name.replace(' ', "-")));
-        let _ = std::fs::remove_dir_all(&to);
-        let status = Command::new("cp").arg("-r").arg(&store).arg(&to).status().unwrap();
-        assert!(status.success(), "copying the store to {}", to.display());
-    }
+    keep_store("CONDENSE_E2E_BILL_DIR", &store, &format!("store-{}", c.name.replace(' ', "-")));
     let through_log = fake.log();
     let direct_log = direct_fake.log();
     // The session went through what the script asks for.
@@ -861,17 +866,12 @@ fn tight_script(turns: usize) -> Vec<Step> {
 /// `turns` turns of client `c` through serve with a model window of `window` tokens (the store's models
 /// table, for every model the client may name). Returns the turns that failed, with what the client said.
 fn tight_window(c: &Client, window: u64, turns: usize) -> Vec<(usize, String)> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let fake = rt.block_on(Fake::start(tight_script(turns)));
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    for d in ["home", "tmp", "work", "store"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
+    let e = env_with(tight_script(turns));
+    let (root, fake) = (e.root.as_path(), &e.fake);
     let store = root.join("store");
     let models = serde_json::json!({"models": {"claude-*": {"contextWindow": window}, "fake-*": {"contextWindow": window}, "gpt-*": {"contextWindow": window}}});
     std::fs::write(store.join("config.json"), models.to_string()).unwrap();
-    let serve = Serve::start(&store, &fake);
+    let serve = Serve::start(&store, fake);
     let base = format!("http://{}", serve.addr);
     let mut failed = Vec::new();
     for k in 1..=turns {
@@ -883,11 +883,8 @@ fn tight_window(c: &Client, window: u64, turns: usize) -> Vec<(usize, String)> {
         }
     }
     drop(serve);
-    // CONDENSE_E2E_KEEP keeps the store there (for `condense log`, `render`, `stats`).
-    if let Some(keep) = std::env::var_os("CONDENSE_E2E_KEEP") {
-        let to = PathBuf::from(keep).join(format!("tight-{}-{window}", c.name.replace(' ', "-")));
-        let _ = std::fs::remove_dir_all(&to);
-        assert!(Command::new("cp").arg("-r").arg(&store).arg(&to).status().unwrap().success());
+    // CONDENSE_E2E_KEEP keeps the store there, with the first request the provider got.
+    if let Some(to) = keep_store("CONDENSE_E2E_KEEP", &store, &format!("tight-{}-{window}", c.name.replace(' ', "-"))) {
         if let Some(first) = fake.log().first() {
             std::fs::write(to.join("first-request.json"), first.body.to_string()).unwrap();
         }
@@ -938,7 +935,7 @@ fn tight_window(c: &Client, window: u64, turns: usize) -> Vec<(usize, String)> {
         failed.len(),
         log.len()
     );
-    drop(rt);
+    drop(e);
     failed
 }
 
