@@ -681,3 +681,47 @@ fn an_oversized_final_batch_gets_a_bounded_copy_instead_of_failing_closed() {
     // The original stays whole in the log and the transcript.
     assert_eq!(p.entry_message("r0").unwrap().text(), big);
 }
+
+/// Seed 001: the request is re-estimated before it continues, so a committed checkpoint never lets a
+/// request over the hard budget go out, the budget notice that rides after the last message included. A
+/// recovery lands anywhere up to the hard budget; swept over client overheads that bring it there, each
+/// prepared request (its messages, the notice, the client's overhead and condense's tools) is within the
+/// budget of the new model, or the turn is refused with a typed error.
+#[test]
+fn no_request_goes_out_over_the_budget_after_a_checkpoint() {
+    use condense_events::{Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
+    let mut sent = 0;
+    let out: String = (0..30_000 / 8).map(|n| format!("l{n:06} ")).collect();
+    for overhead in (1_500..=4_500).step_by(20) {
+        let s = unpruned(&store, &format!("sweep-{overhead}"));
+        let mut events = vec![model(200_000)];
+        let mut parent: Option<String> = None;
+        for i in 0..8 {
+            events.push(msg(&format!("u{i}"), parent.as_deref(), Message::user_text(format!("request {i}: {}", "x".repeat(4000)), UserOrigin::Prompt)));
+            events.push(msg(&format!("a{i}"), Some(&format!("u{i}")), reply(&format!("answer {i}: {}", "y".repeat(4000)))));
+            parent = Some(format!("a{i}"));
+        }
+        events.push(msg("u8", parent.as_deref(), Message::user_text("read the log", UserOrigin::Prompt)));
+        events.push(msg("c8", Some("u8"), call("r8", "reading")));
+        events.push(msg("t8", Some("c8"), result("r8", out.clone(), false)));
+        events.push(model(16_000));
+        s.append(events).unwrap();
+        s.set_request_overhead(overhead).unwrap();
+        match s.prepare() {
+            Ok(r) => {
+                let p = s.projection().unwrap();
+                let budget = condense_engine::controller::budget_of(&p).unwrap();
+                let fixed = p.request_overhead() + condense_engine::tools::declared_tokens(&p);
+                let tokens: u64 = r.messages.iter().map(|m| p.estimate(m)).sum::<u64>() + fixed;
+                assert!(tokens <= budget.hard, "{overhead}: {tokens} tokens sent, over the hard budget {}", budget.hard);
+                assert!(!p.index().checkpoints.is_empty(), "{overhead}: the switch made a checkpoint");
+                sent += 1;
+            }
+            Err(EngineError::CompactionFailed { .. }) => {}
+            Err(e) => panic!("{overhead}: {e}"),
+        }
+    }
+    assert!(sent >= 100, "most overheads are sent ({sent})");
+}

@@ -464,11 +464,10 @@ impl Session {
         self.catch_up(&mut proj)?;
         let rendered = proj.render();
         // The controller counted the context against its budget when it fitted; after a checkpoint both are
-        // counted afresh.
-        let notice = match measured {
-            Some((tokens, budget)) => controller::notice(budget, tokens),
-            None => controller::budget_of(&proj).and_then(|b| controller::notice(b, controller::context_tokens(&proj))),
-        };
+        // counted afresh. A notice that would take the request over the hard budget stays out (a recovery
+        // may fill the budget to its last token).
+        let measured = measured.or_else(|| controller::budget_of(&proj).map(|b| (controller::context_tokens(&proj), b)));
+        let notice = measured.and_then(|(tokens, budget)| controller::notice(budget, tokens).filter(|n| tokens + condense_tokens::estimate(n) <= budget.hard));
         let rendered = match notice {
             None => rendered,
             Some(n) => {
@@ -578,7 +577,7 @@ impl Session {
                     let mut events = vec![Event::Decision(started)];
                     events.extend(decisions.into_iter().map(Event::Decision));
                     self.append_locked(&mut proj, events).map_err(|e| self.not_stored(e))?;
-                    return Ok(None);
+                    return self.within_budget_after_commit(&mut proj, summarizer.as_ref()).map(|()| None);
                 }
                 // Nothing before the final batch to hand off, or a handoff that leaves too little room:
                 // the checkpoint controller's later moves (no retained prompts, the final batch cut to the
@@ -595,18 +594,50 @@ impl Session {
                 }
             }
         }
-        match controller::decide_for(&proj, reason, summarizer.as_ref()) {
+        match self.decide_and_store(&mut proj, reason, summarizer.as_ref())? {
+            Some(fits) => Ok(Some(fits)),
+            None if reason == controller::Reason::Manual => Ok(None),
+            None => self.within_budget_after_commit(&mut proj, summarizer.as_ref()).map(|()| None),
+        }
+    }
+
+    /// Runs the controller once and stores what it decided: `Some` with what it measured when the context
+    /// fitted as it was, `None` after a commit, the failure as [`EngineError::CompactionFailed`].
+    fn decide_and_store(&self, proj: &mut Live, reason: controller::Reason, summarizer: &dyn condense_summarize::Summarizer) -> Result<Option<(u64, condense_checkpoint::Budget)>> {
+        match controller::decide_for(proj, reason, summarizer) {
             controller::Outcome::Fits(tokens) => Ok(tokens),
             controller::Outcome::Commit(started, d) => {
-                self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)]).map_err(|e| self.not_stored(e))?;
+                self.append_locked(proj, vec![Event::Decision(started), Event::Decision(d)]).map_err(|e| self.not_stored(e))?;
                 Ok(None)
             }
             controller::Outcome::Failed(started, d) => {
                 let DecisionEvent::CheckpointFailed { code, reason } = d.clone() else { unreachable!("failure outcome") };
-                self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(d)])?;
+                self.append_locked(proj, vec![Event::Decision(started), Event::Decision(d)])?;
                 Err(EngineError::CompactionFailed { name: self.name.clone(), code, reason })
             }
         }
+    }
+
+    /// Seed 001: a committed checkpoint is re-estimated before the request continues. The candidates were
+    /// measured before they were stored; the request as it now renders (the budget counted afresh, since the
+    /// fixed context may differ after a checkpoint) is measured again, and one still over the hard budget
+    /// does not go out as it is: the controller runs once more on it (its later moves: no retained prompts,
+    /// the final batch cut to the room left), and a request over the budget after that is refused with
+    /// `CONTEXT_COMPACTION_FAILED`.
+    fn within_budget_after_commit(&self, proj: &mut Live, summarizer: &dyn condense_summarize::Summarizer) -> Result<()> {
+        let over = |p: &Projection| controller::budget_of(p).map(|b| (controller::context_tokens(p), b.hard)).filter(|(t, hard)| t > hard);
+        if over(proj).is_none() {
+            return Ok(());
+        }
+        if self.decide_and_store(proj, controller::Reason::Threshold, summarizer)?.is_some() {
+            return Ok(());
+        }
+        let Some((tokens, hard)) = over(proj) else { return Ok(()) };
+        let reason = format!("after checkpoint the request still takes {tokens} tokens, over the hard budget of {hard}");
+        let started = DecisionEvent::CheckpointStarted { reason: "threshold".into(), tokens };
+        let failed = DecisionEvent::CheckpointFailed { code: condense_checkpoint::CONTEXT_COMPACTION_FAILED.into(), reason: reason.clone() };
+        self.append_locked(proj, vec![Event::Decision(started), Event::Decision(failed)])?;
+        Err(EngineError::CompactionFailed { name: self.name.clone(), code: condense_checkpoint::CONTEXT_COMPACTION_FAILED.into(), reason })
     }
 
     /// A checkpoint the log could not store: the loop stops with `CONTEXT_COMPACTION_FAILED` (seed 001:
@@ -780,6 +811,63 @@ pub(crate) fn acked(rx: &crossbeam_channel::Receiver<condense_log::Result<Seq>>)
 #[cfg(test)]
 mod tests {
     use super::Shrinking;
+    use crate::{controller, EngineError, Store};
+    use condense_events::{DecisionEvent, Entry, Event, Message, PruneConfig, SourceEvent, UserOrigin};
+
+    /// Seed 001, "re-estimated before continuing": a committed checkpoint that leaves the request over the
+    /// hard budget (here one stored with a 10,000-token prompt retained on a 16,000-token window, hard
+    /// budget 8,000; the controller's own candidates are measured before they are stored, so it never
+    /// makes one) does not let the request go out: the controller runs once more and drops the prompt; and
+    /// where even that cannot fit, the request is refused with `CONTEXT_COMPACTION_FAILED`.
+    #[test]
+    fn a_checkpoint_that_leaves_the_request_over_the_budget_is_not_sent_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("store")).unwrap();
+        for (name, last) in [("fixed", "go on".to_string()), ("refused", "z".repeat(40_000))] {
+            let s = store.create_session(name).unwrap();
+            s.configure(PruneConfig { enabled: false, ..PruneConfig::default() }).unwrap();
+            let msg = |id: &str, parent: Option<&str>, m: Message| SourceEvent::EntryAppended { id: id.into(), parent: parent.map(str::to_string), entry: Entry::Message(m) };
+            let reply = |t: &str| Message::Assistant { content: vec![condense_events::Block::Text { text: t.into() }], model: None, stop: None, usage: None };
+            s.append(vec![
+                SourceEvent::ModelChanged { provider: None, model: "m".into(), context_window: Some(16_000), max_output: None },
+                msg("u0", None, Message::user_text("start", UserOrigin::Prompt)),
+                msg("a0", Some("u0"), reply("started")),
+                msg("u1", Some("a0"), Message::user_text("x".repeat(40_000), UserOrigin::Prompt)),
+                msg("a1", Some("u1"), reply("read it")),
+                msg("u2", Some("a1"), Message::user_text(last, UserOrigin::Prompt)),
+            ])
+            .unwrap();
+            let warm = store.warm(s.id());
+            let mut proj = warm.lock().unwrap();
+            s.catch_up(&mut proj).unwrap();
+            let over = DecisionEvent::CheckpointCommitted(Box::new(condense_events::CheckpointCommitted {
+                n: 1,
+                boundary: "a1".into(),
+                summary: "[Checkpoint c1: a summary]".into(),
+                kept: vec!["u1".into()],
+                covers: vec![],
+                recovery: false,
+                bounded: vec![],
+                tokens_before: 0,
+                tokens_after: 0,
+            }));
+            s.append_locked(&mut proj, vec![Event::Decision(over)]).unwrap();
+            let hard = controller::budget_of(&proj).unwrap().hard;
+            assert!(controller::context_tokens(&proj) > hard, "{name}: the stored checkpoint leaves the request over {hard}");
+            let summarizer = condense_summarize::Extractive::default();
+            match (name, s.within_budget_after_commit(&mut proj, &summarizer)) {
+                ("fixed", Ok(())) => {
+                    assert_eq!(proj.index().checkpoints.len(), 2, "a second checkpoint");
+                    assert!(controller::context_tokens(&proj) <= hard);
+                }
+                ("refused", Err(EngineError::CompactionFailed { code, .. })) => {
+                    assert_eq!(code, condense_checkpoint::CONTEXT_COMPACTION_FAILED);
+                    assert_eq!(proj.index().checkpoint_failures.len(), 1);
+                }
+                (name, other) => panic!("{name}: {other:?}"),
+            }
+        }
+    }
 
     /// A list being written gives its elements in order and its room back as they go: a quarter of the
     /// list left holds about a quarter of its room, not all of it.
