@@ -93,6 +93,30 @@ fn oversized_final_batch_gets_a_bounded_copy() {
     condense_tests::snapshot!("oversized_final_batch_gets_a_bounded_copy", req);
 }
 
+/// ADR 0030: the bounded copy is made when the final batch *reaches half* the hard budget, even when it
+/// would fit the budget whole; below half it stays as it is. On a 20,000-token window (hard budget
+/// 10,000) after 7,000 tokens of history: a batch of about 5,900 tokens is copied, one of 3,500 is not.
+#[test]
+fn a_final_batch_between_half_and_the_whole_budget_gets_a_bounded_copy() {
+    for (lines_n, copied) in [(750, true), (450, false)] {
+        let mut l = Live::new(20_000);
+        l.prompt("Read the logs.");
+        l.turn("a", lines("a", 1_000)).unwrap();
+        l.turn("big", lines("big", lines_n)).unwrap();
+        let r = l.s.prepare().unwrap();
+        let p = l.s.projection().unwrap();
+        let hard = condense_engine::controller::budget_of(&p).unwrap().hard;
+        let batch = condense_tokens::estimate(&Message::ToolResult { call_id: "big".into(), tool_name: "read".into(), content: vec![Block::Text { text: lines("big", lines_n) }], is_error: false });
+        assert!(batch < hard, "{lines_n}: the batch alone fits ({batch} of {hard})");
+        assert_eq!(batch * 2 >= hard, copied, "{lines_n}: {batch} against half of {hard}");
+        let cp = p.index().checkpoints.values().next().expect("a checkpoint").clone();
+        assert_eq!(cp.bounded.len(), usize::from(copied), "{lines_n} lines");
+        let last = r.messages.iter().rev().find(|m| matches!(***m, Message::ToolResult { .. })).unwrap().text();
+        assert_eq!(last.contains("checkpoint truncation"), copied, "{lines_n} lines");
+        assert_eq!(last == lines("big", lines_n), !copied, "{lines_n} lines: the batch below half goes whole");
+    }
+}
+
 #[test]
 fn nothing_fits_is_context_compaction_failed() {
     let mut l = Live::new(4_000);

@@ -354,6 +354,34 @@ fn pipeline_stubs_dedups_spills_and_every_ref_recovers_exactly() {
     assert_eq!(before[..before.len().min(after.len())], after[..before.len().min(after.len())]);
 }
 
+/// Seed 000: `protectedTools` defaults to `[]`, so under the defaults a recovery's output is captured and
+/// indexed like any other, verbatim through its grace window and a stub past it; named in
+/// `protectedTools`, the same output stays verbatim at any age (the permanent retention the seed rejects
+/// as the default).
+#[test]
+fn protected_tools_default_to_none_so_a_recovery_ages_into_a_stub() {
+    assert!(PruneConfig::default().protected_tools.is_empty());
+    let original = BIG.repeat(40);
+    for protected in [false, true] {
+        // Chains stay open (a wide rolling window): the stub is phase 1's doing alone.
+        let mut cfg = PruneConfig { min_prune_tokens: 0, auto_budget_threshold: 0, rolling_window: 100, ..PruneConfig::default() };
+        if protected {
+            cfg.protected_tools = vec![QUERY_TOOL_NAME.to_string()];
+        }
+        let mut l = Live::new(cfg);
+        l.prompt("recover t1");
+        l.tool("q1", QUERY_TOOL_NAME, r#"{"refs":["t1"]}"#, &original, false);
+        l.reply("done");
+        let shown = |l: &Live| l.s.render().unwrap().messages.iter().find(|m| matches!(***m, Message::ToolResult { .. })).map(|m| m.text());
+        for age in 1..=5 {
+            l.prompt(&format!("next {age}"));
+            l.reply("ok");
+            let verbatim = shown(&l).as_ref() == Some(&original);
+            assert_eq!(verbatim, protected || age <= 3, "protected {protected}, age {age}: {:?}", shown(&l));
+        }
+    }
+}
+
 #[test]
 fn errored_arguments_are_purged_after_two_turns() {
     let cfg = PruneConfig { rolling_window: 1, min_prune_tokens: 0, auto_budget_threshold: 0, ..PruneConfig::default() };

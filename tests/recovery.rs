@@ -725,3 +725,87 @@ fn no_request_goes_out_over_the_budget_after_a_checkpoint() {
     }
     assert!(sent >= 100, "most overheads are sent ({sent})");
 }
+
+/// Seed 004: private thinking and its signatures are not exported: not to the summarizer's pieces, not
+/// into the handoff, not into the archive the history tools read.
+#[test]
+fn thinking_and_signatures_are_never_exported() {
+    use condense_events::{Block, Message, Thinking, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
+    let s = unpruned(&store, "thinking");
+    let thought = Message::Assistant {
+        content: vec![
+            Block::Thinking(Box::new(Thinking { thinking: "PRIVATE-REASONING about the parser".into(), signature: Some("OPAQUE-SIGNATURE-123".into()) })),
+            Block::Text { text: "I will write the parser.".into() },
+        ],
+        model: None,
+        stop: None,
+        usage: None,
+    };
+    s.append(vec![
+        model(200_000),
+        msg("u1", None, Message::user_text("write a parser", UserOrigin::Prompt)),
+        msg("a1", Some("u1"), thought),
+        msg("u2", Some("a1"), Message::user_text("go on", UserOrigin::Prompt)),
+        model(32_000),
+    ])
+    .unwrap();
+    let (seen, rec) = recording();
+    condense_engine::recover::prepare(&s.projection().unwrap(), &rec).expect("recovers");
+    let read = seen.lock().unwrap().concat();
+    assert!(read.contains("I will write the parser."), "{read}");
+    assert!(!read.contains("PRIVATE-REASONING") && !read.contains("OPAQUE-SIGNATURE"), "{read}");
+    assert!(matches!(s.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
+    let handoff = s.prepare().unwrap().messages[0].text();
+    assert!(!handoff.contains("PRIVATE-REASONING") && !handoff.contains("OPAQUE-SIGNATURE"), "{handoff}");
+    let search = s.history_tool("history_search", r#"{"keywords":["PRIVATE-REASONING","OPAQUE-SIGNATURE-123","parser"]}"#).unwrap().text;
+    assert!(!search.contains("PRIVATE-REASONING") && !search.contains("OPAQUE-SIGNATURE"), "{search}");
+    let page = s.history_tool("history_read", r#"{"id":"a1"}"#).unwrap();
+    assert!(!page.is_error && page.text.contains("I will write the parser."), "{}", page.text);
+    assert!(!page.text.contains("PRIVATE-REASONING") && !page.text.contains("OPAQUE-SIGNATURE"), "{}", page.text);
+}
+
+/// Seed 004: `read` without an archive finds an entry cited by an earlier recovery checkpoint, in the
+/// archive that holds it (the newest archive no longer does, the host compacted it away); another session
+/// reads none of this session's archives (it fails closed, naming what is missing); at most two committed
+/// views plus the one being read stay in memory, and a view built again reads the same.
+#[test]
+fn read_finds_entries_across_archives_and_another_session_reads_none() {
+    use condense_events::{Entry, Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
+    let s = archived(&store, "several", &["the first task about walruses".to_string(), "the second task".to_string()]);
+    s.append(vec![
+        SourceEvent::EntryAppended {
+            id: "hc".into(),
+            parent: Some("a1".into()),
+            entry: Entry::HostCompaction { summary: Some("HOST SUMMARY of the first two tasks".into()), first_kept: None, replacement: Vec::new(), tokens_before: None },
+        },
+        msg("u5", Some("hc"), Message::user_text("the third task about penguins", UserOrigin::Prompt)),
+    ])
+    .unwrap();
+    assert_eq!(s.archive_now().unwrap(), "a2");
+    let read = |s: &condense_engine::Session, args: &str| s.history_tool("history_read", args).unwrap();
+    // The newest archive does not hold u0; the first does.
+    assert!(read(&s, r#"{"id":"u0","archive":"a2"}"#).is_error);
+    let found = read(&s, r#"{"id":"u0"}"#);
+    assert!(!found.is_error && found.text.contains("walruses") && found.text.contains("\"archive\":\"a1\""), "{}", found.text);
+    let newest = read(&s, r#"{"id":"u5"}"#);
+    assert!(!newest.is_error && newest.text.contains("penguins") && newest.text.contains("\"archive\":\"a2\""), "{}", newest.text);
+    // Another session: nothing of this one.
+    let other = unpruned(&store, "other");
+    other.append(vec![model(200_000), msg("u0", None, Message::user_text("unrelated", UserOrigin::Prompt))]).unwrap();
+    for (tool, args) in [("history_read", r#"{"id":"u0","archive":"a1"}"#), ("history_read", r#"{"id":"u0"}"#), ("history_search", r#"{"keywords":["walruses"]}"#), ("history_search", r#"{"keywords":["walruses"],"archive":"a1"}"#)] {
+        let a = other.history_tool(tool, args).unwrap();
+        assert!(a.is_error && !a.text.contains("walruses"), "{tool} {args}: {}", a.text);
+    }
+    // The cache: four archives read, at most three held; the first, built again, reads the same.
+    let more = archived(&store, "more", &["a fourth session's text".to_string()]);
+    let last = archived(&store, "last", &["a fifth session's text".to_string()]);
+    for (session, id) in [(&more, "u0"), (&last, "u0"), (&s, "u5")] {
+        assert!(!read(session, &format!("{{\"id\":\"{id}\"}}")).is_error);
+        assert!(store.cached_archives() <= 3, "{} views held", store.cached_archives());
+    }
+    assert_eq!(read(&s, r#"{"id":"u0","archive":"a1"}"#).text, found.text);
+}

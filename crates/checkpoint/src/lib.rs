@@ -478,6 +478,11 @@ mod tests {
         // No output limit known: reserve wins over 5%.
         let b = Budget::new(1_000_000, None, DEFAULT_RESERVE);
         assert_eq!((b.headroom, b.hard), (50_000, 950_000));
+        // The output allowance is capped at 25% of the window: 60k of 100k counts 25k (uncapped: 60k).
+        let b = Budget::new(100_000, Some(60_000), 0);
+        assert_eq!((b.headroom, b.hard), (25_000, 75_000));
+        // Below every other term the 5% floor holds.
+        assert_eq!(Budget::new(100_000, Some(1_000), 0).headroom, 5_000);
         assert_eq!(Budget::new(200_000, Some(32_000), DEFAULT_RESERVE).tail_target(8_000), 20_000);
         // 32k window: the 16,384 reserve is capped at 16,000, so the hard budget is 16,000.
         assert_eq!(Budget::new(32_000, None, DEFAULT_RESERVE).tail_target(2_000), 7_000);

@@ -205,6 +205,12 @@ impl Store {
         Ok(())
     }
 
+    /// How many archive views are held in memory (seed 004: at most two committed views plus the one being
+    /// read; older ones are built again from the log when read).
+    pub fn cached_archives(&self) -> usize {
+        self.inner.archives.lock().expect("archive cache lock").len()
+    }
+
     /// Opens an existing session by name.
     pub fn session(&self, name: &str) -> Result<Session> {
         let id = self.inner.log.session_id(name)?.ok_or_else(|| EngineError::UnknownSession(name.to_string()))?;
