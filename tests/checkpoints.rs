@@ -359,6 +359,46 @@ fn summary_failure_then_retained_tail_recovery() {
     condense_tests::snapshot!("summary_failure_then_retained_tail_recovery", req);
 }
 
+/// A summarizer that writes a handoff and then says its preparation must stop (its request given up).
+struct StoppedAfterwards;
+
+impl condense_summarize::Summarizer for StoppedAfterwards {
+    fn name(&self) -> &str {
+        "stopped"
+    }
+    fn summarize(&self, batch: &[condense_summarize::Item<'_>]) -> Result<Vec<String>, condense_summarize::SummarizeError> {
+        condense_summarize::Extractive::default().summarize(batch)
+    }
+    fn handoff(&self, _: &str, _: usize) -> condense_tests::HandoffResult {
+        Ok(Some("a handoff written as the request was given up".into()))
+    }
+    fn stopped(&self) -> Option<String> {
+        Some("the client gave the request up".into())
+    }
+}
+
+/// ADR 0030: compaction is abortable. A checkpoint whose summary was being written when its preparation
+/// was stopped commits nothing (a `PREPARATION_STOPPED` failure is recorded); the next request checkpoints
+/// as before.
+#[test]
+fn a_stopped_compaction_commits_nothing_and_the_next_request_checkpoints() {
+    let mut l = Live::new(8_000);
+    l.prompt("Port the parser.");
+    for i in 0..8 {
+        l.turn(&format!("c{i}"), lines(&format!("f{i}"), 80)).unwrap();
+    }
+    l.turn("c8", lines("f8", 400)).unwrap();
+    let s = l.s.projection().unwrap().index().checkpoints.len();
+    let stopped: std::sync::Arc<dyn condense_summarize::Summarizer> = std::sync::Arc::new(StoppedAfterwards);
+    let err = l.s.with_summarizer(Some(stopped), || l.s.prepare()).unwrap_err();
+    assert!(matches!(&err, EngineError::CompactionFailed { code, .. } if code == condense_engine::recover::PREPARATION_STOPPED), "{err}");
+    let p = l.s.projection().unwrap();
+    assert_eq!(p.index().checkpoints.len(), s, "nothing committed");
+    assert_eq!(p.index().checkpoint_failures.last().unwrap().0, condense_engine::recover::PREPARATION_STOPPED);
+    l.s.prepare().unwrap();
+    assert_eq!(l.s.projection().unwrap().index().checkpoints.len(), s + 1);
+}
+
 #[test]
 fn provider_usage_anchors_the_estimate() {
     // Hard budget of a 20k window: 10,000 tokens, 100 of them kept for a notice.

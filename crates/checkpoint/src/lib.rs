@@ -40,6 +40,9 @@ pub const DEFAULT_RESERVE: u64 = 16_384;
 pub const TAIL_CAP: u64 = 20_000;
 /// The stable error code of a checkpoint that could not bring the context under budget.
 pub const CONTEXT_COMPACTION_FAILED: &str = "CONTEXT_COMPACTION_FAILED";
+/// The stable code of a checkpoint or recovery whose preparation was stopped (its request given up, or new
+/// owner input arrived) before it committed anything.
+pub const PREPARATION_STOPPED: &str = "PREPARATION_STOPPED";
 
 /// The token budget of one model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

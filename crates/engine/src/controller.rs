@@ -222,6 +222,11 @@ pub fn decide_for(p: &Projection, reason: Reason, summarizer: &dyn condense_summ
         // The summary failed: go straight to the retained-tail recovery.
         Err(_) => None,
     };
+    // Compaction is abortable (ADR 0030): a preparation stopped while its summary was written commits
+    // nothing; the next request prepares again.
+    if let Some(why) = summarizer.stopped() {
+        return Outcome::Failed(started, DecisionEvent::CheckpointFailed { code: condense_checkpoint::PREPARATION_STOPPED.into(), reason: why });
+    }
     // The moves, in order (docs/checkpoints.md, "When even a checkpoint does not fit"): 1. the summary
     // with the retained tail; 2. the retained-tail recovery (a marker instead of the summary); 3. the
     // marker alone, no prompts retained; 4. the final batch cut to the room that is left (a smaller

@@ -36,6 +36,8 @@ pub enum Blocked {
     NoRoom(u64, u64),
     /// The preparation ran past its overall deadline.
     Deadline(u64),
+    /// Cancelled, or new owner input arrived: the preparation stopped (the reason).
+    Stopped(String),
 }
 
 impl std::fmt::Display for Blocked {
@@ -51,6 +53,7 @@ impl std::fmt::Display for Blocked {
             Blocked::Oversized(b, max) => write!(f, "the handoff is {b} bytes, over its bound of {max}"),
             Blocked::NoRoom(t, hard) => write!(f, "with the handoff the context is still {t} tokens, over {hard}"),
             Blocked::Deadline(s) => write!(f, "preparation ran past its {s}-second deadline"),
+            Blocked::Stopped(why) => write!(f, "preparation stopped: {why}"),
         }
     }
 }
@@ -60,6 +63,8 @@ pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The stable code of a recovery that failed closed.
 pub const RECOVERY_BLOCKED: &str = "RECOVERY_BLOCKED";
+
+pub use condense_checkpoint::PREPARATION_STOPPED;
 
 /// Whether the payload guard applies: recovery is on, the session is in a model transition, and the new
 /// window is known and at least 8,192 tokens.
@@ -205,6 +210,9 @@ pub fn prepare_within(
         if started.elapsed() > deadline {
             return Err(Blocked::Deadline(deadline.as_secs()));
         }
+        if let Some(why) = summarizer.stopped() {
+            return Err(Blocked::Stopped(why));
+        }
         summarizer_calls += 1;
         match summarizer.recovery_handoff(piece, per_piece).map_err(|e| Blocked::SummaryFailed(e.to_string()))? {
             Some(s) if s.len() > per_piece => return Err(Blocked::Oversized(s.len(), per_piece as u64)),
@@ -285,6 +293,10 @@ pub fn prepare_within(
     }
     if let DecisionEvent::CheckpointCommitted(c) = &mut cp {
         c.tokens_after = after;
+    }
+    // The last point before the commit: stopped now, nothing is committed.
+    if let Some(why) = summarizer.stopped() {
+        return Err(Blocked::Stopped(why));
     }
     let note = DecisionEvent::Note {
         stage: "recovery".into(),

@@ -587,10 +587,11 @@ impl Session {
                     self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(note)])?;
                 }
                 Err(why) => {
-                    let failed = DecisionEvent::CheckpointFailed { code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() };
+                    let code = if matches!(why, recover::Blocked::Stopped(_)) { recover::PREPARATION_STOPPED } else { recover::RECOVERY_BLOCKED };
+                    let failed = DecisionEvent::CheckpointFailed { code: code.into(), reason: why.to_string() };
                     let note = DecisionEvent::Note { stage: "recovery".into(), text: format!("{}: {why}", recover::DIAG_BLOCKED) };
                     self.append_locked(&mut proj, vec![Event::Decision(started), Event::Decision(note), Event::Decision(failed)])?;
-                    return Err(EngineError::CompactionFailed { name: self.name.clone(), code: recover::RECOVERY_BLOCKED.into(), reason: why.to_string() });
+                    return Err(EngineError::CompactionFailed { name: self.name.clone(), code: code.into(), reason: why.to_string() });
                 }
             }
         }

@@ -107,6 +107,8 @@ struct Inner {
     counter: u64,
     /// Summary requests are answered with a 500 instead of a summary.
     fail_summaries: bool,
+    /// Summary requests are answered after this many milliseconds.
+    summary_delay_ms: u64,
 }
 
 /// A running fake provider.
@@ -163,6 +165,11 @@ impl Fake {
     /// Whether summary requests fail (a 500) from now on.
     pub fn fail_summaries(&self, fail: bool) {
         self.inner.lock().expect("fake lock").fail_summaries = fail;
+    }
+
+    /// Summary requests are answered after `ms` milliseconds from now on (logged as they arrive).
+    pub fn delay_summaries(&self, ms: u64) {
+        self.inner.lock().expect("fake lock").summary_delay_ms = ms;
     }
 }
 
@@ -278,9 +285,15 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         let input = summary_input(api, &logged.body);
         let model = logged.body.get("model").and_then(Value::as_str).unwrap_or("fake-model").to_string();
         logged.summary = Some(kind);
-        let mut s = state.lock().expect("fake lock");
-        s.log.push(logged);
-        if s.fail_summaries {
+        let (fail, delay) = {
+            let mut s = state.lock().expect("fake lock");
+            s.log.push(logged);
+            (s.fail_summaries, s.summary_delay_ms)
+        };
+        if delay > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
+        if fail {
             return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": {"message": "summaries are down", "type": "api_error"}}))).into_response();
         }
         return axum::Json(text_reply(api, &model, &summary_answer(kind, &input))).into_response();

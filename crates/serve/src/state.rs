@@ -35,7 +35,34 @@ const PHASES: [&str; 5] = ["parse", "wait", "record", "build", "body"];
 /// How many recent requests the latency figures cover.
 const LATENCY_WINDOW: usize = 100;
 
-pub(crate) type ConvRef = Arc<AsyncMutex<Conv>>;
+pub(crate) type ConvRef = Arc<ConvCell>;
+
+/// An open conversation: the lock its requests take in turn, and the requests waiting for it (a
+/// preparation that sees one with more messages than its own waiting stops: seed 004's "new owner input").
+pub(crate) struct ConvCell {
+    pub(crate) cell: Arc<AsyncMutex<Conv>>,
+    pub(crate) waiting: Arc<std::sync::Mutex<Waiting>>,
+}
+
+/// The requests waiting for a conversation: a ticket each, with how many messages its list holds.
+#[derive(Default)]
+pub(crate) struct Waiting {
+    pub(crate) next: u64,
+    pub(crate) items: BTreeMap<u64, usize>,
+}
+
+impl ConvCell {
+    pub(crate) fn new(conv: Conv) -> ConvCell {
+        ConvCell { cell: Arc::new(AsyncMutex::new(conv)), waiting: Arc::default() }
+    }
+}
+
+impl std::ops::Deref for ConvCell {
+    type Target = AsyncMutex<Conv>;
+    fn deref(&self) -> &AsyncMutex<Conv> {
+        &self.cell
+    }
+}
 
 /// The open conversations by identity, each with when a request last took it (a count of lookups), and
 /// what serve keeps of those it closed to bound its memory ([`crate::conv::Parked`]).

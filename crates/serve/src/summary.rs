@@ -51,6 +51,9 @@ impl std::fmt::Debug for Route {
     }
 }
 
+/// Why a preparation must stop now, if it must (see [`Summarizer::stopped`]).
+pub(crate) type Stop = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
 /// Per call: connecting and every wait for the server.
 const IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 /// Per call, the whole of it, and never past the recovery's deadline (`recover::DEADLINE`, 600 s, from
@@ -60,13 +63,13 @@ const TOTAL: std::time::Duration = std::time::Duration::from_secs(120);
 impl Route {
     /// The summarizer for a preparation of a session whose native model is `native`: the upstream's
     /// model, the extractive summarizer standing in for every call that fails.
-    pub(crate) fn summarizer(&self, native: &str) -> Arc<dyn Summarizer> {
+    pub(crate) fn summarizer(&self, native: &str, stop: Option<Stop>) -> Arc<dyn Summarizer> {
         let model = self.model.clone().unwrap_or_else(|| native.to_string());
         let mut cfg = HttpConfig::new(&self.base, &model, None);
         (cfg.idle, cfg.total) = (IDLE, TOTAL);
         cfg.api = self.api;
         cfg.extra = self.reasoning.clone();
-        let upstream = Through { cfg, headers: self.headers.clone(), all: self.all, started: std::time::Instant::now() };
+        let upstream = Through { cfg, headers: self.headers.clone(), all: self.all, started: std::time::Instant::now(), stop };
         let fallbacks = self.fallbacks.clone();
         let notice = move |_: u64, reason: &str| {
             fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -85,6 +88,8 @@ struct Through {
     all: bool,
     /// When the preparation that uses it began: no call runs past the recovery's deadline.
     started: std::time::Instant,
+    /// What stops the preparation (its request given up, newer input waiting).
+    stop: Option<Stop>,
 }
 
 impl Through {
@@ -129,6 +134,10 @@ impl Summarizer for Through {
     fn recovery_handoff(&self, piece: &str, max_chars: usize) -> Result<Option<String>, SummarizeError> {
         self.http()?.recovery_handoff(piece, max_chars)
     }
+
+    fn stopped(&self) -> Option<String> {
+        self.stop.as_ref().and_then(|s| s())
+    }
 }
 
 #[cfg(test)]
@@ -141,17 +150,17 @@ mod tests {
     fn no_call_starts_past_the_deadline() {
         // An address nothing listens on: a call that were made would fail otherwise, and slowly.
         let cfg = HttpConfig::new("http://127.0.0.1:9/v1", "m", None);
-        let late = Through { cfg: cfg.clone(), headers: Default::default(), all: true, started: std::time::Instant::now() - condense_engine::recover::DEADLINE - std::time::Duration::from_secs(1) };
+        let late = Through { cfg: cfg.clone(), headers: Default::default(), all: true, started: std::time::Instant::now() - condense_engine::recover::DEADLINE - std::time::Duration::from_secs(1), stop: None };
         let t = std::time::Instant::now();
         let e = late.recovery_handoff("[e1] user: hello\n", 1000).unwrap_err();
         assert!(e.to_string().contains("deadline"), "{e}");
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
         // In time, the call is made (and fails here on the closed port, with the cause).
-        let on_time = Through { cfg, headers: Default::default(), all: true, started: std::time::Instant::now() };
+        let on_time = Through { cfg, headers: Default::default(), all: true, started: std::time::Instant::now(), stop: None };
         let e = on_time.recovery_handoff("[e1] user: hello\n", 1000).unwrap_err();
         assert!(!e.to_string().contains("deadline"), "{e}");
         // Batch summaries and checkpoint handoffs stay extractive unless `all`.
-        let handoffs_only = Through { cfg: HttpConfig::new("http://127.0.0.1:9/v1", "m", None), headers: Default::default(), all: false, started: std::time::Instant::now() };
+        let handoffs_only = Through { cfg: HttpConfig::new("http://127.0.0.1:9/v1", "m", None), headers: Default::default(), all: false, started: std::time::Instant::now(), stop: None };
         assert_eq!(handoffs_only.handoff("[e1] user: hello\n", 1000).unwrap(), None);
     }
 }

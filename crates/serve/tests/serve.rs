@@ -1690,6 +1690,75 @@ fn newest_checkpoint_summary(s: &Setup) -> String {
     p.index().checkpoints.values().next_back().expect("a checkpoint").summary.to_string()
 }
 
+/// Polls `done` every 50 ms for at most 20 s.
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("not within 20 s: {what}");
+}
+
+/// Seeds 001 and 004 (issue 59): a preparation whose handoff a model writes through the upstream stops,
+/// committing nothing, when new owner input arrives (a request of the same conversation with more
+/// messages waits behind it: the first is answered 503 `PREPARATION_STOPPED` with `retry-after`, the new
+/// one recovers and goes through) and when its client gives the request up (the recovery stops at its
+/// next step; the client's retry recovers). Each stop is recorded as a failure; no checkpoint is
+/// committed but the one of the request that went through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preparation_stops_for_new_owner_input_or_a_request_given_up_and_commits_nothing() {
+    let state = |s: &Setup| {
+        let (_, session) = store_of(s);
+        let p = session.projection().unwrap();
+        let stopped = p.index().checkpoint_failures.iter().filter(|(code, _)| code == condense_engine::recover::PREPARATION_STOPPED).count();
+        (p.index().checkpoints.len(), stopped)
+    };
+    let handoffs = |s: &Setup| s.fake.log().iter().filter(|l| l.summary == Some("handoff")).count();
+    let send = |agent: &Agent| {
+        let mut rb = agent.http.post(format!("{}{}", agent.base, agent.path())).header("content-type", "application/json").body(agent.body().to_string());
+        for (k, v) in &agent.headers {
+            rb = rb.header(k, v);
+        }
+        tokio::spawn(rb.send())
+    };
+
+    // New owner input while the first request's handoff is being written.
+    let (s, mut agent) = switched_setup(Api::Chat, |_| {}).await;
+    s.fake.delay_summaries(1_500);
+    agent.model = "small-model".into();
+    agent.user("now continue on the small model");
+    let first = send(&agent);
+    eventually("a handoff request", || handoffs(&s) > 0).await;
+    s.fake.delay_summaries(0);
+    agent.user("no, stop: do this instead");
+    let second = send(&agent);
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 503);
+    assert_eq!(first.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    let text = first.text().await.unwrap();
+    assert!(text.contains("PREPARATION_STOPPED") && text.contains("new owner input"), "{text}");
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second.status(), 200, "{}", second.text().await.unwrap());
+    assert_eq!(state(&s), (1, 1), "one stop recorded; one checkpoint, the second request's");
+    assert!(newest_checkpoint_summary(&s).contains("summarized below by a model"));
+
+    // The client gives its request up while the handoff is being written.
+    let (s, mut agent) = switched_setup(Api::Chat, |_| {}).await;
+    s.fake.delay_summaries(1_500);
+    agent.model = "small-model".into();
+    agent.user("now continue on the small model");
+    let given_up = send(&agent);
+    eventually("a handoff request", || handoffs(&s) > 0).await;
+    given_up.abort();
+    eventually("the preparation stopped", || state(&s).1 == 1).await;
+    assert_eq!(state(&s).0, 0, "nothing committed");
+    s.fake.delay_summaries(0);
+    agent.run().await.unwrap();
+    assert_eq!(state(&s), (1, 1), "the retry recovers");
+}
+
 /// Issue 36 item 3: after a switch to a smaller model, serve has the recovery's handoff written by the
 /// session's native model through the same upstream, with the client's own credentials, one request per
 /// chronological piece within the input budget; the model's answers are the handoff.

@@ -89,6 +89,13 @@ pub trait Summarizer: Send + Sync {
     fn fallbacks(&self) -> Fallbacks {
         Fallbacks::default()
     }
+
+    /// Why the preparation this summarizer serves must stop now, if it must (seeds 001 and 004: the request
+    /// it prepares was abandoned, or new owner input arrived): a checkpoint or recovery then commits
+    /// nothing. Asked before each call and before a commit.
+    fn stopped(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The deterministic extractive summarizer.
@@ -409,6 +416,10 @@ impl<P: Summarizer, F: Summarizer> Summarizer for WithFallback<P, F> {
                 self.fallback.summarize(batch)
             }
         }
+    }
+
+    fn stopped(&self) -> Option<String> {
+        self.primary.stopped()
     }
 
     fn fallbacks(&self) -> Fallbacks {

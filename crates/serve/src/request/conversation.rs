@@ -6,16 +6,18 @@ use crate::request::read::Req;
 use crate::request::upstream::upstream_body;
 use crate::api;
 use crate::conv::{Built, Conv, ConvError, Recorded};
+use crate::summary::Stop;
 use condense_engine::{EngineError, Store};
 use condense_events::Message;
 use condense_formats::wire;
 use serde_json::json;
-use std::sync::Arc;
-use tokio::sync::Mutex as AsyncMutex;
+use crate::state::Waiting;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Runs engine work for a conversation on a blocking thread, with the conversation locked.
 pub(crate) async fn with_conv<R: Send + 'static>(conv: &ConvRef, f: impl FnOnce(&mut Conv) -> R + Send + 'static) -> R {
-    let mut guard = conv.clone().lock_owned().await;
+    let mut guard = conv.cell.clone().lock_owned().await;
     tokio::task::spawn_blocking(move || {
         let session = guard.session.clone();
         session.pinned(|| {
@@ -84,7 +86,7 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
     if let Some(p) = convs.parked.remove(&identity) {
         opened.restore(p);
     }
-    let c = Arc::new(AsyncMutex::new(opened));
+    let c = Arc::new(crate::state::ConvCell::new(opened));
     convs.open.insert(identity, (c.clone(), tick));
     close_idle(&mut convs, st.cfg.warm_bytes);
     Ok(Some(c))
@@ -100,7 +102,7 @@ fn close_idle(convs: &mut crate::state::Convs, bound: u64) {
     for id in condense_engine::least_recently_used(entries, usize::MAX, bound) {
         let Some((c, _)) = convs.open.remove(&id) else { continue };
         // Nothing else holds it (clones are taken under the lock this holds), so it unwraps.
-        if let Ok(m) = Arc::try_unwrap(c) {
+        if let Some(m) = Arc::try_unwrap(c).ok().and_then(|c| Arc::try_unwrap(c.cell).ok()) {
             convs.parked.insert(id, m.into_inner().park());
         }
     }
@@ -263,12 +265,19 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
     let limits = st.model_limits(&model);
     let (raw, internal, overhead) = (req.raw.clone(), req.internal.clone(), req.overhead);
     let fields = req.fields.clone();
-    with_conv(conv, move |c| -> Result<Prepared, ConvError> {
+    // Abortable (seeds 001 and 004): a summary or handoff this preparation writes through the upstream
+    // stops, committing nothing, when the client gives the request up or a newer request of the
+    // conversation (new owner input) waits behind it.
+    let items = raw.items.len();
+    let (stop, abandoned) = stop_for(&conv.waiting, items);
+    let queued_here = Queued::new(&conv.waiting, items);
+    let result = with_conv(conv, move |c| -> Result<Prepared, ConvError> {
+        drop(queued_here);
         let t0 = std::time::Instant::now();
         let wait = t0 - queued;
         let rec = c.record_request(api, &raw, &model, limits, overhead, &internal)?;
         let t1 = std::time::Instant::now();
-        let mut built = c.build(api, &raw, &rec, &internal)?;
+        let mut built = c.build(api, &raw, &rec, &internal, Some(stop.clone()))?;
         let t2 = std::time::Instant::now();
         let (mut body, mut list_at) = upstream_body(api, &raw.buf, &fields, &mut built);
         let t3 = std::time::Instant::now();
@@ -277,7 +286,7 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
         match c.session.guard_payload(body.len() as u64) {
             Ok(()) => {}
             Err(EngineError::ContextOverflow { .. }) => {
-                built = c.build(api, &raw, &rec, &internal)?;
+                built = c.build(api, &raw, &rec, &internal, Some(stop))?;
                 (body, list_at) = upstream_body(api, &raw.buf, &fields, &mut built);
             }
             Err(e) => return Err(e.into()),
@@ -289,5 +298,65 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
         let sent = c.note_sent(&body[list_at], limits.map(|l| l.context_window));
         Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2], c.ledger.clone(), c.session.id(), sent))
     })
-    .await
+    .await;
+    abandoned.defuse();
+    result
+}
+
+/// A request waiting for its conversation, with the messages its list holds (in [`Waiting`] from before
+/// it waits until it holds the conversation, or until it is given up).
+struct Queued(Arc<Mutex<Waiting>>, u64);
+
+impl Queued {
+    fn new(waiting: &Arc<Mutex<Waiting>>, items: usize) -> Queued {
+        let mut w = waiting.lock().expect("waiting lock");
+        let ticket = w.next;
+        w.next += 1;
+        w.items.insert(ticket, items);
+        Queued(waiting.clone(), ticket)
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.lock().expect("waiting lock").items.remove(&self.1);
+    }
+}
+
+/// Set when the request that prepares is given up by its client (the handler's future dropped before the
+/// preparation ended); [`Abandoned::defuse`] once it has.
+pub(crate) struct Abandoned(Option<Arc<AtomicBool>>);
+
+impl Abandoned {
+    pub(crate) fn defuse(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if let Some(flag) = &self.0 {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A stop for one preparation, of a request whose list holds `items` messages, of a conversation whose
+/// waiting requests `waiting` holds; and what sets it when the request is given up. New owner input is a
+/// waiting request with more messages: a client's retry of the same request, or a side request of the
+/// same conversation (a title, a count), holds no more, and stopping for those would let two requests stop
+/// each other in turn.
+pub(crate) fn stop_for(waiting: &Arc<Mutex<Waiting>>, items: usize) -> (Stop, Abandoned) {
+    let flag = Arc::new(AtomicBool::new(false));
+    let (gone, waiting) = (flag.clone(), waiting.clone());
+    let stop: Stop = Arc::new(move || {
+        if gone.load(Ordering::SeqCst) {
+            Some("the client gave the request up".to_string())
+        } else if waiting.lock().expect("waiting lock").items.values().any(|n| *n > items) {
+            Some("a newer request of this conversation arrived (new owner input)".to_string())
+        } else {
+            None
+        }
+    });
+    (stop, Abandoned(Some(flag)))
 }

@@ -85,6 +85,11 @@ pub(crate) fn retry_after(mut r: Response, seconds: &'static str) -> Response {
 
 pub(crate) fn engine_error(api: Api, e: &EngineError) -> Response {
     match e {
+        // A preparation stopped (its request given up, or newer input waiting) committed nothing: the
+        // request may be sent again.
+        EngineError::CompactionFailed { code, reason, .. } if code == condense_engine::recover::PREPARATION_STOPPED => {
+            retry_after(api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &format!("condense serve: {code}: {reason}")), "1")
+        }
         EngineError::CompactionFailed { code, reason, .. } => {
             // The stable code first; a more specific one (PROVIDER_OVERFLOW_AFTER_RETRY) after it.
             let message = if code == CONTEXT_COMPACTION_FAILED { format!("{code}: {reason}") } else { format!("{CONTEXT_COMPACTION_FAILED}: {code}: {reason}") };
