@@ -1715,7 +1715,6 @@ async fn a_preparation_stops_for_new_owner_input_or_a_request_given_up_and_commi
         let stopped = p.index().checkpoint_failures.iter().filter(|(code, _)| code == condense_engine::recover::PREPARATION_STOPPED).count();
         (p.index().checkpoints.len(), stopped)
     };
-    let handoffs = |s: &Setup| s.fake.log().iter().filter(|l| l.summary == Some("handoff")).count();
     let send = |agent: &Agent| {
         let mut rb = agent.http.post(format!("{}{}", agent.base, agent.path())).header("content-type", "application/json").body(agent.body().to_string());
         for (k, v) in &agent.headers {
@@ -1723,15 +1722,20 @@ async fn a_preparation_stops_for_new_owner_input_or_a_request_given_up_and_commi
         }
         tokio::spawn(rb.send())
     };
+    // A switch to the small model whose first request is sent, and waits on its first handoff (1.5 s).
+    let slow_switch = || async {
+        let (s, mut agent) = switched_setup(Api::Chat, |_| {}).await;
+        s.fake.delay_summaries(1_500);
+        agent.model = "small-model".into();
+        agent.user("now continue on the small model");
+        let first = send(&agent);
+        eventually("a handoff request", || s.fake.log().iter().any(|l| l.summary == Some("handoff"))).await;
+        s.fake.delay_summaries(0);
+        (s, agent, first)
+    };
 
     // New owner input while the first request's handoff is being written.
-    let (s, mut agent) = switched_setup(Api::Chat, |_| {}).await;
-    s.fake.delay_summaries(1_500);
-    agent.model = "small-model".into();
-    agent.user("now continue on the small model");
-    let first = send(&agent);
-    eventually("a handoff request", || handoffs(&s) > 0).await;
-    s.fake.delay_summaries(0);
+    let (s, mut agent, first) = slow_switch().await;
     agent.user("no, stop: do this instead");
     let second = send(&agent);
     let first = first.await.unwrap().unwrap();
@@ -1745,16 +1749,10 @@ async fn a_preparation_stops_for_new_owner_input_or_a_request_given_up_and_commi
     assert!(newest_checkpoint_summary(&s).contains("summarized below by a model"));
 
     // The client gives its request up while the handoff is being written.
-    let (s, mut agent) = switched_setup(Api::Chat, |_| {}).await;
-    s.fake.delay_summaries(1_500);
-    agent.model = "small-model".into();
-    agent.user("now continue on the small model");
-    let given_up = send(&agent);
-    eventually("a handoff request", || handoffs(&s) > 0).await;
+    let (s, mut agent, given_up) = slow_switch().await;
     given_up.abort();
     eventually("the preparation stopped", || state(&s).1 == 1).await;
     assert_eq!(state(&s).0, 0, "nothing committed");
-    s.fake.delay_summaries(0);
     agent.run().await.unwrap();
     assert_eq!(state(&s), (1, 1), "the retry recovers");
 }
