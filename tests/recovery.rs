@@ -809,3 +809,32 @@ fn read_finds_entries_across_archives_and_another_session_reads_none() {
     }
     assert_eq!(read(&s, r#"{"id":"u0","archive":"a1"}"#).text, found.text);
 }
+
+/// Seed 004: the final payload check runs on every request of the transition, the one carrying a fresh
+/// recovery too. A host whose bytes for that request are over the new model's limit (its framing, its
+/// own additions) gets a typed refusal that names both figures, failing closed, and no second overflow is
+/// recorded for a request the provider never saw; within the limit the request goes.
+#[test]
+fn the_request_carrying_a_recovery_gets_the_final_payload_check() {
+    use condense_events::{Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let store = condense_tests::open_store(dir.path()).unwrap();
+    let noisy: Vec<String> = (0..60).map(|i| format!("request {i}: {}", "x".repeat(2000))).collect();
+    let s = archived(&store, "final", &noisy);
+    s.append(vec![msg("u99", Some("a59"), Message::user_text("next", UserOrigin::Prompt)), model(32_000)]).unwrap();
+    assert!(matches!(s.guard_payload(10_000_000), Err(EngineError::ContextOverflow { .. })));
+    s.prepare().unwrap();
+    let p = s.projection().unwrap();
+    assert!(p.overflow_answered(), "the recovery is prepared");
+    let limit = condense_engine::recover::payload_limit(&p).unwrap();
+    match s.guard_payload(limit + 1) {
+        Err(EngineError::CompactionFailed { code, reason, .. }) => {
+            assert_eq!(code, condense_engine::recover::RECOVERY_BLOCKED);
+            assert!(reason.contains(&format!("{} bytes", limit + 1)) && reason.contains(&limit.to_string()), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let p = s.projection().unwrap();
+    assert_eq!(p.overflow_streak(), 1, "no second overflow recorded");
+    assert!(s.guard_payload(limit).is_ok());
+}

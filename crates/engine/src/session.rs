@@ -535,16 +535,22 @@ impl Session {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
-        // A recovery prepared for this overflow fitted the context by the engine's measure (the rendered
-        // context and the request's overhead against the hard budget): it is sent, and the provider
-        // judges it. Measuring it again by the bytes sent (JSON framing, tool declarations) found it over
-        // and recorded a second overflow the provider never saw (issue 36).
-        if !recover::guard_active(&proj) || proj.overflow_answered() {
+        if !recover::guard_active(&proj) {
             return Ok(());
         }
         let Some(limit) = recover::payload_limit(&proj) else { return Ok(()) };
         if bytes <= limit {
             return Ok(());
+        }
+        // The request that carries a recovery prepared for this overflow is checked too (seed 004: the
+        // final payload check is distinct from preparation's bounds), but never recorded as a second
+        // overflow the provider did not see (issue 36): over the limit it is refused, failing closed,
+        // and the overflow stays answered.
+        if proj.overflow_answered() {
+            let reason = format!("the request carrying the recovery is {bytes} bytes, over the final payload limit of {limit} for the new model");
+            let note = DecisionEvent::Note { stage: "recovery".into(), text: format!("{}: {reason}", recover::DIAG_BLOCKED) };
+            self.append_locked(&mut proj, vec![Event::Decision(note)])?;
+            return Err(EngineError::CompactionFailed { name: self.name.clone(), code: recover::RECOVERY_BLOCKED.into(), reason });
         }
         let message = format!("payload guard: {bytes} bytes over {limit} for the new model");
         self.append_locked(&mut proj, vec![Event::Source(SourceEvent::ProviderOverflow { message })])?;

@@ -1622,7 +1622,7 @@ async fn a_session_that_moves_while_a_request_is_recorded_is_folded_again_and_th
 /// after the recovery had fitted the context by its own estimate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepared_recovery_is_sent_near_the_window() {
-    for api in [Api::Chat, Api::Anthropic] {
+    for api in [Api::Chat, Api::Anthropic, Api::Responses] {
         let mut sent_some = 0;
         for chars in (20_000..=34_000).step_by(2_000) {
             let models = vec![
