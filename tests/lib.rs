@@ -99,6 +99,7 @@ pub fn readable<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> String 
                 Block::Thinking(t) => format!("thinking {:?}", t.thinking.chars().take(30).collect::<String>()),
                 Block::ToolCall(c) => format!("call {}#{} {}", c.name, c.id, c.arguments),
                 Block::Image(i) => format!("image {}", i.mime),
+                Block::Opaque(o) => format!("opaque {} {}", o.kind, o.json),
             })
             .collect();
         let head = match &**m {

@@ -247,6 +247,22 @@ fn each_fail_closed_reason() {
         entry: Entry::Message(Message::Assistant { content: vec![Block::Text { text: "seen".into() }], model: None, stop: None, usage: None }),
     }]).unwrap();
     assert_eq!(prepare(&img.projection().unwrap(), &fake("default")), Err(Blocked::Image("i1".into())));
+    // A block of an unknown type (imported from a pi session that has one) fails closed before any
+    // summarizer call, naming the entry and the type.
+    let file = dir.path().join("hologram.jsonl");
+    std::fs::write(
+        &file,
+        "{\"type\":\"session\",\"version\":3,\"id\":\"h\",\"timestamp\":\"t\",\"cwd\":\"/w\"}\n\
+         {\"type\":\"message\",\"id\":\"m1\",\"parentId\":null,\"timestamp\":\"t\",\"message\":{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"look\"},{\"type\":\"hologram\",\"data\":\"zz\"}]}}\n\
+         {\"type\":\"message\",\"id\":\"m2\",\"parentId\":\"m1\",\"timestamp\":\"t\",\"message\":{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"seen\"}]}}\n",
+    )
+    .unwrap();
+    store.import_file(&file, "unknown").unwrap();
+    let unknown = store.session("unknown").unwrap();
+    unknown.append(vec![model(200_000), model(32_000)]).unwrap();
+    let (seen, rec) = recording();
+    assert_eq!(prepare(&unknown.projection().unwrap(), &rec), Err(Blocked::Unknown("m1".into(), "hologram".into())));
+    assert!(seen.lock().unwrap().is_empty(), "no summarizer call");
 }
 
 #[test]

@@ -186,6 +186,7 @@ fn checkpoint_originals(p: &Projection, checkpoints: &[u32], refs: &[u32], blob:
                             }
                             Block::ToolCall(c) => text.push_str(&format!("[tool call {} {}] {}", c.name, c.id, c.arguments)),
                             Block::Image(_) => text.push_str("[image]"),
+                            Block::Opaque(o) => text.push_str(&format!("[{} block] {}", o.kind, o.json)),
                         }
                         text.push('\n');
                     }

@@ -22,6 +22,8 @@ pub enum Blocked {
     Window(Option<u64>),
     /// An image block: recovery reads text only.
     Image(String),
+    /// A block of an unknown type (the entry, the type): recovery reads text only.
+    Unknown(String, String),
     /// More than 32 MiB of source.
     SourceTooLarge(usize),
     /// More pieces than the 64 summarizer invocations allowed.
@@ -46,6 +48,7 @@ impl std::fmt::Display for Blocked {
             Blocked::Disabled => write!(f, "recoverLargeContext is off"),
             Blocked::Window(w) => write!(f, "the new model's window ({w:?}) is unknown or below {MIN_WINDOW} tokens"),
             Blocked::Image(id) => write!(f, "entry `{id}` holds an image; recovery reads text only"),
+            Blocked::Unknown(id, kind) => write!(f, "entry `{id}` holds a block of unknown type `{kind}`; recovery reads text only"),
             Blocked::SourceTooLarge(b) => write!(f, "{b} bytes of source, more than {MAX_SOURCE_BYTES}"),
             Blocked::TooManyInvocations(n) => write!(f, "{n} pieces need more than {MAX_INVOCATIONS} summarizer invocations"),
             Blocked::SummaryFailed(e) => write!(f, "the summarizer failed: {e}"),
@@ -147,7 +150,10 @@ pub fn prepare_within(
     let mut pieces: Vec<String> = vec![String::new()];
     let mut total = 0;
     for (k, (_, m)) in covered.iter().enumerate() {
-        let t = condense_recovery::public_text(m).ok_or_else(|| Blocked::Image(cite(k)))?;
+        let t = condense_recovery::public_text(m).map_err(|u| match u {
+            condense_recovery::Unreadable::Image => Blocked::Image(cite(k)),
+            condense_recovery::Unreadable::Unknown(kind) => Blocked::Unknown(cite(k), kind),
+        })?;
         total += t.len();
         if total > MAX_SOURCE_BYTES {
             return Err(Blocked::SourceTooLarge(total));

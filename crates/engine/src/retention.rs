@@ -34,7 +34,7 @@ fn shown_blocks(m: &Message) -> impl Iterator<Item = std::borrow::Cow<'_, str>> 
             }
             std::borrow::Cow::Owned(shown)
         }
-        Block::Thinking(_) | Block::Image(_) => std::borrow::Cow::Borrowed(""),
+        Block::Thinking(_) | Block::Image(_) | Block::Opaque(_) => std::borrow::Cow::Borrowed(""),
     })
 }
 
@@ -54,7 +54,7 @@ fn used_facts(m: &Message, out: &mut impl FactSet) {
         match b {
             Block::Text { text } => facts_into(text, out),
             Block::ToolCall(c) => argument_facts_into(&c.arguments, out),
-            Block::Thinking(_) | Block::Image(_) => {}
+            Block::Thinking(_) | Block::Image(_) | Block::Opaque(_) => {}
         }
     }
 }

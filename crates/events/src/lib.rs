@@ -34,7 +34,7 @@ pub use config::{
     normalize_count, BatchingMode, PruneConfig, PruneOn, RawConfig, AUTO_BUDGET_CAP, AUTO_BUDGET_PRESETS, LIVE_READS_CAP,
     AUTONOMOUS_AFTER_TURNS, AWAITING_REPLY_BUDGET, DEFAULT_AUTO_BUDGET, DEFAULT_LIVE_READS_TOKENS, DEFAULT_LIVE_READS_TURNS, FIRST_TURNS_BUDGET, IN_THE_LOOP_PROMPTS, MIN_BATCH_CHARS_PRESETS, RECOVERY_GRACE_PRESETS, ROLLING_WINDOW_PRESETS,
 };
-pub use message::{host_context_kind, host_summary_text, Block, Context, Image, Message, StopReason, Thinking, ToolCall, Usage, UserOrigin};
+pub use message::{host_context_kind, host_summary_text, Block, Context, Image, Message, Opaque, StopReason, Thinking, ToolCall, Usage, UserOrigin};
 
 use serde::{Deserialize, Serialize};
 

@@ -20,6 +20,19 @@ pub enum Block {
     ToolCall(Box<ToolCall>),
     /// An image, base64-encoded (or a reference the host understands).
     Image(Box<Image>),
+    /// A block of a kind condense does not model (a provider's newer block type): its type and its JSON as
+    /// the source wrote it. Kept so nothing is silently lost; recovery reads text only and fails closed on
+    /// one (seed 004).
+    Opaque(Box<Opaque>),
+}
+
+/// A block of an unmodelled kind ([`Block::Opaque`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opaque {
+    /// The block's `type` as the source named it.
+    pub kind: String,
+    /// The whole block as compact JSON text.
+    pub json: String,
 }
 
 /// Model reasoning ([`Block::Thinking`]).
@@ -67,6 +80,11 @@ impl Block {
         Block::Image(Box::new(Image { mime, data }))
     }
 
+    /// A block of an unmodelled kind.
+    pub fn opaque(kind: String, json: String) -> Block {
+        Block::Opaque(Box::new(Opaque { kind, json }))
+    }
+
     /// Short name of the block kind, as used in reports and snapshots.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -74,6 +92,7 @@ impl Block {
             Block::Thinking(_) => "thinking",
             Block::ToolCall(_) => "tool_call",
             Block::Image(_) => "image",
+            Block::Opaque(_) => "opaque",
         }
     }
 }
@@ -255,6 +274,7 @@ impl Message {
                 Block::Thinking(t) => t.thinking.len() + t.signature.as_ref().map_or(0, String::len),
                 Block::ToolCall(c) => c.id.len() + c.name.len() + c.arguments.len(),
                 Block::Image(i) => i.mime.len() + i.data.len(),
+                Block::Opaque(o) => o.kind.len() + o.json.len(),
             })
             .sum()
     }
@@ -276,6 +296,7 @@ impl Message {
                 }
                 Block::ToolCall(c) => [&mut c.id, &mut c.name, &mut c.arguments].into_iter().for_each(String::shrink_to_fit),
                 Block::Image(i) => [&mut i.mime, &mut i.data].into_iter().for_each(String::shrink_to_fit),
+                Block::Opaque(o) => [&mut o.kind, &mut o.json].into_iter().for_each(String::shrink_to_fit),
             }
         }
     }

@@ -218,7 +218,10 @@ pub(crate) fn assistant_blocks(content: Option<Value>, diag: &mut dyn FnMut(Stri
                         take_str(&mut b, "name").unwrap_or_default(),
                         b.get("input").map_or_else(|| "{}".to_string(), json_text),
                     )),
-                    other => diag(format!("unknown assistant block type {other:?} dropped")),
+                    other => {
+                        diag(format!("unknown assistant block type {other:?} kept as an opaque block"));
+                        out.push(Block::opaque(other.unwrap_or("").to_string(), json_text(&b)));
+                    }
                 }
             }
         }
@@ -238,7 +241,10 @@ pub(crate) fn result_blocks(content: Option<Value>, diag: &mut dyn FnMut(String)
                     Some("text") => out.push(Block::Text { text: take_str(&mut b, "text").unwrap_or_default() }),
                     Some("image") => out.push(image(&mut b)),
                     Some("tool_reference") => out.push(Block::Text { text: json_text(&b) }),
-                    other => diag(format!("unknown tool-result block type {other:?} dropped")),
+                    other => {
+                        diag(format!("unknown tool-result block type {other:?} kept as an opaque block"));
+                        out.push(Block::opaque(other.unwrap_or("").to_string(), json_text(&b)));
+                    }
                 }
             }
             out

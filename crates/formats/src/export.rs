@@ -36,12 +36,18 @@ fn neutral_message(m: &Message) -> Value {
     }
 }
 
+/// A block of an unmodelled kind as the client wrote it: it goes back to the API it came from unchanged.
+fn as_written(o: &condense_events::Opaque) -> Option<Value> {
+    serde_json::from_str(&o.json).ok()
+}
+
 fn neutral_block(b: &Block) -> Value {
     match b {
         Block::Text { text } => json!({"type": "text", "text": text}),
         Block::Thinking(t) => json!({"type": "thinking", "thinking": t.thinking, "signature": t.signature}),
         Block::ToolCall(c) => json!({"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}),
         Block::Image(i) => json!({"type": "image", "mime": i.mime, "data": i.data}),
+        Block::Opaque(o) => json!({"type": "opaque", "kind": o.kind, "json": o.json}),
     }
 }
 
@@ -91,6 +97,7 @@ pub fn openai<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
                                 Block::Image(i) => {
                                     Some(json!({"type": "image_url", "image_url": {"url": data_url(&i.mime, &i.data)}}))
                                 }
+                                Block::Opaque(o) => as_written(o),
                                 _ => None,
                             })
                             .collect(),
@@ -146,6 +153,7 @@ pub fn responses<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                     .filter_map(|b| match b {
                         Block::Text { text } => Some(json!({"type": "input_text", "text": text})),
                         Block::Image(i) => Some(json!({"type": "input_image", "image_url": data_url(&i.mime, &i.data)})),
+                        Block::Opaque(o) => as_written(o),
                         _ => None,
                     })
                     .collect();
@@ -236,6 +244,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                     .filter_map(|b| match b {
                         Block::Text { text } if !text.trim().is_empty() => Some(json!({"type": "text", "text": text})),
                         Block::Image(i) => Some(anthropic_image(&i.mime, &i.data)),
+                        Block::Opaque(o) => as_written(o),
                         _ => None,
                     })
                     .collect::<Vec<_>>(),
@@ -266,6 +275,7 @@ pub fn anthropic<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
                     .filter_map(|b| match b {
                         Block::Text { text } if !text.trim().is_empty() => Some(json!({"type": "text", "text": text})),
                         Block::Image(i) => Some(anthropic_image(&i.mime, &i.data)),
+                        Block::Opaque(o) => as_written(o),
                         _ => None,
                     })
                     .collect();

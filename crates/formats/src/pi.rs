@@ -192,7 +192,10 @@ fn message(mut m: Value, _line: u64, diag: &mut dyn FnMut(String)) -> Entry {
                             take_str(&mut b, "name").unwrap_or_default(),
                             b.get("arguments").map_or_else(|| "{}".to_string(), json_text),
                         )),
-                        other => diag(format!("unknown assistant block type {other:?} dropped")),
+                        other => {
+                            diag(format!("unknown assistant block type {other:?} kept as an opaque block"));
+                            content.push(Block::opaque(other.unwrap_or("").to_string(), json_text(&b)));
+                        }
                     }
                 }
             }
@@ -281,7 +284,10 @@ pub(crate) fn user_blocks(content: Value, diag: &mut dyn FnMut(String)) -> Vec<B
                         take_str(&mut b, "mimeType").unwrap_or_else(|| "image/png".into()),
                         take_str(&mut b, "data").unwrap_or_default(),
                     )),
-                    other => diag(format!("unknown content block type {other:?} dropped")),
+                    other => {
+                        diag(format!("unknown content block type {other:?} kept as an opaque block"));
+                        out.push(Block::opaque(other.unwrap_or("").to_string(), json_text(&b)));
+                    }
                 }
             }
             out

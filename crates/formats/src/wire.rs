@@ -723,13 +723,13 @@ fn anthropic_message(req: &mut WireRequest, i: usize, envelope: Map<String, Valu
     Ok(())
 }
 
-/// The neutral block of a block of Anthropic user content (text and images; anything else is kept as its
-/// JSON text so a fingerprint still sees it).
+/// The neutral block of a block of Anthropic user content: text and images; anything else is an opaque
+/// block holding its JSON (sent back as written; recovery fails closed on it).
 fn user_block(b: &Value) -> Block {
     match str_of(b, "type") {
         Some("text") => Block::Text { text: str_of(b, "text").unwrap_or("").to_string() },
         Some("image") => crate::claude::image(&mut b.clone()),
-        _ => Block::Text { text: json_text(b) },
+        other => Block::opaque(other.unwrap_or("").to_string(), json_text(b)),
     }
 }
 
@@ -754,13 +754,17 @@ pub fn name_results(messages: &mut [WireMessage]) {
 }
 
 /// Neutral blocks of a `content` that is a string or a list of parts (Chat, Responses): `image` reads a
-/// part as an image when it is one; any other part is its text, or its JSON text when it has none.
+/// part as an image when it is one; any other part is its text, or an opaque block holding its JSON when
+/// it has none (a file, audio: sent back as written; recovery fails closed on it).
 fn content_blocks(content: Field<'_, '_>, at: &str, image: impl Fn(&Value) -> Option<Block>) -> Result<Vec<Block>, WireError> {
     if let Some(Value::String(s)) = content.value() {
         return Ok(vec![Block::Text { text: s.clone() }]);
     }
     content.map_list(&format!("{at}.content"), |_, p| {
-        Ok(image(p).unwrap_or_else(|| Block::Text { text: str_of(p, "text").map_or_else(|| json_text(p), str::to_string) }))
+        Ok(image(p).unwrap_or_else(|| match str_of(p, "text") {
+            Some(text) => Block::Text { text: text.to_string() },
+            None => Block::opaque(str_of(p, "type").unwrap_or("").to_string(), json_text(p)),
+        }))
     })
 }
 

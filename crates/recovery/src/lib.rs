@@ -48,20 +48,30 @@ pub fn summary_budget(input_budget: u64, protected_bytes: u64) -> u64 {
     (input_budget / 8).min(16_384).saturating_sub(protected_bytes)
 }
 
+/// What recovery cannot read as text: it stops there rather than pass it on misrepresented (seed 004).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreadable {
+    /// An image block.
+    Image,
+    /// A block of a kind condense does not model (its type).
+    Unknown(String),
+}
+
 /// The public text of a message as recovery reads and archives it: its text, tool calls as `[call NAME
-/// ARGUMENTS]`; thinking and signatures are left out. `None` when it holds an image (recovery is
-/// text-only).
-pub fn public_text(m: &Message) -> Option<String> {
+/// ARGUMENTS]`; thinking and signatures are left out. An image or a block of an unknown kind is
+/// [`Unreadable`] (recovery is text-only and fails closed on both).
+pub fn public_text(m: &Message) -> Result<String, Unreadable> {
     let mut out = String::new();
     for b in m.content() {
         match b {
             Block::Text { text } => out.push_str(text),
             Block::ToolCall(c) => out.push_str(&format!("[call {} {}]", c.name, c.arguments)),
             Block::Thinking(_) => {}
-            Block::Image(_) => return None,
+            Block::Image(_) => return Err(Unreadable::Image),
+            Block::Opaque(o) => return Err(Unreadable::Unknown(o.kind.clone())),
         }
     }
-    Some(out)
+    Ok(out)
 }
 
 /// Why a tool call or an archive build was refused. Each message says what to pass instead.
@@ -99,6 +109,9 @@ pub enum RecoveryError {
     /// A block type recovery cannot read as text.
     #[error("entry `{0}` holds an image: recovery reads text only and stops here")]
     Image(String),
+    /// A block of a kind condense does not model.
+    #[error("entry `{0}` holds a block of unknown type `{1}`: recovery reads text only and stops here")]
+    Unknown(String, String),
 }
 
 /// One record of an archive.
@@ -158,7 +171,10 @@ impl Archive {
         let mut records = Vec::new();
         let mut bytes = 0;
         for (eid, m, tool_ref) in messages {
-            let text = public_text(m).ok_or_else(|| RecoveryError::Image(eid.to_string()))?;
+            let text = public_text(m).map_err(|u| match u {
+                Unreadable::Image => RecoveryError::Image(eid.to_string()),
+                Unreadable::Unknown(kind) => RecoveryError::Unknown(eid.to_string(), kind),
+            })?;
             let role = match m {
                 Message::User { origin: UserOrigin::Summary, .. } => "summary",
                 Message::User { .. } => "user",

@@ -160,7 +160,8 @@ pub fn check_from<M: std::ops::Deref<Target = Message>>(messages: &[M], from: us
                 let has = content.iter().any(|b| match b {
                     Block::Text { text } => !blank(text),
                     Block::ToolCall(_) | Block::Thinking(_) => true,
-                    Block::Image(_) => false,
+                    // Exports carry no assistant block of an unmodelled kind (the client's own bytes do).
+                    Block::Image(_) | Block::Opaque(_) => false,
                 });
                 if !has {
                     out.push(Violation::EmptyAssistant { at });
@@ -187,7 +188,8 @@ pub fn check_from<M: std::ops::Deref<Target = Message>>(messages: &[M], from: us
                 close(&mut pending, &mut out);
                 let has = content.iter().any(|b| match b {
                     Block::Text { text } => !blank(text),
-                    Block::Image(_) => true,
+                    // A block of an unmodelled kind goes back as the client wrote it.
+                    Block::Image(_) | Block::Opaque(_) => true,
                     Block::ToolCall(_) | Block::Thinking(_) => false,
                 });
                 if !has {

@@ -41,6 +41,7 @@ impl Visible {
                     v.calls.push((c.id.clone(), c.name.clone(), canonical(&c.arguments)));
                 }
                 Block::Image(i) => v.images.push(*blake3::hash(i.data.as_bytes()).as_bytes()),
+                Block::Opaque(o) => v.text.extend(o.json.bytes().filter(|b| !b.is_ascii_whitespace())),
                 _ => {}
             }
         }
@@ -111,6 +112,10 @@ pub fn exact(m: &Message) -> u64 {
             Block::Image(i) => {
                 put(i.mime.as_bytes());
                 put(i.data.as_bytes());
+            }
+            Block::Opaque(o) => {
+                put(o.kind.as_bytes());
+                put(o.json.as_bytes());
             }
         }
     }

@@ -37,6 +37,7 @@ pub fn message_chars(m: &Message) -> usize {
             Block::Thinking(t) => js_len(&t.thinking),
             Block::ToolCall(c) => js_len(&c.name) + js_len(&c.arguments),
             Block::Image(_) => IMAGE_CHARS,
+            Block::Opaque(o) => js_len(&o.json),
         })
         .sum()
 }
@@ -108,6 +109,7 @@ impl Exact {
                 Block::Thinking(t) => self.count_text(&t.thinking),
                 Block::ToolCall(c) => self.count_text(&c.name) + self.count_text(&c.arguments),
                 Block::Image(_) => (IMAGE_CHARS / 4) as u64,
+                Block::Opaque(o) => self.count_text(&o.json),
             })
             .sum()
     }

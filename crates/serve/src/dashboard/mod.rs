@@ -135,6 +135,7 @@ fn block_text(b: &Block) -> String {
         Block::Thinking(t) => format!("(thinking) {}", t.thinking),
         Block::ToolCall(c) => format!("→ {}({})  [{}]", c.name, c.arguments, c.id),
         Block::Image(i) => format!("(image, {})", i.mime),
+        Block::Opaque(o) => format!("({} block) {}", o.kind, o.json),
     }
 }
 
