@@ -1572,6 +1572,27 @@ mod tests {
         assert_eq!(from_neutral(Api::Anthropic, &only), None);
     }
 
+    /// A block of a type condense does not model is read as an opaque block holding its JSON, and a message
+    /// rewritten from the neutral model carries it back as the client wrote it, in each API.
+    #[test]
+    fn unknown_blocks_are_kept_opaque_and_written_back_as_they_came() {
+        let document = json!({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "the spec"}});
+        let file = json!({"type": "file", "file": {"file_id": "file-1"}});
+        let input_file = json!({"type": "input_file", "file_id": "file-2"});
+        for (api, list, block) in [
+            (Api::Anthropic, json!({"role": "user", "content": [{"type": "text", "text": "read it"}, document.clone()]}), &document),
+            (Api::Chat, json!({"role": "user", "content": [{"type": "text", "text": "read it"}, file.clone()]}), &file),
+            (Api::Responses, json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "read it"}, input_file.clone()]}), &input_file),
+        ] {
+            let req = parse_request(api, vec![list]).unwrap();
+            let m = &req.messages[0].message;
+            assert_eq!(m.content()[1], Block::opaque(block["type"].as_str().unwrap().to_string(), json_text(block)), "{api:?}");
+            let out = from_neutral(api, m).unwrap();
+            let written = serde_json::to_string(&out.parts).unwrap();
+            assert!(written.contains(&json_text(block)), "{api:?}: {written}");
+        }
+    }
+
     #[test]
     fn bad_shapes_name_the_place() {
         assert_eq!(parse_request(Api::Anthropic, vec![json!({"content": "x"})]).unwrap_err().at, "messages[0]");
