@@ -1997,6 +1997,62 @@ async fn a_tight_window_cuts_what_it_must_and_refuses_only_what_cannot_fit() {
     assert_eq!(agent.run().await.unwrap(), "after the refusal");
 }
 
+/// Issue 59, item 1, each move through serve: at a 16,000-token window, conversations of long prompts and
+/// outputs whose client's own system prompt grows from little to more than the window. As the room left
+/// shrinks, the checkpoint takes the moves in their order (docs/checkpoints.md, "When even a checkpoint
+/// does not fit"): the summary with retained prompts; the marker with retained prompts; the marker alone;
+/// the final batch cut below its ordinary bounded copy; then one refusal naming the parts. Every request
+/// that goes is within the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tight_window_takes_each_move_in_order_through_serve() {
+    let expected = [(500u64, "summary"), (2_000, "marker+prompts"), (4_000, "marker"), (12_000, "cut"), (17_000, "refused")];
+    for (system_tokens, want) in expected {
+        let mut steps = Vec::new();
+        for k in 0..3 {
+            steps.push(Step::Shell("seq 1 3000".into()));
+            steps.push(Step::Text(format!("done {k}")));
+        }
+        let s = setup(steps, vec![("fake-model".into(), ModelLimits { context_window: 16_000, max_output: None })]).await;
+        let mut agent = Agent::new(Api::Chat, false, &s.url());
+        agent.history[0] = json!({"role": "system", "content": "You are a careful agent. ".repeat((system_tokens * 4 / 25) as usize)});
+        let mut refused = false;
+        for k in 0..3 {
+            match agent.turn(&format!("count, turn {k}: {}", "please count carefully ".repeat(100))).await {
+                Ok(_) => {}
+                Err((400, body)) => {
+                    assert!(body.contains("CONTEXT_COMPACTION_FAILED") && body.contains("the client's own system prompt"), "{body}");
+                    refused = true;
+                    break;
+                }
+                Err(e) => panic!("{system_tokens}: {e:?}"),
+            }
+        }
+        for (i, l) in s.fake.log().iter().enumerate() {
+            let system = l.body["messages"][0]["content"].as_str().map_or(0, str::len) as u64 / 4;
+            let tools = (l.body["tools"].to_string().len() as u64).div_ceil(4);
+            let messages: Vec<Message> = l.messages().into_iter().filter(|m| !m.is_host()).collect();
+            let tokens = system + tools + condense_tokens::estimate_all(&messages);
+            assert!(tokens <= 16_000, "{system_tokens}: request {i} takes {tokens} tokens");
+        }
+        let (_, session) = store_of(&s);
+        let p = session.projection().unwrap();
+        let hard = condense_engine::controller::budget_of(&p).unwrap().hard;
+        let moves: Vec<&'static str> = p
+            .index()
+            .checkpoints
+            .values()
+            .map(|c| match (c.recovery, c.kept.is_empty(), c.bounded.iter().map(|(_, b)| b.chars().count() as u64).max()) {
+                (false, _, _) => "summary",
+                (true, false, _) => "marker+prompts",
+                (true, true, Some(n)) if n < (hard / 2) * 4 * 9 / 10 => "cut",
+                (true, true, _) => "marker",
+            })
+            .collect();
+        let taken = if refused { "refused" } else { moves.last().copied().unwrap_or("none") };
+        assert_eq!(taken, want, "a system prompt of {system_tokens} tokens (hard budget {hard}): moves {moves:?}");
+    }
+}
+
 /// Issue 62, item 4: the first request of a new conversation reaching two servers on one PostgreSQL
 /// database at once never answers 500 (``session `…` exists already``): each is a 200, or the loser a 503
 /// with `retry-after`, whose retry is a 200 in the same, one session.
