@@ -854,3 +854,36 @@ fn the_request_carrying_a_recovery_gets_the_final_payload_check() {
     assert_eq!(p.overflow_streak(), 1, "no second overflow recorded");
     assert!(s.guard_payload(limit).is_ok());
 }
+
+/// Seed 004: reopening the store restores the references without a second copy of the transcript: an
+/// archive is one small event naming a point of the log (the head grows by one), and after the store is
+/// closed and opened again its entries read and search as before.
+#[test]
+fn a_reopened_store_reads_its_archives_again_from_the_log() {
+    use condense_events::{Message, UserOrigin};
+    let dir = tempfile::tempdir().unwrap();
+    let texts = vec![format!("the first task about walruses {}", "w".repeat(5_000)), "the second task".to_string()];
+    let (read_before, search_before) = {
+        let store = condense_tests::open_store(dir.path()).unwrap();
+        let s = unpruned(&store, "reopened");
+        let mut events = vec![model(200_000)];
+        for (i, t) in texts.iter().enumerate() {
+            let parent = (i > 0).then(|| format!("a{}", i - 1));
+            events.push(msg(&format!("u{i}"), parent.as_deref(), Message::user_text(t.clone(), UserOrigin::Prompt)));
+            events.push(msg(&format!("a{i}"), Some(&format!("u{i}")), reply("noted")));
+        }
+        s.append(events).unwrap();
+        let head = s.head().unwrap();
+        assert_eq!(s.archive_now().unwrap(), "a1");
+        assert_eq!(s.head().unwrap(), head + 1, "an archive is one event");
+        let last = store.log().read(s.id(), head + 1, head + 1).unwrap();
+        let size = serde_json::to_string(&last[0].body).unwrap().len();
+        assert!(size < 200, "the archive event holds no transcript ({size} bytes)");
+        (s.history_tool("history_read", r#"{"id":"u0"}"#).unwrap().text, s.history_tool("history_search", r#"{"keywords":["walruses"]}"#).unwrap().text)
+    };
+    let store = condense_tests::open_store(dir.path()).unwrap();
+    let s = store.session("reopened").unwrap();
+    assert_eq!(s.history_tool("history_read", r#"{"id":"u0"}"#).unwrap().text, read_before);
+    assert_eq!(s.history_tool("history_search", r#"{"keywords":["walruses"]}"#).unwrap().text, search_before);
+    assert!(read_before.contains("walruses"), "{read_before}");
+}
