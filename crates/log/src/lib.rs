@@ -226,6 +226,11 @@ pub struct Appended {
 pub trait Backend: Send + Sync {
     /// Where the store is, for messages (never with a password).
     fn describe(&self) -> String;
+    /// How long the oldest database operation in flight has waited, when one is in flight (a server that
+    /// stopped answering without refusing connections hangs them). An embedded store never hangs: `None`.
+    fn stalled_for(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Creates a session named `name`; under the id `wanted` when that id is free and was never used.
     fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId>;
     /// [`Backend::create_session`] without waiting for the disk: the next durable append or sync makes
@@ -357,6 +362,11 @@ impl Log {
     /// Where the store is (never with a password).
     pub fn describe(&self) -> String {
         self.backend.describe()
+    }
+
+    /// How long the oldest database operation in flight has waited ([`Backend::stalled_for`]).
+    pub fn stalled_for(&self) -> Option<std::time::Duration> {
+        self.backend.stalled_for()
     }
 
     /// Creates a session named `name` and returns its id.

@@ -111,6 +111,19 @@ struct Shared {
     deferred: AtomicU64,
     /// How many of those a flush has since made durable.
     flushed: AtomicU64,
+    /// The operations in flight, each with when it began: a server that stopped answering hangs them, and
+    /// serve answers 503 rather than wait (read only to tell a hang, never written to an event).
+    inflight: Mutex<BTreeMap<u64, std::time::Instant>>,
+    next_op: AtomicU64,
+}
+
+/// An operation in [`Shared::inflight`], for as long as it lives.
+struct InFlight<'a>(&'a Shared, u64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.lock().expect("in-flight lock").remove(&self.1);
+    }
 }
 
 /// The driver's blocking client cannot be dropped on a thread that drives async tasks (a server dropping
@@ -146,6 +159,7 @@ impl Shared {
     /// one (the pool drops the closed one), as many times as the pool holds connections, and once more on
     /// a new one.
     fn with_unsent<T>(&self, mut f: impl FnMut(&mut Client, &mut bool) -> std::result::Result<T, postgres::Error>) -> Result<T> {
+        let _op = self.begin();
         let attempts = self.pool().max_size() + 1;
         for attempt in 0..attempts {
             let mut conn = self.pool().get().map_err(|e| self.unavailable(format!("no connection within {POOL_WAIT:?}: {e}")))?;
@@ -158,6 +172,17 @@ impl Shared {
             }
         }
         unreachable!("the last attempt returns")
+    }
+
+    fn begin(&self) -> InFlight<'_> {
+        let n = self.next_op.fetch_add(1, Ordering::Relaxed);
+        self.inflight.lock().expect("in-flight lock").insert(n, std::time::Instant::now());
+        InFlight(self, n)
+    }
+
+    /// How long the oldest operation in flight has waited.
+    fn stalled_for(&self) -> Option<Duration> {
+        self.inflight.lock().expect("in-flight lock").values().min().map(|t| t.elapsed())
     }
 
     fn unavailable(&self, detail: String) -> LogError {
@@ -224,6 +249,8 @@ impl PgStore {
             stopped: AtomicBool::new(false),
             deferred: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
+            inflight: Mutex::new(BTreeMap::new()),
+            next_op: AtomicU64::new(0),
         });
         let (tx, rx) = bounded::<Request>(1024);
         let writer = shared.clone();
@@ -274,6 +301,10 @@ fn to_i64(n: u64) -> i64 {
 impl Backend for PgStore {
     fn describe(&self) -> String {
         format!("PostgreSQL store {}", self.shared.store)
+    }
+
+    fn stalled_for(&self) -> Option<Duration> {
+        self.shared.stalled_for()
     }
 
     fn create_session(&self, name: &str, wanted: Option<SessionId>) -> Result<SessionId> {

@@ -146,6 +146,42 @@ impl Cluster {
         assert!(self.pg_ctl(&["stop", "-w", "-m", mode]), "postgres did not stop: {}", self.server_log());
     }
 
+    /// Stops every process of the server (SIGSTOP) without closing anything: connections stay open and
+    /// new ones are accepted by the kernel, but nothing answers (a hung server, as in a partition).
+    pub fn pause(&self) {
+        let pids = self.pids();
+        self.signal("STOP", pids.iter());
+    }
+
+    /// Lets the processes [`Cluster::pause`] stopped go on.
+    pub fn resume(&self) {
+        let pids = self.pids();
+        self.signal("CONT", pids.iter().rev());
+    }
+
+    /// The server's processes: the postmaster first, then its children.
+    fn pids(&self) -> Vec<u32> {
+        let pid_file = std::fs::read_to_string(self.data().join("postmaster.pid")).expect("postmaster.pid");
+        let main: u32 = pid_file.lines().next().and_then(|l| l.trim().parse().ok()).expect("the postmaster's pid");
+        let mut pids = vec![main];
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            // `pid (comm) state ppid …`: the fields after the last `)`.
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(main) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    fn signal<'a>(&self, sig: &str, pids: impl Iterator<Item = &'a u32>) {
+        let args: Vec<String> = pids.map(u32::to_string).collect();
+        let ok = Command::new("kill").arg(format!("-{sig}")).args(&args).status().is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} {args:?}");
+    }
+
     /// The server's log so far (for failure messages).
     pub fn server_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()

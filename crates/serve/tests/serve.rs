@@ -1189,6 +1189,36 @@ async fn two_users_starting_alike_never_share_a_session() {
     }
 }
 
+/// Issue 62, item 5: a PostgreSQL server that stops answering without refusing connections (every process
+/// stopped) makes a request wait at most `STORE_STALL` and a tick: it is answered 503 with `retry-after`
+/// and a message naming the store, within 10 s, as is one that arrives while the store still hangs; once
+/// the server answers again, serve goes on by itself and the client's next request is a 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_database_gets_a_503_within_seconds_and_serve_recovers_by_itself() {
+    use condense_log::testing::Cluster;
+    let cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let url = tokio::task::block_in_place(|| cluster.database());
+    let fake = Fake::start((0..20).map(|i| Step::Text(format!("reply {i}"))).collect()).await;
+    let serve = start(config_for(&url, &fake)).await.expect("serve starts");
+    let mut agent = Agent::new(Api::Anthropic, false, &format!("http://{}", serve.addr));
+    agent.turn("before the hang").await.unwrap();
+    tokio::task::block_in_place(|| cluster.pause());
+    for k in 0..2 {
+        agent.user(&format!("while it hangs {k}"));
+        let t0 = std::time::Instant::now();
+        let (status, body) = agent.request().await.expect_err("no answer while the store hangs");
+        let waited = t0.elapsed();
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("has not answered") && body.contains("PostgreSQL"), "{body}");
+        assert!(waited < std::time::Duration::from_secs(10), "answered after {waited:?}");
+        agent.history.pop();
+    }
+    tokio::task::block_in_place(|| cluster.resume());
+    let reply = agent.turn("after the hang").await.unwrap();
+    assert!(reply.starts_with("reply "), "{reply}");
+    serve.stop().await.unwrap();
+}
+
 /// Issue 35, item 1, through serve on PostgreSQL, with one server and with two taking turns: every reply
 /// the client got survives `pg_ctl stop -m immediate` right after it; the first requests after the
 /// database comes back succeed (no stale pooled connection reaches a client); a session whose tail the

@@ -168,11 +168,39 @@ impl RequestLine {
     }
 }
 
-/// The three APIs: record, prepare, forward, and answer; one log line each.
+/// How long a database operation may wait before the requests that need the store are answered 503: a
+/// PostgreSQL server that stopped answering without refusing connections (a partition, a stopped process)
+/// hangs every query until the client gives up; with this, a request waits at most this long plus a tick.
+pub const STORE_STALL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Resolves once the store's oldest operation in flight has waited [`STORE_STALL`] (checked four times a
+/// second), with how long it has.
+async fn store_stalled(st: &State) -> std::time::Duration {
+    loop {
+        if let Some(d) = st.store().log().stalled_for().filter(|d| *d >= STORE_STALL) {
+            return d;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// The three APIs: record, prepare, forward, and answer; one log line each. A store that hangs gives a
+/// 503 with `retry-after` instead of a request that waits with it (the work in flight on the blocking
+/// threads finishes, or fails, when the database answers again; a request given up stops a preparation).
 async fn handle(st: S, api: Api, req: Request) -> Response {
     let mut line = RequestLine::default();
     let state = st.0.clone();
-    let resp = handle_request(st, api, req, &mut line).await;
+    let resp = tokio::select! {
+        resp = handle_request(st, api, req, &mut line) => resp,
+        waited = store_stalled(&state) => {
+            let message = format!(
+                "condense serve: the {} has not answered for {} s; send the request again once it does",
+                state.store().log().describe(),
+                waited.as_secs()
+            );
+            crate::request::response::retry_after(crate::request::response::api_error(api, StatusCode::SERVICE_UNAVAILABLE, "api_error", &message), "5")
+        }
+    };
     if let Some(crate::request::response::Refused(message)) = resp.extensions().get() {
         line.failure = Some((failure_code(resp.status(), message), message.clone()));
     }
