@@ -44,6 +44,31 @@ pub(crate) struct LiveSession {
 #[derive(Default)]
 pub(crate) struct Live {
     pub(crate) sessions: Mutex<BTreeMap<SessionId, LiveSession>>,
+    pub(crate) failures: Mutex<Failures>,
+}
+
+/// How many refusals the dashboard lists.
+pub const FAILURES_KEPT: usize = 50;
+
+/// A request condense refused itself (its own 400s, 413, 503…), as the dashboard lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    /// Wall-clock time, milliseconds since the epoch (display only).
+    pub(crate) at_ms: u64,
+    pub(crate) api: String,
+    pub(crate) status: u16,
+    pub(crate) code: &'static str,
+    /// The reason the client got (built from counts and names, never from a header or a body).
+    pub(crate) reason: String,
+    /// The conversation it belongs to, when it got that far.
+    pub(crate) session: Option<SessionId>,
+}
+
+/// The newest refusals, and how many each conversation had since this process started.
+#[derive(Default)]
+pub(crate) struct Failures {
+    pub(crate) recent: VecDeque<Failure>,
+    pub(crate) by_session: BTreeMap<SessionId, u64>,
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -66,6 +91,23 @@ impl Live {
             live.rows.pop_front();
         }
         live.rows.push_back(Row { n: s.figures.requests, at_ms: now_ms(), received, sent, sent_rounds: 0, sent_bytes, window: s.window, figures: s.figures, cache_break });
+    }
+
+    /// Records a refusal.
+    pub(crate) fn failure(&self, f: Failure) {
+        let mut all = self.failures.lock().expect("failures lock");
+        if let Some(s) = f.session {
+            *all.by_session.entry(s).or_default() += 1;
+        }
+        if all.recent.len() == FAILURES_KEPT {
+            all.recent.pop_front();
+        }
+        all.recent.push_back(f);
+    }
+
+    /// How many refusals conversation `session` had.
+    pub(crate) fn failures_of(&self, session: SessionId) -> u64 {
+        self.failures.lock().expect("failures lock").by_session.get(&session).copied().unwrap_or(0)
     }
 
     /// Counts a round of condense's own tools within the newest request of `session`: its tokens sent,

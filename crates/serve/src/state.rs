@@ -177,6 +177,7 @@ impl State {
             sessions.push(json!({
                 "name": c.session.name(), "id": c.session.id(), "requests": c.figures.requests, "stubs": c.figures.stubs,
                 "checkpoints": c.figures.checkpoints, "recoveries": c.figures.recoveries, "messages": c.visible_len(),
+                "failures": self.live.failures_of(c.session.id()),
                 "cache_priced": c.ledger.figures(),
             }));
         }

@@ -95,20 +95,37 @@ async function renderList() {
       el("td", { class: "checkpoints", text: l ? String(f.checkpoints) : "–" }),
       el("td", { class: "recoveries", text: l ? String(f.recoveries) : "–" }),
       el("td", { class: "breaks", text: l ? String(l.cache_breaks) : "–" }),
+      el("td", { class: "refused", text: String(s.failures || 0) }),
       el("td", { class: "events", text: String(s.events) }),
       el("td", { class: "last", text: l ? ago(l.last_activity_ms, data.now_ms) : "not served since start" }),
     ];
     return el("tr", { "data-id": String(s.id), class: l ? "live" : "cold" }, ...cells);
   });
   const head = ["session", "requests", "tokens received → sent", "cost vs direct", "cache hit", "stubs", "chains",
-    "checkpoints", "recoveries", "cache breaks", "events", "last activity"];
+    "checkpoints", "recoveries", "cache breaks", "refused", "events", "last activity"];
   const note = data.price_cache ? null
     : el("p", { class: "muted", text: "Cost and cache hit are priced as the providers bill prompt caching when serve runs with --price-cache." });
   main.replaceChildren(...[
     el("h1", { text: data.sessions.length + (data.sessions.length === 1 ? " session" : " sessions") }),
     note,
     el("table", { id: "sessions" }, el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { text: h })))), el("tbody", {}, ...rows)),
+    failuresView(data.failures || [], data.now_ms),
   ].filter((x) => x !== null));
+}
+
+// Requests condense refused itself, newest first, each with the session it belongs to and its reason in
+// full (it says what did not fit and what to do).
+function failuresView(failures, now) {
+  if (failures.length === 0) return null;
+  const items = failures.map((f) => el("li", { class: "failure" },
+    el("span", { class: "when muted", text: ago(f.at_ms, now) }), " ",
+    f.session === null || f.session === undefined
+      ? el("span", { class: "muted", text: "no session" })
+      : el("a", { href: "#/session/" + f.session, class: "session", text: f.name || "session " + f.session }), " ",
+    el("span", { class: "code", text: f.status + " " + f.code }), " ",
+    el("span", { class: "muted", text: f.api }),
+    el("div", { class: "reason", text: f.reason })));
+  return el("section", { id: "failures" }, el("h2", { text: "Refused requests" }), el("ol", { class: "timeline" }, ...items));
 }
 
 // ---- a session ----

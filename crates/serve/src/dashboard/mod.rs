@@ -71,10 +71,26 @@ async fn sessions(axum::extract::State(st): S) -> Response {
     };
     let list: Vec<Value> = {
         let live = st.live.sessions.lock().expect("live lock");
-        infos.iter().rev().map(|i| json!({"id": i.id, "name": i.name, "events": i.head, "live": live.get(&i.id).map(summary_json)})).collect()
+        infos
+            .iter()
+            .rev()
+            .map(|i| json!({"id": i.id, "name": i.name, "events": i.head, "live": live.get(&i.id).map(summary_json), "failures": st.live.failures_of(i.id)}))
+            .collect()
+    };
+    // The newest refusals first, each with the name of the session it belongs to.
+    let failures: Vec<Value> = {
+        let f = st.live.failures.lock().expect("failures lock");
+        f.recent
+            .iter()
+            .rev()
+            .map(|x| {
+                let name = x.session.and_then(|id| infos.iter().find(|i| i.id == id).map(|i| i.name.clone()));
+                json!({"at_ms": x.at_ms, "api": x.api, "status": x.status, "code": x.code, "reason": x.reason, "session": x.session, "name": name})
+            })
+            .collect()
     };
     let status = totals(&st).await;
-    json_ok(&json!({"now_ms": now_ms(), "price_cache": st.cfg.price_cache, "sessions": list, "status": status}))
+    json_ok(&json!({"now_ms": now_ms(), "price_cache": st.cfg.price_cache, "sessions": list, "failures": failures, "status": status}))
 }
 
 /// The server's totals: `/condense/status` without the conversations' own figures.

@@ -140,6 +140,14 @@ impl RequestLine {
     fn log(&self, st: &State, api: &str, status: StatusCode) {
         if let Some((code, reason)) = &self.failure {
             st.metrics.request_failures.get_or_create(&crate::metrics::FailureLabel { api: api.to_string(), code }).inc();
+            st.live.failure(crate::live::Failure {
+                at_ms: crate::live::now_ms(),
+                api: api.to_string(),
+                status: status.as_u16(),
+                code,
+                reason: reason.clone(),
+                session: self.session,
+            });
             // A refusal is what an operator needs to see: at WARN, with its code and the reason the client
             // got (built from counts and names, never from a header or a body's content).
             tracing::warn!(

@@ -163,9 +163,15 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     for t in 0..14 {
         agent.turn(&format!("Step {t}: count the numbers and list the libraries")).await.unwrap();
     }
+    // A message no checkpoint can fit in the window: refused, and the refusal shown with its session.
+    agent.user(&"an enormous pasted log line\n".repeat(5_000));
+    let (code, body) = agent.request().await.unwrap_err();
+    assert_eq!(code, 400, "{body}");
+    agent.history.pop();
     let status = serve.state.status().await;
     let live = &status["active_sessions"][0];
     let id = live["id"].as_u64().unwrap();
+    assert_eq!(live["failures"], 1, "{status}");
 
     let browser = Browser::start().await;
     browser.goto(&format!("{url}/condense/")).await;
@@ -181,6 +187,15 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     assert_eq!(total, format!("{} requests", status["requests"]));
     let stubs = browser.eval(&format!("return document.querySelector('#sessions tr[data-id=\"{id}\"] td.stubs').textContent")).await;
     assert_eq!(stubs, live["stubs"].to_string());
+    let refused = browser.eval(&format!("return document.querySelector('#sessions tr[data-id=\"{id}\"] td.refused').textContent")).await;
+    assert_eq!(refused, "1");
+    let failure = browser
+        .until("the refused request", "const f = document.querySelector('#failures li.failure'); return f && [f.querySelector('a.session').textContent, f.querySelector('.code').textContent, f.querySelector('.reason').textContent]")
+        .await;
+    assert_eq!(failure[0], live["name"], "the refusal names its session");
+    assert_eq!(failure[1], "400 CONTEXT_COMPACTION_FAILED");
+    let reason = failure[2].as_str().unwrap();
+    assert!(reason.contains("CONTEXT_COMPACTION_FAILED") && reason.contains("larger window"), "the reason in full: {reason}");
     let cost = browser.eval(&format!("return document.querySelector('#sessions tr[data-id=\"{id}\"] td.cost').textContent")).await;
     let ratio = live["cache_priced"]["cost_vs_direct"].as_f64().expect("priced");
     assert_eq!(cost, format!("{:.1}%", 100.0 * ratio));
