@@ -261,8 +261,12 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     /// Price every conversation's requests as the provider bills prompt caching, through condense and as
     /// the client sent them (`cache_priced` in /condense/status; costs serve CPU time)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_price_cache")]
     pub price_cache: bool,
+    /// Price nothing: without it, conversations whose model's list prices are known (the embedded table,
+    /// `listPrices` in config.json) are priced by default
+    #[arg(long)]
+    pub no_price_cache: bool,
     /// A file holding the token every request must carry in the `x-condense-auth` header (required to
     /// listen on anything but loopback)
     #[arg(long, value_name = "FILE")]

@@ -59,6 +59,7 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
         cfg.max_tool_rounds = n;
     }
     cfg.price_cache = a.price_cache;
+    cfg.price_known_models = !a.no_price_cache;
     cfg.summaries = match a.summaries {
         crate::cli::SummariesArg::Handoffs => condense_serve::summary::Summaries::Handoffs,
         crate::cli::SummariesArg::Upstream => condense_serve::summary::Summaries::Upstream,

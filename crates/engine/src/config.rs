@@ -160,6 +160,15 @@ pub fn list_price(overrides: &[ListPrice], model: &str) -> Option<ListPrice> {
     overrides.iter().find(|p| p.model == model).cloned().or_else(|| crate::simulate::price_table().into_iter().find(|p| p.model == model))
 }
 
+/// The price of a model as a request names it: [`list_price`] of the name, else of the longest priced name
+/// it extends with a dash (a dated snapshot: `claude-sonnet-4-5-20250929` is priced as `claude-sonnet-4-5`).
+pub fn list_price_of_request(overrides: &[ListPrice], model: &str) -> Option<ListPrice> {
+    list_price(overrides, model).or_else(|| {
+        let all = overrides.iter().cloned().chain(crate::simulate::price_table());
+        all.filter(|p| model.strip_prefix(p.model.as_str()).is_some_and(|rest| rest.starts_with('-'))).max_by_key(|p| p.model.len())
+    })
+}
+
 fn summarizer_choice(value: &Value) -> Result<SummarizerChoice, ConfigError> {
     let key = "summarizer";
     match value {

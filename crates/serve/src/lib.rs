@@ -121,6 +121,9 @@ pub struct ServeConfig {
     /// condense and as the client sent them (`cache_priced` in `/condense/status`). Off by default: it
     /// parses each body twice more, which costs serve a third of its own time on a 2-core machine.
     pub price_cache: bool,
+    /// Whether conversations whose model's list prices are known are priced so without `price_cache`
+    /// (on by default; `--no-price-cache` turns all pricing off).
+    pub price_known_models: bool,
     /// The token every request must carry in the `x-condense-auth` header (`None`: no token; only
     /// allowed on a loopback address).
     pub auth_token: Option<String>,
@@ -172,6 +175,7 @@ impl ServeConfig {
             warm_bytes: condense_engine::DEFAULT_WARM_BYTES,
             cache_bytes: 64 << 20,
             price_cache: false,
+            price_known_models: true,
             auth_token: None,
             memory_budget: DEFAULT_MEMORY_BUDGET,
             timeouts: Timeouts::default(),

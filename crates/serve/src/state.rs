@@ -290,7 +290,7 @@ impl State {
         m.checkpoints.set(totals.checkpoints as i64);
         m.recoveries.set(totals.recoveries as i64);
         m.stubs.set(totals.stubs as i64);
-        if self.cfg.price_cache {
+        if self.cfg.price_cache || totals.direct > 0.0 {
             m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(totals.condense);
             m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(totals.direct);
         }

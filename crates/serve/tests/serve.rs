@@ -2027,6 +2027,35 @@ async fn a_tight_window_cuts_what_it_must_and_refuses_only_what_cannot_fit() {
     assert_eq!(agent.run().await.unwrap(), "after the refusal");
 }
 
+/// Issue 62, item 8: without `--price-cache`, a conversation whose model's list prices condense knows (a
+/// dated snapshot of a priced model here) is priced as the provider bills prompt caching — its
+/// `cache_priced` in the status, the dashboard's cost panel — and one whose prices are unknown is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_priced_costs_show_by_default_for_a_model_with_known_prices() {
+    for (model, priced) in [("claude-sonnet-4-5-20250929", true), ("fake-model", false)] {
+        let s = setup((0..3).map(|i| Step::Text(format!("answer {i}"))).collect(), vec![]).await;
+        let mut agent = Agent::new(Api::Anthropic, false, &s.url());
+        agent.model = model.into();
+        for t in 0..2 {
+            agent.turn(&format!("question {t}")).await.unwrap();
+        }
+        let state = s.serve.state.clone();
+        if priced {
+            for _ in 0..100 {
+                if !state.status().await["active_sessions"][0]["cache_priced"].is_null() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+        let status = state.status().await;
+        assert_eq!(!status["active_sessions"][0]["cache_priced"].is_null(), priced, "{model}: {status}");
+        let id = status["active_sessions"][0]["id"].as_u64().unwrap();
+        let page: Value = serde_json::from_slice(&reqwest::get(format!("{}/condense/api/sessions/{id}", s.url())).await.unwrap().bytes().await.unwrap()).unwrap();
+        assert_eq!(page["price_cache"], priced, "{model}: the dashboard's cost panel");
+    }
+}
+
 /// Issue 59, item 1, each move through serve: at a 16,000-token window, conversations of long prompts and
 /// outputs whose client's own system prompt grows from little to more than the window. As the room left
 /// shrinks, the checkpoint takes the moves in their order (docs/checkpoints.md, "When even a checkpoint

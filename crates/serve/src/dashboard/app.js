@@ -104,7 +104,7 @@ async function renderList() {
   const head = ["session", "requests", "tokens received → sent", "cost vs direct", "cache hit", "stubs", "chains",
     "checkpoints", "recoveries", "cache breaks", "refused", "events", "last activity"];
   const note = data.price_cache ? null
-    : el("p", { class: "muted", text: "Cost and cache hit are priced as the providers bill prompt caching when serve runs with --price-cache." });
+    : el("p", { class: "muted", text: "Cost and cache hit are priced as the providers bill prompt caching for models whose list prices condense knows (listPrices in config.json adds more), and for every model when serve runs with --price-cache." });
   main.replaceChildren(...[
     el("h1", { text: data.sessions.length + (data.sessions.length === 1 ? " session" : " sessions") }),
     note,
@@ -277,7 +277,7 @@ async function renderSession(id, state) {
     data.price_cache
       ? el("div", {}, legend([["var(--received)", "direct"], ["var(--sent)", "through condense"]]),
         plot(priced, { id: "cost", label: "cumulative cost", fmt: num, series: [{ key: "cost_direct", color: "var(--received)" }, { key: "cost_condense", color: "var(--sent)" }] }))
-      : el("p", { class: "muted", text: "Start serve with --price-cache to price requests as the providers bill prompt caching." }));
+      : el("p", { class: "muted", text: "This model's list prices are unknown: add them as listPrices in config.json, or start serve with --price-cache, to price its requests as the providers bill prompt caching." }));
   if (data.events !== state.head) {
     state.head = data.events;
     const [ctx, tl] = await Promise.all([api(`sessions/${id}/context`), api(`sessions/${id}/timeline?after=${state.after}`)]);

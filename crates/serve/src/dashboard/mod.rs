@@ -90,7 +90,8 @@ async fn sessions(axum::extract::State(st): S) -> Response {
             .collect()
     };
     let status = totals(&st).await;
-    json_ok(&json!({"now_ms": now_ms(), "price_cache": st.cfg.price_cache, "sessions": list, "failures": failures, "status": status}))
+    let priced = st.cfg.price_cache || list.iter().any(|s| !s["live"]["cache_priced"].is_null());
+    json_ok(&json!({"now_ms": now_ms(), "price_cache": priced, "sessions": list, "failures": failures, "status": status}))
 }
 
 /// The server's totals: `/condense/status` without the conversations' own figures.
@@ -141,7 +142,9 @@ async fn session(axum::extract::State(st): S, Path(id): Path<String>) -> Respons
         })
         .collect();
     let head = s.head().unwrap_or(0);
-    json_ok(&json!({"id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": st.cfg.price_cache, "status": totals(&st).await}))
+    // Priced: every conversation with `--price-cache`, else those whose model's list prices are known.
+    let priced = st.cfg.price_cache || !points.is_empty();
+    json_ok(&json!({"id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": priced, "status": totals(&st).await}))
 }
 
 /// The text a block shows in the context view.

@@ -250,7 +250,9 @@ async fn handle_request(axum::extract::State(st): S, api: Api, req: Request, lin
     };
     line.session = Some(session);
     let ledger_for_live = ledger.clone();
-    if st.cfg.price_cache {
+    // Priced as the providers bill prompt caching with `--price-cache`, and by default for a model whose
+    // list prices are known (the dashboard's cost panels and `cache_priced` are then never empty for it).
+    if st.cfg.price_cache || (st.cfg.price_known_models && condense_engine::config::list_price_of_request(&st.cfg.file.list_prices, &req.model).is_some()) {
         ledger.record(api, Side::Direct, bytes.clone());
         req.ledger = Some(ledger);
     }
