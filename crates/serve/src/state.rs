@@ -111,6 +111,9 @@ impl Totals {
 pub struct State {
     pub(crate) store: Store,
     pub(crate) cfg: ServeConfig,
+    /// When this server started, milliseconds since the epoch (the dashboard says its live figures cover
+    /// the time since; display only, never written to the log).
+    pub(crate) started_ms: u64,
     pub(crate) http: reqwest::Client,
     /// Open conversations by identity, and what is kept of those closed.
     pub(crate) convs: AsyncMutex<Convs>,
@@ -156,6 +159,7 @@ impl State {
             models_seen: std::sync::Mutex::new(std::collections::BTreeSet::new()),
             live: crate::live::Live::default(),
             upstream_fallbacks: Arc::default(),
+            started_ms: crate::live::now_ms(),
             cfg,
         }))
     }

@@ -30,10 +30,12 @@ function sv(tag, attrs, text) {
 
 function num(n) {
   if (n === null || n === undefined) return "–";
-  if (n >= 1e6) return (n / 1e6).toFixed(2) + "M";
-  if (n >= 1e4) return (n / 1e3).toFixed(1) + "k";
+  if (n >= 1e6) return trim((n / 1e6).toFixed(2)) + "M";
+  if (n >= 1e4) return trim((n / 1e3).toFixed(1)) + "k";
   return String(Math.round(n));
 }
+// 50.0 → 50, 2.50 → 2.5: round figures read round.
+const trim = (s) => s.replace(/\.0+$/, "").replace(/(\.\d*[1-9])0+$/, "$1");
 const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
 function ago(ms, now) {
   if (!ms) return "–";
@@ -129,6 +131,16 @@ function failuresView(failures, now) {
 }
 
 // ---- a session ----
+const CHECKPOINT_LINES = 20;
+
+// The round step nearest above `raw`: 1, 2, 2.5 or 5 times a power of ten.
+function niceStep(raw) {
+  if (!(raw > 0)) return 1;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * mag >= raw) return m * mag;
+  return 10 * mag;
+}
+
 function plot(rows, opts) {
   const W = 900, H = 260, L = 60, R = 15, T = 15, B = 30;
   const svg = sv("svg", { class: "plot", id: opts.id, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": opts.label });
@@ -140,23 +152,30 @@ function plot(rows, opts) {
   let ymax = 1;
   for (const r of rows) for (const s of opts.series) ymax = Math.max(ymax, r[s.key] || 0);
   if (opts.window) for (const r of rows) ymax = Math.max(ymax, r.window || 0);
-  ymax *= 1.05;
+  // Gridlines at a round step (1, 2, 2.5 or 5 times a power of ten), about four of them, the top one at
+  // or above the highest value.
+  const step = niceStep(ymax / 4);
+  ymax = Math.ceil((ymax * 1.02) / step) * step;
   const x = (n) => L + (n1 === n0 ? 0.5 : (n - n0) / (n1 - n0)) * (W - L - R);
   const y = (v) => T + (1 - v / ymax) * (H - T - B);
-  for (let k = 0; k <= 4; k++) {
-    const v = (ymax * k) / 4;
+  for (let v = 0; v <= ymax + step / 2; v += step) {
     svg.append(sv("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#eee" }));
-    svg.append(sv("text", { x: L - 6, y: y(v) + 4, "text-anchor": "end" }, opts.fmt(v)));
+    svg.append(sv("text", { class: "tick", x: L - 6, y: y(v) + 4, "text-anchor": "end" }, opts.fmt(v)));
   }
   svg.append(sv("text", { x: L, y: H - 8 }, "request " + n0));
   svg.append(sv("text", { x: W - R, y: H - 8, "text-anchor": "end" }, "request " + n1));
   if (opts.markers) {
+    // A dashed line the plot's height for each checkpoint; past CHECKPOINT_LINES of them (a long session on a
+    // small window) a short tick on the axis each, so they do not paint the plot over.
+    const at = [];
     let prev = null;
     for (const r of rows) {
-      if (prev !== null && r.checkpoints > prev.checkpoints) {
-        svg.append(sv("line", { class: "checkpoint", x1: x(r.n), x2: x(r.n), y1: T, y2: H - B, stroke: "var(--checkpoint)", "stroke-dasharray": "4 3" }));
-      }
+      if (prev !== null && r.checkpoints > prev.checkpoints) at.push(r.n);
       prev = r;
+    }
+    const top = at.length > CHECKPOINT_LINES ? H - B - 8 : T;
+    for (const n of at) {
+      svg.append(sv("line", { class: "checkpoint", x1: x(n), x2: x(n), y1: top, y2: H - B, stroke: "var(--checkpoint)", "stroke-dasharray": at.length > CHECKPOINT_LINES ? "" : "4 3" }));
     }
   }
   if (opts.window) {
@@ -244,6 +263,7 @@ async function renderSession(id, state) {
       el("p", {}, el("a", { href: "#/", text: "← all sessions" })),
       el("h1", { id: "session-name", text: data.name }),
       el("div", { class: "cards", id: "cards" }),
+      el("p", { class: "muted", id: "span-note" }),
       el("h2", { text: "Context tokens per request" }),
       legend([["var(--received)", "received from the client"], ["var(--sent)", "sent upstream"], ["var(--window)", "the model's window", true],
         ["var(--checkpoint)", "checkpoint", true], ["var(--break)", "cache break (dot)"]]),
@@ -268,6 +288,11 @@ async function renderSession(id, state) {
     card("cache breaks", l ? String(l.cache_breaks) : "–", "fig-breaks"),
     card("events in the log", String(data.events), "fig-events"),
   );
+  // The figures cover two spans: say which is which.
+  const since = data.started_ms ? new Date(data.started_ms).toLocaleString() : "its start";
+  document.getElementById("span-note").textContent =
+    `Requests, tokens, cost, cache breaks and the plots: this server's requests since it started (${since}). ` +
+    "Stubs, chains, checkpoints, recoveries, events, the context and the decisions: the whole log.";
   document.getElementById("plot-tokens").replaceChildren(plot(rows, {
     id: "tokens", label: "context tokens per request", fmt: num, window: true, markers: true,
     series: [{ key: "received", color: "var(--received)" }, { key: "sent", color: "var(--sent)" }],

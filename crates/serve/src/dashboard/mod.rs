@@ -144,7 +144,7 @@ async fn session(axum::extract::State(st): S, Path(id): Path<String>) -> Respons
     let head = s.head().unwrap_or(0);
     // Priced: every conversation with `--price-cache`, else those whose model's list prices are known.
     let priced = st.cfg.price_cache || !points.is_empty();
-    json_ok(&json!({"id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": priced, "status": totals(&st).await}))
+    json_ok(&json!({"id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": priced, "started_ms": st.started_ms, "status": totals(&st).await}))
 }
 
 /// The text a block shows in the context view.
@@ -240,7 +240,8 @@ struct After {
 /// captures, usage).
 fn describe(e: &Event) -> Option<(&'static str, String)> {
     let refs = |r: &[u32]| r.iter().map(|n| format!("t{n}")).collect::<Vec<_>>().join(", ");
-    let cut = |s: &str| if s.chars().count() > 160 { format!("{}…", s.chars().take(160).collect::<String>()) } else { s.to_string() };
+    let cut_at = |s: &str, n: usize| if s.chars().count() > n { format!("{}…", s.chars().take(n).collect::<String>()) } else { s.to_string() };
+    let cut = |s: &str| cut_at(s, 160);
     Some(match e {
         Event::Decision(d) => match d {
             DecisionEvent::BatchClosed { batch, refs: r, outcome, .. } => ("batch", format!("batch {batch} ({}): {}", refs(r), outcome.name())),
@@ -255,7 +256,8 @@ fn describe(e: &Event) -> Option<(&'static str, String)> {
                 let condense_events::CheckpointCommitted { n, tokens_before, tokens_after, recovery, .. } = &**c;
                 ("checkpoint", format!("checkpoint c{n}{}: {tokens_before} → {tokens_after} tokens", if *recovery { " (recovery)" } else { "" }))
             }
-            DecisionEvent::CheckpointFailed { code, reason } => ("error", format!("{code}: {}", cut(reason))),
+            // An error is shown whole: its reason says what did not fit and what to do.
+            DecisionEvent::CheckpointFailed { code, reason } => ("error", format!("{code}: {reason}")),
             DecisionEvent::ArchiveCommitted { id, .. } => ("archive", format!("archive {id} committed")),
             DecisionEvent::Note { stage, text } => ("note", format!("{stage}: {}", cut(text))),
             DecisionEvent::OutputCaptured(_) | DecisionEvent::FrontierAdvanced { .. } => return None,
@@ -265,7 +267,7 @@ fn describe(e: &Event) -> Option<(&'static str, String)> {
             SourceEvent::ModelChanged { model, context_window, .. } => {
                 ("model", format!("model {model}{}", context_window.map_or(String::new(), |w| format!(", window {w} tokens"))))
             }
-            SourceEvent::ProviderOverflow { message } => ("error", format!("provider overflow: {}", cut(message))),
+            SourceEvent::ProviderOverflow { message } => ("error", format!("provider overflow: {}", cut_at(message, 4000))),
             SourceEvent::RequestRetried => ("retry", "request retried after a double overflow".to_string()),
             SourceEvent::PruneConfigured(_) | SourceEvent::ConfigChanged { .. } => ("config", "pruning configured".to_string()),
             SourceEvent::LiveReadsConfigured { tokens, turns } => ("config", match turns {

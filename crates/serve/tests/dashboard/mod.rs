@@ -187,6 +187,13 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     assert_eq!(total, format!("{} requests", status["requests"]));
     let stubs = browser.eval(&format!("return document.querySelector('#sessions tr[data-id=\"{id}\"] td.stubs').textContent")).await;
     assert_eq!(stubs, live["stubs"].to_string());
+    // Issue 62, item 8: the table fits the page at 1,280 pixels (the last activity in view, no scrollbar),
+    // and a session's name wraps between words, not inside one.
+    let fits = browser
+        .eval("const t = document.getElementById('sessions'); const last = t.querySelector('tbody tr td.last'); return [t.scrollWidth, document.getElementById('main').clientWidth, last.getBoundingClientRect().right, window.innerWidth, getComputedStyle(t.querySelector('tbody td')).wordBreak]")
+        .await;
+    assert!(fits[0].as_f64() <= fits[1].as_f64() && fits[2].as_f64() <= fits[3].as_f64(), "the table overflows: {fits}");
+    assert_eq!(fits[4], "normal", "names break between words");
     let refused = browser.eval(&format!("return document.querySelector('#sessions tr[data-id=\"{id}\"] td.refused').textContent")).await;
     assert_eq!(refused, "1");
     let failure = browser
@@ -217,6 +224,43 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     assert_eq!(window.as_u64(), live["requests"].as_u64(), "the window line spans every request");
     let timeline = browser.until("the decisions", "return document.querySelectorAll('#timeline li').length").await;
     assert!(timeline.as_u64().unwrap() >= 2, "{timeline}");
+    // Item 8: an error in the decisions is shown whole (it was cut at 160 characters); the page says which
+    // figures cover the time since serve started and which the whole log; the axis ticks are round.
+    let error = browser.until("the refusal among the decisions", "const li = [...document.querySelectorAll('#timeline li')].find((l) => l.querySelector('.kind-error')); return li && li.textContent").await;
+    assert!(error.as_str().unwrap().contains("use a model with a larger window"), "the error whole: {error}");
+    let note = browser.eval("return document.getElementById('span-note').textContent").await;
+    assert!(note.as_str().unwrap().contains("since it started") && note.as_str().unwrap().contains("the whole log"), "{note}");
+    let ticks = browser.eval("return [...document.querySelectorAll('#tokens text.tick')].map((t) => t.textContent)").await;
+    let values: Vec<f64> = ticks
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let t = t.as_str().unwrap();
+            match t.strip_suffix('k').map(|n| (n, 1e3)).or_else(|| t.strip_suffix('M').map(|n| (n, 1e6))) {
+                Some((n, k)) => n.parse::<f64>().unwrap() * k,
+                None => t.parse::<f64>().unwrap(),
+            }
+        })
+        .collect();
+    assert!(values.len() >= 3 && values[0] == 0.0, "{ticks}");
+    let step = values[1];
+    let mantissa = step / 10f64.powf(step.log10().floor());
+    assert!([1.0, 2.0, 2.5, 5.0].iter().any(|m| (m - mantissa).abs() < 1e-9), "a round step: {ticks}");
+    assert!(values.windows(2).all(|w| (w[1] - w[0] - step).abs() < 1e-6), "even steps: {ticks}");
+    // A session of 92 checkpoints draws them as ticks on the axis, not a band over the plot; three are
+    // lines the plot's height.
+    let heights = browser
+        .eval(
+            "const draw = (k) => { const rows = []; for (let n = 1; n <= 200; n++) rows.push({ n, received: 30000, sent: 12000, window: 32000, checkpoints: Math.floor(n * k / 200), cache_break: false }); \
+             const svg = plot(rows, { id: 'probe', label: 'probe', fmt: num, window: true, markers: true, series: [{ key: 'sent', color: 'black' }] }); \
+             return [...svg.querySelectorAll('line.checkpoint')].map((l) => l.getAttribute('y2') - l.getAttribute('y1')); }; \
+             return [draw(92), draw(3)]",
+        )
+        .await;
+    let (many, few) = (heights[0].as_array().unwrap(), heights[1].as_array().unwrap());
+    assert!(many.len() >= 90 && many.iter().all(|h| h.as_f64().unwrap() <= 8.0), "92 checkpoints as ticks: {many:?}");
+    assert!(few.len() == 3 && few.iter().all(|h| h.as_f64().unwrap() > 100.0), "three as lines: {few:?}");
     let r = browser.until("a stub with a ref", "const b = document.querySelector('#context button.ref[data-ref^=\"t\"]'); return b && b.dataset.ref").await;
     let r = r.as_str().unwrap().to_string();
     browser.eval(&format!("document.querySelector('#context button.ref[data-ref=\"{r}\"]').click(); return true")).await;
