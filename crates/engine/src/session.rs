@@ -517,7 +517,7 @@ impl Session {
         // Serialized every time the guard is active (the requests of a model transition): a quick test on
         // the text passed contexts of many small tool calls whose JSON was many times their text
         // (`prepare_guards_a_context_whose_json_is_over_the_limit_while_its_text_is_small`).
-        let bytes = serde_json::to_vec(&condense_formats::export::neutral(&rendered.messages[..])).map_or(0, |v| v.len() as u64);
+        let bytes = condense_formats::export::neutral_len(&rendered.messages[..]);
         drop(rendered);
         if bytes <= limit {
             return Ok(());

@@ -16,8 +16,25 @@ pub fn neutral<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value {
     Value::Array(messages.iter().map(|m| neutral_message(m)).collect())
 }
 
+/// The length in bytes of `serde_json::to_vec(&neutral(messages))`, without building it: a message's
+/// JSON with no blocks, and each block's on its own (the payload guard measures every request of a
+/// model transition this way; the whole tree of a message of 150,000 parts took 100 MB).
+pub fn neutral_len<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> u64 {
+    let len = |v: &Value| serde_json::to_vec(v).map_or(0, |b| b.len() as u64);
+    let mut total = 2 + messages.len().saturating_sub(1) as u64;
+    for m in messages {
+        let empty = neutral_message_with(m, Vec::new());
+        let blocks: u64 = m.content().iter().map(|b| len(&neutral_block(b))).sum();
+        total += len(&empty) + blocks + m.content().len().saturating_sub(1) as u64;
+    }
+    total
+}
+
 fn neutral_message(m: &Message) -> Value {
-    let blocks: Vec<Value> = m.content().iter().map(neutral_block).collect();
+    neutral_message_with(m, m.content().iter().map(neutral_block).collect())
+}
+
+fn neutral_message_with(m: &Message, blocks: Vec<Value>) -> Value {
     match m {
         Message::User { origin, .. } => json!({"role": "user", "origin": format!("{origin:?}").to_lowercase(), "content": blocks}),
         Message::Assistant { model, stop, .. } => {
@@ -344,6 +361,25 @@ pub fn pi_compaction(
 mod tests {
     use super::*;
     use condense_events::UserOrigin;
+
+    /// The payload guard's measure without the tree is the tree's length, byte for byte, for every kind of
+    /// message and block (none, one, many; escapes; optional fields present and absent).
+    #[test]
+    fn neutral_len_is_the_length_of_the_neutral_json() {
+        let ms = vec![
+            Message::user_text("go \"quoted\" é\n", UserOrigin::Prompt),
+            Message::User { content: vec![], origin: UserOrigin::Injected },
+            Message::User { content: (0..50).map(|i| Block::Text { text: format!("p{i}") }).chain([Block::image("image/png".into(), "AAAA".into())]).collect(), origin: UserOrigin::Prompt },
+            Message::Assistant { content: vec![Block::thinking("hm".into(), Some("sig".into())), Block::tool_call("c1".into(), "bash".into(), r#"{"a":1}"#.into())], model: Some("m".into()), stop: Some(condense_events::StopReason::ToolUse), usage: None },
+            Message::Assistant { content: vec![Block::Text { text: "done".into() }, Block::opaque("x".into(), r#"{"type":"x"}"#.into())], model: None, stop: None, usage: None },
+            Message::ToolResult { call_id: "c1".into(), tool_name: "bash".into(), content: vec![Block::Text { text: "out".into() }], is_error: true },
+        ];
+        let ms: Vec<std::sync::Arc<Message>> = ms.into_iter().map(std::sync::Arc::new).collect();
+        for k in 0..=ms.len() {
+            let some = &ms[..k];
+            assert_eq!(neutral_len(some), serde_json::to_vec(&neutral(some)).unwrap().len() as u64, "the first {k} messages");
+        }
+    }
 
     #[test]
     fn a_tool_use_id_repeated_across_messages_is_made_unique_for_anthropic() {
