@@ -227,7 +227,7 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     let load = t.elapsed();
     let hwm = status_kib(pid, "VmHWM:") / 1024.0;
     let rss = status_kib(pid, "VmRSS:") / 1024.0;
-    writeln!(md, "\nMemory: one server holding **1,000 sessions of 200 messages** each (recorded through the endpoint, one request of 200 messages per session, {:.1} s in all): peak RSS **{hwm:.0} MiB**, {rss:.0} MiB at the end (target: peak < 500 MB). Warm projections are bounded to 64 and 512 MiB by their weight (the least recently used are folded again from the log on demand) and sled's page cache to 64 MiB; the client's view of every conversation stays in memory.", load.as_secs_f64())?;
+    writeln!(md, "\nMemory: one server holding **1,000 sessions of 200 messages** each (recorded through the endpoint, one request of 200 messages per session, {:.1} s in all): peak RSS **{hwm:.0} MiB**, {rss:.0} MiB at the end (target: peak < 500 MB). Warm projections are bounded to 256 and 512 MiB by their weight (the least recently used are folded again from the log on demand) and sled's page cache to 64 MiB; the client's view of every conversation stays in memory.", load.as_secs_f64())?;
     // The dashboard's sessions list over those 1,000 sessions (what its page polls every two seconds).
     let mut list = Vec::new();
     let (mut bytes, mut sessions) = (0, 0);
