@@ -32,6 +32,10 @@ pub(crate) struct Counters {
 /// preparation and the render into the provider's format, and writing the upstream body.
 const PHASES: [&str; 5] = ["parse", "wait", "record", "build", "body"];
 
+/// How long the status and the metrics wait for a conversation a request holds before they answer
+/// without it.
+const QUICK: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// How many recent requests the latency figures cover.
 const LATENCY_WINDOW: usize = 100;
 
@@ -169,14 +173,30 @@ impl State {
         &self.store
     }
 
+    /// The open conversations and the totals of those closed, and whether any could not be read within
+    /// [`QUICK`] (a request holds it: with a hung store, the status and the metrics answer without it
+    /// rather than hang with it).
+    async fn readable_convs(&self) -> (Vec<tokio::sync::OwnedMutexGuard<Conv>>, Totals, bool) {
+        let Ok(map) = tokio::time::timeout(QUICK, self.convs.lock()).await else { return (Vec::new(), Totals::default(), true) };
+        let (convs, totals) = map.split();
+        let mut held = Vec::with_capacity(convs.len());
+        let mut busy = false;
+        for conv in convs {
+            match tokio::time::timeout(QUICK, conv.cell.clone().lock_owned()).await {
+                Ok(g) => held.push(g),
+                Err(_) => busy = true,
+            }
+        }
+        (held, totals, busy)
+    }
+
     /// The status figures as JSON.
     pub async fn status(&self) -> Value {
         let c = &self.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (convs, mut totals) = self.convs.lock().await.split();
+        let (convs, mut totals, busy) = self.readable_convs().await;
         let mut sessions = Vec::new();
-        for conv in convs {
-            let c = conv.lock().await;
+        for c in convs {
             totals.add(&c.figures, &c.ledger);
             sessions.push(json!({
                 "name": c.session.name(), "id": c.session.id(), "requests": c.figures.requests, "stubs": c.figures.stubs,
@@ -188,6 +208,7 @@ impl State {
         json!({
             "sessions": self.names.lock().expect("names lock").len(),
             "active_sessions": sessions,
+            "busy": busy,
             "requests": self.metrics.requests_total(),
             "tokens_in": self.metrics.tokens_received.get(),
             "tokens_sent": self.metrics.tokens_sent.get(),
@@ -285,19 +306,23 @@ impl State {
     /// The metrics in the Prometheus text format, the figures of the conversations in memory read now.
     pub async fn metrics(&self) -> String {
         let m = &self.metrics;
-        let (convs, mut totals) = self.convs.lock().await.split();
-        m.sessions_warm.set(convs.len() as i64);
-        for conv in convs {
-            let c = conv.lock().await;
+        let (convs, mut totals, busy) = self.readable_convs().await;
+        // With a conversation unreadable (a request holds it on a hung store), the gauges summed over the
+        // conversations keep their last values rather than drop.
+        for c in &convs {
             totals.add(&c.figures, &c.ledger);
         }
-        m.checkpoints.set(totals.checkpoints as i64);
-        m.recoveries.set(totals.recoveries as i64);
-        m.stubs.set(totals.stubs as i64);
-        if self.cfg.price_cache || totals.direct > 0.0 {
-            m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(totals.condense);
-            m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(totals.direct);
+        if !busy {
+            m.sessions_warm.set(convs.len() as i64);
+            m.checkpoints.set(totals.checkpoints as i64);
+            m.recoveries.set(totals.recoveries as i64);
+            m.stubs.set(totals.stubs as i64);
+            if self.cfg.price_cache || totals.direct > 0.0 {
+                m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(totals.condense);
+                m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(totals.direct);
+            }
         }
+        drop(convs);
         let fallbacks = self.summarizer_fallbacks();
         m.summarizer_fallbacks.inc_by(fallbacks.saturating_sub(m.summarizer_fallbacks.get()));
         m.memory_reserved.set(self.budget.used() as i64);

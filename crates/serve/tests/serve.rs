@@ -1213,7 +1213,30 @@ async fn a_hung_database_gets_a_503_within_seconds_and_serve_recovers_by_itself(
         assert!(waited < std::time::Duration::from_secs(10), "answered after {waited:?}");
         agent.history.pop();
     }
+    // The status and the metrics answer while the store hangs (a request held the conversation then).
+    for path in ["/condense/status", "/condense/metrics"] {
+        let t0 = std::time::Instant::now();
+        let r = reqwest::get(format!("http://{}{path}", serve.addr)).await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let text = r.text().await.unwrap();
+        assert!(t0.elapsed() < std::time::Duration::from_secs(3), "{path} answered after {:?}", t0.elapsed());
+        if path == "/condense/status" {
+            assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["busy"], true, "{text}");
+        }
+    }
     tokio::task::block_in_place(|| cluster.resume());
+    // serve recovers by itself: what hung finishes once the database answers (the status is no longer
+    // busy), and the next request is a 200.
+    let mut busy = true;
+    for _ in 0..100 {
+        let v: Value = serde_json::from_slice(&reqwest::get(format!("http://{}/condense/status", serve.addr)).await.unwrap().bytes().await.unwrap()).unwrap();
+        busy = v["busy"] == true;
+        if !busy {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(!busy, "serve still busy 10 s after the database answered");
     let reply = agent.turn("after the hang").await.unwrap();
     assert!(reply.starts_with("reply "), "{reply}");
     serve.stop().await.unwrap();

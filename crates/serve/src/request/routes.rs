@@ -182,13 +182,14 @@ impl RequestLine {
 pub const STORE_STALL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Resolves once the store's oldest operation in flight has waited [`STORE_STALL`] (checked four times a
-/// second), with how long it has.
+/// second, the first a tick after the request came: operations a database that just answered again
+/// still has in flight finish within it), with how long it has.
 async fn store_stalled(st: &State) -> std::time::Duration {
     loop {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         if let Some(d) = st.store().log().stalled_for().filter(|d| *d >= STORE_STALL) {
             return d;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
 
