@@ -309,6 +309,20 @@ fn recording() -> (Pieces, condense_tests::HandoffWith<impl Fn(&str, usize) -> c
     }))
 }
 
+/// `first`, then `n` requests (`u0`, `u1`…) of `chars` characters each answered by a reply as long (`a0`,
+/// `a1`…), chained; the events and the last entry's id.
+fn exchanges(first: SourceEvent, n: usize, chars: usize) -> (Vec<SourceEvent>, Option<String>) {
+    use condense_events::{Message, UserOrigin};
+    let mut events = vec![first];
+    let mut parent: Option<String> = None;
+    for i in 0..n {
+        events.push(msg(&format!("u{i}"), parent.as_deref(), Message::user_text(format!("request {i}: {}", "x".repeat(chars)), UserOrigin::Prompt)));
+        events.push(msg(&format!("a{i}"), Some(&format!("u{i}")), reply(&format!("answer {i}: {}", "y".repeat(chars)))));
+        parent = Some(format!("a{i}"));
+    }
+    (events, parent)
+}
+
 fn msg(id: &str, parent: Option<&str>, m: condense_events::Message) -> SourceEvent {
     SourceEvent::EntryAppended { id: id.into(), parent: parent.map(str::to_string), entry: condense_events::Entry::Message(m) }
 }
@@ -559,13 +573,7 @@ fn the_request_overhead_is_kept_free_by_the_controller_and_the_handoff() {
     let store = condense_tests::open_store(dir.path()).unwrap();
     // About 10,000 tokens of conversation on a 32k window (hard budget 16,000).
     let s = unpruned(&store, "overhead");
-    let mut events = vec![model(32_000)];
-    let mut parent: Option<String> = None;
-    for i in 0..10 {
-        events.push(msg(&format!("u{i}"), parent.as_deref(), Message::user_text(format!("request {i}: {}", "x".repeat(2000)), UserOrigin::Prompt)));
-        events.push(msg(&format!("a{i}"), Some(&format!("u{i}")), reply(&format!("answer {i}: {}", "y".repeat(2000)))));
-        parent = Some(format!("a{i}"));
-    }
+    let (mut events, parent) = exchanges(model(32_000), 10, 2000);
     events.push(msg("u10", parent.as_deref(), Message::user_text("go on", UserOrigin::Prompt)));
     s.append(events).unwrap();
     s.prepare().unwrap();
@@ -712,13 +720,7 @@ fn no_request_goes_out_over_the_budget_after_a_checkpoint() {
     let out: String = (0..30_000 / 8).map(|n| format!("l{n:06} ")).collect();
     for overhead in (1_500..=4_500).step_by(20) {
         let s = unpruned(&store, &format!("sweep-{overhead}"));
-        let mut events = vec![model(200_000)];
-        let mut parent: Option<String> = None;
-        for i in 0..8 {
-            events.push(msg(&format!("u{i}"), parent.as_deref(), Message::user_text(format!("request {i}: {}", "x".repeat(4000)), UserOrigin::Prompt)));
-            events.push(msg(&format!("a{i}"), Some(&format!("u{i}")), reply(&format!("answer {i}: {}", "y".repeat(4000)))));
-            parent = Some(format!("a{i}"));
-        }
+        let (mut events, parent) = exchanges(model(200_000), 8, 4000);
         events.push(msg("u8", parent.as_deref(), Message::user_text("read the log", UserOrigin::Prompt)));
         events.push(msg("c8", Some("u8"), call("r8", "reading")));
         events.push(msg("t8", Some("c8"), result("r8", out.clone(), false)));

@@ -164,8 +164,9 @@ pub fn list_price(overrides: &[ListPrice], model: &str) -> Option<ListPrice> {
 /// it extends with a dash (a dated snapshot: `claude-sonnet-4-5-20250929` is priced as `claude-sonnet-4-5`).
 pub fn list_price_of_request(overrides: &[ListPrice], model: &str) -> Option<ListPrice> {
     list_price(overrides, model).or_else(|| {
-        let all = overrides.iter().cloned().chain(crate::simulate::price_table());
-        all.filter(|p| model.strip_prefix(p.model.as_str()).is_some_and(|rest| rest.starts_with('-'))).max_by_key(|p| p.model.len())
+        let names = overrides.iter().map(|p| p.model.as_str()).chain(crate::simulate::PRICE_TABLE.iter().map(|p| p.0));
+        let base = names.filter(|n| model.strip_prefix(n).is_some_and(|rest| rest.starts_with('-'))).max_by_key(|n| n.len())?;
+        list_price(overrides, base)
     })
 }
 

@@ -463,10 +463,9 @@ impl Session {
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
         let rendered = proj.render();
-        // The controller counted the context against its budget when it fitted; after a checkpoint both are
-        // counted afresh. A notice that would take the request over the hard budget stays out (a recovery
-        // may fill the budget to its last token).
-        let measured = measured.or_else(|| controller::budget_of(&proj).map(|b| (controller::context_tokens(&proj), b)));
+        // The controller counted the context against its budget (after a checkpoint, afresh). A notice that
+        // would take the request over the hard budget stays out (a recovery may fill the budget to its last
+        // token).
         let notice = measured.and_then(|(tokens, budget)| controller::notice(budget, tokens).filter(|n| tokens + condense_tokens::estimate(n) <= budget.hard));
         let rendered = match notice {
             None => rendered,
@@ -569,8 +568,8 @@ impl Session {
         self.checkpoint(controller::Reason::Manual).map(drop)
     }
 
-    /// Runs the controller; returns the tokens it measured, and the budget, when the context fitted as it
-    /// was.
+    /// Runs the controller; returns the tokens the request takes and the budget they were measured
+    /// against (after a threshold checkpoint, measured again), when the window is known.
     pub(crate) fn checkpoint(&self, reason: controller::Reason) -> Result<Option<(u64, condense_checkpoint::Budget)>> {
         let warm = self.store.warm(self.id);
         let mut proj = warm.lock().expect("projection lock");
@@ -583,7 +582,7 @@ impl Session {
                     let mut events = vec![Event::Decision(started)];
                     events.extend(decisions.into_iter().map(Event::Decision));
                     self.append_locked(&mut proj, events).map_err(|e| self.not_stored(e))?;
-                    return self.within_budget_after_commit(&mut proj, summarizer.as_ref()).map(|()| None);
+                    return self.within_budget_after_commit(&mut proj, summarizer.as_ref());
                 }
                 // Nothing before the final batch to hand off, or a handoff that leaves too little room:
                 // the checkpoint controller's later moves (no retained prompts, the final batch cut to the
@@ -604,7 +603,7 @@ impl Session {
         match self.decide_and_store(&mut proj, reason, summarizer.as_ref())? {
             Some(fits) => Ok(Some(fits)),
             None if reason == controller::Reason::Manual => Ok(None),
-            None => self.within_budget_after_commit(&mut proj, summarizer.as_ref()).map(|()| None),
+            None => self.within_budget_after_commit(&mut proj, summarizer.as_ref()),
         }
     }
 
@@ -630,16 +629,20 @@ impl Session {
     /// fixed context may differ after a checkpoint) is measured again, and one still over the hard budget
     /// does not go out as it is: the controller runs once more on it (its later moves: no retained prompts,
     /// the final batch cut to the room left), and a request over the budget after that is refused with
-    /// `CONTEXT_COMPACTION_FAILED`.
-    fn within_budget_after_commit(&self, proj: &mut Live, summarizer: &dyn condense_summarize::Summarizer) -> Result<()> {
-        let over = |p: &Projection| controller::budget_of(p).map(|b| (controller::context_tokens(p), b.hard)).filter(|(t, hard)| t > hard);
-        if over(proj).is_none() {
-            return Ok(());
+    /// `CONTEXT_COMPACTION_FAILED`. Returns what it measured, for the budget notice.
+    fn within_budget_after_commit(&self, proj: &mut Live, summarizer: &dyn condense_summarize::Summarizer) -> Result<Option<(u64, condense_checkpoint::Budget)>> {
+        let measure = |p: &Projection| controller::budget_of(p).map(|b| (controller::context_tokens(p), b));
+        let over = |m: &Option<(u64, condense_checkpoint::Budget)>| m.is_some_and(|(t, b)| t > b.hard);
+        let first = measure(proj);
+        if !over(&first) {
+            return Ok(first);
         }
-        if self.decide_and_store(proj, controller::Reason::Threshold, summarizer)?.is_some() {
-            return Ok(());
+        if let Some(fits) = self.decide_and_store(proj, controller::Reason::Threshold, summarizer)? {
+            return Ok(Some(fits));
         }
-        let Some((tokens, hard)) = over(proj) else { return Ok(()) };
+        let again = measure(proj);
+        let Some((tokens, budget)) = again.filter(|_| over(&again)) else { return Ok(again) };
+        let hard = budget.hard;
         let reason = format!("after checkpoint the request still takes {tokens} tokens, over the hard budget of {hard}");
         let started = DecisionEvent::CheckpointStarted { reason: "threshold".into(), tokens };
         let failed = DecisionEvent::CheckpointFailed { code: condense_checkpoint::CONTEXT_COMPACTION_FAILED.into(), reason: reason.clone() };
@@ -863,7 +866,7 @@ mod tests {
             assert!(controller::context_tokens(&proj) > hard, "{name}: the stored checkpoint leaves the request over {hard}");
             let summarizer = condense_summarize::Extractive::default();
             match (name, s.within_budget_after_commit(&mut proj, &summarizer)) {
-                ("fixed", Ok(())) => {
+                ("fixed", Ok(_)) => {
                     assert_eq!(proj.index().checkpoints.len(), 2, "a second checkpoint");
                     assert!(controller::context_tokens(&proj) <= hard);
                 }

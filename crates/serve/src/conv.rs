@@ -539,11 +539,11 @@ impl Conv {
     /// byte; a client message of a unit that changed goes out as its own wire JSON; the rest is written
     /// from the neutral model. The client's `cache_control` marks go back on the messages they were on, or,
     /// for the last message, on the last message sent before any notice.
-    pub fn build(&mut self, api: Api, raw: &RawRequest, rec: &Recorded, internal: &Internal, stop: Option<crate::summary::Stop>) -> Result<Built> {
+    pub fn build(&mut self, api: Api, raw: &RawRequest, rec: &Recorded, internal: &Internal, stop: crate::summary::Stop) -> Result<Built> {
         // Summaries and handoffs this preparation needs go through the upstream, asking the session's
         // native model (the one before the last model change) unless `--summary-model` names one; `stop`
         // says when the preparation must stop, committing nothing.
-        let summarizer = internal.summary.as_ref().zip(self.native_model.as_deref()).map(|(route, native)| route.summarizer(native, stop));
+        let summarizer = internal.summary.as_ref().zip(self.native_model.as_deref()).map(|(route, native)| route.summarizer(native, Some(stop)));
         let session = self.session.clone();
         let seg = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages)))?;
         (self.figures.stubs, self.figures.checkpoints, self.figures.recoveries, self.figures.chains) = seg.figures;

@@ -173,38 +173,41 @@ impl State {
         &self.store
     }
 
-    /// The open conversations and the totals of those closed, and whether any could not be read within
-    /// [`QUICK`] (a request holds it: with a hung store, the status and the metrics answer without it
-    /// rather than hang with it).
-    async fn readable_convs(&self) -> (Vec<tokio::sync::OwnedMutexGuard<Conv>>, Totals, bool) {
-        let Ok(map) = tokio::time::timeout(QUICK, self.convs.lock()).await else { return (Vec::new(), Totals::default(), true) };
-        let (convs, totals) = map.split();
-        let mut held = Vec::with_capacity(convs.len());
+    /// Runs `f` on each open conversation, one at a time, and sums their figures with those of the
+    /// conversations closed; says whether any could not be read within [`QUICK`] (a request holds it: with
+    /// a hung store, the status and the metrics answer without it rather than hang with it).
+    async fn read_convs(&self, mut f: impl FnMut(&Conv)) -> (Totals, bool) {
+        let Ok(map) = tokio::time::timeout(QUICK, self.convs.lock()).await else { return (Totals::default(), true) };
+        let (convs, mut totals) = map.split();
+        drop(map);
         let mut busy = false;
         for conv in convs {
-            match tokio::time::timeout(QUICK, conv.cell.clone().lock_owned()).await {
-                Ok(g) => held.push(g),
+            match tokio::time::timeout(QUICK, conv.lock()).await {
+                Ok(c) => {
+                    totals.add(&c.figures, &c.ledger);
+                    f(&c);
+                }
                 Err(_) => busy = true,
             }
         }
-        (held, totals, busy)
+        (totals, busy)
     }
 
     /// The status figures as JSON.
     pub async fn status(&self) -> Value {
         let c = &self.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (convs, mut totals, busy) = self.readable_convs().await;
         let mut sessions = Vec::new();
-        for c in convs {
-            totals.add(&c.figures, &c.ledger);
-            sessions.push(json!({
-                "name": c.session.name(), "id": c.session.id(), "requests": c.figures.requests, "stubs": c.figures.stubs,
-                "checkpoints": c.figures.checkpoints, "recoveries": c.figures.recoveries, "messages": c.visible_len(),
-                "failures": self.live.failures_of(c.session.id()),
-                "cache_priced": c.ledger.figures(),
-            }));
-        }
+        let (totals, busy) = self
+            .read_convs(|c| {
+                sessions.push(json!({
+                    "name": c.session.name(), "id": c.session.id(), "requests": c.figures.requests, "stubs": c.figures.stubs,
+                    "checkpoints": c.figures.checkpoints, "recoveries": c.figures.recoveries, "messages": c.visible_len(),
+                    "failures": self.live.failures_of(c.session.id()),
+                    "cache_priced": c.ledger.figures(),
+                }))
+            })
+            .await;
         json!({
             "sessions": self.names.lock().expect("names lock").len(),
             "active_sessions": sessions,
@@ -306,14 +309,12 @@ impl State {
     /// The metrics in the Prometheus text format, the figures of the conversations in memory read now.
     pub async fn metrics(&self) -> String {
         let m = &self.metrics;
-        let (convs, mut totals, busy) = self.readable_convs().await;
+        let mut warm = 0;
+        let (totals, busy) = self.read_convs(|_| warm += 1).await;
         // With a conversation unreadable (a request holds it on a hung store), the gauges summed over the
         // conversations keep their last values rather than drop.
-        for c in &convs {
-            totals.add(&c.figures, &c.ledger);
-        }
         if !busy {
-            m.sessions_warm.set(convs.len() as i64);
+            m.sessions_warm.set(warm);
             m.checkpoints.set(totals.checkpoints as i64);
             m.recoveries.set(totals.recoveries as i64);
             m.stubs.set(totals.stubs as i64);
@@ -322,7 +323,6 @@ impl State {
                 m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(totals.direct);
             }
         }
-        drop(convs);
         let fallbacks = self.summarizer_fallbacks();
         m.summarizer_fallbacks.inc_by(fallbacks.saturating_sub(m.summarizer_fallbacks.get()));
         m.memory_reserved.set(self.budget.used() as i64);

@@ -2006,6 +2006,15 @@ async fn idle_conversations_close_past_the_memory_bound_and_come_back_whole() {
     assert_eq!(status["requests"], 4);
 }
 
+/// The tokens a Chat request upstream takes as condense counts them: its system prompt, its tool
+/// declarations and its messages but the host context (as the tight-window tests count them).
+fn chat_request_tokens(l: &Logged) -> u64 {
+    let system = l.body["messages"][0]["content"].as_str().map_or(0, str::len) as u64 / 4;
+    let tools = (l.body["tools"].to_string().len() as u64).div_ceil(4);
+    let messages: Vec<Message> = l.messages().into_iter().filter(|m| !m.is_host()).collect();
+    system + tools + condense_tokens::estimate_all(&messages)
+}
+
 /// Issue 59 through serve: at a 16,000-token window a client whose system prompt takes half of it runs
 /// turns of outputs larger than the room left (the final batch cut to fit, each copy naming its ref),
 /// never more than the window upstream; a system prompt larger than the window gets one refusal naming
@@ -2027,10 +2036,7 @@ async fn a_tight_window_cuts_what_it_must_and_refuses_only_what_cannot_fit() {
         assert_eq!(agent.turn(&format!("count, turn {k}")).await.unwrap(), format!("done {k}"));
     }
     for (i, l) in s.fake.log().iter().enumerate() {
-        let system = l.body["messages"][0]["content"].as_str().map_or(0, str::len) as u64 / 4;
-        let tools = (l.body["tools"].to_string().len() as u64).div_ceil(4);
-        let messages: Vec<Message> = l.messages().into_iter().filter(|m| !m.is_host()).collect();
-        let tokens = system + tools + condense_tokens::estimate_all(&messages);
+        let tokens = chat_request_tokens(l);
         assert!(tokens <= 16_000, "request {i} takes {tokens} tokens");
     }
     let last = s.fake.log().last().unwrap().messages();
@@ -2110,10 +2116,7 @@ async fn a_tight_window_takes_each_move_in_order_through_serve() {
             }
         }
         for (i, l) in s.fake.log().iter().enumerate() {
-            let system = l.body["messages"][0]["content"].as_str().map_or(0, str::len) as u64 / 4;
-            let tools = (l.body["tools"].to_string().len() as u64).div_ceil(4);
-            let messages: Vec<Message> = l.messages().into_iter().filter(|m| !m.is_host()).collect();
-            let tokens = system + tools + condense_tokens::estimate_all(&messages);
+            let tokens = chat_request_tokens(l);
             assert!(tokens <= 16_000, "{system_tokens}: request {i} takes {tokens} tokens");
         }
         let (_, session) = store_of(&s);

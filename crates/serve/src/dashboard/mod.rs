@@ -69,25 +69,28 @@ async fn sessions(axum::extract::State(st): S) -> Response {
         Ok(i) => i,
         Err(e) => return failed(e),
     };
-    let list: Vec<Value> = {
+    let (list, failures): (Vec<Value>, Vec<Value>) = {
         let live = st.live.sessions.lock().expect("live lock");
-        infos
+        let f = st.live.failures.lock().expect("failures lock");
+        let list = infos
             .iter()
             .rev()
-            .map(|i| json!({"id": i.id, "name": i.name, "events": i.head, "live": live.get(&i.id).map(summary_json), "failures": st.live.failures_of(i.id)}))
-            .collect()
-    };
-    // The newest refusals first, each with the name of the session it belongs to.
-    let failures: Vec<Value> = {
-        let f = st.live.failures.lock().expect("failures lock");
-        f.recent
+            .map(|i| {
+                let failures = f.by_session.get(&i.id).copied().unwrap_or(0);
+                json!({"id": i.id, "name": i.name, "events": i.head, "live": live.get(&i.id).map(summary_json), "failures": failures})
+            })
+            .collect();
+        // The newest refusals first, each with the name of the session it belongs to.
+        let failures = f
+            .recent
             .iter()
             .rev()
             .map(|x| {
                 let name = x.session.and_then(|id| infos.iter().find(|i| i.id == id).map(|i| i.name.clone()));
                 json!({"at_ms": x.at_ms, "api": x.api, "status": x.status, "code": x.code, "reason": x.reason, "session": x.session, "name": name})
             })
-            .collect()
+            .collect();
+        (list, failures)
     };
     let status = totals(&st).await;
     let priced = st.cfg.price_cache || list.iter().any(|s| !s["live"]["cache_priced"].is_null());

@@ -269,15 +269,15 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
     // stops, committing nothing, when the client gives the request up or a newer request of the
     // conversation (new owner input) waits behind it.
     let items = raw.items.len();
-    let (stop, abandoned) = stop_for(&conv.waiting, items);
+    let (stop, _abandoned) = stop_for(&conv.waiting, items);
     let queued_here = Queued::new(&conv.waiting, items);
-    let result = with_conv(conv, move |c| -> Result<Prepared, ConvError> {
+    with_conv(conv, move |c| -> Result<Prepared, ConvError> {
         drop(queued_here);
         let t0 = std::time::Instant::now();
         let wait = t0 - queued;
         let rec = c.record_request(api, &raw, &model, limits, overhead, &internal)?;
         let t1 = std::time::Instant::now();
-        let mut built = c.build(api, &raw, &rec, &internal, Some(stop.clone()))?;
+        let mut built = c.build(api, &raw, &rec, &internal, stop.clone())?;
         let t2 = std::time::Instant::now();
         let (mut body, mut list_at) = upstream_body(api, &raw.buf, &fields, &mut built);
         let t3 = std::time::Instant::now();
@@ -286,7 +286,7 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
         match c.session.guard_payload(body.len() as u64) {
             Ok(()) => {}
             Err(EngineError::ContextOverflow { .. }) => {
-                built = c.build(api, &raw, &rec, &internal, Some(stop))?;
+                built = c.build(api, &raw, &rec, &internal, stop)?;
                 (body, list_at) = upstream_body(api, &raw.buf, &fields, &mut built);
             }
             Err(e) => return Err(e.into()),
@@ -298,9 +298,7 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
         let sent = c.note_sent(&body[list_at], limits.map(|l| l.context_window));
         Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2], c.ledger.clone(), c.session.id(), sent))
     })
-    .await;
-    abandoned.defuse();
-    result
+    .await
 }
 
 /// A request waiting for its conversation, with the messages its list holds (in [`Waiting`] from before
@@ -323,21 +321,13 @@ impl Drop for Queued {
     }
 }
 
-/// Set when the request that prepares is given up by its client (the handler's future dropped before the
-/// preparation ended); [`Abandoned::defuse`] once it has.
-pub(crate) struct Abandoned(Option<Arc<AtomicBool>>);
-
-impl Abandoned {
-    pub(crate) fn defuse(mut self) {
-        self.0 = None;
-    }
-}
+/// Sets its stop's flag when dropped: held by the request's future across the preparation, it is dropped
+/// early only when the client gives the request up (once the preparation ended, the flag reaches nobody).
+pub(crate) struct Abandoned(Arc<AtomicBool>);
 
 impl Drop for Abandoned {
     fn drop(&mut self) {
-        if let Some(flag) = &self.0 {
-            flag.store(true, Ordering::SeqCst);
-        }
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 
@@ -358,5 +348,5 @@ pub(crate) fn stop_for(waiting: &Arc<Mutex<Waiting>>, items: usize) -> (Stop, Ab
             None
         }
     });
-    (stop, Abandoned(Some(flag)))
+    (stop, Abandoned(flag))
 }

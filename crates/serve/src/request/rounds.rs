@@ -49,13 +49,12 @@ pub(crate) async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Rec
         let text = api::error_text(&bytes);
         let (raw, internal) = (req.raw.clone(), req.internal.clone());
         let units = rec.units.clone();
-        let (stop, abandoned) = crate::request::conversation::stop_for(&conv.waiting, req.raw.items.len());
+        let (stop, _abandoned) = crate::request::conversation::stop_for(&conv.waiting, req.raw.items.len());
         let rebuilt = with_conv(&conv, move |c| {
             c.record_overflow(&text)?;
-            c.build(api, &raw, &Recorded { units, last: None, tokens_in: 0 }, &internal, Some(stop))
+            c.build(api, &raw, &Recorded { units, last: None, tokens_in: 0 }, &internal, stop)
         })
         .await;
-        abandoned.defuse();
         match rebuilt {
             Ok(mut built) if !overflowed => {
                 overflowed = true;
@@ -100,7 +99,7 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
     let units = rec.units.clone();
     let max = st.cfg.max_tool_rounds;
     type Round = Result<(Built, condense_events::SessionId, crate::conv::ConvFigures), bool>;
-    let (stop, abandoned) = crate::request::conversation::stop_for(&conv.waiting, req.raw.items.len());
+    let (stop, _abandoned) = crate::request::conversation::stop_for(&conv.waiting, req.raw.items.len());
     let (last, next) = with_conv(conv, move |c| -> Result<(Option<String>, Option<Round>), EngineError> {
         let id = c.record_reply(parent.as_deref(), reply.clone(), usage, &internal)?;
         let calls: Vec<bool> = reply.tool_calls().map(|(_, n, _)| internal.answers(n)).collect();
@@ -119,11 +118,10 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
             let id = c.record_reply(Some(&last), closing, None, &internal)?;
             return Ok((Some(id), Some(Err(true))));
         }
-        let built = c.build(api, &raw, &Recorded { units, last: Some(last.clone()), tokens_in: 0 }, &internal, Some(stop))?;
+        let built = c.build(api, &raw, &Recorded { units, last: Some(last.clone()), tokens_in: 0 }, &internal, stop)?;
         Ok((Some(last), Some(Ok((built, c.session.id(), c.figures.clone())))))
     })
     .await?;
-    abandoned.defuse();
     rec.last = last;
     Ok(match next {
         None => Next::Done { note: None },
