@@ -182,7 +182,8 @@ impl Shared {
 
     /// How long the oldest operation in flight has waited.
     fn stalled_for(&self) -> Option<Duration> {
-        self.inflight.lock().expect("in-flight lock").values().min().map(|t| t.elapsed())
+        // Tickets are handed out in the order operations begin: the first is the oldest.
+        self.inflight.lock().expect("in-flight lock").first_key_value().map(|(_, t)| t.elapsed())
     }
 
     fn unavailable(&self, detail: String) -> LogError {
