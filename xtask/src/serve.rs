@@ -140,7 +140,12 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")?;
     let (proxy_rt, proxy) = plain_proxy(fake.url())?;
     let mut phase_rows = Vec::new();
+    // `CONDENSE_BENCH_SHAPES=1000` measures only the conversations of that many messages, and nothing after.
+    let only: Vec<usize> = std::env::var("CONDENSE_BENCH_SHAPES").map(|v| v.split(',').filter_map(|w| w.trim().parse().ok()).collect()).unwrap_or_default();
     for (n, reqs) in [(10usize, 200usize), (100, 200), (1000, 100)] {
+        if !only.is_empty() && !only.contains(&n) {
+            continue;
+        }
         // Conversations of n - 1 messages the server holds (recorded by unmeasured requests first), then
         // the measured requests, round-robin over them, each adding a prompt as an agent's next request.
         let convs = reqs / 2;
@@ -214,6 +219,11 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     )?;
     for row in phase_rows {
         writeln!(md, "- {row}")?;
+    }
+    if !only.is_empty() {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Ok(());
     }
     fake.clear_log();
     // Memory: 1,000 sessions of 200 messages held by one server.

@@ -42,6 +42,7 @@ pub mod export;
 mod json;
 mod jsonl;
 mod pi;
+pub mod scan;
 pub mod wire;
 
 use condense_events::SourceEvent;

@@ -133,6 +133,16 @@ impl Written {
         self.role.as_deref()
     }
 
+    /// The bytes of JSON it holds.
+    pub fn len(&self) -> usize {
+        self.envelope.get().len() + self.role.as_ref().map_or(0, |r| r.len()) + self.parts.iter().map(|p| p.get().len()).sum::<usize>()
+    }
+
+    /// Whether it holds no JSON at all (never: its envelope is an object).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Whether any part's JSON text holds `needle`.
     pub fn mentions(&self, needle: &str) -> bool {
         self.parts.iter().any(|p| p.get().contains(needle))
@@ -317,37 +327,50 @@ impl RawRequest {
 /// Splits a request's message list into units, reading only each element's role and type. `items` are
 /// the elements' ranges in `buf`.
 pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>) -> Result<RawRequest, WireError> {
+    let mut probes: Vec<(u8, bool)> = Vec::with_capacity(items.len());
+    for (i, r) in items.iter().enumerate() {
+        let p: Probe<'_> = serde_json::from_slice(&buf[r.clone()]).map_err(|_| werr(format!("{}[{i}]", api.list_field()), "expected an object"))?;
+        probes.push(probe_of(api, i, p.role.as_deref(), p.kind.as_deref())?);
+    }
+    split_probed(api, buf, items, probes)
+}
+
+/// How element `i` groups, by its `role` and `type`: its role's number and whether the model wrote it.
+pub fn probe_of(api: Api, i: usize, role: Option<&str>, kind: Option<&str>) -> Result<(u8, bool), WireError> {
+    if api != Api::Responses && role.is_none() {
+        return Err(werr(format!("{}[{i}]", api.list_field()), "`role` is missing"));
+    }
+    let assistant_side = match kind {
+        Some("message") => role == Some("assistant"),
+        Some(t) => !t.ends_with("_output") && !matches!(t, "item_reference" | "compaction" | "compaction_summary"),
+        None => role == Some("assistant"),
+    };
+    Ok((role_number(role), assistant_side))
+}
+
+/// [`split_units`] with each element's [`probe_of`] already known (serve finds them as it scans the
+/// body: `crate::scan`).
+pub fn split_probed(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>, probes: Vec<(u8, bool)>) -> Result<RawRequest, WireError> {
     use std::hash::Hasher;
     // A list's element indices are kept in 32 bits (4 G elements would take a body of 8 GB first).
     if u32::try_from(items.len()).is_err() {
         return Err(werr(api.list_field().to_string(), format!("{} elements are more than a list may hold here", items.len())));
     }
-    let mut probes: Vec<(u8, bool)> = Vec::with_capacity(items.len());
-    let mut keys = Vec::with_capacity(items.len());
-    for (i, r) in items.iter().enumerate() {
-        let at = || format!("{}[{i}]", api.list_field());
-        let text = &buf[r.clone()];
-        let p: Probe<'_> = serde_json::from_slice(text).map_err(|_| werr(at(), "expected an object"))?;
-        if api != Api::Responses && p.role.is_none() {
-            return Err(werr(at(), "`role` is missing"));
-        }
-        let role = p.role.as_deref();
-        let assistant_side = match p.kind.as_deref() {
-            Some("message") => role == Some("assistant"),
-            Some(t) => !t.ends_with("_output") && !matches!(t, "item_reference" | "compaction" | "compaction_summary"),
-            None => role == Some("assistant"),
-        };
-        probes.push((role_number(role), assistant_side));
-        let mut h = rustc_hash::FxHasher::default();
-        h.write(text);
-        keys.push(h.finish());
-    }
+    let keys: Vec<u64> = items
+        .iter()
+        .map(|r| {
+            let mut h = rustc_hash::FxHasher::default();
+            h.write(&buf[r.clone()]);
+            h.finish()
+        })
+        .collect();
     let mut req = RawRequest { system: 0, units: Vec::new(), items: Vec::new(), buf: bytes::Bytes::new() };
     if api != Api::Anthropic {
         req.system = probes.iter().take_while(|(r, _)| matches!(ROLES[usize::from(*r)], "system" | "developer")).count();
     }
     // At most one unit per item: room for them at once, not by doubling.
     req.units.reserve_exact(items.len() - req.system);
+    let cache_mark = memchr::memmem::Finder::new(b"cache_control");
     let mut i = req.system;
     while i < items.len() {
         let mut j = i + 1;
@@ -360,7 +383,7 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
         for k in &keys[i..j] {
             h.write_u64(*k);
         }
-        let marked = items[i..j].iter().any(|r| memmem(&buf[r.clone()], b"cache_control"));
+        let marked = items[i..j].iter().any(|r| cache_mark.find(&buf[r.clone()]).is_some());
         // Both under the list's length, which fits 32 bits (above).
         req.units.push(Unit { start: i as u32, len: (j - i) as u32, key: h.finish(), role: probes[i].0, marked });
         i = j;
@@ -368,10 +391,6 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
     req.items = items;
     req.buf = buf;
     Ok(req)
-}
-
-fn memmem(hay: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(hay, needle).is_some()
 }
 
 /// Calls `f` with each element of the JSON array `list`, in order, as the array is read: a list of many
@@ -1002,8 +1021,9 @@ pub enum Piece<'a> {
     Raw(&'a [u8], &'a [std::ops::Range<usize>]),
     /// A message in wire form (boxed: a list of many small unchanged units holds a piece each).
     Msg(Box<OutMessage<'a>>),
-    /// A message in wire form held as JSON text (written as the same message in values would be).
-    Written(Box<Written>),
+    /// A message in wire form held as JSON text (written as the same message in values would be); shared,
+    /// as serve keeps what it wrote for a rendered message from one request to the next.
+    Written(std::sync::Arc<Written>),
 }
 
 impl<'a> Piece<'a> {
@@ -1402,7 +1422,7 @@ mod tests {
                             out.push(Piece::Raw(client, &ranges));
                         }
                         out.push(match written(k) {
-                            true => Piece::Written(Box::new(o.written())),
+                            true => Piece::Written(std::sync::Arc::new(o.written())),
                             false => Piece::Msg(Box::new(o.clone())),
                         });
                     }
@@ -1431,7 +1451,7 @@ mod tests {
         ];
         for outs in shapes {
             let as_values: Vec<Piece<'_>> = outs.iter().map(|o| Piece::Msg(Box::new(o.clone()))).collect();
-            let as_text: Vec<Piece<'_>> = outs.iter().map(|o| Piece::Written(Box::new(o.written()))).collect();
+            let as_text: Vec<Piece<'_>> = outs.iter().map(|o| Piece::Written(std::sync::Arc::new(o.written()))).collect();
             let want = write_list(Api::Anthropic, &[], &as_values, 0);
             assert_eq!(String::from_utf8_lossy(&write_list(Api::Anthropic, &[], &as_text, 0)), String::from_utf8_lossy(&want));
         }

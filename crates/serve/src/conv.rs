@@ -63,6 +63,38 @@ pub struct Conv {
     /// The model the history was written by: the session's model before its last change (or the current
     /// one, before any change). Summaries through the upstream ask it.
     native_model: Option<String>,
+    /// The messages of the last request's context written from the neutral model (stubs, chains,
+    /// summaries), by the address of the rendered message they were written for.
+    written: WrittenCache,
+}
+
+/// The wire JSON of rendered messages written from the neutral model, kept from one request to the next:
+/// a pruned message renders as the same `Arc` request after request, and writing it again (a JSON tree,
+/// then text) took a third of a 1,000-message request's preparation. Each entry holds the message it was
+/// written for, so an address is never taken for another message's; only the entries a request used stay.
+/// Looked up only, never iterated: what is written does not depend on the map's order.
+#[derive(Default)]
+struct WrittenCache {
+    api: Option<Api>,
+    map: rustc_hash::FxHashMap<usize, (Arc<Message>, Option<Arc<wire::Written>>)>,
+    /// The bytes of JSON the entries hold (their weight).
+    bytes: u64,
+}
+
+impl WrittenCache {
+    /// Message `m` written for `api`, from the cache when it holds it; `next` keeps what this request used.
+    fn get(&self, api: Api, m: &Arc<Message>, next: &mut WrittenCache) -> Option<Arc<wire::Written>> {
+        let at = Arc::as_ptr(m) as usize;
+        let hit = (self.api == Some(api)).then(|| self.map.get(&at)).flatten().filter(|(held, _)| Arc::ptr_eq(held, m));
+        let w = match hit {
+            Some((_, w)) => w.clone(),
+            None => wire::from_neutral(api, m).map(|o| Arc::new(o.written())),
+        };
+        next.api = Some(api);
+        next.bytes += w.as_ref().map_or(0, |w| w.len() as u64);
+        next.map.insert(at, (m.clone(), w.clone()));
+        w
+    }
 }
 
 /// What serve keeps of a conversation it closed to bound its memory: what its status shows, its bill and
@@ -79,6 +111,10 @@ pub struct Parked {
 /// What [`Conv::weight`] counts for each message of the client's view: its node, entry id and index
 /// entry (~130 bytes), the key of the unit it came in and its hash in the list last sent.
 pub const VIEW_WEIGHT: u64 = 160;
+
+/// What [`Conv::weight`] counts for each message of [`WrittenCache`] besides its JSON: its map entry and
+/// the written message's own allocations.
+const WRITTEN_WEIGHT: u64 = 96;
 
 /// What `/condense/status` shows of one conversation.
 #[derive(Debug, Clone, Default)]
@@ -291,7 +327,7 @@ impl Conv {
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = client_view(&session, internal)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None })
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default() })
     }
 
     /// Starts a new session for a conversation.
@@ -300,7 +336,7 @@ impl Conv {
         events.extend(SourceEvent::configured(prune));
         session.append(events)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None })
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default() })
     }
 
     /// Takes in what other processes appended since this one last worked on the session: the client's view
@@ -545,7 +581,10 @@ impl Conv {
         // says when the preparation must stop, committing nothing.
         let summarizer = internal.summary.as_ref().zip(self.native_model.as_deref()).map(|(route, native)| route.summarizer(native, Some(stop)));
         let session = self.session.clone();
-        let seg = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages)))?;
+        let mut written = WrittenCache::default();
+        let cache = &self.written;
+        let seg = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages, cache, &mut written)))?;
+        self.written = written;
         (self.figures.stubs, self.figures.checkpoints, self.figures.recoveries, self.figures.chains) = seg.figures;
         internal.declare(&seg.tools);
         write(api, raw, rec, seg).map_err(|e| EngineError::Pipeline { name: self.session.name().to_string(), reason: e.to_string() })
@@ -573,7 +612,7 @@ impl Conv {
         units.close(raw.units.len());
         let rec = Recorded { units: Arc::new(units), last: parent, tokens_in: 0 };
         let rendered = p.render();
-        Ok(write(api, raw, &rec, segments(api, &rec, internal, &p, &rendered.messages))?)
+        Ok(write(api, raw, &rec, segments(api, &rec, internal, &p, &rendered.messages, &self.written, &mut WrittenCache::default()))?)
     }
 }
 
@@ -583,7 +622,7 @@ enum Seg {
     Client(u32, u32),
     /// Written from the neutral model (`None`: nothing the API can carry), held as JSON text until the
     /// list is written.
-    New(Option<Box<wire::Written>>),
+    New(Option<Arc<wire::Written>>),
 }
 
 /// The rendered context mapped for writing (see [`segments`]).
@@ -604,7 +643,7 @@ struct Segments {
 /// Maps each rendered message to the client message it is (by identity with the entry's message) or its
 /// wire form; also whether the context ends with a budget notice, the tools it needs, its tokens, and the
 /// stub and checkpoint counts.
-fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::Projection, messages: &[Arc<Message>]) -> Segments {
+fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::Projection, messages: &[Arc<Message>], cache: &WrittenCache, next: &mut WrittenCache) -> Segments {
     // (message address, unit, message within it), sorted by address.
     let mut from: Vec<(usize, u32, u32)> = Vec::with_capacity(rec.units.entries.len());
     for u in 0..rec.units.len() {
@@ -621,7 +660,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
         .iter()
         .map(|m| match from.binary_search_by_key(&(Arc::as_ptr(m) as usize), |e| e.0) {
             Ok(k) => Seg::Client(from[k].1, from[k].2),
-            Err(_) => Seg::New(wire::from_neutral(api, m).map(|o| Box::new(o.written()))),
+            Err(_) => Seg::New(cache.get(api, m, next)),
         })
         .collect();
     let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
@@ -884,25 +923,37 @@ impl Conv {
         use std::hash::Hasher;
         // Hashed as the list is read (a list of its pieces took 16 bytes a message, doubled as it grew, at
         // the request's peak); a list that does not parse keeps no hashes, as none of it can be compared.
-        let mut hashes: Vec<u64> = Vec::new();
-        let read = condense_formats::wire::each_element(list, |m| {
+        let mark = memchr::memmem::Finder::new(b"\"cache_control\"");
+        let hash = |m: &[u8]| {
             let mut h = rustc_hash::FxHasher::default();
             // A cache mark moving to the new last message is not a change of the message (the provider
             // caches the prefix without the marks).
-            match m.get().contains("\"cache_control\"") {
+            match mark.find(m).is_some() {
                 true => {
-                    let mut v: Value = serde_json::from_str(m.get()).unwrap_or(Value::Null);
+                    let mut v: Value = serde_json::from_slice(m).unwrap_or(Value::Null);
                     crate::billing::strip(&mut v);
                     h.write(v.to_string().as_bytes());
                 }
-                false => h.write(m.get().as_bytes()),
+                false => h.write(m),
             }
-            hashes.push(h.finish());
-            Ok(())
-        });
-        if read.is_err() {
-            hashes = Vec::new();
-        }
+            h.finish()
+        };
+        // The list is serve's own writing: scanned for its elements (serde_json reads it when the scan
+        // cannot).
+        let hashes: Vec<u64> = match condense_formats::scan::elements(list) {
+            Some(ranges) => ranges.into_iter().map(|r| hash(&list[r])).collect(),
+            None => {
+                let mut hashes = Vec::new();
+                let read = condense_formats::wire::each_element(list, |m| {
+                    hashes.push(hash(m.get().as_bytes()));
+                    Ok(())
+                });
+                if read.is_err() {
+                    hashes = Vec::new();
+                }
+                hashes
+            }
+        };
         let kept = self.sent.iter().zip(&hashes).take_while(|(a, b)| a == b).count();
         let before = std::mem::replace(&mut self.sent, hashes).len();
         Sent { figures: self.figures.clone(), window, kept, before }
@@ -916,7 +967,7 @@ impl Conv {
     /// About how many bytes the conversation holds in memory besides its session's projection: its
     /// client view's messages at [`VIEW_WEIGHT`] each.
     pub fn weight(&self) -> u64 {
-        self.track.len() as u64 * VIEW_WEIGHT
+        self.track.len() as u64 * VIEW_WEIGHT + self.written.bytes + self.written.map.len() as u64 * WRITTEN_WEIGHT
     }
 
     /// What serve keeps of the conversation once it closes it ([`Parked`]).

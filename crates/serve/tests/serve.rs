@@ -487,12 +487,25 @@ async fn bad_requests_get_errors_in_the_api_format() {
     assert!(v["error"]["message"].as_str().unwrap().contains("messages[0]: unknown role `pilot`"), "{v}");
     let r = post("/v1/responses", json!({"model": "m", "input": 5}).to_string().into_bytes()).await.unwrap();
     assert_eq!(r.status(), 400);
+    // Broken JSON the body's one-pass scan steps over (inside a message, or in another field) is still
+    // refused, naming where it is (the scan reads only the structure: serde_json reads the rest).
+    let r = post("/v1/chat/completions", br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"} {"x":1}]}]}"#.to_vec()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("messages[0]"), "{v}");
+    for body in [r#"{"model":"m","temperature":1.2.3,"messages":[{"role":"user","content":"x"}]}"#, r#"{"model":"m","stream":tru,"messages":[{"role":"user","content":"x"}]}"#, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\u{1}b\"}]}"] {
+        let r = post("/v1/chat/completions", body.as_bytes().to_vec()).await.unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("not JSON") || message.contains("messages[0]"), "{body}: {v}");
+    }
     assert!(fake.log().is_empty(), "nothing bad went upstream");
     // Each refusal is condense's own failure, counted by API and code (issue 62, item 2).
     let m = metric_values(&reqwest::get(format!("http://{}/condense/metrics", serve.addr)).await.unwrap().text().await.unwrap());
     let failures = |api: &str, code: &str| m.get(&format!(r#"condense_request_failures_total{{api="{api}",code="{code}"}}"#)).copied();
     assert_eq!(failures("anthropic", "too_large"), Some(1.0), "{m:?}");
-    assert_eq!(failures("chat", "bad_request"), Some(1.0), "{m:?}");
+    assert_eq!(failures("chat", "bad_request"), Some(5.0), "{m:?}");
     assert_eq!(failures("anthropic", "bad_request"), Some(1.0), "{m:?}");
     assert_eq!(failures("responses", "bad_request"), Some(1.0), "{m:?}");
 }

@@ -106,7 +106,33 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let (bytes, mut reservation) = read_body(st, Some(api), &parts.headers, body, PER_BODY_BYTE).await?;
     let arrived = std::time::Instant::now();
     let bad = |m: String| api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {m}"));
-    let (fields, items, listed) = {
+    // The body's structure in one scan (`condense_formats::scan`): its fields besides the message list
+    // are then read by serde_json, and each message the conversation has not seen is when it is recorded
+    // (a seen one is the same bytes as one read before; the messages are most of the body). Anything
+    // the scan does not expect, and every error, is left to the reading below, which names it.
+    let list_field = api.list_field();
+    let scanned = std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|_| condense_formats::scan::index(&bytes, list_field))
+        .filter(|ix| ix.items.is_some())
+        .filter(|ix| ix.fields.iter().all(|(k, r)| k == list_field || serde_json::from_slice::<serde::de::IgnoredAny>(&bytes[r.clone()]).is_ok()));
+    let max = st.cfg.max_messages;
+    let too_many = |n: usize| {
+        let m = format!("condense serve: the request holds {n} messages, over the {max} a request may hold (--max-messages)");
+        api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &m)
+    };
+    let (fields, items, listed, probed) = if let Some(ix) = scanned {
+        let items = ix.items.expect("filtered");
+        // Counted before anything is split or recorded: recording takes memory by the message.
+        if items.len() > max {
+            return Err(too_many(items.len()));
+        }
+        let mut probes = Vec::with_capacity(items.len());
+        for (i, (role, kind)) in ix.probes.iter().enumerate() {
+            probes.push(wire::probe_of(api, i, role.as_deref(), kind.as_deref()).map_err(|e| bad(e.to_string()))?);
+        }
+        (ix.fields, Some(items), None, Some((probes, ix.elements)))
+    } else {
         let fields = match serde_json::from_slice::<Fields<'_>>(&bytes) {
             Ok(f) => f.0,
             Err(e) if e.is_data() => return Err(bad("the request body must be a JSON object".into())),
@@ -116,11 +142,8 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
         let Some(list) = field(api.list_field()) else { return Err(bad(format!("`{}` must be a list", api.list_field()))) };
         let items: Option<Vec<std::ops::Range<usize>>> =
             serde_json::from_str::<Vec<&RawValue>>(list.get()).ok().map(|v| v.into_iter().map(|i| range_in(&bytes, i.get())).collect());
-        // Counted before anything is split or recorded: recording takes memory by the message.
-        let max = st.cfg.max_messages;
         if let Some(n) = items.as_ref().map(Vec::len).filter(|&n| n > max) {
-            let m = format!("condense serve: the request holds {n} messages, over the {max} a request may hold (--max-messages)");
-            return Err(api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &m));
+            return Err(too_many(n));
         }
         // Responses takes `input` as a plain string too: one user message.
         let listed = match (&items, serde_json::from_str::<String>(list.get())) {
@@ -129,7 +152,7 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
             _ => None,
         };
         let ranges: Vec<(String, std::ops::Range<usize>)> = fields.iter().map(|(k, v)| (k.clone(), range_in(&bytes, v.get()))).collect();
-        (ranges, items, listed)
+        (ranges, items, listed, None)
     };
     let text_of = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, r)| &bytes[r.clone()]);
     let tool_names: Vec<String> = text_of("tools")
@@ -139,10 +162,12 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let stream = text_of("stream").and_then(|t| serde_json::from_slice::<bool>(t).ok()).unwrap_or(false);
     let model = text_of("model").and_then(|t| serde_json::from_slice::<String>(t).ok()).unwrap_or_default();
     let metadata = text_of("metadata").and_then(|t| serde_json::from_slice::<Value>(t).ok()).unwrap_or(Value::Null);
-    let raw = match (items, listed) {
-        (Some(items), _) => wire::split_units(api, bytes.clone(), items),
-        (None, Some(list)) => wire::split_values(api, list.as_array().expect("a list")),
-        (None, None) => unreachable!("checked above"),
+    let (probes, elements) = probed.map_or((None, None), |(p, n)| (Some(p), Some(n)));
+    let raw = match (items, listed, probes) {
+        (Some(items), _, Some(probes)) => wire::split_probed(api, bytes.clone(), items, probes),
+        (Some(items), _, None) => wire::split_units(api, bytes.clone(), items),
+        (None, Some(list), _) => wire::split_values(api, list.as_array().expect("a list")),
+        (None, None, _) => unreachable!("checked above"),
     };
     let mut raw = match raw {
         Ok(r) => r,
@@ -158,7 +183,7 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     }
     // Now that its message list is read, the request holds what recording it takes: its bytes and its
     // values (messages, content blocks, a call's input), whatever their sizes.
-    let elements = raw.items.iter().map(|r| wire::count_elements(&raw.buf[r.clone()])).sum::<u64>() + raw.items.len() as u64;
+    let elements = elements.unwrap_or_else(|| raw.items.iter().map(|r| wire::count_elements(&raw.buf[r.clone()])).sum::<u64>()) + raw.items.len() as u64;
     let need = crate::budget::reservation(bytes.len() as u64, elements);
     if let Err(r) = reservation.resize(need) {
         return Err(refused(Some(api), &r));
