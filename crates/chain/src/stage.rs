@@ -33,6 +33,11 @@ pub struct Chains {
     /// log; a block whose reply proves too short to cut is dropped when it is looked at (a pure function
     /// of the log all the same).
     uncut: BTreeMap<u32, String>,
+    /// Chains the last `decide` compressed whose final reply proved too short to cut (block, first
+    /// entry): their compression, once folded, does not put them in `uncut` for the next prune to look at
+    /// again (that look would drop them, so the state is the same). Cleared by every `decide`: only the
+    /// fold of its own decisions reads it.
+    short_now: BTreeSet<(u32, String)>,
     /// Cache: the facts of the branch's outputs and user messages, scanned as far as chains were compressed.
     seen: FactsSeen,
     /// Cache: the names listed by the blocks on the branch after the latest checkpoint (its boundary's
@@ -108,7 +113,9 @@ impl Stage for Chains {
         match event {
             Event::Decision(DecisionEvent::ChainCompressed(ch)) => {
                 self.blocks.insert(ch.first.clone(), ch.block);
-                self.uncut.insert(ch.block, ch.last.clone());
+                if !self.short_now.remove(&(ch.block, ch.first.clone())) {
+                    self.uncut.insert(ch.block, ch.last.clone());
+                }
             }
             Event::Decision(DecisionEvent::ChainReplyCut { block, .. }) => {
                 self.uncut.remove(block);
@@ -118,6 +125,7 @@ impl Stage for Chains {
     }
 
     fn decide(&mut self, pass: &mut Pass<'_>) -> Result<(), StageError> {
+        self.short_now.clear();
         self.follow(pass);
         self.follow_listed(pass);
         let branch = pass.branch;
@@ -181,26 +189,29 @@ impl Stage for Chains {
                 refs: inside.iter().map(|r| r.ref_n).collect(),
                 body,
             })));
-            compressed_now.push((block, span.last));
+            compressed_now.push((block, span.last, Some(span.first)));
             block += 1;
         }
         // At a prune (batches closed or chains compressed), the long reply of every compressed chain but
         // the newest closed one (what the user is answering) is cut: those compressed now and those left
         // whole earlier. The cut rides on a cache break that happens anyway.
         if pass.batches_closed() > 0 || !compressed_now.is_empty() {
-            let earlier = self.uncut.iter().filter_map(|(&b, last)| Some((b, pass.position(last)?)));
+            let earlier = self.uncut.iter().filter_map(|(&b, last)| Some((b, pass.position(last)?, None)));
             let mut short = Vec::new();
-            for (b, i) in compressed_now.into_iter().chain(earlier) {
+            for (b, i, first) in compressed_now.into_iter().chain(earlier) {
                 if Some(i) == newest {
                     continue;
                 }
                 match reply_cut(b, branch.entry(i).1) {
                     Some(text) => blocks.push(DecisionEvent::ChainReplyCut { block: b, text }),
-                    None => short.push(b),
+                    None => short.push((b, first)),
                 }
             }
-            for b in short {
-                self.uncut.remove(&b);
+            for (b, first) in short {
+                match first {
+                    Some(f) => drop(self.short_now.insert((b, branch.entry(f).0.to_string()))),
+                    None => drop(self.uncut.remove(&b)),
+                }
             }
         }
         self.compressed = done;
