@@ -22,6 +22,7 @@ const RAW: RGBColor = RGBColor(200, 60, 60);
 const HOST: RGBColor = RGBColor(230, 150, 30);
 const CONDENSE: RGBColor = RGBColor(40, 100, 200);
 const CHECKPOINT: RGBColor = RGBColor(40, 150, 80);
+const FLOOR: RGBColor = RGBColor(120, 120, 120);
 const FONT: &str = "sans-serif";
 
 /// Refuses a plot file that is neither `.svg` nor `.png` (before any replay runs).
@@ -58,7 +59,7 @@ where
     root.fill(&WHITE).map_err(e)?;
     let (head, body) = root.split_vertically(40);
     let legend = format!(
-        "red: raw (no limit)   orange: the host's own compaction{}   blue: condense   green lines: condense checkpoints   dots: cache breaks   cost: {} list prices",
+        "red: raw (no limit)   orange: the host's own compaction{}   blue: condense   grey: the floor   green lines: condense checkpoints   dots: cache breaks   cost: {} list prices",
         window.map(|w| format!(" at a {} window", tokens_label(w))).unwrap_or_default(),
         price.model
     );
@@ -166,13 +167,17 @@ fn cost_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, pr
     let raw = cumulative(&|p| price.dollars(p.raw, p.raw_cached, 0));
     let host = cumulative(&|p| price.dollars(p.host, p.host_cached, p.host_summarizing));
     let condense = cumulative(&|p| price.dollars(p.rendered, p.rendered_cached, 0));
+    let floor = cumulative(&|p| price.floor_dollars(p.raw - p.raw_cached));
     let last = |v: &[(u64, f64)]| v.last().map(|p| p.1).unwrap_or(0.0);
     let cents = |d: f64| (d * 100.0) as u64;
     let (scale, _) = scale_for(cents(last(&raw)), cents(last(&host)).max(cents(last(&condense))));
     let top = (scale as f64 / 100.0).max(0.001) * 1.08;
     let n = s.series.len().max(2) as u64;
     let mut chart = ChartBuilder::on(area)
-        .caption(format!("cumulative cost: raw {}, host {}, condense {}", dollars_label(last(&raw)), dollars_label(last(&host)), dollars_label(last(&condense))), (FONT, 15))
+        .caption(
+            format!("cumulative cost: raw {}, host {}, condense {}, floor {}", dollars_label(last(&raw)), dollars_label(last(&host)), dollars_label(last(&condense)), dollars_label(last(&floor))),
+            (FONT, 15),
+        )
         .margin(8)
         .x_label_area_size(32)
         .y_label_area_size(56)
@@ -189,6 +194,7 @@ fn cost_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, pr
     if s.series.iter().any(|p| p.host != p.raw) {
         chart.draw_series(LineSeries::new(host, HOST))?;
     }
+    chart.draw_series(LineSeries::new(floor, FLOOR))?;
     chart.draw_series(LineSeries::new(condense, CONDENSE.stroke_width(2)))?;
     Ok(())
 }

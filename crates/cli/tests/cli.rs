@@ -158,6 +158,15 @@ fn simulate_window_compares_with_the_host_prices_and_plots() {
     assert!((t["dollars"]["host"].as_f64().unwrap() - host).abs() < 1e-3);
     assert!(t["dollars"]["condense"].as_f64().unwrap() < host);
     assert!(t.get("median_host_cost_ratio").is_some());
+    // The floor (issue 60, item 2): each token new to a raw request once, at the uncached price (1.25
+    // units; the cache-write price in dollars), over the raw cost; below condense and raw alike.
+    let new = n("raw_input_tokens_total") - n("raw_cached_prefix_tokens_total");
+    assert!((n("cost_units_floor") - 1.25 * new).abs() < 1.0, "{t}");
+    assert!((n("floor_cost_ratio") - n("cost_units_floor") / n("cost_units_raw")).abs() < 1e-3, "{t}");
+    assert!(n("floor_cost_ratio") > 0.0 && n("floor_cost_ratio") < n("cost_ratio"), "{t}");
+    assert!((t["dollars"]["floor"].as_f64().unwrap() - new * 1.25 / 1e6).abs() < 1e-3, "{}", t["dollars"]);
+    assert!(t["median_floor_cost_ratio"].as_f64().is_some());
+    assert_eq!(v["sessions"][0]["floor_cost_ratio"], t["floor_cost_ratio"], "one session: its figure is the total's");
     let bytes = std::fs::read(&png).unwrap();
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000, "{}", bytes.len());
     // The plain report says the same in words; a configuration's list prices price a model of its own.

@@ -64,6 +64,10 @@ pub struct Figures {
     pub cost_units_raw: f64,
     /// Cost of the rendered requests.
     pub cost_units_rendered: f64,
+    /// The floor: every token new to a raw request (not its cached prefix) once, at the uncached price,
+    /// and nothing for the prefix it reads again: what no context manager can go below without leaving
+    /// something new out of the context.
+    pub cost_units_floor: f64,
     /// Outputs rendered as summary stubs at the end.
     pub stubs: u64,
     /// Outputs spilled.
@@ -187,6 +191,12 @@ impl ListPrice {
         (cached as f64 * self.cached_read + total.saturating_sub(cached) as f64 * self.cache_write + plain as f64 * self.input) / 1e6
     }
 
+    /// Dollars of the floor: `new` tokens (those no request read from the cache) once, at the cache-write
+    /// price, the price every uncached token of a request pays here.
+    pub fn floor_dollars(&self, new: u64) -> f64 {
+        new as f64 * self.cache_write / 1e6
+    }
+
     /// Dollars for the raw, host-baseline and rendered requests of a replay.
     pub fn of(&self, f: &Figures) -> (f64, f64, f64) {
         (
@@ -206,6 +216,11 @@ impl Figures {
     /// Rendered over raw cost.
     pub fn cost_ratio(&self) -> f64 {
         ratio(self.cost_units_rendered, self.cost_units_raw)
+    }
+
+    /// The floor over raw cost ([`Figures::cost_units_floor`]).
+    pub fn floor_cost_ratio(&self) -> f64 {
+        ratio(self.cost_units_floor, self.cost_units_raw)
     }
 
     /// Rendered over host-baseline input tokens.
@@ -244,6 +259,7 @@ impl Figures {
         self.raw_cache_breaks += o.raw_cache_breaks;
         self.cost_units_raw += o.cost_units_raw;
         self.cost_units_rendered += o.cost_units_rendered;
+        self.cost_units_floor += o.cost_units_floor;
         self.stubs += o.stubs;
         self.spills += o.spills;
         self.dedups += o.dedups;
@@ -739,6 +755,7 @@ pub fn replay_with(
             f.raw_cache_breaks += u64::from(raw_broke);
             f.cost_units_raw += prices.units(raw_total, raw_cached, 0);
             f.cost_units_rendered += prices.units(total, cached, 0);
+            f.cost_units_floor += prices.units(raw_total.saturating_sub(raw_cached), 0, 0);
             f.host_input_tokens_total += h.total;
             f.host_cached_prefix_tokens_total += h.cached;
             f.host_summary_input_tokens_total += h.summarizing;

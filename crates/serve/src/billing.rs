@@ -47,6 +47,13 @@ impl Billed {
         CACHED_BYTE * self.cached as f64 + UNCACHED_BYTE * (self.bytes - self.cached) as f64
     }
 
+    /// The floor of what these requests could cost: every byte they did not read from the cache (each new
+    /// to the provider) once at the uncached price, nothing for what they read again. Of the requests as
+    /// the client sent them, it is what no context manager goes below without leaving something new out.
+    pub fn floor(&self) -> f64 {
+        UNCACHED_BYTE * (self.bytes - self.cached) as f64
+    }
+
     /// Share of the bytes read from the cache (0 when there were none).
     pub fn hit(&self) -> f64 {
         if self.bytes == 0 {
@@ -227,6 +234,8 @@ pub struct Point {
     pub condense: f64,
     /// Cost as the client sent it so far.
     pub direct: f64,
+    /// The floor so far ([`Billed::floor`] of the requests as the client sent them).
+    pub floor: f64,
     /// This request's rounds through condense.
     pub billed: Billed,
 }
@@ -272,7 +281,8 @@ impl Ledger {
                 Side::Direct => {
                     books.requests += 1;
                     if books.points.len() < POINTS_KEPT {
-                        books.points.push(Point { condense, direct, billed: Billed::default() });
+                        let floor = books.direct.as_ref().map_or(0.0, |d| d.total.floor());
+                        books.points.push(Point { condense, direct, floor, billed: Billed::default() });
                     }
                 }
                 // The rounds of the request that has the last point.
@@ -295,11 +305,13 @@ impl Ledger {
 
     /// The figures so far: bytes, cache hit and cost on each side, and the cost through condense as a
     /// share of direct (`None` before anything was billed).
-    /// The cost through condense and direct, once both sides have a request.
-    pub fn costs(&self) -> Option<(f64, f64)> {
+    /// The cost through condense, direct, and the floor (see [`Billed::floor`]), once both sides have a
+    /// request.
+    pub fn costs(&self) -> Option<(f64, f64, f64)> {
         self.settle();
         let books = self.books.lock().expect("ledger lock");
-        Some((books.condense.as_ref()?.total.cost(), books.direct.as_ref()?.total.cost()))
+        let direct = books.direct.as_ref()?.total;
+        Some((books.condense.as_ref()?.total.cost(), direct.cost(), direct.floor()))
     }
 
     pub fn figures(&self) -> Option<Value> {
@@ -307,8 +319,8 @@ impl Ledger {
         let books = self.books.lock().expect("ledger lock");
         let (c, d) = (books.condense.as_ref()?.total, books.direct.as_ref()?.total);
         let side = |b: Billed| serde_json::json!({"bytes": b.bytes, "cached_bytes": b.cached, "cache_hit": round3(b.hit()), "cost": round3(b.cost())});
-        let ratio = if d.cost() > 0.0 { round3(c.cost() / d.cost()) } else { 0.0 };
-        Some(serde_json::json!({"condense": side(c), "direct": side(d), "cost_vs_direct": ratio}))
+        let of_direct = |x: f64| if d.cost() > 0.0 { round3(x / d.cost()) } else { 0.0 };
+        Some(serde_json::json!({"condense": side(c), "direct": side(d), "cost_vs_direct": of_direct(c.cost()), "floor": round3(d.floor()), "floor_vs_direct": of_direct(d.floor())}))
     }
 }
 
@@ -363,6 +375,14 @@ mod tests {
         let f = ledger.figures().unwrap();
         assert_eq!(f["direct"]["cache_hit"], json!(0.5), "{f}");
         assert!(f["cost_vs_direct"].as_f64().unwrap() < 0.1, "{f}");
+        // The floor: the direct side's bytes new to the provider (the first request whole, the second's
+        // nothing) once, uncached.
+        let first = canonical(Api::Chat, &long).0.len() as f64;
+        assert!((f["floor"].as_f64().unwrap() - 1.25 * first).abs() < 0.01, "{f}");
+        assert!((f["floor_vs_direct"].as_f64().unwrap() - f["floor"].as_f64().unwrap() / f["direct"]["cost"].as_f64().unwrap()).abs() < 0.002, "{f}");
+        let points = ledger.points();
+        assert_eq!(points.len(), 2);
+        assert!((points[0].floor - 1.25 * first).abs() < 0.01 && points[1].floor == points[0].floor, "{points:?}");
     }
 
     #[test]

@@ -123,7 +123,7 @@ impl Metrics {
             cache_priced_cost: add(
                 &mut r,
                 "cache_priced_cost",
-                "Cache-priced cost (0.1 per cached byte, 1.25 per uncached byte) of the conversations held in memory, through condense and as the client sent them (--price-cache)",
+                "Cache-priced cost (0.1 per cached byte, 1.25 per uncached byte) of the conversations held in memory, through condense and as the client sent them, and the floor: each byte new to the provider once, uncached (--price-cache)",
                 Family::default(),
             ),
             memory_reserved: add(&mut r, "memory_reserved_bytes", "Memory the requests in flight hold of --memory-budget", Gauge::default()),

@@ -97,6 +97,7 @@ struct Totals {
     recoveries: u64,
     condense: f64,
     direct: f64,
+    floor: f64,
 }
 
 impl Totals {
@@ -104,9 +105,10 @@ impl Totals {
         self.stubs += f.stubs;
         self.checkpoints += f.checkpoints;
         self.recoveries += f.recoveries;
-        if let Some((a, b)) = ledger.costs() {
+        if let Some((a, b, floor)) = ledger.costs() {
             self.condense += a;
             self.direct += b;
+            self.floor += floor;
         }
     }
 }
@@ -321,6 +323,7 @@ impl State {
             if self.cfg.price_cache || totals.direct > 0.0 {
                 m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(totals.condense);
                 m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(totals.direct);
+                m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "floor" }).set(totals.floor);
             }
         }
         let fallbacks = self.summarizer_fallbacks();

@@ -609,6 +609,9 @@ async fn metrics_count_what_happened_as_status_does() {
     let priced: f64 = status["active_sessions"].as_array().unwrap().iter().filter_map(|c| c["cache_priced"]["condense"]["cost"].as_f64()).sum();
     assert!((get(r#"condense_cache_priced_cost{path="condense"}"#) - priced).abs() < 0.01 * priced.max(1.0), "{priced}");
     assert!(get(r#"condense_cache_priced_cost{path="direct"}"#) > 0.0);
+    let floor: f64 = status["active_sessions"].as_array().unwrap().iter().filter_map(|c| c["cache_priced"]["floor"].as_f64()).sum();
+    assert!(floor > 0.0 && (get(r#"condense_cache_priced_cost{path="floor"}"#) - floor).abs() < 0.01 * floor.max(1.0), "{floor}");
+    assert!(floor < get(r#"condense_cache_priced_cost{path="direct"}"#));
     // Every numeric figure of /condense/status has its metric, with the same value (issue 62, item 3): a
     // figure added to status without one fails here. Series of one name are summed over their labels.
     let status = s.status().await;

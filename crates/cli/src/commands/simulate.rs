@@ -19,6 +19,7 @@ pub(crate) fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
         "raw_cached_prefix_tokens_total": f.raw_cached_prefix_tokens_total,
         "cost_units_raw": (f.cost_units_raw * 100.0).round() / 100.0,
         "cost_units_rendered": (f.cost_units_rendered * 100.0).round() / 100.0,
+        "cost_units_floor": (f.cost_units_floor * 100.0).round() / 100.0,
         "stubs": f.stubs, "spills": f.spills, "dedups": f.dedups, "chains": f.chains,
         "refs_checked": f.refs_checked, "refs_recovered_exact": f.refs_recovered_exact,
         "validity_errors": f.validity_errors,
@@ -30,6 +31,7 @@ pub(crate) fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
         "retention": (f.retention() * 10000.0).round() / 10000.0,
         "token_ratio": (f.token_ratio() * 10000.0).round() / 10000.0,
         "cost_ratio": (f.cost_ratio() * 10000.0).round() / 10000.0,
+        "floor_cost_ratio": (f.floor_cost_ratio() * 10000.0).round() / 10000.0,
         "host_input_tokens_total": f.host_input_tokens_total, "host_cached_prefix_tokens_total": f.host_cached_prefix_tokens_total,
         "host_summary_input_tokens_total": f.host_summary_input_tokens_total, "host_tokens_peak": f.host_tokens_peak,
         "host_cache_breaks": f.host_cache_breaks, "host_compactions": f.host_compactions,
@@ -42,17 +44,19 @@ pub(crate) fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
 /// Estimated dollars of the raw, host-baseline and condense requests at `price`.
 pub(crate) fn dollars_json(f: &condense_engine::simulate::Figures, price: &condense_engine::simulate::ListPrice) -> Value {
     let (raw, host, condense) = price.of(f);
+    let floor = price.floor_dollars(f.raw_input_tokens_total - f.raw_cached_prefix_tokens_total);
     let round = |d: f64| (d * 10000.0).round() / 10000.0;
-    json!({"raw": round(raw), "host": round(host), "condense": round(condense)})
+    json!({"raw": round(raw), "host": round(host), "condense": round(condense), "floor": round(floor)})
 }
 
 /// Absolute tokens and estimated dollars, condense beside raw (and, with a window, beside the host's own
 /// compaction at that window).
 pub(crate) fn money_line(f: &condense_engine::simulate::Figures, price: &condense_engine::simulate::ListPrice, window: Option<u64>) -> String {
     let (raw, host, condense) = price.of(f);
+    let new = f.raw_input_tokens_total - f.raw_cached_prefix_tokens_total;
     let mut line = format!(
-        "{} input tokens, ${condense:.2} at {} list prices; raw {} tokens, ${raw:.2}",
-        f.rendered_input_tokens_total, price.model, f.raw_input_tokens_total
+        "{} input tokens, ${condense:.2} at {} list prices; raw {} tokens, ${raw:.2}; the floor (each of raw's {new} new tokens once, uncached) ${:.2}",
+        f.rendered_input_tokens_total, price.model, f.raw_input_tokens_total, price.floor_dollars(new)
     );
     if let Some(w) = window {
         line.push_str(&format!(
@@ -128,7 +132,7 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
     let mut total = condense_engine::simulate::Figures::default();
     let mut rows = Vec::new();
     let (mut token_ratios, mut cost_ratios, mut retentions) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut host_token_ratios, mut host_cost_ratios) = (Vec::new(), Vec::new());
+    let (mut host_token_ratios, mut host_cost_ratios, mut floor_ratios) = (Vec::new(), Vec::new(), Vec::new());
     let mut plot = Vec::new();
     let mut taken = std::collections::BTreeSet::new();
     for (root, file) in &files {
@@ -169,8 +173,8 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
                 None => String::new(),
             };
             outln!(
-                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw, {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures{recovery}, retention {:.3} ({}/{} facts), refs {}/{} exact, {} validity errors",
-                f.turns, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
+                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw (the floor {:.1}%), {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures{recovery}, retention {:.3} ({}/{} facts), refs {}/{} exact, {} validity errors",
+                f.turns, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.floor_cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
                 f.checkpoints, f.over_budget_requests, f.compaction_failures, f.retention(), f.facts_retained, f.facts_needed,
                 f.refs_recovered_exact, f.refs_checked, f.validity_errors
             );
@@ -179,6 +183,7 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
         if f.turns > 0 {
             token_ratios.push(f.token_ratio());
             cost_ratios.push(f.cost_ratio());
+            floor_ratios.push(f.floor_cost_ratio());
             host_token_ratios.push(f.host_token_ratio());
             host_cost_ratios.push(f.host_cost_ratio());
         }
@@ -214,6 +219,7 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
     }
     t["median_token_ratio"] = json!((median(token_ratios) * 10000.0).round() / 10000.0);
     t["median_cost_ratio"] = json!((median(cost_ratios) * 10000.0).round() / 10000.0);
+    t["median_floor_cost_ratio"] = json!((median(floor_ratios) * 10000.0).round() / 10000.0);
     t["median_retention"] = json!((median(retentions) * 10000.0).round() / 10000.0);
     t["median_host_token_ratio"] = json!((median(host_token_ratios) * 10000.0).round() / 10000.0);
     t["median_host_cost_ratio"] = json!((median(host_cost_ratios) * 10000.0).round() / 10000.0);
@@ -222,9 +228,10 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
         outln!("{}", serde_json::to_string_pretty(&json!({"config": condense_engine::config::to_json(&config, prices), "window": window, "price": price, "total": t, "sessions": rows}))?);
     } else {
         outln!(
-            "total: {} sessions, tokens {:.1}% of raw (median {:.1}%), cost {:.1}% of raw (median {:.1}%), {} cache breaks, retention {:.3} (median {:.3}), refs {}/{} exact, {} validity errors",
+            "total: {} sessions, tokens {:.1}% of raw (median {:.1}%), cost {:.1}% of raw (median {:.1}%; the floor {:.1}%, median {:.1}%), {} cache breaks, retention {:.3} (median {:.3}), refs {}/{} exact, {} validity errors",
             rows.len(), total.token_ratio() * 100.0, t["median_token_ratio"].as_f64().unwrap_or(0.0) * 100.0,
-            total.cost_ratio() * 100.0, t["median_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0, total.cache_breaks,
+            total.cost_ratio() * 100.0, t["median_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            total.floor_cost_ratio() * 100.0, t["median_floor_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0, total.cache_breaks,
             total.retention(), t["median_retention"].as_f64().unwrap_or(0.0),
             total.refs_recovered_exact, total.refs_checked, total.validity_errors
         );

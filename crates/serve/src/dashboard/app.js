@@ -279,7 +279,7 @@ async function renderSession(id, state) {
   document.getElementById("cards").replaceChildren(
     card("requests", l ? String(f.requests) : "–", "fig-requests"),
     card("tokens received → sent", l ? num(l.tokens_received) + " → " + num(l.tokens_sent) : "–", "fig-tokens"),
-    card("cost vs direct", c ? pct(c.cost_vs_direct) : "–", "fig-cost"),
+    card("cost vs direct (floor)", c ? pct(c.cost_vs_direct) + " (" + pct(c.floor_vs_direct) + ")" : "–", "fig-cost"),
     card("cache hit, condense / direct", c ? pct(c.condense.cache_hit) + " / " + pct(c.direct.cache_hit) : "–", "fig-hit"),
     card("stubs", l ? String(f.stubs) : "–", "fig-stubs"),
     card("chains", l ? String(f.chains) : "–", "fig-chains"),
@@ -300,8 +300,8 @@ async function renderSession(id, state) {
   const priced = rows.filter((r) => r.cost_condense !== null);
   document.getElementById("plot-cost").replaceChildren(
     data.price_cache
-      ? el("div", {}, legend([["var(--received)", "direct"], ["var(--sent)", "through condense"]]),
-        plot(priced, { id: "cost", label: "cumulative cost", fmt: num, series: [{ key: "cost_direct", color: "var(--received)" }, { key: "cost_condense", color: "var(--sent)" }] }))
+      ? el("div", {}, legend([["var(--received)", "direct"], ["var(--sent)", "through condense"], ["var(--window)", "the floor: each new byte once, uncached"]]),
+        plot(priced, { id: "cost", label: "cumulative cost", fmt: num, series: [{ key: "cost_direct", color: "var(--received)" }, { key: "cost_condense", color: "var(--sent)" }, { key: "cost_floor", color: "var(--window)" }] }))
       : el("p", { class: "muted", text: "This model's list prices are unknown: add them as listPrices in config.json, or start serve with --price-cache, to price its requests as the providers bill prompt caching." }));
   if (data.events !== state.head) {
     state.head = data.events;

@@ -140,7 +140,7 @@ async fn session(axum::extract::State(st): S, Path(id): Path<String>) -> Respons
                 "n": r.n, "at_ms": r.at_ms, "received": r.received, "sent": r.sent, "sent_rounds": r.sent_rounds, "sent_bytes": r.sent_bytes, "window": r.window,
                 "checkpoints": r.figures.checkpoints, "recoveries": r.figures.recoveries, "stubs": r.figures.stubs, "chains": r.figures.chains,
                 "cache_break": r.cache_break,
-                "cost_condense": cost.map(|p| p.condense), "cost_direct": cost.map(|p| p.direct), "cache_hit": cost.map(|p| p.hit()),
+                "cost_condense": cost.map(|p| p.condense), "cost_direct": cost.map(|p| p.direct), "cost_floor": cost.map(|p| p.floor), "cache_hit": cost.map(|p| p.hit()),
             })
         })
         .collect();

@@ -211,6 +211,14 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     browser.eval(&format!("document.querySelector('#sessions tr[data-id=\"{id}\"] a.name').click(); return true")).await;
     let requests = browser.until("the session page", "const e = document.getElementById('fig-requests'); return e && e.textContent").await;
     assert_eq!(requests, live["requests"].to_string());
+    // The floor beside the cost (issue 60, item 2): in the card, and as a line of the cost plot.
+    let card = browser.eval("return document.getElementById('fig-cost').textContent").await;
+    let priced = &live["cache_priced"];
+    let (ratio, floor) = (priced["cost_vs_direct"].as_f64().unwrap(), priced["floor_vs_direct"].as_f64().expect("the floor"));
+    assert!(floor > 0.0 && floor < 1.0, "{priced}");
+    assert_eq!(card, format!("{:.1}% ({:.1}%)", 100.0 * ratio, 100.0 * floor));
+    let floor_line = browser.until("the floor line", "const p = document.querySelector('#cost polyline.series-cost_floor'); return p && p.getAttribute('points')").await;
+    assert_eq!(floor_line.as_str().unwrap().split(' ').count() as u64, live["requests"].as_u64().unwrap(), "the floor at every request");
     let total = browser.eval("return document.getElementById('total-requests').textContent").await;
     assert_eq!(total, format!("{} requests", status["requests"]));
     let points = browser.until("the plot", "const p = document.querySelector('#tokens polyline.series-sent'); return p && p.getAttribute('points')").await;
