@@ -7,9 +7,15 @@
 //! anything it does not expect (a body that is not an object, an element that is not one, a duplicate
 //! `role`, a role that is not a string…) it gives up with `None`, and the caller reads the body the slower
 //! way, whose errors are the ones a client sees.
+//!
+//! An agent's next request repeats its last one and adds to it: given a [`Hint`] (what the scan found of
+//! an earlier body: each element's place, key, probe and count), an element at the place the hint names
+//! whose bytes have the key it names is taken as it is, without being scanned again. The hint is only
+//! ever a guess: an element whose bytes differ is scanned, so what [`index`] finds does not depend on it.
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// What [`index`] found in a body.
 #[derive(Debug, PartialEq)]
@@ -22,7 +28,74 @@ pub struct BodyIndex<'a> {
     pub probes: Vec<Probe<'a>>,
     /// [`crate::wire::count_elements`] summed over the elements.
     pub elements: u64,
+    /// Each element's key ([`crate::wire::item_key`]).
+    pub keys: Vec<u64>,
+    /// Each element's [`crate::wire::count_elements`].
+    pub counts: Vec<u32>,
 }
+
+/// What the scan of an earlier body found of one element of its message list: its place in that body,
+/// its key, where its `role` and `type` strings are within it, and its count of values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HintItem {
+    start: u32,
+    end: u32,
+    key: u64,
+    role: Option<(u32, u32)>,
+    kind: Option<(u32, u32)>,
+    count: u32,
+}
+
+/// What the scan of an earlier body found of its message list's elements, in order.
+pub type Hint = Vec<HintItem>;
+
+/// The element of `hint` at `start`, when `body` there has its bytes (by their key): its end, key,
+/// probe and count.
+fn hinted<'a>(hint: &[HintItem], at: &mut usize, body: &'a [u8], start: usize) -> Option<(usize, u64, Probe<'a>, u32)> {
+    while hint.get(*at).is_some_and(|h| (h.start as usize) < start) {
+        *at += 1;
+    }
+    let h = hint.get(*at).filter(|h| h.start as usize == start)?;
+    let text = body.get(start..h.end as usize)?;
+    if crate::wire::item_key(text) != h.key {
+        return None;
+    }
+    let part = |r: Option<(u32, u32)>| r.and_then(|(a, b)| text.get(a as usize..b as usize)).and_then(|t| std::str::from_utf8(t).ok()).map(Cow::Borrowed);
+    Some((h.end as usize, h.key, (part(h.role), part(h.kind)), h.count))
+}
+
+impl BodyIndex<'_> {
+    /// The hint for the next body of the same conversation (elements whose probe had escapes are left
+    /// out: they are scanned again).
+    pub fn hint(&self, body: &[u8]) -> Hint {
+        let Some(items) = &self.items else { return Vec::new() };
+        let within = |r: &Range<usize>, v: &Option<Cow<'_, str>>| -> Option<Option<(u32, u32)>> {
+            match v {
+                None => Some(None),
+                Some(Cow::Borrowed(t)) => {
+                    let at = (t.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?.checked_sub(r.start)?;
+                    Some(Some((u32::try_from(at).ok()?, u32::try_from(at + t.len()).ok()?)))
+                }
+                Some(Cow::Owned(_)) => None,
+            }
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (k, r) in items.iter().enumerate() {
+            let (Ok(start), Ok(end)) = (u32::try_from(r.start), u32::try_from(r.end)) else { break };
+            let (Some(role), Some(kind)) = (within(r, &self.probes[k].0), within(r, &self.probes[k].1)) else { continue };
+            out.push(HintItem { start, end, key: self.keys[k], role, kind, count: self.counts[k] });
+        }
+        out
+    }
+}
+
+/// The hint for a body, looked up once its first [`HINT_AFTER`] elements are scanned, by the bytes up to
+/// their end.
+pub type HintFor<'h> = &'h mut dyn FnMut(&[u8]) -> Option<Arc<Hint>>;
+
+/// How many elements are scanned before the hint is looked up (the system prompt and the first prompt:
+/// what tells one conversation from another).
+pub const HINT_AFTER: usize = 2;
 
 /// An element's `role` and `type`, when strings.
 pub type Probe<'a> = (Option<Cow<'a, str>>, Option<Cow<'a, str>>);
@@ -245,35 +318,53 @@ impl<'a> Scan<'a> {
         Some((role, kind))
     }
 
-    /// The message list: each element's range and probe.
-    fn list(&mut self, items: &mut Vec<Range<usize>>, probes: &mut Vec<Probe<'a>>) -> Option<()> {
+    /// The message list: each element's range, probe, key and count (an element the hint has taken as
+    /// it is).
+    fn list(&mut self, out: &mut BodyIndex<'a>, hint_for: HintFor<'_>) -> Option<()> {
+        let (mut items, mut hint, mut at) = (Vec::new(), None::<Arc<Hint>>, 0);
         self.array(|s| {
             let start = s.i;
-            s.counting = true;
-            let probe = s.element();
-            s.counting = false;
-            probes.push(probe?);
+            if let Some((end, key, probe, count)) = hint.as_deref().and_then(|h| hinted(h, &mut at, s.b, start)) {
+                s.i = end;
+                s.count += u64::from(count);
+                out.probes.push(probe);
+                out.keys.push(key);
+                out.counts.push(count);
+            } else {
+                let before = s.count;
+                s.counting = true;
+                let probe = s.element();
+                s.counting = false;
+                out.probes.push(probe?);
+                out.keys.push(crate::wire::item_key(&s.b[start..s.i]));
+                out.counts.push(u32::try_from(s.count - before).ok()?);
+            }
             items.push(start..s.i);
+            if items.len() == HINT_AFTER {
+                hint = hint_for(&s.b[..s.i]);
+            }
             Some(())
-        })
+        })?;
+        out.items = Some(items);
+        Some(())
     }
 }
 
 /// The structure of `body` (valid JSON, checked by the caller) with `list_field` as its message list;
 /// `None` for anything the scan does not expect (see the module's note).
-pub fn index<'a>(body: &'a [u8], list_field: &str) -> Option<BodyIndex<'a>> {
+/// `hint_for` gives the hint for the rest of the list once its first elements are scanned (see the
+/// module's note; `&mut |_| None` for none).
+pub fn index<'a>(body: &'a [u8], list_field: &str, hint_for: HintFor<'_>) -> Option<BodyIndex<'a>> {
     let mut s = Scan { b: body, i: 0, count: 0, counting: false };
-    let mut out = BodyIndex { fields: Vec::new(), items: None, probes: Vec::new(), elements: 0 };
+    let mut out = BodyIndex { fields: Vec::new(), items: None, probes: Vec::new(), elements: 0, keys: Vec::new(), counts: Vec::new() };
     let mut listed = false;
+    let mut hint_for = Some(hint_for);
     s.object(|s, key| {
         let key = s.text(key)?;
         let start = s.i;
         if key == list_field && !listed && s.peek()? == b'[' {
             listed = true;
-            let (mut items, mut probes) = (Vec::new(), Vec::new());
-            s.list(&mut items, &mut probes)?;
-            out.items = Some(items);
-            out.probes = probes;
+            s.list(&mut out, hint_for.take()?)?;
         } else if key == list_field {
             // A second list, or one that is not an array: the slower reading decides.
             return None;
@@ -308,7 +399,7 @@ mod tests {
 
     /// The scan against serde_json's reading of the same body: the same fields, elements, probes, counts.
     fn agrees(body: &str, list: &str) {
-        let ix = index(body.as_bytes(), list).expect("scanned");
+        let ix = index(body.as_bytes(), list, &mut |_| None).expect("scanned");
         let v: serde_json::Map<String, serde_json::Value> = serde_json::from_str(body).unwrap();
         let names: Vec<&str> = ix.fields.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, v.keys().map(String::as_str).collect::<Vec<_>>(), "{body}");
@@ -338,9 +429,63 @@ mod tests {
         agrees(r#"{"mo\u0064el":"a","messages":[{"r\u006fle":"tool"}],"x":1}"#, "messages");
         // A repeated field outside the list is each time where it is written (as `wire::Fields` has it).
         let body = r#"{"messages":[],"x":1,"x":[2]}"#;
-        let ix = index(body.as_bytes(), "messages").unwrap();
+        let ix = index(body.as_bytes(), "messages", &mut |_| None).unwrap();
         let fields: Vec<(&str, &str)> = ix.fields.iter().map(|(k, r)| (k.as_str(), &body[r.clone()])).collect();
         assert_eq!(fields, [("messages", "[]"), ("x", "1"), ("x", "[2]")]);
+    }
+
+    /// A conversation's bodies: `n` messages after a system prompt, the tool outputs long, with escapes.
+    fn conversation(n: usize, spacing: &str) -> String {
+        let mut items = vec![r#"{"role":"system","content":"be brief"}"#.to_string()];
+        for k in 1..=n {
+            items.push(match k % 3 {
+                1 => format!(r#"{{"role":"user","content":"task {k}: \"fix\" it"}}"#),
+                2 => format!(r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"c{k}","type":"function","function":{{"name":"bash","arguments":"{{\"command\":\"ls {k}\"}}"}}}}]}}"#),
+                _ => format!(r#"{{"role":"tool","tool_call_id":"c{}","content":"{}"}}"#, k - 1, "line\n".repeat(200)),
+            });
+        }
+        format!(r#"{{"model":"m","messages":[{}],"tools":[{{"type":"function"}}]}}"#, items.join(spacing))
+    }
+
+    #[test]
+    fn a_hint_takes_the_elements_it_names_and_changes_nothing_found() {
+        let first = conversation(30, ",");
+        let hint = Arc::new(index(first.as_bytes(), "messages", &mut |_| None).unwrap().hint(first.as_bytes()));
+        assert_eq!(hint.len(), 31);
+        fn with<'b>(body: &'b str, hint: &Arc<Hint>) -> Option<BodyIndex<'b>> {
+            let mut asked = 0;
+            let found = index(body.as_bytes(), "messages", &mut |opening| {
+                asked += 1;
+                assert!(body.as_bytes().starts_with(opening));
+                Some(hint.clone())
+            });
+            assert_eq!(asked, 1, "the hint is looked up once, after the opening");
+            found
+        }
+        for next in [
+            conversation(32, ","),
+            // An element changed in the middle, spacing that moves every element after the first ones,
+            // a body of another conversation.
+            conversation(32, ",").replace("task 13:", "task 13 (again):"),
+            conversation(32, " , "),
+            conversation(5, ","),
+            r#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"},{"role":"user","content":"z"}]}"#.to_string(),
+        ] {
+            assert_eq!(with(&next, &hint), index(next.as_bytes(), "messages", &mut |_| None), "{next}");
+        }
+        // The hint is taken where the bytes are the same: a forged count shows in the total; a forged key
+        // is not taken.
+        let next = conversation(32, ",");
+        let plain = index(next.as_bytes(), "messages", &mut |_| None).unwrap();
+        let mut forged = (*hint).clone();
+        forged[20].count += 1000;
+        assert_eq!(with(&next, &Arc::new(forged.clone())).unwrap().elements, plain.elements + 1000);
+        forged[20].key ^= 1;
+        assert_eq!(with(&next, &Arc::new(forged)).unwrap(), plain);
+        // A role written with an escape is left out of the hint (its text is not in the body as is).
+        let escaped = r#"{"messages":[{"role":"us\u0065r","content":"x"},{"role":"assistant","content":"y"}]}"#;
+        let ix = index(escaped.as_bytes(), "messages", &mut |_| None).unwrap();
+        assert_eq!(ix.hint(escaped.as_bytes()).len(), 1);
     }
 
     #[test]
@@ -383,13 +528,13 @@ mod tests {
             r#"{"messages":[{"role":"a"}]} x"#,
             r#"{"messages":[{"role":"a}]}"#,
         ] {
-            assert_eq!(index(body.as_bytes(), "messages"), None, "{body}");
+            assert_eq!(index(body.as_bytes(), "messages", &mut |_| None), None, "{body}");
         }
         // Whatever it is given, it does not panic.
         let body = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a\"b"}]}],"x":[1,{"y":null}]}"#;
         for end in 0..body.len() {
-            let _ = index(&body[..end], "messages");
+            let _ = index(&body[..end], "messages", &mut |_| None);
         }
-        assert!(index(body, "messages").is_some());
+        assert!(index(body, "messages", &mut |_| None).is_some());
     }
 }

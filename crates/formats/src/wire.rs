@@ -351,19 +351,25 @@ pub fn probe_of(api: Api, i: usize, role: Option<&str>, kind: Option<&str>) -> R
 /// [`split_units`] with each element's [`probe_of`] already known (serve finds them as it scans the
 /// body: `crate::scan`).
 pub fn split_probed(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>, probes: Vec<(u8, bool)>) -> Result<RawRequest, WireError> {
+    let keys: Vec<u64> = items.iter().map(|r| item_key(&buf[r.clone()])).collect();
+    split_keyed(api, buf, items, probes, keys)
+}
+
+/// The key of a list element: a hash of its bytes as the client wrote them.
+pub fn item_key(text: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    h.write(text);
+    h.finish()
+}
+
+/// [`split_probed`] with each element's [`item_key`] already known.
+pub fn split_keyed(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>, probes: Vec<(u8, bool)>, keys: Vec<u64>) -> Result<RawRequest, WireError> {
     use std::hash::Hasher;
     // A list's element indices are kept in 32 bits (4 G elements would take a body of 8 GB first).
     if u32::try_from(items.len()).is_err() {
         return Err(werr(api.list_field().to_string(), format!("{} elements are more than a list may hold here", items.len())));
     }
-    let keys: Vec<u64> = items
-        .iter()
-        .map(|r| {
-            let mut h = rustc_hash::FxHasher::default();
-            h.write(&buf[r.clone()]);
-            h.finish()
-        })
-        .collect();
     let mut req = RawRequest { system: 0, units: Vec::new(), items: Vec::new(), buf: bytes::Bytes::new() };
     if api != Api::Anthropic {
         req.system = probes.iter().take_while(|(r, _)| matches!(ROLES[usize::from(*r)], "system" | "developer")).count();

@@ -139,6 +139,52 @@ pub struct State {
     pub(crate) live: crate::live::Live,
     /// The models this process has seen a request for (each is logged once, with the window assumed).
     models_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// What the scans of recent request bodies found, for the next body of each conversation.
+    pub(crate) hints: std::sync::Mutex<Hints>,
+}
+
+/// How many bodies' scan hints are kept, and how many elements they may hold in all (about 48 bytes
+/// each: 24 MB).
+const HINTS_KEPT: usize = 256;
+const HINT_ITEMS_KEPT: usize = 500_000;
+
+/// The scan hints of recent request bodies (`condense_formats::scan`), by a hash of the client's
+/// credentials and the body's opening (see `request::read`); the least recently used go first. A hint is
+/// only a guess at where the next body's elements are (every element it names is checked against the
+/// body), so a wrong one costs time, never a wrong reading.
+#[derive(Default)]
+pub(crate) struct Hints {
+    map: BTreeMap<u64, (Arc<condense_formats::scan::Hint>, u64)>,
+    items: usize,
+    tick: u64,
+}
+
+impl Hints {
+    pub(crate) fn get(&mut self, key: u64) -> Option<Arc<condense_formats::scan::Hint>> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.map.get_mut(&key).map(|(h, used)| {
+            *used = tick;
+            h.clone()
+        })
+    }
+
+    pub(crate) fn put(&mut self, key: u64, hint: condense_formats::scan::Hint) {
+        if hint.len() > HINT_ITEMS_KEPT {
+            return;
+        }
+        self.tick += 1;
+        self.items += hint.len();
+        if let Some((old, _)) = self.map.insert(key, (Arc::new(hint), self.tick)) {
+            self.items -= old.len();
+        }
+        while self.map.len() > HINTS_KEPT || self.items > HINT_ITEMS_KEPT {
+            let Some(oldest) = self.map.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) else { break };
+            if let Some((h, _)) = self.map.remove(&oldest) {
+                self.items -= h.len();
+            }
+        }
+    }
 }
 
 impl State {
@@ -166,6 +212,7 @@ impl State {
             live: crate::live::Live::default(),
             upstream_fallbacks: Arc::default(),
             started_ms: crate::live::now_ms(),
+            hints: std::sync::Mutex::default(),
             cfg,
         }))
     }

@@ -139,7 +139,7 @@ fn identity(req: &Req) -> Result<String, wire::WireError> {
 }
 
 /// The headers that carry a provider credential, in the order they are fingerprinted.
-const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-key", "x-goog-api-key"];
+pub(crate) const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-key", "x-goog-api-key"];
 
 /// A keyed BLAKE3 hash (64 bits, hex) of the request's credential headers: it tells users apart and is
 /// never the key (an API key's entropy makes it irreversible; the key of the hash keeps it from matching

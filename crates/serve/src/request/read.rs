@@ -110,12 +110,25 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     // are then read by serde_json, and each message the conversation has not seen is when it is recorded
     // (a seen one is the same bytes as one read before; the messages are most of the body). Anything
     // the scan does not expect, and every error, is left to the reading below, which names it.
+    // The scan takes as they are the elements the same client's last body of the same opening had at
+    // the same places with the same bytes (an agent's next request repeats its last one).
     let list_field = api.list_field();
+    let seed = hint_seed(api, &parts.headers);
+    let mut hint_key = None;
+    let mut hint_for = |opening: &[u8]| {
+        let key = seed ^ wire::item_key(opening);
+        hint_key = Some(key);
+        st.hints.lock().expect("hints lock").get(key)
+    };
     let scanned = std::str::from_utf8(&bytes)
         .ok()
-        .and_then(|_| condense_formats::scan::index(&bytes, list_field))
+        .and_then(|_| condense_formats::scan::index(&bytes, list_field, &mut hint_for))
         .filter(|ix| ix.items.is_some())
         .filter(|ix| ix.fields.iter().all(|(k, r)| k == list_field || serde_json::from_slice::<serde::de::IgnoredAny>(&bytes[r.clone()]).is_ok()));
+    if let (Some(ix), Some(key)) = (&scanned, hint_key) {
+        let hint = ix.hint(&bytes);
+        st.hints.lock().expect("hints lock").put(key, hint);
+    }
     let max = st.cfg.max_messages;
     let too_many = |n: usize| {
         let m = format!("condense serve: the request holds {n} messages, over the {max} a request may hold (--max-messages)");
@@ -131,7 +144,7 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
         for (i, (role, kind)) in ix.probes.iter().enumerate() {
             probes.push(wire::probe_of(api, i, role.as_deref(), kind.as_deref()).map_err(|e| bad(e.to_string()))?);
         }
-        (ix.fields, Some(items), None, Some((probes, ix.elements)))
+        (ix.fields, Some(items), None, Some((probes, ix.keys, ix.elements)))
     } else {
         let fields = match serde_json::from_slice::<Fields<'_>>(&bytes) {
             Ok(f) => f.0,
@@ -162,9 +175,9 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let stream = text_of("stream").and_then(|t| serde_json::from_slice::<bool>(t).ok()).unwrap_or(false);
     let model = text_of("model").and_then(|t| serde_json::from_slice::<String>(t).ok()).unwrap_or_default();
     let metadata = text_of("metadata").and_then(|t| serde_json::from_slice::<Value>(t).ok()).unwrap_or(Value::Null);
-    let (probes, elements) = probed.map_or((None, None), |(p, n)| (Some(p), Some(n)));
+    let (probes, elements) = probed.map_or((None, None), |(p, k, n)| (Some((p, k)), Some(n)));
     let raw = match (items, listed, probes) {
-        (Some(items), _, Some(probes)) => wire::split_probed(api, bytes.clone(), items, probes),
+        (Some(items), _, Some((probes, keys))) => wire::split_keyed(api, bytes.clone(), items, probes, keys),
         (Some(items), _, None) => wire::split_units(api, bytes.clone(), items),
         (None, Some(list), _) => wire::split_values(api, list.as_array().expect("a list")),
         (None, None, _) => unreachable!("checked above"),
@@ -206,6 +219,20 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let summary = summary_route(st, api, &upstream_headers, reasoning);
     let req = Req { api, headers: parts.headers, upstream_headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, summary, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
     Ok((req, bytes, arrived))
+}
+
+/// What a body's scan hint is looked up by besides its opening: the API and the client's credentials
+/// (a hash kept in memory only), so one client's bodies are never a hint for another's.
+fn hint_seed(api: Api, headers: &HeaderMap) -> u64 {
+    let mut text = api.name().as_bytes().to_vec();
+    for name in crate::request::conversation::KEY_HEADERS {
+        for v in headers.get_all(name) {
+            text.extend_from_slice(name.as_bytes());
+            text.extend_from_slice(&(v.len() as u64).to_le_bytes());
+            text.extend_from_slice(v.as_bytes());
+        }
+    }
+    wire::item_key(&text)
 }
 
 /// How this request's summaries reach the upstream: its API, the upstream it goes to, and the client's
