@@ -70,8 +70,26 @@ pub fn tool_json(api: condense_formats::wire::Api, t: &ToolDef) -> Value {
     }
 }
 
-/// Every tool definition, in a fixed order.
-pub fn definitions() -> Vec<ToolDef> {
+/// Every tool definition, in a fixed order (built once: they are constants).
+pub fn definitions() -> &'static [ToolDef] {
+    static DEFINITIONS: std::sync::OnceLock<Vec<ToolDef>> = std::sync::OnceLock::new();
+    DEFINITIONS.get_or_init(build_definitions)
+}
+
+/// The JSON text of tool `t` in `api`'s form ([`tool_json`], written once per API and tool).
+pub fn tool_text(api: condense_formats::wire::Api, t: &ToolDef) -> &'static str {
+    use condense_formats::wire::Api;
+    static TEXTS: std::sync::OnceLock<Vec<(&'static str, [String; 3])>> = std::sync::OnceLock::new();
+    let texts = TEXTS.get_or_init(|| definitions().iter().map(|d| (d.name, [Api::Anthropic, Api::Chat, Api::Responses].map(|a| tool_json(a, d).to_string()))).collect());
+    let at = match api {
+        Api::Anthropic => 0,
+        Api::Chat => 1,
+        Api::Responses => 2,
+    };
+    texts.iter().find(|(n, _)| *n == t.name).map(|(_, by_api)| by_api[at].as_str()).expect("a defined tool")
+}
+
+fn build_definitions() -> Vec<ToolDef> {
     vec![
         ToolDef {
             name: QUERY_TOOL_NAME,
@@ -124,9 +142,9 @@ pub fn definitions() -> Vec<ToolDef> {
 /// that gets a budget notice can always act on it, and a tool list that changes in the middle of a
 /// conversation makes the provider read nothing of it from its prompt cache: tools come first in what it
 /// caches), the history tools once an archive exists.
-pub fn needed(p: &Projection) -> Vec<ToolDef> {
+pub fn needed(p: &Projection) -> Vec<&'static ToolDef> {
     let archives = !archives_on_branch(p).is_empty();
-    definitions().into_iter().filter(|d| declared(d.name, archives)).collect()
+    definitions().iter().filter(|d| declared(d.name, archives)).collect()
 }
 
 /// Whether a context declares tool `name`: the query tool and `new_context` always, the history tools once
@@ -177,8 +195,9 @@ mod tests {
         let defs = definitions();
         let names: Vec<&str> = defs.iter().map(|d| d.name).collect();
         assert_eq!(names, NAMES);
-        for d in &defs {
+        for d in defs {
             assert_eq!(d.schema["type"], "object", "{}", d.name);
+            assert_eq!(tool_text(condense_formats::wire::Api::Chat, d), tool_json(condense_formats::wire::Api::Chat, d).to_string());
             assert!(d.description.len() > 40, "{}", d.name);
         }
         assert!(is_condense_tool("history_read") && !is_condense_tool("bash"));

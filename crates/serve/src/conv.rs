@@ -37,7 +37,7 @@ impl Internal {
         self.is(name) && self.declared.lock().expect("declared lock").contains(name)
     }
 
-    fn declare(&self, tools: &[tools::ToolDef]) {
+    fn declare(&self, tools: &[&tools::ToolDef]) {
         self.declared.lock().expect("declared lock").extend(tools.iter().map(|t| t.name));
     }
 }
@@ -631,7 +631,7 @@ struct Segments {
     /// Whether the context ends with a budget notice.
     notice: bool,
     /// condense's tools the context needs.
-    tools: Vec<tools::ToolDef>,
+    tools: Vec<&'static tools::ToolDef>,
     /// Its tokens.
     tokens: u64,
     /// Stubs, checkpoints, recoveries, chains.
@@ -664,7 +664,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
         })
         .collect();
     let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
-    let tools: Vec<tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
+    let tools: Vec<&'static tools::ToolDef> = tools::needed(p).into_iter().filter(|t| internal.is(t.name)).collect();
     let tokens: u64 = messages.iter().map(|m| p.estimate(m)).sum();
     let idx = p.index();
     let recoveries = idx.recovery_notes.iter().filter(|n| n.starts_with(condense_engine::recover::DIAG_PREPARED)).count() as u64;
@@ -860,7 +860,7 @@ fn write(api: Api, raw: &RawRequest, rec: &Recorded, seg: Segments) -> std::resu
             }
         }
     }
-    let tools: Vec<String> = tools.iter().map(|t| tools::tool_json(api, t).to_string()).collect();
+    let tools: Vec<String> = tools.iter().map(|t| tools::tool_text(api, t).to_string()).collect();
     // Room after the list for the request's other fields and condense's tools: the upstream body is
     // written around the list in its own buffer (`request::upstream::upstream_body`).
     let others = raw.buf.len().saturating_sub(raw.items.iter().map(|r| r.len()).sum());
