@@ -33,6 +33,7 @@ fn main() -> Result<()> {
         Some("man") => man(&args[1..]),
         Some("test") => test::run(&args[1..]),
         Some("clients") => test::clients(),
+        Some("install-check") => test::install_check_only(),
         // A fresh process importing one file into a fresh store, printing its peak memory (for the bench).
         Some("import-peak") => {
             let (file, dir) = (PathBuf::from(&args[1]), PathBuf::from(&args[2]));
@@ -47,7 +48,8 @@ fn main() -> Result<()> {
             eprintln!("       cargo xtask crash [--rounds N] [--seed S] [--entries N]");
             eprintln!("       cargo xtask soak [--backend sled|postgres|both] [--conversations N] [--seconds T] [--rate R] [--crashes K]");
             eprintln!("       cargo xtask man [--out DIR]");
-            eprintln!("       cargo xtask test [ARGS for cargo test]   (installs what the suite needs, then cargo test --workspace)");
+            eprintln!("       cargo xtask test [ARGS for cargo test]   (installs what the suite needs, then cargo test --workspace, then the install check)");
+            eprintln!("       cargo xtask install-check   (cargo install --path and --git give a condense that runs)");
             Ok(())
         }
     }

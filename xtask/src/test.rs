@@ -72,8 +72,49 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let clients = install_clients()?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let st = Command::new(cargo).current_dir(&root).args(["test", "--workspace"]).args(args).env("CONDENSE_E2E_CLIENTS", &clients).status()?;
+    let st = Command::new(&cargo).current_dir(&root).args(["test", "--workspace"]).args(args).env("CONDENSE_E2E_CLIENTS", &clients).status()?;
+    if st.success() && args.is_empty() {
+        install_check(&root, &cargo)?;
+    }
     std::process::exit(st.code().unwrap_or(1));
+}
+
+/// `cargo xtask install-check`: [`install_check`] alone.
+pub fn install_check_only() -> Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    install_check(&crate::root(), &cargo)
+}
+
+/// `cargo install` gives a `condense` that runs (issue 61, item 4), from this checkout (`--path`) and
+/// from its git repository (`--git`, the committed state, through a `file://` URL: no network). Both with
+/// the lock file (`--locked`, as the README says) and the test profile's artifacts (`--debug` into
+/// `target/`: the dependencies are built once), each into a folder of its own under `target/install-check`.
+fn install_check(root: &Path, cargo: &std::ffi::OsStr) -> Result<()> {
+    let base = root.join("target/install-check");
+    let _ = std::fs::remove_dir_all(&base);
+    let git = format!("file://{}", root.display());
+    let ways: [(&str, Vec<&str>); 2] = [("path", vec!["--path", "crates/cli"]), ("git", vec!["--git", &git, "condense-cli"])];
+    let version = format!("condense {}", env!("CARGO_PKG_VERSION"));
+    for (how, source) in ways {
+        let into = base.join(how);
+        let st = Command::new(cargo)
+            .current_dir(root)
+            .args(["install", "--locked", "--debug", "--quiet", "--target-dir", "target", "--root"])
+            .arg(&into)
+            .args(&source)
+            .status()
+            .with_context(|| format!("running cargo install --{how}"))?;
+        if !st.success() {
+            bail!("cargo install --{how} failed ({st})");
+        }
+        let out = Command::new(into.join("bin/condense")).arg("--version").output().with_context(|| format!("running the condense cargo install --{how} installed"))?;
+        let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if !out.status.success() || printed != version {
+            bail!("the condense cargo install --{how} installed printed `{printed}` for --version, not `{version}`");
+        }
+        println!("xtask test: cargo install --{how} gives a condense that runs ({printed})");
+    }
+    Ok(())
 }
 
 /// Installs the pinned agent CLIs from npm under `target/e2e-clients` (nothing when the same pins are
