@@ -195,3 +195,6 @@ mod tests {
         assert_eq!(client_conversation_id(&axum::http::HeaderMap::new(), &json!({})), None);
     }
 }
+
+/// The headers that carry a provider credential, in the order they are fingerprinted.
+pub(crate) const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-key", "x-goog-api-key"];

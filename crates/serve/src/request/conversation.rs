@@ -138,8 +138,6 @@ fn identity(req: &Req) -> Result<String, wire::WireError> {
     Ok(format!("{}:first:{}", req.api.name(), &h.finalize().to_hex()[..24]))
 }
 
-/// The headers that carry a provider credential, in the order they are fingerprinted.
-pub(crate) const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-key", "x-goog-api-key"];
 
 /// A keyed BLAKE3 hash (64 bits, hex) of the request's credential headers: it tells users apart and is
 /// never the key (an API key's entropy makes it irreversible; the key of the hash keeps it from matching
@@ -147,7 +145,7 @@ pub(crate) const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-ke
 fn key_fingerprint(headers: &axum::http::HeaderMap) -> String {
     let key = blake3::derive_key("condense serve 2026-12 conversation identity: API key fingerprint", b"condense");
     let mut h = blake3::Hasher::new_keyed(&key);
-    for name in KEY_HEADERS {
+    for name in crate::api::KEY_HEADERS {
         for v in headers.get_all(name) {
             h.update(name.as_bytes());
             h.update(&(v.len() as u64).to_le_bytes());

@@ -225,7 +225,7 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
 /// (a hash kept in memory only), so one client's bodies are never a hint for another's.
 fn hint_seed(api: Api, headers: &HeaderMap) -> u64 {
     let mut text = api.name().as_bytes().to_vec();
-    for name in crate::request::conversation::KEY_HEADERS {
+    for name in crate::api::KEY_HEADERS {
         for v in headers.get_all(name) {
             text.extend_from_slice(name.as_bytes());
             text.extend_from_slice(&(v.len() as u64).to_le_bytes());
