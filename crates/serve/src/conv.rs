@@ -919,19 +919,33 @@ impl Conv {
 
     /// What the dashboard records of a request whose message list `list` (a JSON array) goes upstream: the
     /// conversation's figures, and how many leading messages of the previous request's list it kept.
-    pub fn note_sent(&mut self, list: &[u8], window: Option<u64>) -> Sent {
+    pub fn note_sent(&mut self, api: Api, list: &[u8], window: Option<u64>) -> Sent {
         use std::hash::Hasher;
         // Hashed as the list is read (a list of its pieces took 16 bytes a message, doubled as it grew, at
         // the request's peak); a list that does not parse keeps no hashes, as none of it can be compared.
         let mark = memchr::memmem::Finder::new(b"\"cache_control\"");
+        let string_content = memchr::memmem::Finder::new(b"\"content\":\"");
         let hash = |m: &[u8]| {
             let mut h = rustc_hash::FxHasher::default();
             // A cache mark moving to the new last message is not a change of the message (the provider
-            // caches the prefix without the marks).
-            match mark.find(m).is_some() {
+            // caches the prefix without the marks). Nor, to Anthropic, is a string content written as
+            // one text block: Claude Code turns a message's string into a block to mark it and back
+            // when the mark moves on, and Anthropic reads both as the same input (issue 60, item 5).
+            let anthropic_string = api == Api::Anthropic && string_content.find(m).is_some();
+            match mark.find(m).is_some() || anthropic_string {
                 true => {
                     let mut v: Value = serde_json::from_slice(m).unwrap_or(Value::Null);
-                    crate::billing::strip(&mut v);
+                    let marked = crate::billing::strip(&mut v);
+                    let text = v.get("content").and_then(Value::as_str).map(str::to_string);
+                    match (api, text) {
+                        (Api::Anthropic, Some(t)) => v["content"] = serde_json::json!([{"type": "text", "text": t}]),
+                        // Not a string content after all (the key inside a text): the bytes as they are.
+                        _ if !marked => {
+                            h.write(m);
+                            return h.finish();
+                        }
+                        _ => {}
+                    }
                     h.write(v.to_string().as_bytes());
                 }
                 false => h.write(m),

@@ -2198,3 +2198,34 @@ async fn two_servers_starting_one_conversation_at_once_never_answer_500() {
     a.stop().await.unwrap();
     b.stop().await.unwrap();
 }
+
+/// The dashboard's cache breaks are changes of the message prefix as the provider reads it (issue 60,
+/// item 5): Claude Code's moving cache mark, which turns the marked message's string content into a text
+/// block and back once the mark moves on, is none; a changed message is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moving_cache_mark_is_not_a_cache_break() {
+    let s = setup(["one", "two", "three", "four"].into_iter().map(|t| Step::Text(t.into())).collect(), vec![]).await;
+    let http = reqwest::Client::new();
+    let marked = |t: &str| json!({"role": "user", "content": [{"type": "text", "text": t, "cache_control": {"type": "ephemeral"}}]});
+    let plain = |t: &str| json!({"role": "user", "content": t});
+    let reply = |t: &str| json!({"role": "assistant", "content": [{"type": "text", "text": t}]});
+    let breaks = || async {
+        let status = s.status().await;
+        let id = status["active_sessions"][0]["id"].as_u64().expect("a session");
+        let page: Value = serde_json::from_slice(&reqwest::get(format!("{}/condense/api/sessions/{id}", s.url())).await.unwrap().bytes().await.unwrap()).unwrap();
+        page["live"]["cache_breaks"].as_u64().expect("the live figures")
+    };
+    let bodies = [
+        vec![marked("first question")],
+        vec![plain("first question"), reply("one"), marked("second question")],
+        vec![plain("first question"), reply("one"), plain("second question"), reply("two"), marked("third question")],
+        // The assistant's first reply changed: the prefix the provider cached is gone.
+        vec![plain("first question"), reply("one, changed"), plain("second question"), reply("two"), plain("third question"), reply("three"), marked("fourth")],
+    ];
+    for (k, messages) in bodies.into_iter().enumerate() {
+        let body = json!({"model": "m", "max_tokens": 100, "messages": messages});
+        let r = http.post(format!("{}/v1/messages", s.url())).header("content-type", "application/json").header("x-api-key", "k").body(body.to_string()).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        assert_eq!(breaks().await, u64::from(k == 3), "after request {}", k + 1);
+    }
+}

@@ -293,7 +293,7 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
         c.figures.requests += 1;
         // What the dashboard shows of this request: the conversation's figures, and how much of the
         // previous request's message list this one kept (a cache break when not all of it).
-        let sent = c.note_sent(&body[list_at], limits.map(|l| l.context_window));
+        let sent = c.note_sent(api, &body[list_at], limits.map(|l| l.context_window));
         Ok((rec, built, body, [wait, t1 - t0, t2 - t1, t3 - t2], c.ledger.clone(), c.session.id(), sent))
     })
     .await
