@@ -26,8 +26,6 @@ pub struct BodyIndex<'a> {
     pub items: Option<Vec<Range<usize>>>,
     /// Each element's `role` and `type`, when given as strings (`null` or missing: `None`).
     pub probes: Vec<Probe<'a>>,
-    /// [`crate::wire::count_elements`] summed over the elements.
-    pub elements: u64,
     /// Each element's key ([`crate::wire::item_key`]).
     pub keys: Vec<u64>,
     /// Each element's [`crate::wire::count_elements`].
@@ -65,6 +63,11 @@ fn hinted<'a>(hint: &[HintItem], at: &mut usize, body: &'a [u8], start: usize) -
 }
 
 impl BodyIndex<'_> {
+    /// [`crate::wire::count_elements`] summed over the elements.
+    pub fn elements(&self) -> u64 {
+        self.counts.iter().map(|&c| u64::from(c)).sum()
+    }
+
     /// The hint for the next body of the same conversation (elements whose probe had escapes are left
     /// out: they are scanned again).
     pub fn hint(&self, body: &[u8]) -> Hint {
@@ -123,9 +126,8 @@ fn quote_in_short(hay: &[u8]) -> Option<usize> {
 struct Scan<'a> {
     b: &'a [u8],
     i: usize,
-    /// `{`, `[` and `,` seen outside strings while counting (the list's elements only).
+    /// `{`, `[` and `,` seen outside strings so far (an element's count is what it adds).
     count: u64,
-    counting: bool,
 }
 
 impl<'a> Scan<'a> {
@@ -223,9 +225,9 @@ impl<'a> Scan<'a> {
                 }
                 b'{' | b'[' => {
                     depth += 1;
-                    self.count += u64::from(self.counting);
+                    self.count += 1;
                 }
-                b',' => self.count += u64::from(self.counting),
+                b',' => self.count += 1,
                 b'}' | b']' => {
                     depth = depth.checked_sub(1)?;
                     if depth == 0 {
@@ -326,16 +328,12 @@ impl<'a> Scan<'a> {
             let start = s.i;
             if let Some((end, key, probe, count)) = hint.as_deref().and_then(|h| hinted(h, &mut at, s.b, start)) {
                 s.i = end;
-                s.count += u64::from(count);
                 out.probes.push(probe);
                 out.keys.push(key);
                 out.counts.push(count);
             } else {
                 let before = s.count;
-                s.counting = true;
-                let probe = s.element();
-                s.counting = false;
-                out.probes.push(probe?);
+                out.probes.push(s.element()?);
                 out.keys.push(crate::wire::item_key(&s.b[start..s.i]));
                 out.counts.push(u32::try_from(s.count - before).ok()?);
             }
@@ -355,19 +353,17 @@ impl<'a> Scan<'a> {
 /// `hint_for` gives the hint for the rest of the list once its first elements are scanned (see the
 /// module's note; `&mut |_| None` for none).
 pub fn index<'a>(body: &'a [u8], list_field: &str, hint_for: HintFor<'_>) -> Option<BodyIndex<'a>> {
-    let mut s = Scan { b: body, i: 0, count: 0, counting: false };
-    let mut out = BodyIndex { fields: Vec::new(), items: None, probes: Vec::new(), elements: 0, keys: Vec::new(), counts: Vec::new() };
-    let mut listed = false;
+    let mut s = Scan { b: body, i: 0, count: 0 };
+    let mut out = BodyIndex { fields: Vec::new(), items: None, probes: Vec::new(), keys: Vec::new(), counts: Vec::new() };
+    // Taken by the list: a second list, or one that is not an array, is left to the slower reading.
     let mut hint_for = Some(hint_for);
     s.object(|s, key| {
         let key = s.text(key)?;
         let start = s.i;
-        if key == list_field && !listed && s.peek()? == b'[' {
-            listed = true;
-            s.list(&mut out, hint_for.take()?)?;
-        } else if key == list_field {
-            // A second list, or one that is not an array: the slower reading decides.
-            return None;
+        if key == list_field {
+            let hint_for = hint_for.take()?;
+            (s.peek()? == b'[').then_some(())?;
+            s.list(&mut out, hint_for)?;
         } else {
             s.value()?;
         }
@@ -375,17 +371,13 @@ pub fn index<'a>(body: &'a [u8], list_field: &str, hint_for: HintFor<'_>) -> Opt
         Some(())
     })?;
     s.ws();
-    if s.i != body.len() {
-        return None;
-    }
-    out.elements = s.count;
-    Some(out)
+    (s.i == body.len()).then_some(out)
 }
 
 /// The ranges of the elements of the JSON array `list` (valid JSON, checked by the caller, or JSON serve
 /// wrote itself); `None` for anything else.
 pub fn elements(list: &[u8]) -> Option<Vec<Range<usize>>> {
-    let mut s = Scan { b: list, i: 0, count: 0, counting: false };
+    let mut s = Scan { b: list, i: 0, count: 0 };
     let mut out = Vec::new();
     s.array(|s| s.value().map(|r| out.push(r)))?;
     s.ws();
@@ -407,7 +399,7 @@ mod tests {
             let parsed: serde_json::Value = serde_json::from_str(&body[r.clone()]).unwrap();
             assert_eq!(parsed, v[k], "{k} in {body}");
         }
-        let items = ix.items.unwrap();
+        let items = ix.items.clone().unwrap();
         let elems = v[list].as_array().unwrap();
         assert_eq!(items.len(), elems.len());
         for ((r, e), (role, kind)) in items.iter().zip(elems).zip(&ix.probes) {
@@ -416,7 +408,7 @@ mod tests {
             assert_eq!(role.as_deref(), e["role"].as_str());
             assert_eq!(kind.as_deref(), e["type"].as_str());
         }
-        assert_eq!(ix.elements, items.iter().map(|r| count_elements(&body.as_bytes()[r.clone()])).sum::<u64>(), "{body}");
+        assert_eq!(ix.elements(), items.iter().map(|r| count_elements(&body.as_bytes()[r.clone()])).sum::<u64>(), "{body}");
     }
 
     #[test]
@@ -479,7 +471,7 @@ mod tests {
         let plain = index(next.as_bytes(), "messages", &mut |_| None).unwrap();
         let mut forged = (*hint).clone();
         forged[20].count += 1000;
-        assert_eq!(with(&next, &Arc::new(forged.clone())).unwrap().elements, plain.elements + 1000);
+        assert_eq!(with(&next, &Arc::new(forged.clone())).unwrap().elements(), plain.elements() + 1000);
         forged[20].key ^= 1;
         assert_eq!(with(&next, &Arc::new(forged)).unwrap(), plain);
         // A role written with an escape is left out of the hint (its text is not in the body as is).

@@ -106,11 +106,19 @@ pub fn split_units(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize
         let p: Probe<'_> = serde_json::from_slice(&buf[r.clone()]).map_err(|_| werr(format!("{}[{i}]", api.list_field()), "expected an object"))?;
         probes.push(probe_of(api, i, p.role.as_deref(), p.kind.as_deref())?);
     }
-    split_probed(api, buf, items, probes)
+    let keys: Vec<u64> = items.iter().map(|r| item_key(&buf[r.clone()])).collect();
+    split_keyed(api, buf, items, probes, keys)
+}
+
+/// [`split_units`] of what the body's scan found ([`crate::scan::index`]): the elements' ranges, their
+/// `role` and `type`, and their keys.
+pub fn split_scanned(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>, probes: &[crate::scan::Probe<'_>], keys: Vec<u64>) -> Result<RawRequest, WireError> {
+    let probes = probes.iter().enumerate().map(|(i, (role, kind))| probe_of(api, i, role.as_deref(), kind.as_deref())).collect::<Result<Vec<_>, _>>()?;
+    split_keyed(api, buf, items, probes, keys)
 }
 
 /// How element `i` groups, by its `role` and `type`: its role's number and whether the model wrote it.
-pub fn probe_of(api: Api, i: usize, role: Option<&str>, kind: Option<&str>) -> Result<(u8, bool), WireError> {
+fn probe_of(api: Api, i: usize, role: Option<&str>, kind: Option<&str>) -> Result<(u8, bool), WireError> {
     if api != Api::Responses && role.is_none() {
         return Err(werr(format!("{}[{i}]", api.list_field()), "`role` is missing"));
     }
@@ -122,13 +130,6 @@ pub fn probe_of(api: Api, i: usize, role: Option<&str>, kind: Option<&str>) -> R
     Ok((role_number(role), assistant_side))
 }
 
-/// [`split_units`] with each element's [`probe_of`] already known (serve finds them as it scans the
-/// body: `crate::scan`).
-pub fn split_probed(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>, probes: Vec<(u8, bool)>) -> Result<RawRequest, WireError> {
-    let keys: Vec<u64> = items.iter().map(|r| item_key(&buf[r.clone()])).collect();
-    split_keyed(api, buf, items, probes, keys)
-}
-
 /// The key of a list element: a hash of its bytes as the client wrote them.
 pub fn item_key(text: &[u8]) -> u64 {
     use std::hash::Hasher;
@@ -137,8 +138,9 @@ pub fn item_key(text: &[u8]) -> u64 {
     h.finish()
 }
 
-/// [`split_probed`] with each element's [`item_key`] already known.
-pub fn split_keyed(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>, probes: Vec<(u8, bool)>, keys: Vec<u64>) -> Result<RawRequest, WireError> {
+/// The units of the elements `items` of `buf`, each element's probe ([`probe_of`]) and key
+/// ([`item_key`]) known.
+fn split_keyed(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>, probes: Vec<(u8, bool)>, keys: Vec<u64>) -> Result<RawRequest, WireError> {
     use std::hash::Hasher;
     // A list's element indices are kept in 32 bits (4 G elements would take a body of 8 GB first).
     if u32::try_from(items.len()).is_err() {

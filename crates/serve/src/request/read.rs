@@ -129,22 +129,22 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
         let hint = ix.hint(&bytes);
         st.hints.lock().expect("hints lock").put(key, hint);
     }
+    // Counted before anything is split or recorded: recording takes memory by the message.
     let max = st.cfg.max_messages;
     let too_many = |n: usize| {
         let m = format!("condense serve: the request holds {n} messages, over the {max} a request may hold (--max-messages)");
         api_error(api, StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", &m)
     };
-    let (fields, items, listed, probed) = if let Some(ix) = scanned {
-        let items = ix.items.expect("filtered");
-        // Counted before anything is split or recorded: recording takes memory by the message.
+    // The request's fields, its message list split into units, and its count of values when the scan
+    // found it.
+    let (fields, raw, counted) = if let Some(ix) = scanned {
+        let counted = ix.elements();
+        let condense_formats::scan::BodyIndex { fields, items, probes, keys, .. } = ix;
+        let items = items.expect("filtered");
         if items.len() > max {
             return Err(too_many(items.len()));
         }
-        let mut probes = Vec::with_capacity(items.len());
-        for (i, (role, kind)) in ix.probes.iter().enumerate() {
-            probes.push(wire::probe_of(api, i, role.as_deref(), kind.as_deref()).map_err(|e| bad(e.to_string()))?);
-        }
-        (ix.fields, Some(items), None, Some((probes, ix.keys, ix.elements)))
+        (fields, wire::split_scanned(api, bytes.clone(), items, &probes, keys), Some(counted))
     } else {
         let fields = match serde_json::from_slice::<Fields<'_>>(&bytes) {
             Ok(f) => f.0,
@@ -158,14 +158,16 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
         if let Some(n) = items.as_ref().map(Vec::len).filter(|&n| n > max) {
             return Err(too_many(n));
         }
-        // Responses takes `input` as a plain string too: one user message.
-        let listed = match (&items, serde_json::from_str::<String>(list.get())) {
-            (None, Ok(text)) if api == Api::Responses => Some(json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])),
+        let raw = match (items, serde_json::from_str::<String>(list.get())) {
+            (Some(items), _) => wire::split_units(api, bytes.clone(), items),
+            // Responses takes `input` as a plain string too: one user message.
+            (None, Ok(text)) if api == Api::Responses => {
+                wire::split_values(api, &[json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})])
+            }
             (None, _) => return Err(bad(format!("`{}` must be a list", api.list_field()))),
-            _ => None,
         };
         let ranges: Vec<(String, std::ops::Range<usize>)> = fields.iter().map(|(k, v)| (k.clone(), range_in(&bytes, v.get()))).collect();
-        (ranges, items, listed, None)
+        (ranges, raw, None)
     };
     let text_of = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, r)| &bytes[r.clone()]);
     let tool_names: Vec<String> = text_of("tools")
@@ -175,13 +177,6 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let stream = text_of("stream").and_then(|t| serde_json::from_slice::<bool>(t).ok()).unwrap_or(false);
     let model = text_of("model").and_then(|t| serde_json::from_slice::<String>(t).ok()).unwrap_or_default();
     let metadata = text_of("metadata").and_then(|t| serde_json::from_slice::<Value>(t).ok()).unwrap_or(Value::Null);
-    let (probes, elements) = probed.map_or((None, None), |(p, k, n)| (Some((p, k)), Some(n)));
-    let raw = match (items, listed, probes) {
-        (Some(items), _, Some((probes, keys))) => wire::split_keyed(api, bytes.clone(), items, probes, keys),
-        (Some(items), _, None) => wire::split_units(api, bytes.clone(), items),
-        (None, Some(list), _) => wire::split_values(api, list.as_array().expect("a list")),
-        (None, None, _) => unreachable!("checked above"),
-    };
     let mut raw = match raw {
         Ok(r) => r,
         Err(e) => return Err(bad(e.to_string())),
@@ -196,7 +191,7 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     }
     // Now that its message list is read, the request holds what recording it takes: its bytes and its
     // values (messages, content blocks, a call's input), whatever their sizes.
-    let elements = elements.unwrap_or_else(|| raw.items.iter().map(|r| wire::count_elements(&raw.buf[r.clone()])).sum::<u64>()) + raw.items.len() as u64;
+    let elements = counted.unwrap_or_else(|| raw.items.iter().map(|r| wire::count_elements(&raw.buf[r.clone()])).sum::<u64>()) + raw.items.len() as u64;
     let need = crate::budget::reservation(bytes.len() as u64, elements);
     if let Err(r) = reservation.resize(need) {
         return Err(refused(Some(api), &r));
@@ -225,13 +220,7 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
 /// (a hash kept in memory only), so one client's bodies are never a hint for another's.
 fn hint_seed(api: Api, headers: &HeaderMap) -> u64 {
     let mut text = api.name().as_bytes().to_vec();
-    for name in crate::api::KEY_HEADERS {
-        for v in headers.get_all(name) {
-            text.extend_from_slice(name.as_bytes());
-            text.extend_from_slice(&(v.len() as u64).to_le_bytes());
-            text.extend_from_slice(v.as_bytes());
-        }
-    }
+    crate::api::credential_bytes(headers, |b| text.extend_from_slice(b));
     wire::item_key(&text)
 }
 
