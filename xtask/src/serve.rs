@@ -65,6 +65,11 @@ fn status(agent: &reqwest::blocking::Client, addr: &str) -> Result<Value> {
     Ok(serde_json::from_str(&text)?)
 }
 
+/// The words of `CONDENSE_BENCH_SHAPES` (comma-separated): the shapes a bench measures alone.
+fn bench_shapes() -> Vec<String> {
+    std::env::var("CONDENSE_BENCH_SHAPES").map(|v| v.split(',').map(|w| w.trim().to_string()).collect()).unwrap_or_default()
+}
+
 /// Starts the release `condense serve` on `store` (a folder or a database URL) in front of `fake`, with
 /// `extra` flags (`--listen` among them, else a free loopback port); returns the child and the address it
 /// listens on.
@@ -141,9 +146,9 @@ pub fn bench(md: &mut String, scratch: &Path) -> Result<()> {
     let (proxy_rt, proxy) = plain_proxy(fake.url())?;
     let mut phase_rows = Vec::new();
     // `CONDENSE_BENCH_SHAPES=1000` measures only the conversations of that many messages, and nothing after.
-    let only: Vec<usize> = std::env::var("CONDENSE_BENCH_SHAPES").map(|v| v.split(',').filter_map(|w| w.trim().parse().ok()).collect()).unwrap_or_default();
+    let only = bench_shapes();
     for (n, reqs) in [(10usize, 200usize), (100, 200), (1000, 100)] {
-        if !only.is_empty() && !only.contains(&n) {
+        if !only.is_empty() && !only.contains(&n.to_string()) {
             continue;
         }
         // Conversations of n - 1 messages the server holds (recorded by unmeasured requests first), then
@@ -347,7 +352,7 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         }),
     ];
     // `CONDENSE_BENCH_SHAPES=overflow,recovery` measures only the shapes whose names hold one of the words.
-    let only: Vec<String> = std::env::var("CONDENSE_BENCH_SHAPES").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default();
+    let only = bench_shapes();
     let shapes: Vec<(&str, Api, Vec<Value>)> = shapes.into_iter().filter(|(name, _, _)| only.is_empty() || only.iter().any(|w| name.contains(w.as_str()))).collect();
     writeln!(md, "\n## Memory of one request\n")?;
     writeln!(md, "Each shape sent once (JSON; Chat Completions unless named) to a fresh release `condense serve` (`--max-body-bytes` 200 MB, the default 2 GiB memory budget) against a fake upstream; *reply in* the time from sending the body to the end of the reply (the fake upstream answers at once), *peak* is the server's VmHWM minus its RSS before the request, *kept after the reply* its RSS once the reply has come back, minus the same (what the session's warm projection, the client's view, sled's page cache and the allocator's free pages hold on to; docs/serve.md, \"Memory\"). The *reservation* is what serve's memory budget takes for the request before recording it (`crates/serve/src/budget.rs`); a request whose reservation exceeds the whole budget is refused with a 413 (docs/serve.md, \"Limits\"). Besides agent-shaped bodies, bodies of the smallest messages, calls and results each API accepts, as many as the message limit lets through: serve keeps a few hundred bytes of every message, which weighs most against such a body. The *peak per byte of body* is left out below a megabyte, where what any request takes (buffers, the store's structures a first request touches) outweighs what it takes by the byte.\n")?;

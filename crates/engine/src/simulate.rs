@@ -218,6 +218,11 @@ impl Figures {
         ratio(self.cost_units_rendered, self.cost_units_raw)
     }
 
+    /// Tokens new to the raw requests: what none of them read as its cached prefix (the floor's tokens).
+    pub fn raw_new_tokens(&self) -> u64 {
+        self.raw_input_tokens_total - self.raw_cached_prefix_tokens_total
+    }
+
     /// The floor over raw cost ([`Figures::cost_units_floor`]).
     pub fn floor_cost_ratio(&self) -> f64 {
         ratio(self.cost_units_floor, self.cost_units_raw)

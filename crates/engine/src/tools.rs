@@ -164,13 +164,8 @@ pub fn archives_on_branch(p: &Projection) -> Vec<&(String, u64, Option<String>)>
 /// / 4 of their JSON in the Anthropic form (the three APIs' forms differ by a few characters): part of the
 /// request as it will be sent, so the budgets count them as they count the host's own overhead.
 pub fn declared_tokens(p: &Projection) -> u64 {
-    // The declarations are constants: their sizes are measured once, not at every estimate.
-    static TOKENS: std::sync::OnceLock<Vec<(&'static str, u64)>> = std::sync::OnceLock::new();
-    let table = TOKENS.get_or_init(|| {
-        definitions().iter().map(|d| (d.name, (tool_json(condense_formats::wire::Api::Anthropic, d).to_string().len() as u64).div_ceil(4))).collect()
-    });
-    let archives = !archives_on_branch(p).is_empty();
-    table.iter().filter(|(name, _)| declared(name, archives)).map(|(_, t)| t).sum()
+    // (The declarations' texts are written once: `tool_text`.)
+    needed(p).into_iter().map(|d| (tool_text(condense_formats::wire::Api::Anthropic, d).len() as u64).div_ceil(4)).sum()
 }
 
 impl Session {

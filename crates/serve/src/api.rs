@@ -197,4 +197,16 @@ mod tests {
 }
 
 /// The headers that carry a provider credential, in the order they are fingerprinted.
-pub(crate) const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-key", "x-goog-api-key"];
+const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-key", "x-goog-api-key"];
+
+/// Feeds `put` a request's credentials as they are hashed wherever requests are told apart by them: each
+/// credential header's name, the length of its value (8 bytes, little-endian) and the value.
+pub(crate) fn credential_bytes(headers: &axum::http::HeaderMap, mut put: impl FnMut(&[u8])) {
+    for name in KEY_HEADERS {
+        for v in headers.get_all(name) {
+            put(name.as_bytes());
+            put(&(v.len() as u64).to_le_bytes());
+            put(v.as_bytes());
+        }
+    }
+}

@@ -111,6 +111,11 @@ pub(crate) fn strip(v: &mut Value) -> bool {
     }
 }
 
+/// The block Anthropic reads a string content (or system prompt) as: the two forms are the same input.
+pub(crate) fn text_block(text: &str) -> Value {
+    serde_json::json!({"type": "text", "text": text})
+}
+
 /// A request body's canonical input, and where each element ends, with whether a cache mark was on it
 /// (a marked element's end ends a prefix the provider caches).
 pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<(usize, bool)>) {
@@ -128,9 +133,8 @@ pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<(usize, bool)>) {
         Some(Value::Null) | None => {}
         Some(other) => put(other),
     };
-    // Anthropic reads a string content as one text block: the two forms are the same input.
     let blocks = |v: Option<&Value>, put: &mut dyn FnMut(&Value)| match v {
-        Some(Value::String(s)) => put(&serde_json::json!({"type": "text", "text": s})),
+        Some(Value::String(s)) => put(&text_block(s)),
         other => each(other, put),
     };
     match api {

@@ -82,17 +82,20 @@ struct WrittenCache {
 }
 
 impl WrittenCache {
-    /// Message `m` written for `api`, from the cache when it holds it; `next` keeps what this request used.
-    fn get(&self, api: Api, m: &Arc<Message>, next: &mut WrittenCache) -> Option<Arc<wire::Written>> {
+    /// Message `m` written for `api`, from the cache when it holds it; `next` keeps what this request used
+    /// (`None` for a request that leaves nothing to the next, a dry run).
+    fn get(&self, api: Api, m: &Arc<Message>, next: Option<&mut WrittenCache>) -> Option<Arc<wire::Written>> {
         let at = Arc::as_ptr(m) as usize;
         let hit = (self.api == Some(api)).then(|| self.map.get(&at)).flatten().filter(|(held, _)| Arc::ptr_eq(held, m));
         let w = match hit {
             Some((_, w)) => w.clone(),
             None => wire::from_neutral(api, m).map(|o| Arc::new(o.written())),
         };
-        next.api = Some(api);
-        next.bytes += w.as_ref().map_or(0, |w| w.len() as u64);
-        next.map.insert(at, (m.clone(), w.clone()));
+        if let Some(next) = next {
+            next.api = Some(api);
+            next.bytes += w.as_ref().map_or(0, |w| w.len() as u64);
+            next.map.insert(at, (m.clone(), w.clone()));
+        }
         w
     }
 }
@@ -583,7 +586,7 @@ impl Conv {
         let session = self.session.clone();
         let mut written = WrittenCache::default();
         let cache = &self.written;
-        let seg = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages, cache, &mut written)))?;
+        let seg = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages, cache, Some(&mut written))))?;
         self.written = written;
         (self.figures.stubs, self.figures.checkpoints, self.figures.recoveries, self.figures.chains) = seg.figures;
         internal.declare(&seg.tools);
@@ -612,7 +615,7 @@ impl Conv {
         units.close(raw.units.len());
         let rec = Recorded { units: Arc::new(units), last: parent, tokens_in: 0 };
         let rendered = p.render();
-        Ok(write(api, raw, &rec, segments(api, &rec, internal, &p, &rendered.messages, &self.written, &mut WrittenCache::default()))?)
+        Ok(write(api, raw, &rec, segments(api, &rec, internal, &p, &rendered.messages, &self.written, None))?)
     }
 }
 
@@ -643,7 +646,7 @@ struct Segments {
 /// Maps each rendered message to the client message it is (by identity with the entry's message) or its
 /// wire form; also whether the context ends with a budget notice, the tools it needs, its tokens, and the
 /// stub and checkpoint counts.
-fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::Projection, messages: &[Arc<Message>], cache: &WrittenCache, next: &mut WrittenCache) -> Segments {
+fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::Projection, messages: &[Arc<Message>], cache: &WrittenCache, mut next: Option<&mut WrittenCache>) -> Segments {
     // (message address, unit, message within it), sorted by address.
     let mut from: Vec<(usize, u32, u32)> = Vec::with_capacity(rec.units.entries.len());
     for u in 0..rec.units.len() {
@@ -660,7 +663,7 @@ fn segments(api: Api, rec: &Recorded, internal: &Internal, p: &condense_render::
         .iter()
         .map(|m| match from.binary_search_by_key(&(Arc::as_ptr(m) as usize), |e| e.0) {
             Ok(k) => Seg::Client(from[k].1, from[k].2),
-            Err(_) => Seg::New(cache.get(api, m, next)),
+            Err(_) => Seg::New(cache.get(api, m, next.as_deref_mut())),
         })
         .collect();
     let notice = messages.last().is_some_and(|m| m.text().starts_with("[condense notice")) && matches!(segs.last(), Some(Seg::New(_)));
@@ -920,54 +923,31 @@ impl Conv {
     /// What the dashboard records of a request whose message list `list` (a JSON array) goes upstream: the
     /// conversation's figures, and how many leading messages of the previous request's list it kept.
     pub fn note_sent(&mut self, api: Api, list: &[u8], window: Option<u64>) -> Sent {
-        use std::hash::Hasher;
-        // Hashed as the list is read (a list of its pieces took 16 bytes a message, doubled as it grew, at
-        // the request's peak); a list that does not parse keeps no hashes, as none of it can be compared.
         let mark = memchr::memmem::Finder::new(b"\"cache_control\"");
         let string_content = memchr::memmem::Finder::new(b"\"content\":\"");
-        let hash = |m: &[u8]| {
-            let mut h = rustc_hash::FxHasher::default();
-            // A cache mark moving to the new last message is not a change of the message (the provider
-            // caches the prefix without the marks). Nor, to Anthropic, is a string content written as
-            // one text block: Claude Code turns a message's string into a block to mark it and back
-            // when the mark moves on, and Anthropic reads both as the same input (issue 60, item 5).
-            let anthropic_string = api == Api::Anthropic && string_content.find(m).is_some();
-            match mark.find(m).is_some() || anthropic_string {
-                true => {
-                    let mut v: Value = serde_json::from_slice(m).unwrap_or(Value::Null);
-                    let marked = crate::billing::strip(&mut v);
-                    let text = v.get("content").and_then(Value::as_str).map(str::to_string);
-                    match (api, text) {
-                        (Api::Anthropic, Some(t)) => v["content"] = serde_json::json!([{"type": "text", "text": t}]),
-                        // Not a string content after all (the key inside a text): the bytes as they are.
-                        _ if !marked => {
-                            h.write(m);
-                            return h.finish();
-                        }
-                        _ => {}
-                    }
-                    h.write(v.to_string().as_bytes());
-                }
-                false => h.write(m),
+        // A message as the provider reads it, when its bytes say otherwise: a cache mark moving to the new
+        // last message is not a change of the message (the provider caches the prefix without the marks),
+        // nor, to Anthropic, a string content written as the one text block it reads it as (Claude Code
+        // turns a message's string into a block to mark it, and back when the mark moves on).
+        let as_read = |m: &[u8]| -> Option<String> {
+            let anthropic = api == Api::Anthropic;
+            if mark.find(m).is_none() && !(anthropic && string_content.find(m).is_some()) {
+                return None;
             }
-            h.finish()
-        };
-        // The list is serve's own writing: scanned for its elements (serde_json reads it when the scan
-        // cannot).
-        let hashes: Vec<u64> = match condense_formats::scan::elements(list) {
-            Some(ranges) => ranges.into_iter().map(|r| hash(&list[r])).collect(),
-            None => {
-                let mut hashes = Vec::new();
-                let read = condense_formats::wire::each_element(list, |m| {
-                    hashes.push(hash(m.get().as_bytes()));
-                    Ok(())
-                });
-                if read.is_err() {
-                    hashes = Vec::new();
-                }
-                hashes
+            let mut v: Value = serde_json::from_slice(m).ok()?;
+            let marked = crate::billing::strip(&mut v);
+            let block = v.get("content").and_then(Value::as_str).filter(|_| anthropic).map(crate::billing::text_block);
+            let changed = marked || block.is_some();
+            if let Some(b) = block {
+                v["content"] = Value::Array(vec![b]);
             }
+            changed.then(|| v.to_string())
         };
+        // Each hashed as it is scanned (the list is serve's own writing); a list the scan cannot read keeps
+        // no hashes, as none of it can be compared.
+        let hashes: Vec<u64> = condense_formats::scan::elements(list)
+            .map(|ranges| ranges.into_iter().map(|r| &list[r]).map(|m| wire::item_key(as_read(m).as_deref().map_or(m, str::as_bytes))).collect())
+            .unwrap_or_default();
         let kept = self.sent.iter().zip(&hashes).take_while(|(a, b)| a == b).count();
         let before = std::mem::replace(&mut self.sent, hashes).len();
         Sent { figures: self.figures.clone(), window, kept, before }

@@ -146,7 +146,7 @@ pub struct State {
 /// How many bodies' scan hints are kept, and how many elements they may hold in all (about 48 bytes
 /// each: 24 MB).
 const HINTS_KEPT: usize = 256;
-const HINT_ITEMS_KEPT: usize = 500_000;
+const HINT_ITEMS_KEPT: u64 = 500_000;
 
 /// The scan hints of recent request bodies (`condense_formats::scan`), by a hash of the client's
 /// credentials and the body's opening (see `request::read`); the least recently used go first. A hint is
@@ -154,8 +154,8 @@ const HINT_ITEMS_KEPT: usize = 500_000;
 /// body), so a wrong one costs time, never a wrong reading.
 #[derive(Default)]
 pub(crate) struct Hints {
+    /// Each hint and when it was last used.
     map: BTreeMap<u64, (Arc<condense_formats::scan::Hint>, u64)>,
-    items: usize,
     tick: u64,
 }
 
@@ -170,19 +170,15 @@ impl Hints {
     }
 
     pub(crate) fn put(&mut self, key: u64, hint: condense_formats::scan::Hint) {
-        if hint.len() > HINT_ITEMS_KEPT {
+        if hint.len() as u64 > HINT_ITEMS_KEPT {
             return;
         }
         self.tick += 1;
-        self.items += hint.len();
-        if let Some((old, _)) = self.map.insert(key, (Arc::new(hint), self.tick)) {
-            self.items -= old.len();
-        }
-        while self.map.len() > HINTS_KEPT || self.items > HINT_ITEMS_KEPT {
-            let Some(oldest) = self.map.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k) else { break };
-            if let Some((h, _)) = self.map.remove(&oldest) {
-                self.items -= h.len();
-            }
+        self.map.insert(key, (Arc::new(hint), self.tick));
+        // Weighed by their elements; one a request holds is weighed as the rest (it is only read).
+        let entries = self.map.iter().map(|(k, (h, used))| (*used, *k, Some(h.len() as u64), true));
+        for k in condense_engine::least_recently_used(entries, HINTS_KEPT, HINT_ITEMS_KEPT) {
+            self.map.remove(&k);
         }
     }
 }

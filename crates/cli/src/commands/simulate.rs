@@ -44,7 +44,7 @@ pub(crate) fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
 /// Estimated dollars of the raw, host-baseline and condense requests at `price`.
 pub(crate) fn dollars_json(f: &condense_engine::simulate::Figures, price: &condense_engine::simulate::ListPrice) -> Value {
     let (raw, host, condense) = price.of(f);
-    let floor = price.floor_dollars(f.raw_input_tokens_total - f.raw_cached_prefix_tokens_total);
+    let floor = price.floor_dollars(f.raw_new_tokens());
     let round = |d: f64| (d * 10000.0).round() / 10000.0;
     json!({"raw": round(raw), "host": round(host), "condense": round(condense), "floor": round(floor)})
 }
@@ -53,7 +53,7 @@ pub(crate) fn dollars_json(f: &condense_engine::simulate::Figures, price: &conde
 /// compaction at that window).
 pub(crate) fn money_line(f: &condense_engine::simulate::Figures, price: &condense_engine::simulate::ListPrice, window: Option<u64>) -> String {
     let (raw, host, condense) = price.of(f);
-    let new = f.raw_input_tokens_total - f.raw_cached_prefix_tokens_total;
+    let new = f.raw_new_tokens();
     let mut line = format!(
         "{} input tokens, ${condense:.2} at {} list prices; raw {} tokens, ${raw:.2}; the floor (each of raw's {new} new tokens once, uncached) ${:.2}",
         f.rendered_input_tokens_total, price.model, f.raw_input_tokens_total, price.floor_dollars(new)

@@ -145,13 +145,9 @@ fn identity(req: &Req) -> Result<String, wire::WireError> {
 fn key_fingerprint(headers: &axum::http::HeaderMap) -> String {
     let key = blake3::derive_key("condense serve 2026-12 conversation identity: API key fingerprint", b"condense");
     let mut h = blake3::Hasher::new_keyed(&key);
-    for name in crate::api::KEY_HEADERS {
-        for v in headers.get_all(name) {
-            h.update(name.as_bytes());
-            h.update(&(v.len() as u64).to_le_bytes());
-            h.update(v.as_bytes());
-        }
-    }
+    crate::api::credential_bytes(headers, |b| {
+        h.update(b);
+    });
     h.finalize().to_hex()[..16].to_string()
 }
 

@@ -95,7 +95,8 @@ pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::R
     let mut placed = false;
     for (i, (k, r)) in fields.iter().enumerate() {
         let out = if placed { &mut tail } else { &mut head };
-        let v = std::str::from_utf8(&buf[r.clone()]).unwrap_or("null");
+        // (Read as text only where written: the list's own text, most of the body, is not.)
+        let v = || std::str::from_utf8(&buf[r.clone()]).unwrap_or("null");
         if i > 0 {
             out.push(b',');
         }
@@ -107,8 +108,8 @@ pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::R
                 true => out.extend_from_slice(&list),
                 false => placed = true,
             }
-        } else if k == "tools" && !ours.is_empty() && v.trim_start().starts_with('[') {
-            let text = v.trim_end();
+        } else if k == "tools" && !ours.is_empty() && v().trim_start().starts_with('[') {
+            let text = v().trim_end();
             let inner = text[..text.len() - 1].trim_end();
             out.extend_from_slice(inner.as_bytes());
             if !inner.ends_with('[') {
@@ -118,7 +119,7 @@ pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::R
             out.push(b']');
             tools_written = true;
         } else {
-            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(v().as_bytes());
         }
     }
     let out = if placed { &mut tail } else { &mut head };
