@@ -127,9 +127,9 @@ fn install_clients() -> Result<std::path::PathBuf> {
 }
 
 /// Each client's command in `node_modules/.bin`, by package.
-const BINARIES: [(&str, &str); 3] = [("@anthropic-ai/claude-code", "claude"), ("@mariozechner/pi-coding-agent", "pi"), ("@openai/codex", "codex")];
+const BINARIES: [(&str, &str); 4] = [("@anthropic-ai/claude-code", "claude"), ("@mariozechner/pi-coding-agent", "pi"), ("@openai/codex", "codex"), ("opencode-ai", "opencode")];
 
-/// `cargo xtask clients`: installs the real Claude Code, pi and Codex CLIs the end-to-end tests drive
+/// `cargo xtask clients`: installs the real Claude Code, pi, Codex and opencode CLIs the end-to-end tests drive
 /// and checks that each one runs (`--version`), printing the versions; fails when one does not.
 pub fn clients() -> Result<()> {
     let dir = install_clients()?;

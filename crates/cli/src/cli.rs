@@ -39,6 +39,18 @@ pub enum Command {
     /// that agents point their base URL at; while it runs, other commands on the store go through it
     #[command(after_help = "Example:\n  condense serve --listen 127.0.0.1:8787\n  ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude")]
     Serve(ServeArgs),
+    /// Start a coding agent through condense: through the `condense serve` already running on the store,
+    /// else one started for the agent and stopped when it exits; the agent is pointed at it without any
+    /// of its files edited, and its arguments, terminal, signals and exit code pass through
+    #[command(after_help = "Examples:
+  condense run claude
+  condense run codex -- exec \"fix the failing test\"
+  condense --store ~/.condense run pi --keep-serve -- --model claude-sonnet-4-5
+
+Everything after the agent's name (with or without `--`) is the agent's own. Agents must be
+installed; `condense run` names the npm package of one it cannot find. docs/run.md: what each
+agent is given, which of its providers go through condense.")]
+    Run(RunArgs),
     /// Generate a long realistic session, import it as `demo` and print its statistics
     #[command(after_help = "Example:\n  condense demo --store /tmp/demo-store")]
     Demo {
@@ -235,12 +247,44 @@ pub enum Command {
     },
 }
 
-/// `condense serve`'s flags.
+/// `condense run`'s arguments.
 #[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// The agent: claude (Claude Code), codex, pi or opencode
+    #[arg(value_enum, value_name = "AGENT")]
+    pub agent: Agent,
+    /// The agent's own arguments, passed as given
+    #[arg(value_name = "AGENT ARGS", trailing_var_arg = true, allow_hyphen_values = true, value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub args: Vec<std::ffi::OsString>,
+    /// Leave the `condense serve` this command starts running when the agent exits (the next `condense
+    /// run`, and other commands on the store, go through it)
+    #[arg(long)]
+    pub keep_serve: bool,
+    /// serve's own flags, for the server this command starts (ignored when one already runs)
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// The agents `condense run` starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Agent {
+    /// Claude Code (`claude`)
+    Claude,
+    /// OpenAI Codex CLI (`codex`)
+    Codex,
+    /// pi (`pi`, the pi coding agent)
+    Pi,
+    /// opencode (`opencode`)
+    Opencode,
+}
+
+/// `condense serve`'s flags.
+#[derive(Debug, Args, Clone, PartialEq)]
 pub struct ServeArgs {
-    /// Address to listen on (loopback unless you mean otherwise: requests carry API keys)
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8787")]
-    pub listen: std::net::SocketAddr,
+    /// Address to listen on (loopback unless you mean otherwise: requests carry API keys); default
+    /// 127.0.0.1:8787, and for `condense run` a free loopback port
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
     /// Where Anthropic Messages requests go
     #[arg(long, value_name = "URL")]
     pub anthropic_upstream: Option<String>,
@@ -293,6 +337,61 @@ pub struct ServeArgs {
     /// history was written by)
     #[arg(long, value_name = "MODEL")]
     pub summary_model: Option<String>,
+}
+
+/// serve's default address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+
+impl ServeArgs {
+    /// The flags that give these arguments again (`condense run` starts `condense serve` with them);
+    /// `listen` stands in for an address not given.
+    pub fn to_args(&self, listen: std::net::SocketAddr) -> Vec<std::ffi::OsString> {
+        // Every field named: a flag added to serve is a compile error here until it is passed on.
+        let ServeArgs {
+            listen: given,
+            anthropic_upstream,
+            openai_upstream,
+            max_body_bytes,
+            max_messages,
+            max_tool_rounds,
+            config,
+            price_cache,
+            no_price_cache,
+            auth_token_file,
+            memory_budget,
+            warm_bytes,
+            log_format,
+            summaries,
+            summary_model,
+        } = self;
+        let mut out: Vec<std::ffi::OsString> = Vec::new();
+        let mut flag = |name: &str, value: std::ffi::OsString| {
+            out.push(format!("--{name}").into());
+            out.push(value);
+        };
+        flag("listen", given.unwrap_or(listen).to_string().into());
+        let text = |v: &dyn ToString| std::ffi::OsString::from(v.to_string());
+        let named = |v: &dyn Fn() -> Option<clap::builder::PossibleValue>| std::ffi::OsString::from(v().map(|p| p.get_name().to_string()).unwrap_or_default());
+        anthropic_upstream.iter().for_each(|u| flag("anthropic-upstream", u.into()));
+        openai_upstream.iter().for_each(|u| flag("openai-upstream", u.into()));
+        max_body_bytes.iter().for_each(|n| flag("max-body-bytes", text(n)));
+        max_messages.iter().for_each(|n| flag("max-messages", text(n)));
+        max_tool_rounds.iter().for_each(|n| flag("max-tool-rounds", text(n)));
+        config.iter().for_each(|f| flag("config", f.clone().into_os_string()));
+        auth_token_file.iter().for_each(|f| flag("auth-token-file", f.clone().into_os_string()));
+        memory_budget.iter().for_each(|n| flag("memory-budget", text(n)));
+        warm_bytes.iter().for_each(|n| flag("warm-bytes", text(n)));
+        flag("log-format", named(&|| log_format.to_possible_value()));
+        flag("summaries", named(&|| summaries.to_possible_value()));
+        summary_model.iter().for_each(|m| flag("summary-model", m.into()));
+        if *price_cache {
+            out.push("--price-cache".into());
+        }
+        if *no_price_cache {
+            out.push("--no-price-cache".into());
+        }
+        out
+    }
 }
 
 /// `condense serve --summaries`.
@@ -389,7 +488,7 @@ pub enum Format {
 impl Command {
     /// Whether the command creates the store when it does not exist (the others refuse a missing one).
     pub fn creates_store(&self) -> bool {
-        matches!(self, Command::Import { .. } | Command::Demo { .. } | Command::Serve(_) | Command::Watch { .. })
+        matches!(self, Command::Import { .. } | Command::Demo { .. } | Command::Serve(_) | Command::Run(_) | Command::Watch { .. })
             || matches!(self, Command::Simulate { keep: true, .. })
     }
 

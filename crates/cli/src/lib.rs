@@ -25,6 +25,7 @@
 mod output;
 pub mod cli;
 mod commands;
+mod launch;
 mod plot;
 pub mod run;
 mod serve;

@@ -77,6 +77,12 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
             }
             return crate::serve::serve(&store_dir, args, run_captured);
         }
+        Command::Run(args) => {
+            if served.is_some() {
+                bail!("`run` starts an agent beside a server, not inside it");
+            }
+            return crate::launch::run(&store_dir, args);
+        }
         Command::Completions { shell } => {
             let mut buf = Vec::new();
             clap_complete::generate(*shell, &mut crate::cli::command(), "condense", &mut buf);
@@ -114,7 +120,7 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
         Store::open(&store_dir).with_context(|| format!("opening store {}", shown(&store_dir)))
     };
     match cli.command {
-        Command::Serve(_) | Command::Completions { .. } | Command::Watch { .. } => unreachable!("handled above"),
+        Command::Serve(_) | Command::Run(_) | Command::Completions { .. } | Command::Watch { .. } => unreachable!("handled above"),
         Command::Import { paths, json, relative_to } => commands::import::import(&open()?, &paths, relative_to.as_deref(), json),
         Command::Export { file, force } => {
             if file.exists() && !force {

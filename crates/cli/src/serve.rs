@@ -42,7 +42,7 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
         );
     }
     let mut cfg = ServeConfig::new(store_dir);
-    cfg.listen = a.listen;
+    cfg.listen = a.listen.unwrap_or_else(|| crate::cli::DEFAULT_LISTEN.parse().expect("the default address parses"));
     if let Some(u) = &a.anthropic_upstream {
         cfg.anthropic_upstream = u.clone();
     }
@@ -171,15 +171,54 @@ fn server_alive(running: &lock::Announced) -> bool {
 /// How long a command waits for the server holding its store to answer at all.
 const ROUTE_PROBE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Runs the command inside a `condense serve` that holds this store, if one answers; `None` when no
-/// server runs here (the caller opens the store itself).
-pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) -> Result<Option<ExitCode>> {
+/// A `condense serve` holding a store and answering: what it announced, and the token its requests must
+/// carry when it asks for one.
+pub(crate) struct Answering {
+    pub announced: lock::Announced,
+    pub auth: Option<String>,
+}
+
+/// The `condense serve` holding this store folder, if one answers; `None` when none runs (or the one
+/// announced is gone), an error when one runs and does not answer.
+pub(crate) fn answering(store_dir: &Path) -> Result<Option<Answering>> {
     let Some(announced) = store_folder(store_dir).and_then(lock::read) else { return Ok(None) };
     if !server_alive(&announced) {
         // A server killed without withdrawing its serve.json: the store is free, and whatever listens on
         // that port now is not it.
         return Ok(None);
     }
+    // The server asks every request for its token when it has one: the command sends it too, read from
+    // the file the server named (never from serve.json itself).
+    let auth = match &announced.auth_file {
+        Some(f) => Some(std::fs::read_to_string(f).with_context(|| format!("reading the token file {} of the condense serve holding {}", f.display(), store_dir.display()))?.trim().to_string()),
+        None => None,
+    };
+    // First whether it answers at all: a server that is stopped (SIGSTOP) or hung still accepts
+    // connections, and the command would wait for it forever.
+    let probe = reqwest::blocking::Client::builder().timeout(ROUTE_PROBE).build().context("starting the HTTP client")?;
+    let mut req = probe.get(format!("http://{}/condense/status", announced.addr));
+    if let Some(t) = &auth {
+        req = req.header(condense_serve::AUTH_HEADER, t);
+    }
+    match req.send() {
+        Ok(_) => Ok(Some(Answering { announced, auth })),
+        Err(e) if e.is_timeout() => bail!(
+            "the condense serve holding {} (pid {}, http://{}) does not answer within {} s; if it was stopped, continue it (kill -CONT {}), else stop it",
+            store_dir.display(),
+            announced.pid,
+            announced.addr,
+            ROUTE_PROBE.as_secs(),
+            announced.pid
+        ),
+        // A server that announced itself and is gone (killed): the store is free again.
+        Err(_) => Ok(None),
+    }
+}
+
+/// Runs the command inside a `condense serve` that holds this store, if one answers; `None` when no
+/// server runs here (the caller opens the store itself).
+pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) -> Result<Option<ExitCode>> {
+    let Some(Answering { announced, auth }) = answering(store_dir)? else { return Ok(None) };
     let mut utf8 = Vec::with_capacity(argv.len());
     for (i, a) in argv.iter().enumerate() {
         match a.to_str() {
@@ -193,32 +232,10 @@ pub fn through_server(store_dir: &Path, argv: &[OsString], takes_paths: bool) ->
         }
     }
     let argv = &utf8;
-    // The server asks every request for its token when it has one: the command sends it too, read from
-    // the file the server named (never from serve.json itself).
-    let auth = match &announced.auth_file {
-        Some(f) => Some(std::fs::read_to_string(f).with_context(|| format!("reading the token file {} of the condense serve holding {}", f.display(), store_dir.display()))?.trim().to_string()),
-        None => None,
-    };
     let with_auth = |rb: reqwest::blocking::RequestBuilder| match &auth {
         Some(t) => rb.header(condense_serve::AUTH_HEADER, t),
         None => rb,
     };
-    // First whether it answers at all: a server that is stopped (SIGSTOP) or hung still accepts
-    // connections, and the command would wait for it forever.
-    let probe = reqwest::blocking::Client::builder().timeout(ROUTE_PROBE).build().context("starting the HTTP client")?;
-    match with_auth(probe.get(format!("http://{}/condense/status", announced.addr))).send() {
-        Ok(_) => {}
-        Err(e) if e.is_timeout() => bail!(
-            "the condense serve holding {} (pid {}, http://{}) does not answer within {} s; if it was stopped, continue it (kill -CONT {}), else stop it",
-            store_dir.display(),
-            announced.pid,
-            announced.addr,
-            ROUTE_PROBE.as_secs(),
-            announced.pid
-        ),
-        // A server that announced itself and is gone (killed): the store is free again.
-        Err(_) => return Ok(None),
-    }
     let url = format!("http://{}/condense/cli", announced.addr);
     let body = serde_json::json!({"argv": absolute_args(argv, takes_paths)}).to_string();
     // No overall timeout: a command (an import of a large folder) runs as long as it needs.

@@ -831,7 +831,8 @@ fn docs_name_only_commands_and_flags_the_cli_has() {
                     wrong.push(format!("{place}: no such command"));
                     continue;
                 }
-                for w in words.iter().filter(|w| w.trim_start_matches('[').starts_with("--")) {
+                // After `--` the words are another program's (`condense run AGENT -- ARGS`).
+                for w in words.iter().take_while(|w| w.as_str() != "--").filter(|w| w.trim_start_matches('[').starts_with("--")) {
                     let flag = w.trim_start_matches('[').trim_start_matches("--").split(['=', ']']).next().unwrap_or("");
                     let known = cmd.get_arguments().chain(cli.get_arguments()).any(|a| a.get_long() == Some(flag)) || flag == "help";
                     if !known {
@@ -843,6 +844,35 @@ fn docs_name_only_commands_and_flags_the_cli_has() {
     }
     assert!(checked >= 30, "only {checked} commands found in the docs");
     assert!(wrong.is_empty(), "the docs name what the CLI does not have:\n{}", wrong.join("\n"));
+}
+
+/// `condense run` starts serve with the serve flags it was given: every flag of `serve` given to `run`
+/// comes back from `ServeArgs::to_args` and parses to the same arguments (the agent's own after it).
+#[test]
+fn run_passes_its_serve_flags_to_the_serve_it_starts() {
+    use clap::Parser as _;
+    use condense_cli::cli::{Cli, Command as Cmd};
+    let given = [
+        "condense", "run", "--listen", "127.0.0.1:9999", "--anthropic-upstream", "http://a.example", "--openai-upstream", "http://o.example", "--max-body-bytes", "4096",
+        "--max-messages", "7", "--max-tool-rounds", "3", "--config", "/c.json", "--price-cache", "--auth-token-file", "/t", "--memory-budget", "2097152", "--warm-bytes",
+        "3145728", "--log-format", "json", "--summaries", "upstream", "--summary-model", "m", "--keep-serve", "pi", "--model", "x", "--", "-p", "hi",
+    ];
+    let Cmd::Run(run) = Cli::try_parse_from(given).unwrap().command else { panic!("not run") };
+    assert_eq!(run.agent, condense_cli::cli::Agent::Pi);
+    assert!(run.keep_serve);
+    assert_eq!(run.args, ["--model", "x", "--", "-p", "hi"].map(std::ffi::OsString::from));
+    let free = "127.0.0.1:0".parse().unwrap();
+    let again = |serve: &condense_cli::cli::ServeArgs| {
+        let argv: Vec<std::ffi::OsString> = ["condense", "serve"].map(Into::into).into_iter().chain(serve.to_args(free)).collect();
+        let Cmd::Serve(back) = Cli::try_parse_from(argv).unwrap().command else { panic!("not serve") };
+        back
+    };
+    assert_eq!(again(&run.serve), run.serve);
+    // No flags: a free port, the rest serve's defaults; `--no-price-cache` passes too.
+    let Cmd::Run(bare) = Cli::try_parse_from(["condense", "run", "--no-price-cache", "claude"]).unwrap().command else { panic!("not run") };
+    let back = again(&bare.serve);
+    assert_eq!(back.listen, Some(free));
+    assert_eq!(condense_cli::cli::ServeArgs { listen: None, ..back }, bare.serve);
 }
 
 #[test]

@@ -16,6 +16,8 @@ use std::sync::OnceLock;
 
 #[path = "../../../xtask/src/e2e_clients.rs"]
 mod e2e_clients;
+#[path = "support/run_agents.rs"]
+mod run_agents;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
