@@ -126,6 +126,8 @@ fn check_provider_side(log: &[Logged]) -> String {
     let call = cont.iter().flat_map(|m| m.tool_calls().filter(|(_, n, _)| *n == "context_tree_query").map(|(i, _, _)| i.to_string()).collect::<Vec<_>>()).last().expect("the continuation holds the query");
     let answer = cont.iter().find_map(|m| match m { Message::ToolResult { call_id, .. } if *call_id == call => Some(m.text()), _ => None }).expect("its result");
     let (_, body) = answer.split_once('\n').unwrap();
+    // Long arguments (opencode's shell calls carry a description) come back before the output.
+    let body = body.strip_prefix("[arguments] ").and_then(|b| b.split_once("\n[output]\n")).map_or(body, |(_, out)| out);
     // The original as the client sent it, the first time it went upstream whole.
     let n: usize = r[1..].parse().unwrap();
     let originals: Vec<String> = log.iter().find_map(|l| {

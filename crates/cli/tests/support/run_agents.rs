@@ -235,3 +235,52 @@ fn condense_run_forwards_signals_to_the_agent() {
     assert!(!listening(&addr) && !store.join("serve.json").exists(), "the serve started for the agent stopped: {err}");
     drop(e);
 }
+
+/// opencode through a `condense serve` it is configured for by hand, as the README says (its
+/// `opencode.json`, the token header included): two turns of [`script`]'s kind, the old outputs stubbed
+/// in the later turn and one recovered byte for byte, nothing secret stored.
+#[test]
+fn opencode_through_serve() {
+    let bash = |cmd: &str| Step::Call("bash".into(), serde_json::json!({"command": cmd, "description": "Count numbers"}));
+    let e = env_with(vec![
+        bash("seq 1 30000"),
+        bash("seq 2 30001"),
+        bash("seq 3 30002"),
+        Step::Text("FAKE-FINAL: turn one done".into()),
+        Step::QueryNewestStub,
+        Step::Text("FAKE-FINAL: found it".into()),
+    ]);
+    let token_file = e.root.join("token");
+    std::fs::write(&token_file, format!("{E2E_TOKEN}\n")).unwrap();
+    let serve = Serve::start_auth(&e.root.join("store"), &e.fake, Some(&token_file));
+    let config = e.root.join("home/.config/opencode");
+    std::fs::create_dir_all(&config).unwrap();
+    let provider = serde_json::json!({"provider": {"anthropic": {"options": {"baseURL": format!("http://{}/v1", serve.addr), "headers": {"x-condense-auth": E2E_TOKEN}}}}});
+    std::fs::write(config.join("opencode.json"), provider.to_string()).unwrap();
+    let turn = |first: bool, prompt: &str| {
+        let mut c = Command::new(bin("opencode"));
+        base_env(&mut c, &e.root);
+        agent_env("opencode", &e.root, &mut c);
+        // A title given: opencode asks no model for one.
+        c.args(["run", "--model", "anthropic/claude-sonnet-4-5", "--title", "e2e"]);
+        if !first {
+            c.arg("--continue");
+        }
+        run(c.arg(prompt))
+    };
+    let (code, out, err) = turn(true, "Count the numbers with seq");
+    assert_eq!(code, 0, "turn 1: {out}\n{err}");
+    assert!(out.contains("turn one done"), "{out}\n{err}");
+    let (code, out, err) = turn(false, "Look at the last output again");
+    assert_eq!(code, 0, "turn 2: {out}\n{err}");
+    assert!(out.contains("found it"), "{out}\n{err}");
+    let log = e.fake.log();
+    assert!(log.iter().all(|l| l.api() == Api::Anthropic && l.header("x-condense-auth").is_none()), "serve's token went upstream");
+    check_provider_side(&log);
+    drop(serve);
+    let (prompts, outputs) = recorded(&e.root.join("store"));
+    assert!(prompts.iter().any(|p| p.contains("Look at the last output again")), "{prompts:?}");
+    assert!(outputs.len() >= 3, "{outputs:?}");
+    assert_no_secret(&e.root.join("store"), "SECRET");
+    drop(e.rt);
+}
