@@ -127,9 +127,10 @@ fn install_clients() -> Result<std::path::PathBuf> {
 }
 
 /// Each client's command in `node_modules/.bin`, by package.
-const BINARIES: [(&str, &str); 4] = [("@anthropic-ai/claude-code", "claude"), ("@mariozechner/pi-coding-agent", "pi"), ("@openai/codex", "codex"), ("opencode-ai", "opencode")];
+const BINARIES: [(&str, &str); 5] =
+    [("@anthropic-ai/claude-code", "claude"), ("@mariozechner/pi-coding-agent", "pi"), ("@openai/codex", "codex"), ("opencode-ai", "opencode"), ("@google/gemini-cli", "gemini")];
 
-/// `cargo xtask clients`: installs the real Claude Code, pi, Codex and opencode CLIs the end-to-end tests drive
+/// `cargo xtask clients`: installs the real Claude Code, pi, Codex, opencode and Gemini CLIs the end-to-end tests drive
 /// and checks that each one runs (`--version`), printing the versions; fails when one does not.
 pub fn clients() -> Result<()> {
     let dir = install_clients()?;

@@ -35,7 +35,8 @@ pub struct Cli {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run a provider-compatible endpoint (Anthropic Messages, OpenAI Chat Completions and Responses)
+    /// Run a provider-compatible endpoint (Anthropic Messages, OpenAI Chat Completions and Responses, the
+    /// Gemini API)
     /// that agents point their base URL at; while it runs, other commands on the store go through it
     #[command(after_help = "Example:\n  condense serve --listen 127.0.0.1:8787\n  ANTHROPIC_BASE_URL=http://127.0.0.1:8787 claude")]
     Serve(ServeArgs),
@@ -250,7 +251,7 @@ agent is given, which of its providers go through condense.")]
 /// `condense run`'s arguments.
 #[derive(Debug, Args, Clone)]
 pub struct RunArgs {
-    /// The agent: claude (Claude Code), codex, pi or opencode
+    /// The agent: claude (Claude Code), codex, pi, opencode or gemini (Gemini CLI)
     #[arg(value_enum, value_name = "AGENT")]
     pub agent: Agent,
     /// The agent's own arguments, passed as given
@@ -276,6 +277,8 @@ pub enum Agent {
     Pi,
     /// opencode (`opencode`)
     Opencode,
+    /// Gemini CLI (`gemini`)
+    Gemini,
 }
 
 /// `condense serve`'s flags.
@@ -291,6 +294,9 @@ pub struct ServeArgs {
     /// Where OpenAI Chat Completions and Responses requests go
     #[arg(long, value_name = "URL")]
     pub openai_upstream: Option<String>,
+    /// Where Gemini API requests go (default: the public Gemini API)
+    #[arg(long, value_name = "URL")]
+    pub gemini_upstream: Option<String>,
     /// Largest request body accepted (bytes, at least 1024)
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1024..))]
     pub max_body_bytes: Option<u64>,
@@ -351,6 +357,7 @@ impl ServeArgs {
             listen: given,
             anthropic_upstream,
             openai_upstream,
+            gemini_upstream,
             max_body_bytes,
             max_messages,
             max_tool_rounds,
@@ -374,6 +381,7 @@ impl ServeArgs {
         let named = |v: &dyn Fn() -> Option<clap::builder::PossibleValue>| std::ffi::OsString::from(v().map(|p| p.get_name().to_string()).unwrap_or_default());
         anthropic_upstream.iter().for_each(|u| flag("anthropic-upstream", u.into()));
         openai_upstream.iter().for_each(|u| flag("openai-upstream", u.into()));
+        gemini_upstream.iter().for_each(|u| flag("gemini-upstream", u.into()));
         max_body_bytes.iter().for_each(|n| flag("max-body-bytes", text(n)));
         max_messages.iter().for_each(|n| flag("max-messages", text(n)));
         max_tool_rounds.iter().for_each(|n| flag("max-tool-rounds", text(n)));

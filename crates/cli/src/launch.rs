@@ -46,6 +46,7 @@ impl Agent {
             Agent::Codex => "codex",
             Agent::Pi => "pi",
             Agent::Opencode => "opencode",
+            Agent::Gemini => "gemini",
         }
     }
 
@@ -56,6 +57,7 @@ impl Agent {
             Agent::Codex => "npm install -g @openai/codex",
             Agent::Pi => "npm install -g @mariozechner/pi-coding-agent",
             Agent::Opencode => "npm install -g opencode-ai",
+            Agent::Gemini => "npm install -g @google/gemini-cli",
         }
     }
 }
@@ -284,6 +286,22 @@ fn point(agent: Agent, cmd: &mut Command, server: &Server, scratch: &Path) -> Re
             );
             std::fs::write(&ext, text).with_context(|| format!("writing {}", ext.display()))?;
             cmd.arg("--extension").arg(&ext);
+        }
+        Agent::Gemini => {
+            // Gemini CLI takes a gateway's address from GOOGLE_GEMINI_BASE_URL (the key from
+            // GEMINI_API_KEY, as without it) and extra headers, `Name: value, …`, from
+            // GEMINI_CLI_CUSTOM_HEADERS (the user's kept).
+            cmd.env("GOOGLE_GEMINI_BASE_URL", &base);
+            // (Its authentication must be the API key, chosen in its settings as its first run asks:
+            // with that address and none chosen, Gemini CLI 0.61 picks a "gateway" it then refuses.)
+            if let Some(t) = &server.token {
+                let mut headers = std::env::var("GEMINI_CLI_CUSTOM_HEADERS").unwrap_or_default();
+                if !headers.trim().is_empty() {
+                    headers.push_str(", ");
+                }
+                headers.push_str(&format!("{header}: {t}"));
+                cmd.env("GEMINI_CLI_CUSTOM_HEADERS", headers);
+            }
         }
         Agent::Opencode => {
             // opencode merges OPENCODE_CONFIG_CONTENT over the user's configuration files; one the user

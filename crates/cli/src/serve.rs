@@ -49,6 +49,9 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
     if let Some(u) = &a.openai_upstream {
         cfg.openai_upstream = u.clone();
     }
+    if let Some(u) = &a.gemini_upstream {
+        cfg.gemini_upstream = u.clone();
+    }
     if let Some(n) = a.max_body_bytes {
         cfg.max_body_bytes = usize::try_from(n).map_err(|_| anyhow!("--max-body-bytes {n} is more than this machine can address"))?;
     }
@@ -101,6 +104,7 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
         let _ = writeln!(o, "condense serve: listening on http://{addr} (store {})", shown(&cfg.store));
         let _ = writeln!(o, "  Claude Code: ANTHROPIC_BASE_URL=http://{addr}");
         let _ = writeln!(o, "  OpenAI-compatible agents (pi, Codex, opencode): base URL http://{addr}/v1");
+        let _ = writeln!(o, "  Gemini CLI: GOOGLE_GEMINI_BASE_URL=http://{addr}");
         if let Some(f) = &auth_file {
             let _ = writeln!(o, "  every request needs the header {}: <the token in {}> (README, \"Authentication\")", condense_serve::AUTH_HEADER, f.display());
         }

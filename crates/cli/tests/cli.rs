@@ -672,7 +672,7 @@ fn help_version_and_completions() {
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .filter(|c| c != "help")
         .collect();
-    assert_eq!(commands.len(), 18, "{commands:?}");
+    assert_eq!(commands.len(), 19, "{commands:?}");
     for c in &commands {
         let (code, page, _) = bare(&[c, "--help"]);
         assert_eq!(code, 0, "{c}");
@@ -832,7 +832,7 @@ fn docs_name_only_commands_and_flags_the_cli_has() {
                     continue;
                 }
                 // After `--` the words are another program's (`condense run AGENT -- ARGS`).
-                for w in words.iter().take_while(|w| w.as_str() != "--").filter(|w| w.trim_start_matches('[').starts_with("--")) {
+                for w in words.iter().take_while(|w| w.trim_start_matches('[') != "--").filter(|w| w.trim_start_matches('[').starts_with("--")) {
                     let flag = w.trim_start_matches('[').trim_start_matches("--").split(['=', ']']).next().unwrap_or("");
                     let known = cmd.get_arguments().chain(cli.get_arguments()).any(|a| a.get_long() == Some(flag)) || flag == "help";
                     if !known {

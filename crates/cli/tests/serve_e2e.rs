@@ -1,5 +1,5 @@
 //! `condense serve` end to end: the real `condense` binary between a scripted fake provider on loopback
-//! and the real coding agents — Claude Code, pi and Codex, installed from npm at pinned versions by this
+//! and the real coding agents — Claude Code, pi, Codex, opencode and Gemini CLI, installed from npm at pinned versions by this
 //! test itself (cached under `target/e2e-clients`). Each client runs two turns non-interactively; the
 //! fake model runs shell commands with large outputs, later asks `context_tree_query` for a ref it saw in
 //! a stub, and finishes. Each also runs thirty turns through serve and direct, priced as providers bill
@@ -62,7 +62,7 @@ impl Serve {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_condense"));
         cmd.arg("--store")
             .arg(store)
-            .args(["serve", "--listen", "127.0.0.1:0", "--anthropic-upstream", &fake.url(), "--openai-upstream", &fake.url()])
+            .args(["serve", "--listen", "127.0.0.1:0", "--anthropic-upstream", &fake.url(), "--openai-upstream", &fake.url(), "--gemini-upstream", &fake.url()])
             .args(token_file.map(|f| vec![std::ffi::OsString::from("--auth-token-file"), f.as_os_str().to_owned()]).unwrap_or_default())
             // A line per request would bury the test's own output: warnings and errors only.
             .env("RUST_LOG", "warn")
@@ -610,6 +610,28 @@ fn pi() -> Client {
     }
 }
 
+fn gemini() -> Client {
+    Client {
+        name: "Gemini CLI",
+        api: Api::Gemini,
+        sessions: "home/.gemini/tmp",
+        turn: Box::new(|root, base, k, prompt| {
+            let mut c = Command::new(bin("gemini"));
+            base_env(&mut c, root);
+            run_agents::agent_env("gemini", root, &mut c);
+            c.env("GOOGLE_GEMINI_BASE_URL", base).args(["--yolo", "-m", "gemini-2.5-flash"]);
+            if k > 1 {
+                c.args(["--resume", "latest"]);
+            }
+            c.args(["-p", prompt]);
+            run(&mut c)
+        }),
+        environment: Some(|l| {
+            l.body["contents"].as_array().is_some_and(|cs| cs.iter().any(|c| c["parts"].as_array().is_some_and(|ps| ps.iter().any(|p| p["text"].as_str().is_some_and(|t| t.contains("<session_context>"))))))
+        }),
+    }
+}
+
 /// Codex's configuration for a provider at `base`.
 fn codex_config(base: &str) -> String {
     format!(
@@ -727,10 +749,14 @@ fn long_session(c: Client) {
     // The session went through what the script asks for.
     let st = condense_engine::Store::open(&store).unwrap();
     let infos = st.sessions().unwrap();
-    assert_eq!(infos.len(), 1, "one conversation, one session: {infos:?}");
-    let session = st.session(&infos[0].name).unwrap();
-    let p = session.projection().unwrap();
-    assert!(p.index().checkpoints.len() >= 2, "{}: new_context and the overflow each checkpointed ({})", c.name, p.index().checkpoints.len());
+    // One conversation, one session. Gemini CLI 0.61's own context management drops its first prompt
+    // from the history it resumes once it has masked old outputs (turn 7 here); serve follows the
+    // conversation to its new first prompt while it runs, but after its restart (turn 20) that first
+    // prompt names no session it knows, and the turns after go on in a second (docs/serve.md, "Gemini").
+    let split = c.api == Api::Gemini && infos.len() == 2 && infos[1].name.starts_with("gemini-cli/turn-2-");
+    assert!(infos.len() == 1 || split, "one conversation, one session: {infos:?}");
+    let checkpoints: usize = infos.iter().map(|i| st.session(&i.name).unwrap().projection().unwrap().index().checkpoints.len()).sum();
+    assert!(checkpoints >= 2, "{}: new_context and the overflow each checkpointed ({checkpoints})", c.name);
     assert!(through_log.iter().any(|l| l.step == Some(Step::QueryNewestStub)), "{}: a stub was recalled", c.name);
     // The environment reached every request, through serve as direct.
     let environment = c.environment.map(|has| {
@@ -783,6 +809,11 @@ fn thirty_turns_of_codex_through_serve_and_direct() {
 #[test]
 fn thirty_turns_of_pi_through_serve_and_direct() {
     long_session(pi());
+}
+
+#[test]
+fn thirty_turns_of_gemini_cli_through_serve_and_direct() {
+    long_session(gemini());
 }
 
 /// `--log-format json`: one JSON line per request on stderr (session id, API, status, serve's own time,

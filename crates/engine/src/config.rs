@@ -62,7 +62,7 @@ pub struct ModelLimits {
     pub max_output: Option<u64>,
 }
 
-/// Windows and output limits of current Anthropic and OpenAI models, by model id or by a prefix ending in
+/// Windows and output limits of current Anthropic, OpenAI and Gemini models, by model id or by a prefix ending in
 /// `*`. The config's `models` table overrides or extends it.
 pub const DEFAULT_MODELS: &[(&str, u64, u64)] = &[
     ("claude-*", 200_000, 64_000),
@@ -78,6 +78,8 @@ pub const DEFAULT_MODELS: &[(&str, u64, u64)] = &[
     ("o3*", 200_000, 100_000),
     ("o4-mini*", 200_000, 100_000),
     ("codex-mini*", 200_000, 100_000),
+    ("gemini-2.5*", 1_048_576, 65_536),
+    ("gemini-3*", 1_048_576, 65_536),
 ];
 
 /// The limits of `model`: an exact entry first, then the longest matching `prefix*` entry; the file's

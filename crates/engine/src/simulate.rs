@@ -165,7 +165,7 @@ pub struct ListPrice {
 
 /// The embedded price table (providers' published list prices per million input tokens; Anthropic's
 /// cache writes at the 5-minute rate). A configuration's `listPrices` adds or replaces entries.
-pub const PRICE_TABLE: [(&str, f64, f64, f64); 8] = [
+pub const PRICE_TABLE: [(&str, f64, f64, f64); 10] = [
     ("claude-opus-4-5", 5.0, 0.50, 6.25),
     ("claude-opus-4-1", 15.0, 1.50, 18.75),
     ("claude-sonnet-4-5", 3.0, 0.30, 3.75),
@@ -174,6 +174,8 @@ pub const PRICE_TABLE: [(&str, f64, f64, f64); 8] = [
     ("gpt-5-mini", 0.25, 0.025, 0.25),
     ("gpt-5-nano", 0.05, 0.005, 0.05),
     ("gpt-4.1", 2.0, 0.50, 2.0),
+    ("gemini-2.5-pro", 1.25, 0.125, 1.25),
+    ("gemini-2.5-flash", 0.30, 0.03, 0.30),
 ];
 
 /// The model `simulate` prices with when none is chosen.

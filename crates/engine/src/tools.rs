@@ -67,6 +67,8 @@ pub fn tool_json(api: condense_formats::wire::Api, t: &ToolDef) -> Value {
         Api::Anthropic => serde_json::json!({"name": t.name, "description": t.description, "input_schema": t.schema}),
         Api::Chat => serde_json::json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.schema}}),
         Api::Responses => serde_json::json!({"type": "function", "name": t.name, "description": t.description, "parameters": t.schema, "strict": false}),
+        // One of a tool's `functionDeclarations` (serve puts them in the client's).
+        Api::Gemini => serde_json::json!({"name": t.name, "description": t.description, "parameters": t.schema}),
     }
 }
 
@@ -79,12 +81,13 @@ pub fn definitions() -> &'static [ToolDef] {
 /// The JSON text of tool `t` in `api`'s form ([`tool_json`], written once per API and tool).
 pub fn tool_text(api: condense_formats::wire::Api, t: &ToolDef) -> &'static str {
     use condense_formats::wire::Api;
-    static TEXTS: std::sync::OnceLock<Vec<(&'static str, [String; 3])>> = std::sync::OnceLock::new();
-    let texts = TEXTS.get_or_init(|| definitions().iter().map(|d| (d.name, [Api::Anthropic, Api::Chat, Api::Responses].map(|a| tool_json(a, d).to_string()))).collect());
+    static TEXTS: std::sync::OnceLock<Vec<(&'static str, [String; 4])>> = std::sync::OnceLock::new();
+    let texts = TEXTS.get_or_init(|| definitions().iter().map(|d| (d.name, [Api::Anthropic, Api::Chat, Api::Responses, Api::Gemini].map(|a| tool_json(a, d).to_string()))).collect());
     let at = match api {
         Api::Anthropic => 0,
         Api::Chat => 1,
         Api::Responses => 2,
+        Api::Gemini => 3,
     };
     texts.iter().find(|(n, _)| *n == t.name).map(|(_, by_api)| by_api[at].as_str()).expect("a defined tool")
 }

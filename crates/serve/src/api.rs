@@ -1,4 +1,4 @@
-//! What differs between the three APIs outside the message list: error bodies, how an overflow reads,
+//! What differs between the four APIs outside the message list: error bodies, how an overflow reads,
 //! the reply of a non-streaming response and how several rounds merge into the one reply the client
 //! sees, and how a conversation identifies itself.
 
@@ -13,6 +13,19 @@ pub fn error_body(api: Api, kind: &str, message: &str) -> Value {
     match api {
         Api::Anthropic => json!({"type": "error", "error": {"type": kind, "message": message}}),
         Api::Chat | Api::Responses => json!({"error": {"message": message, "type": kind, "param": null, "code": kind}}),
+        Api::Gemini => json!({"error": {"message": message, "status": gemini_status(kind)}}),
+    }
+}
+
+/// The Gemini API's status name for an error kind of condense's.
+fn gemini_status(kind: &str) -> &'static str {
+    match kind {
+        "invalid_request_error" => "INVALID_ARGUMENT",
+        "authentication_error" => "UNAUTHENTICATED",
+        "request_too_large" => "INVALID_ARGUMENT",
+        "overloaded_error" => "UNAVAILABLE",
+        "request_timeout" => "DEADLINE_EXCEEDED",
+        _ => "INTERNAL",
     }
 }
 
@@ -31,6 +44,7 @@ pub fn is_overflow(status: u16, body: &[u8]) -> bool {
         || msg.contains("maximum context length")
         || msg.contains("exceeds the context window")
         || msg.contains("input length and `max_tokens` exceed context limit")
+        || msg.contains("exceeds the maximum number of tokens allowed")
 }
 
 /// The provider's error text of an error body (for the overflow event).
@@ -62,6 +76,11 @@ pub fn strip_internal(api: Api, v: &mut Value, internal: &dyn Fn(&str) -> bool) 
         Api::Responses => {
             if let Some(Value::Array(items)) = v.get_mut("output") {
                 items.retain(|i| !(i["type"] == "function_call" && i["name"].as_str().is_some_and(internal)));
+            }
+        }
+        Api::Gemini => {
+            if let Some(Value::Array(parts)) = v.pointer_mut("/candidates/0/content/parts") {
+                parts.retain(|p| !p["functionCall"]["name"].as_str().is_some_and(internal));
             }
         }
     }
@@ -105,6 +124,13 @@ pub fn merge_rounds(api: Api, first: &Value, later: Value) -> Value {
             items.extend(out["output"].as_array().cloned().unwrap_or_default());
             out["output"] = Value::Array(items);
         }
+        Api::Gemini => {
+            let mut parts = first.pointer("/candidates/0/content/parts").and_then(Value::as_array).cloned().unwrap_or_default();
+            parts.extend(out.pointer("/candidates/0/content/parts").and_then(Value::as_array).cloned().unwrap_or_default());
+            if let Some(content) = out.pointer_mut("/candidates/0/content") {
+                content["parts"] = Value::Array(parts);
+            }
+        }
     }
     out
 }
@@ -129,6 +155,37 @@ pub fn end_with_note(api: Api, v: &mut Value, note: &str) {
                 items.push(json!({"type": "message", "id": "msg_condense_note", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": note, "annotations": []}]}));
             }
         }
+        Api::Gemini => {
+            if let Some(Value::Array(parts)) = v.pointer_mut("/candidates/0/content/parts") {
+                parts.push(json!({ "text": note }));
+            }
+            if let Some(c) = v.pointer_mut("/candidates/0") {
+                c["finishReason"] = json!("STOP");
+            }
+        }
+    }
+}
+
+/// Gives a Gemini reply's function calls ids the client keeps as they are: a call without one, or with
+/// one not of the form `NAME__…`, gets `NAME__` and an id made from `seed` (the request's), the round and
+/// its place (Gemini CLI renames any other id so, in the history it sends back, which then would not be
+/// the reply condense recorded). `next` counts the round's calls so far.
+pub fn name_gemini_calls(parts: &mut [Value], seed: u64, round: u32, next: &mut usize) {
+    for p in parts {
+        let Some(call) = p.get_mut("functionCall").and_then(Value::as_object_mut) else { continue };
+        let name = call.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+        let kept = call.get("id").and_then(Value::as_str).is_some_and(|id| id.starts_with(&format!("{name}__")));
+        if !kept {
+            let id = match call.get("id").and_then(Value::as_str) {
+                Some(id) if !id.is_empty() => format!("{name}__{id}"),
+                _ => {
+                    let key = condense_formats::wire::item_key(format!("{seed}/{round}/{next}").as_bytes());
+                    format!("{name}__condense_{key:016x}")
+                }
+            };
+            call.insert("id".into(), Value::String(id));
+        }
+        *next += 1;
     }
 }
 
@@ -139,6 +196,8 @@ pub fn client_kind(api: Api, headers: &axum::http::HeaderMap) -> &'static str {
         "claude-code"
     } else if ua.starts_with("codex") || headers.contains_key("x-codex-window-id") {
         "codex"
+    } else if ua.starts_with("GeminiCLI") {
+        "gemini-cli"
     } else {
         api.name()
     }
@@ -180,6 +239,7 @@ mod tests {
         assert!(!is_overflow(400, br#"{"error":{"message":"bad tool","code":"invalid"}}"#));
         assert!(!is_overflow(500, br#"{"error":{"code":"context_length_exceeded"}}"#));
         assert!(!is_overflow(400, b"not json"));
+        assert!(is_overflow(400, br#"{"error":{"code":400,"message":"The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#));
     }
 
     #[test]
@@ -197,7 +257,11 @@ mod tests {
 }
 
 /// The headers that carry a provider credential, in the order they are fingerprinted.
-const KEY_HEADERS: [&str; 4] = ["x-api-key", "authorization", "api-key", "x-goog-api-key"];
+const KEY_HEADERS: [&str; 5] = ["x-api-key", "authorization", "api-key", "x-goog-api-key", QUERY_KEY_HEADER];
+
+/// Where serve keeps a Gemini request's `?key=` for its fingerprint (an `x-condense-` header: never sent
+/// upstream, where the key goes in the query as the client sent it).
+pub(crate) const QUERY_KEY_HEADER: &str = "x-condense-query-key";
 
 /// Feeds `put` a request's credentials as they are hashed wherever requests are told apart by them: each
 /// credential header's name, the length of its value (8 bytes, little-endian) and the value.

@@ -156,6 +156,11 @@ pub fn canonical(api: Api, body: &Value) -> (Vec<u8>, Vec<(usize, bool)>) {
             each(body.get("tools"), &mut put);
             each(body.get("input"), &mut put);
         }
+        Api::Gemini => {
+            each(body.get("systemInstruction"), &mut put);
+            each(body.get("tools"), &mut put);
+            each(body.get("contents"), &mut put);
+        }
     }
     (out, ends)
 }
@@ -190,7 +195,8 @@ impl CacheSim {
                 }
                 hit
             }
-            Api::Chat | Api::Responses => {
+            // Gemini's implicit cache, as OpenAI's: the longest prefix shared with an earlier request.
+            Api::Chat | Api::Responses | Api::Gemini => {
                 let shared = |e: &Vec<(usize, u64)>| e.iter().zip(&hashes).take_while(|(a, b)| a == b).last().map_or(0, |(a, _)| a.0);
                 let hit = self.earlier.iter().map(shared).max().unwrap_or(0);
                 self.earlier.push(hashes);

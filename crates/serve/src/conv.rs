@@ -68,6 +68,13 @@ pub struct Conv {
     written: WrittenCache,
 }
 
+impl Conv {
+    /// Whether a unit of this key was seen in an earlier request.
+    pub fn knows_unit(&self, key: u64) -> bool {
+        self.units.contains_key(&key)
+    }
+}
+
 /// The wire JSON of rendered messages written from the neutral model, kept from one request to the next:
 /// a pruned message renders as the same `Arc` request after request, and writing it again (a JSON tree,
 /// then text) took a third of a 1,000-message request's preparation. Each entry holds the message it was

@@ -50,6 +50,8 @@ pub enum Step {
 pub struct Logged {
     /// The request path.
     pub path: String,
+    /// The request's query, without its `?`.
+    pub query: String,
     /// Header names and values, lower-case names.
     pub headers: Vec<(String, String)>,
     /// The JSON body.
@@ -73,7 +75,9 @@ impl Logged {
 
     /// The API of the request.
     pub fn api(&self) -> Api {
-        if self.path.contains("/messages") {
+        if self.path.starts_with("/v1beta/") {
+            Api::Gemini
+        } else if self.path.contains("/messages") {
             Api::Anthropic
         } else if self.path.contains("/chat/") {
             Api::Chat
@@ -94,7 +98,16 @@ impl Logged {
         self.body
             .get("tools")
             .and_then(Value::as_array)
-            .map(|ts| ts.iter().filter_map(|t| t.get("name").or_else(|| t.get("function").and_then(|f| f.get("name"))).and_then(Value::as_str).map(str::to_string)).collect())
+            .map(|ts| {
+                ts.iter()
+                    .flat_map(|t| match t.get("functionDeclarations").and_then(Value::as_array) {
+                        // Gemini's tools each declare functions.
+                        Some(decls) => decls.iter().filter_map(|d| d.get("name")).collect::<Vec<_>>(),
+                        None => t.get("name").or_else(|| t.get("function").and_then(|f| f.get("name"))).into_iter().collect(),
+                    })
+                    .filter_map(|n| n.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -179,6 +192,7 @@ fn instructions(api: Api, body: &Value) -> Option<&str> {
         Api::Anthropic => body.get("system").and_then(Value::as_str),
         Api::Chat => body["messages"].get(0).filter(|m| m["role"] == "system").and_then(|m| m["content"].as_str()),
         Api::Responses => body.get("instructions").and_then(Value::as_str),
+        Api::Gemini => body.pointer("/systemInstruction/parts/0/text").and_then(Value::as_str),
     }
 }
 
@@ -188,6 +202,7 @@ pub fn summary_input(api: Api, body: &Value) -> String {
         Api::Anthropic => body["messages"][0]["content"].as_str(),
         Api::Chat => body["messages"][1]["content"].as_str(),
         Api::Responses => body["input"].as_str(),
+        Api::Gemini => body.pointer("/contents/0/parts/0/text").and_then(Value::as_str),
     }
     .unwrap_or_default()
     .to_string()
@@ -241,7 +256,7 @@ pub fn newest_stub_ref(messages: &[Message]) -> Option<String> {
 }
 
 fn shell_call(tools: &[String], cmd: &str) -> (String, Value) {
-    for name in ["bash", "Bash", "exec_command", "shell"] {
+    for name in ["bash", "Bash", "exec_command", "shell", "run_shell_command"] {
         if tools.iter().any(|t| t == name) {
             let args = if name == "exec_command" { json!({"cmd": cmd}) } else { json!({"command": cmd}) };
             return (name.to_string(), args);
@@ -263,6 +278,7 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let mut logged = Logged {
         path: parts.uri.path().to_string(),
+        query: parts.uri.query().unwrap_or("").to_string(),
         headers: parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string())).collect(),
         body,
         raw: bytes,
@@ -274,6 +290,10 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         state.lock().expect("fake lock").log.push(logged);
         return axum::Json(json!({"input_tokens": 42})).into_response();
     }
+    if logged.path.ends_with(":countTokens") {
+        state.lock().expect("fake lock").log.push(logged);
+        return axum::Json(json!({"totalTokens": 42})).into_response();
+    }
     let api = logged.api();
     // condense's summary requests are answered apart from the script.
     let kind = match instructions(api, &logged.body) {
@@ -283,7 +303,7 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
     };
     if let Some(kind) = kind {
         let input = summary_input(api, &logged.body);
-        let model = logged.body.get("model").and_then(Value::as_str).unwrap_or("fake-model").to_string();
+        let model = model_of(&logged);
         logged.summary = Some(kind);
         let (fail, delay) = {
             let mut s = state.lock().expect("fake lock");
@@ -327,13 +347,14 @@ async fn answer(state: Arc<Mutex<Inner>>, req: Request) -> Response {
         tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
     }
     logged.step = Some(step.clone());
-    let stream = logged.body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let model = logged.body.get("model").and_then(Value::as_str).unwrap_or("fake-model").to_string();
+    let stream = logged.body.get("stream").and_then(Value::as_bool).unwrap_or(false) || logged.path.ends_with(":streamGenerateContent");
+    let model = model_of(&logged);
     state.lock().expect("fake lock").log.push(logged);
     let reply = match step {
         Step::Overflow => {
             let body = match api {
                 Api::Anthropic => json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 250000 tokens > 200000 maximum"}}),
+                Api::Gemini => json!({"error": {"code": 400, "message": "The input token count (1250000) exceeds the maximum number of tokens allowed (1048576).", "status": "INVALID_ARGUMENT"}}),
                 _ => json!({"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 250000 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
             };
             return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
@@ -384,7 +405,26 @@ fn usage(api: Api) -> Value {
         Api::Anthropic => json!({"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 50, "cache_creation_input_tokens": 10}),
         Api::Chat => json!({"prompt_tokens": 150, "completion_tokens": 20, "total_tokens": 170, "prompt_tokens_details": {"cached_tokens": 50}}),
         Api::Responses => json!({"input_tokens": 150, "output_tokens": 20, "total_tokens": 170, "input_tokens_details": {"cached_tokens": 50}}),
+        Api::Gemini => json!({"promptTokenCount": 150, "candidatesTokenCount": 20, "totalTokenCount": 170, "cachedContentTokenCount": 50}),
     }
+}
+
+/// The model a request names: in its body, or (Gemini) its path.
+fn model_of(l: &Logged) -> String {
+    let from_path = l.path.rsplit_once('/').and_then(|(_, t)| t.split_once(':')).map(|(m, _)| m.to_string());
+    l.body.get("model").and_then(Value::as_str).map(str::to_string).or(from_path).unwrap_or_else(|| "fake-model".into())
+}
+
+/// A Gemini reply's parts: the text, then the calls (without ids, as the Gemini API gives them).
+fn gemini_parts(r: &Reply) -> Vec<Value> {
+    let mut parts = Vec::new();
+    if !r.text.is_empty() {
+        parts.push(json!({ "text": r.text }));
+    }
+    for (_, name, args) in &r.calls {
+        parts.push(json!({"functionCall": {"name": name, "args": args}}));
+    }
+    parts
 }
 
 fn json_reply(api: Api, model: &str, n: u64, r: &Reply) -> Value {
@@ -409,6 +449,12 @@ fn json_reply(api: Api, model: &str, n: u64, r: &Reply) -> Value {
             json!({"id": format!("chatcmpl-{n}"), "object": "chat.completion", "created": 0, "model": model, "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": usage(api)})
         }
         Api::Responses => json!({"id": format!("resp_{n}"), "object": "response", "status": "completed", "model": model, "output": responses_items(n, r), "usage": usage(api)}),
+        Api::Gemini => json!({
+            "candidates": [{"content": {"role": "model", "parts": gemini_parts(r)}, "finishReason": "STOP", "index": 0}],
+            "usageMetadata": usage(api),
+            "modelVersion": model,
+            "responseId": format!("resp_{n}"),
+        }),
     }
 }
 
@@ -492,6 +538,34 @@ fn sse_events(api: Api, model: &str, n: u64, r: &Reply) -> Vec<bytes::Bytes> {
                 e(&mut out, json!({"type": "response.output_item.done", "output_index": i, "item": item}));
             }
             e(&mut out, json!({"type": "response.completed", "response": {"id": format!("resp_{n}"), "model": model, "status": "completed", "output": responses_items(n, r), "usage": usage(Api::Responses)}}));
+        }
+        Api::Gemini => {
+            // The text in two chunks, the calls in one each, the last chunk with the finish reason and
+            // the usage (as the Gemini API streams).
+            let chunk = |parts: Vec<Value>, last: bool| {
+                let mut c = json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], "modelVersion": model, "responseId": format!("resp_{n}")});
+                if last {
+                    c["candidates"][0]["finishReason"] = json!("STOP");
+                    c["usageMetadata"] = usage(Api::Gemini);
+                }
+                c
+            };
+            let mut chunks = Vec::new();
+            if !r.text.is_empty() {
+                let mid = r.text.char_indices().nth(r.text.chars().count() / 2).map_or(0, |(b, _)| b);
+                chunks.push(vec![json!({ "text": &r.text[..mid] })]);
+                chunks.push(vec![json!({ "text": &r.text[mid..] })]);
+            }
+            for (_, name, args) in &r.calls {
+                chunks.push(vec![json!({"functionCall": {"name": name, "args": args}})]);
+            }
+            let count = chunks.len();
+            for (k, parts) in chunks.into_iter().enumerate() {
+                out.push(ev(None, &chunk(parts, k + 1 == count)));
+            }
+            if count == 0 {
+                out.push(ev(None, &chunk(vec![json!({ "text": "" })], true)));
+            }
         }
     }
     out

@@ -73,6 +73,8 @@ pub use state::State;
 pub const DEFAULT_ANTHROPIC_UPSTREAM: &str = "https://api.anthropic.com";
 /// The public OpenAI API.
 pub const DEFAULT_OPENAI_UPSTREAM: &str = "https://api.openai.com";
+/// Where Gemini API requests go by default.
+pub const DEFAULT_GEMINI_UPSTREAM: &str = "https://generativelanguage.googleapis.com";
 /// The default listen address: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 /// The default cap on a request body.
@@ -98,6 +100,8 @@ pub struct ServeConfig {
     pub anthropic_upstream: String,
     /// Base URL of the OpenAI API (no `/v1`).
     pub openai_upstream: String,
+    /// Base URL of the Gemini API (no `/v1beta`).
+    pub gemini_upstream: String,
     /// Largest request body accepted, bytes.
     pub max_body_bytes: usize,
     /// Most messages (items of `messages` or `input`) a request may hold; past it, a 413.
@@ -167,6 +171,7 @@ impl ServeConfig {
             listen: DEFAULT_LISTEN.parse().expect("a socket address"),
             anthropic_upstream: DEFAULT_ANTHROPIC_UPSTREAM.into(),
             openai_upstream: DEFAULT_OPENAI_UPSTREAM.into(),
+            gemini_upstream: DEFAULT_GEMINI_UPSTREAM.into(),
             max_body_bytes: DEFAULT_MAX_BODY,
             max_messages: DEFAULT_MAX_MESSAGES,
             max_tool_rounds: DEFAULT_MAX_ROUNDS,
@@ -307,6 +312,8 @@ pub async fn start(mut config: ServeConfig) -> Result<Running, ServeError> {
     }
     config.anthropic_upstream = base_url(&config.anthropic_upstream)?;
     config.openai_upstream = base_url(&config.openai_upstream)?;
+    config.gemini_upstream = base_url(&config.gemini_upstream)?;
+    config.gemini_upstream = config.gemini_upstream.strip_suffix("/v1beta").unwrap_or(&config.gemini_upstream).to_string();
     let path = config.store.clone();
     // The port first: a server that cannot listen leaves nothing behind (it made the store folder before).
     let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;

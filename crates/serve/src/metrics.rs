@@ -85,7 +85,7 @@ pub(crate) const USAGE: [(&str, &str); 8] = [
     ("upstream_error_answers", "Upstream answers that were errors, all kinds (by kind: upstream_errors)"),
 ];
 
-const APIS: [Api; 3] = [Api::Anthropic, Api::Chat, Api::Responses];
+const APIS: [Api; 4] = [Api::Anthropic, Api::Chat, Api::Responses, Api::Gemini];
 
 /// Buckets of serve's own time, seconds: 0.25 ms to 1 s.
 const OWN_BUCKETS: [f64; 13] = [0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0];

@@ -46,6 +46,9 @@ pub(crate) type ConvRef = Arc<ConvCell>;
 pub(crate) struct ConvCell {
     pub(crate) cell: Arc<AsyncMutex<Conv>>,
     pub(crate) waiting: Arc<std::sync::Mutex<Waiting>>,
+    /// The fingerprint of the credentials its requests carry (a request of other credentials is never
+    /// taken for it).
+    pub(crate) key: String,
 }
 
 /// The requests waiting for a conversation: a ticket each, with how many messages its list holds.
@@ -56,8 +59,8 @@ pub(crate) struct Waiting {
 }
 
 impl ConvCell {
-    pub(crate) fn new(conv: Conv) -> ConvCell {
-        ConvCell { cell: Arc::new(AsyncMutex::new(conv)), waiting: Arc::default() }
+    pub(crate) fn new(conv: Conv, key: String) -> ConvCell {
+        ConvCell { cell: Arc::new(AsyncMutex::new(conv)), waiting: Arc::default(), key }
     }
 }
 

@@ -86,11 +86,13 @@ where
     })
 }
 
-pub fn codec(api: Api, internal: Box<dyn Fn(&str) -> bool + Send>) -> Box<dyn Codec> {
+/// `seed`: what the ids condense gives Gemini's calls are made from ([`crate::api::name_gemini_calls`]).
+pub fn codec(api: Api, internal: Box<dyn Fn(&str) -> bool + Send>, seed: u64) -> Box<dyn Codec> {
     match api {
         Api::Anthropic => Box::new(AnthropicCodec { internal, ..AnthropicCodec::default() }),
         Api::Chat => Box::new(ChatCodec { internal, ..ChatCodec::default() }),
         Api::Responses => Box::new(ResponsesCodec { internal, ..ResponsesCodec::default() }),
+        Api::Gemini => Box::new(GeminiCodec { internal, seed, round: 0, calls: 0, parts: Vec::new(), model: None, usage: Value::Null, end: None }),
     }
 }
 
@@ -640,5 +642,113 @@ mod tests {
         assert_eq!(c.reply().0.tool_calls().count(), 1);
         c.finish(None, &mut out);
         assert!(text(&out).contains("response.completed"));
+    }
+}
+
+/// The Gemini API's stream: each event a whole `GenerateContentResponse` whose first candidate holds the
+/// next parts (text a piece at a time, a call whole). Calls of condense's tools are taken out of the
+/// events; the event that ends the round (the one with a `finishReason`) is held, with the usage, and sent
+/// at the end of the last round.
+struct GeminiCodec {
+    internal: Box<dyn Fn(&str) -> bool + Send>,
+    seed: u64,
+    round: u32,
+    /// The round's calls so far (for their ids).
+    calls: usize,
+    /// The round's parts, condense's calls included.
+    parts: Vec<Value>,
+    model: Option<String>,
+    usage: Value,
+    /// The event that ended the round, without its usage (its parts the client's).
+    end: Option<Value>,
+}
+
+impl Codec for GeminiCodec {
+    fn feed(&mut self, event: &str, data: &str, out: &mut Vec<bytes::Bytes>) {
+        let mut v = parse(data);
+        if !v.is_object() {
+            return out.push(sse(Some(event), data));
+        }
+        if let Some(m) = v["modelVersion"].as_str() {
+            self.model = Some(m.to_string());
+        }
+        if let Some(u) = v.as_object_mut().and_then(|o| o.remove("usageMetadata")) {
+            merge_usage(&mut self.usage, &u);
+        }
+        if let Some(Value::Array(parts)) = v.pointer_mut("/candidates/0/content/parts") {
+            crate::api::name_gemini_calls(parts, self.seed, self.round, &mut self.calls);
+            self.parts.extend(parts.iter().cloned());
+            parts.retain(|p| !p["functionCall"]["name"].as_str().is_some_and(|n| (self.internal)(n)));
+        }
+        let shown = v.pointer("/candidates/0/content/parts").and_then(Value::as_array).is_none_or(|p| !p.is_empty());
+        if v.pointer("/candidates/0/finishReason").is_some_and(|f| !f.is_null()) {
+            // The parts go now, the end of the reply when the last round has ended.
+            let mut end = v.clone();
+            if let Some(c) = end.pointer_mut("/candidates/0/content") {
+                c["parts"] = json!([]);
+            }
+            self.end = Some(end);
+            if !shown || v.pointer("/candidates/0/content").is_none() {
+                return;
+            }
+            if let Some(c) = v.pointer_mut("/candidates/0").and_then(Value::as_object_mut) {
+                c.remove("finishReason");
+            }
+        }
+        if shown {
+            out.push(sse(None, &v.to_string()));
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.end.is_some()
+    }
+
+    fn reply(&self) -> (Message, Option<Usage>) {
+        // Adjacent texts are one, as Gemini CLI keeps a streamed reply in its history.
+        let mut parts: Vec<Value> = Vec::new();
+        for p in &self.parts {
+            let plain = |p: &Value| p.as_object().is_some_and(|o| o.len() == 1 && o.get("text").is_some_and(Value::is_string));
+            match parts.last_mut() {
+                Some(last) if plain(last) && plain(p) => {
+                    let joined = format!("{}{}", last["text"].as_str().unwrap_or(""), p["text"].as_str().unwrap_or(""));
+                    last["text"] = json!(joined);
+                }
+                _ => parts.push(p.clone()),
+            }
+        }
+        let usage = self.usage.is_object().then(|| wire::usage_of(Api::Gemini, &self.usage));
+        (wire::gemini_reply(&parts, self.model.clone()), usage)
+    }
+
+    fn next_round(&mut self) {
+        self.round += 1;
+        self.calls = 0;
+        self.parts.clear();
+        self.usage = Value::Null;
+        self.end = None;
+    }
+
+    fn finish(&mut self, note: Option<&str>, out: &mut Vec<bytes::Bytes>) {
+        let mut end = self.end.take().unwrap_or_else(|| json!({"candidates": [{"content": {"role": "model", "parts": []}, "index": 0}]}));
+        if let Some(text) = note {
+            if let Some(c) = end.pointer_mut("/candidates/0") {
+                c["finishReason"] = json!("STOP");
+                match c.pointer_mut("/content/parts").and_then(Value::as_array_mut) {
+                    Some(parts) => parts.push(json!({ "text": text })),
+                    None => c["content"] = json!({"role": "model", "parts": [{ "text": text }]}),
+                }
+            }
+        }
+        // An ending event whose parts were all condense's calls ends the reply without content.
+        if let Some(c) = end.pointer_mut("/candidates/0").and_then(Value::as_object_mut) {
+            if c.get("content").and_then(|x| x.get("parts")).and_then(Value::as_array).is_some_and(Vec::is_empty) {
+                c.remove("content");
+            }
+        }
+        if self.usage.is_object() {
+            end["usageMetadata"] = self.usage.clone();
+        }
+        out.push(sse(None, &end.to_string()));
     }
 }

@@ -39,6 +39,7 @@ fn bash_tool(api: Api) -> Value {
         Api::Anthropic => json!({"name": "bash", "description": "Run a shell command", "input_schema": schema}),
         Api::Chat => json!({"type": "function", "function": {"name": "bash", "description": "Run a shell command", "parameters": schema}}),
         Api::Responses => json!({"type": "function", "name": "bash", "description": "Run a shell command", "parameters": schema}),
+        Api::Gemini => json!({"functionDeclarations": [{"name": "bash", "description": "Run a shell command", "parameters": schema}]}),
     }
 }
 
@@ -48,6 +49,7 @@ impl Agent {
             Api::Anthropic => Vec::new(),
             Api::Chat => vec![json!({"role": "system", "content": "You are a test agent."})],
             Api::Responses => vec![json!({"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a test agent."}]})],
+            Api::Gemini => Vec::new(),
         };
         Agent {
             api,
@@ -69,11 +71,16 @@ impl Agent {
         self.history.push(match self.api {
             Api::Anthropic | Api::Chat => json!({"role": "user", "content": text}),
             Api::Responses => json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}),
+            Api::Gemini => json!({"role": "user", "parts": [{ "text": text }]}),
         });
     }
 
     fn body(&self) -> Value {
         let mut b = json!({"model": self.model, "stream": self.stream, "tools": [bash_tool(self.api)]});
+        if self.api == Api::Gemini {
+            // The model and streaming are in the path.
+            b = json!({"systemInstruction": {"parts": [{"text": "You are a test agent."}]}, "tools": [bash_tool(self.api)]});
+        }
         for (k, v) in &self.extra {
             b[k.as_str()] = v.clone();
         }
@@ -89,11 +96,14 @@ impl Agent {
         b
     }
 
-    fn path(&self) -> &'static str {
+    fn path(&self) -> String {
         match self.api {
-            Api::Anthropic => "/v1/messages",
-            Api::Chat => "/v1/chat/completions",
-            Api::Responses => "/v1/responses",
+            Api::Anthropic => "/v1/messages".into(),
+            Api::Chat => "/v1/chat/completions".into(),
+            Api::Responses => "/v1/responses".into(),
+            // The key in the query, as Gemini clients may send it.
+            Api::Gemini if self.stream => format!("/v1beta/models/{}:streamGenerateContent?alt=sse&key=sk-test-SECRET-query-89", self.model),
+            Api::Gemini => format!("/v1beta/models/{}:generateContent?key=sk-test-SECRET-query-89", self.model),
         }
     }
 
@@ -112,7 +122,7 @@ impl Agent {
         }
         let reply = if self.stream {
             let text = resp.text().await.map_err(|e| (0, e.to_string()))?;
-            let mut codec = condense_serve::stream::codec(self.api, Box::new(|_| false));
+            let mut codec = condense_serve::stream::codec(self.api, Box::new(|_| false), 0);
             let mut sink = Vec::new();
             for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
                 let mut event = String::new();
@@ -184,6 +194,7 @@ fn config_for(store: impl Into<std::path::PathBuf>, fake: &Fake) -> ServeConfig 
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     cfg.anthropic_upstream = fake.url();
     cfg.openai_upstream = format!("{}/v1", fake.url());
+    cfg.gemini_upstream = format!("{}/v1beta", fake.url());
     // The scripts query stubs of the turn before: a rolling window of one keeps that turn's outputs as
     // stubs in place (with the default 0 the turn is folded into a chain block at the next prune).
     cfg.file.raw.rolling_window = Some(1.0);
@@ -320,6 +331,12 @@ async fn full_path(api: Api, stream: bool) {
     // Secrets passed through and were never stored or shown.
     let first = &log[0];
     assert_eq!(first.header("x-api-key"), Some("sk-test-SECRET-key-0123"));
+    if api == Api::Gemini {
+        // The key given in the query went upstream in the query, the model and method in the path.
+        assert!(first.query.contains("key=sk-test-SECRET-query-89"), "{}", first.query);
+        assert_eq!(first.path, format!("/v1beta/models/fake-model:{}", if stream { "streamGenerateContent" } else { "generateContent" }));
+        assert!(first.header("x-condense-query-key").is_none(), "serve's own header went upstream");
+    }
     assert_eq!(first.header("authorization"), Some("Bearer sk-test-SECRET-bearer-4567"));
     drop(session);
     drop(store);
@@ -331,6 +348,16 @@ async fn full_path(api: Api, stream: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_json() {
     full_path(Api::Anthropic, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_json() {
+    full_path(Api::Gemini, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_stream() {
+    full_path(Api::Gemini, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1840,6 +1867,7 @@ async fn a_recovery_handoff_is_written_by_the_native_model_through_the_upstream(
             Api::Chat => ("reasoning_effort", json!("high")),
             Api::Responses => ("reasoning", json!({"effort": "high"})),
             Api::Anthropic => ("thinking", json!({"type": "enabled", "budget_tokens": 1024})),
+            Api::Gemini => unreachable!("not among the APIs here"),
         };
         agent.extra = vec![(reasoning.0.to_string(), reasoning.1.clone())];
         agent.turn("now continue on the small model").await.unwrap();

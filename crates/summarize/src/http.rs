@@ -169,6 +169,15 @@ impl HttpSummarizer {
                 format!("{}/responses", self.cfg.base_url),
                 serde_json::json!({"model": self.cfg.model, "instructions": system, "input": user, "store": false}),
             ),
+            // The model is in the path (`base_url` ends with the API version, `/v1beta`).
+            Api::Gemini => (
+                format!("{}/models/{}:generateContent", self.cfg.base_url, self.cfg.model),
+                serde_json::json!({
+                    "systemInstruction": {"parts": [{"text": system}]},
+                    "contents": [{"role": "user", "parts": [{"text": user}]}],
+                    "generationConfig": {"maxOutputTokens": max_tokens},
+                }),
+            ),
         };
         let mut body = body;
         for (k, v) in &self.cfg.extra {

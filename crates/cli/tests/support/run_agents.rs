@@ -14,7 +14,7 @@ fn agents_path() -> std::ffi::OsString {
 
 /// The environment each agent needs under `root` besides what `condense run` gives it: dummy keys, its
 /// home folders, its network traffic off.
-fn agent_env(agent: &str, root: &Path, c: &mut Command) {
+pub(crate) fn agent_env(agent: &str, root: &Path, c: &mut Command) {
     match agent {
         "claude" => {
             c.env("ANTHROPIC_API_KEY", "dummy-SECRET-anthropic")
@@ -48,6 +48,13 @@ fn agent_env(agent: &str, root: &Path, c: &mut Command) {
                 .env("OPENCODE_CONFIG_CONTENT", r#"{"small_model": "openai/gpt-4o-mini"}"#)
                 .env("OPENAI_API_KEY", "dummy-SECRET-opencode");
         }
+        "gemini" => {
+            let settings = root.join("home/.gemini");
+            std::fs::create_dir_all(&settings).unwrap();
+            let config = serde_json::json!({"general": {"disableAutoUpdate": true, "disableUpdateNag": true}, "privacy": {"usageStatisticsEnabled": false}, "telemetry": {"enabled": false}, "security": {"folderTrust": {"enabled": false}, "auth": {"selectedType": "gemini-api-key"}}});
+            std::fs::write(settings.join("settings.json"), config.to_string()).unwrap();
+            c.env("GEMINI_API_KEY", "dummy-SECRET-gemini");
+        }
         _ => unreachable!("{agent}"),
     }
 }
@@ -60,6 +67,7 @@ fn agent_args(agent: &str, prompt: &str) -> Vec<String> {
         "codex" => v(&["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", prompt]),
         "pi" => v(&["--provider", "anthropic", "--model", "claude-sonnet-4-5", "-p", prompt]),
         "opencode" => v(&["run", "--model", "anthropic/claude-sonnet-4-5", prompt]),
+        "gemini" => v(&["--yolo", "-m", "gemini-2.5-flash", "-p", prompt]),
         _ => unreachable!("{agent}"),
     }
 }
@@ -102,7 +110,8 @@ fn through_run(agent: &str) {
     let store = e.root.join("store");
     let titles = e.rt.block_on(Fake::start((0..10).map(|_| Step::Text("A title".into())).collect()));
     let openai = if agent == "opencode" { titles.url() } else { e.fake.url() };
-    let (code, out, err) = run(&mut run_command(&e.root, &store, &["--anthropic-upstream", &e.fake.url(), "--openai-upstream", &openai], agent, &agent_args(agent, "Count with seq")));
+    let flags = ["--anthropic-upstream", &e.fake.url(), "--openai-upstream", &openai, "--gemini-upstream", &e.fake.url()];
+    let (code, out, err) = run(&mut run_command(&e.root, &store, &flags, agent, &agent_args(agent, "Count with seq")));
     assert_eq!(code, 0, "{agent}: {out}\n{err}");
     assert!(out.contains("run done"), "{agent}: {out}\n{err}");
     // The one line before the agent starts: the dashboard and the store.
@@ -113,7 +122,11 @@ fn through_run(agent: &str) {
     let log = e.fake.log();
     let model_requests: Vec<&Logged> = log.iter().filter(|l| l.step.is_some()).collect();
     assert!(model_requests.len() >= 2, "{agent}: {} requests upstream", log.len());
-    let expected = if agent == "codex" { Api::Responses } else { Api::Anthropic };
+    let expected = match agent {
+        "codex" => Api::Responses,
+        "gemini" => Api::Gemini,
+        _ => Api::Anthropic,
+    };
     assert!(model_requests.iter().all(|l| l.api() == expected), "{agent}: {:?}", model_requests.iter().map(|l| &l.path).collect::<Vec<_>>());
     assert!(model_requests.last().unwrap().raw.windows(4).any(|w| w == b"2999"), "{agent}: the shell output went upstream");
     if agent == "opencode" {
@@ -151,6 +164,11 @@ fn pi_through_condense_run() {
 #[test]
 fn opencode_through_condense_run() {
     through_run("opencode");
+}
+
+#[test]
+fn gemini_cli_through_condense_run() {
+    through_run("gemini");
 }
 
 /// A serve already running (asking for a token) is used, and left running; `--keep-serve` leaves the one

@@ -1,5 +1,5 @@
-//! The three provider wire formats of a live request, as `condense serve` meets them: Anthropic Messages,
-//! OpenAI Chat Completions and OpenAI Responses. A request's message list is read into neutral messages,
+//! The four provider wire formats of a live request, as `condense serve` meets them: Anthropic Messages,
+//! OpenAI Chat Completions, OpenAI Responses and the Gemini API. A request's message list is read into neutral messages,
 //! each keeping the wire JSON it came from, so a message condense leaves unchanged can be forwarded exactly
 //! as the client wrote it (fields condense does not model survive); a message condense changed is written
 //! from the neutral model. Replies are read into one neutral assistant message plus the provider's usage.
@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 
 mod anthropic;
 mod chat;
+mod gemini;
 mod responses;
 #[cfg(test)]
 mod tests;
@@ -27,6 +28,7 @@ mod write;
 
 pub use anthropic::*;
 pub use chat::*;
+pub use gemini::*;
 pub use responses::*;
 pub use units::*;
 pub use write::*;
@@ -40,6 +42,8 @@ pub enum Api {
     Chat,
     /// OpenAI Responses (`/v1/responses`).
     Responses,
+    /// The Gemini API (`/v1beta/models/MODEL:generateContent`).
+    Gemini,
 }
 
 impl Api {
@@ -49,6 +53,7 @@ impl Api {
             Api::Anthropic => "anthropic",
             Api::Chat => "chat",
             Api::Responses => "responses",
+            Api::Gemini => "gemini",
         }
     }
 
@@ -57,6 +62,7 @@ impl Api {
         match self {
             Api::Anthropic | Api::Chat => "messages",
             Api::Responses => "input",
+            Api::Gemini => "contents",
         }
     }
 }
@@ -240,6 +246,7 @@ pub(crate) fn parse_from(api: Api, list: Vec<Value>, first: usize, prefix: bool)
         Api::Anthropic => parse_anthropic(list, first),
         Api::Chat => parse_chat(list, first, prefix),
         Api::Responses => parse_responses(list, first, prefix),
+        Api::Gemini => parse_gemini(list, first),
     }
 }
 
@@ -289,6 +296,7 @@ pub fn from_neutral(api: Api, m: &Message) -> Option<OutMessage<'static>> {
             let Value::Array(items) = crate::export::responses(std::slice::from_ref(&m)) else { return None };
             (!items.is_empty()).then_some(OutMessage { envelope: Cow::Owned(Map::new()), parts: Cow::Owned(items) })
         }
+        Api::Gemini => gemini_message(m),
     }
 }
 
@@ -310,18 +318,23 @@ pub fn usage_of(api: Api, u: &Value) -> Usage {
             let cached = u.get("input_tokens_details").map_or(0, |d| n(d, "cached_tokens"));
             Usage { input: n(u, "input_tokens").saturating_sub(cached), output: n(u, "output_tokens"), cache_read: cached, cache_write: 0 }
         }
+        Api::Gemini => {
+            let cached = n(u, "cachedContentTokenCount");
+            Usage { input: n(u, "promptTokenCount").saturating_sub(cached), output: n(u, "candidatesTokenCount") + n(u, "thoughtsTokenCount"), cache_read: cached, cache_write: 0 }
+        }
     }
 }
 
 /// A non-streaming reply of `api`: the assistant message and the usage (serve reads the upstream's with
 /// it, the HTTP summarizer its model's).
 pub fn reply_of(api: Api, v: &Value) -> Option<(Message, Option<Usage>)> {
-    let model = v.get("model").and_then(Value::as_str).map(str::to_string);
-    let usage = v.get("usage").filter(|u| u.is_object()).map(|u| usage_of(api, u));
+    let model = v.get(if api == Api::Gemini { "modelVersion" } else { "model" }).and_then(Value::as_str).map(str::to_string);
+    let usage = v.get(if api == Api::Gemini { "usageMetadata" } else { "usage" }).filter(|u| u.is_object()).map(|u| usage_of(api, u));
     let m = match api {
         Api::Anthropic => anthropic_reply(v.get("content")?.as_array()?, model),
         Api::Chat => chat_reply(v.get("choices")?.get(0)?.get("message")?, model),
         Api::Responses => responses_reply(v.get("output")?.as_array()?, model),
+        Api::Gemini => gemini_reply(v.get("candidates")?.get(0)?.get("content")?.get("parts")?.as_array()?, model),
     };
     Some((m, usage))
 }

@@ -14,7 +14,7 @@ pub(crate) struct Probe<'a> {
 
 /// The wire roles a unit tells apart, by the number a [`Unit`] keeps (roles come from a small set;
 /// anything else is `other`).
-pub(crate) const ROLES: [&str; 8] = ["", "user", "assistant", "system", "developer", "tool", "function", "other"];
+pub(crate) const ROLES: [&str; 9] = ["", "user", "assistant", "system", "developer", "tool", "function", "model", "other"];
 
 /// The number of role `r` in [`ROLES`] (`other` for any role not named there, `""` for none).
 pub(crate) fn role_number(r: Option<&str>) -> u8 {
@@ -119,7 +119,8 @@ pub fn split_scanned(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usi
 
 /// How element `i` groups, by its `role` and `type`: its role's number and whether the model wrote it.
 fn probe_of(api: Api, i: usize, role: Option<&str>, kind: Option<&str>) -> Result<(u8, bool), WireError> {
-    if api != Api::Responses && role.is_none() {
+    // (A Gemini content without a role is the user's.)
+    if matches!(api, Api::Anthropic | Api::Chat) && role.is_none() {
         return Err(werr(format!("{}[{i}]", api.list_field()), "`role` is missing"));
     }
     let assistant_side = match kind {
@@ -147,7 +148,7 @@ fn split_keyed(api: Api, buf: bytes::Bytes, items: Vec<std::ops::Range<usize>>, 
         return Err(werr(api.list_field().to_string(), format!("{} elements are more than a list may hold here", items.len())));
     }
     let mut req = RawRequest { system: 0, units: Vec::new(), items: Vec::new(), buf: bytes::Bytes::new() };
-    if api != Api::Anthropic {
+    if matches!(api, Api::Chat | Api::Responses) {
         req.system = probes.iter().take_while(|(r, _)| matches!(ROLES[usize::from(*r)], "system" | "developer")).count();
     }
     // At most one unit per item: room for them at once, not by doubling.
@@ -271,6 +272,10 @@ pub fn unit_messages(api: Api, req: &RawRequest, u: usize) -> Result<Vec<Message
 /// [`unit_messages`] of a unit without cache marks (nothing to take off): messages with no wire JSON.
 pub(crate) fn lean_unit(api: Api, req: &RawRequest, unit: &Unit) -> Result<WireRequest, WireError> {
     let mut out = WireRequest::default();
+    if api == Api::Gemini {
+        // (Read by `parse_unit`: a Gemini content's parts are few.)
+        return Err(werr(format!("contents[{}]", unit.start()), "read in full"));
+    }
     let mut prev_assistant = false;
     for k in unit.elements() {
         let at = format!("{}[{k}]", api.list_field());

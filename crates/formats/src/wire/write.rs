@@ -75,7 +75,8 @@ impl Part<'_> {
 }
 
 /// Writes the wire message list of `api` as JSON: the system prefix, then the pieces in order. For
-/// Anthropic, adjacent messages of one role (user or assistant) are merged into one, as the API requires;
+/// Anthropic and Gemini, adjacent messages of one role (user, assistant or model) are merged into one, as
+/// Anthropic requires and Gemini expects of a model's calls' responses;
 /// raw pieces are written as they are. Chat and Responses take every message as it is.
 pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: usize) -> Vec<u8> {
     let size: usize = system.iter().map(|s| s.len() + 1).sum::<usize>()
@@ -109,13 +110,13 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: us
                 }
                 i += 1;
             }
-            first @ (Piece::Msg(_) | Piece::Written(_)) if api == Api::Anthropic => {
+            first @ (Piece::Msg(_) | Piece::Written(_)) if matches!(api, Api::Anthropic | Api::Gemini) => {
                 let role = first.role();
                 let mut j = i + 1;
                 while j < pieces.len()
                     && !matches!(pieces[j], Piece::Raw(..))
                     && pieces[j].role() == role
-                    && matches!(role, Some("user" | "assistant"))
+                    && matches!(role, Some("user" | "assistant" | "model"))
                 {
                     j += 1;
                 }
@@ -141,7 +142,7 @@ pub fn write_list(api: Api, system: &[&[u8]], pieces: &[Piece<'_>], headroom: us
                     }
                     Piece::Raw(..) => {}
                 }
-                out.extend_from_slice(b"\"content\":");
+                out.extend_from_slice(if api == Api::Gemini { b"\"parts\":" } else { b"\"content\":" });
                 let parts: Vec<Part<'_>> = pieces[i..j]
                     .iter()
                     .flat_map(|p| match p {

@@ -60,6 +60,11 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
     if known.is_none() && !create {
         return Ok(None);
     }
+    if known.is_none() {
+        if let Some(c) = continued(&mut convs, req, &identity, tick) {
+            return Ok(Some(c));
+        }
+    }
     // The name comes from the first words the user typed, not from the host context ahead of them.
     let typed = if known.is_none() { first_typed(req)? } else { String::new() };
     let store = st.store.clone();
@@ -86,10 +91,40 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
     if let Some(p) = convs.parked.remove(&identity) {
         opened.restore(p);
     }
-    let c = Arc::new(crate::state::ConvCell::new(opened));
+    let c = Arc::new(crate::state::ConvCell::new(opened, key_fingerprint(&req.headers)));
     convs.open.insert(identity, (c.clone(), tick));
     close_idle(&mut convs, st.cfg.warm_bytes);
     Ok(Some(c))
+}
+
+/// An open conversation of the same credentials that a request of a new identity continues: one whose
+/// earlier requests held at least half of the request's units (three at least), as when a client's own
+/// context management rewrote the start of its history — its first prompt, which the identity is made
+/// of (Gemini CLI 0.61 drops it from a resumed session's history once it masks old outputs). The
+/// conversation is then open under the new identity only (in this process: a restart starts a new
+/// session for it). Among several, the one that saw the most units, then the first identity, is taken.
+fn continued(convs: &mut crate::state::Convs, req: &Req, identity: &str, tick: u64) -> Option<ConvRef> {
+    let keys: Vec<u64> = req.raw.units.iter().map(|u| u.key).collect();
+    if keys.len() < 4 {
+        return None;
+    }
+    let fingerprint = key_fingerprint(&req.headers);
+    let mut best: Option<(usize, String)> = None;
+    for (id, (c, _)) in convs.open.iter() {
+        if c.key != fingerprint {
+            continue;
+        }
+        // A conversation a request is working on is not looked into (its units are changing).
+        let Ok(conv) = c.cell.try_lock() else { continue };
+        let seen = keys.iter().filter(|k| conv.knows_unit(**k)).count();
+        if seen >= 3 && 2 * seen >= keys.len() && best.as_ref().is_none_or(|(n, _)| seen > *n) {
+            best = Some((seen, id.clone()));
+        }
+    }
+    let (_, old) = best?;
+    let (c, _) = convs.open.remove(&old)?;
+    convs.open.insert(identity.to_string(), (c.clone(), tick));
+    Some(c)
 }
 
 /// Closes the least recently used conversations no request holds while the open ones weigh more than
@@ -122,7 +157,7 @@ fn identity(req: &Req) -> Result<String, wire::WireError> {
         None => String::new(),
     };
     let mut system = String::new();
-    let declared = req.fields.iter().filter(|(k, _)| k == "system" || k == "instructions").map(|(_, r)| &req.raw.buf[r.clone()]);
+    let declared = req.fields.iter().filter(|(k, _)| k == "system" || k == "instructions" || k == "systemInstruction").map(|(_, r)| &req.raw.buf[r.clone()]);
     for bytes in declared.chain(req.raw.items[..req.raw.system].iter().map(|r| &req.raw.buf[r.clone()])) {
         if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
             texts_of(&v, &mut system);

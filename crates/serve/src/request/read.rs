@@ -27,6 +27,9 @@ struct ToolName {
     pub(crate) name: Option<String>,
     #[serde(default)]
     pub(crate) function: Option<FunctionName>,
+    /// Gemini's: a tool of many functions.
+    #[serde(default, rename = "functionDeclarations")]
+    pub(crate) function_declarations: Option<Vec<FunctionName>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -43,6 +46,8 @@ pub(crate) struct Req {
     /// and the summaries through the upstream both send them.
     pub(crate) upstream_headers: Arc<HeaderMap>,
     pub(crate) query: String,
+    /// The request's path (a Gemini request's names its model and method: it goes upstream as it came).
+    pub(crate) path: String,
     /// The client's body, field by field as it wrote them: ranges of the body `raw.buf`.
     pub(crate) fields: Arc<Vec<(String, std::ops::Range<usize>)>>,
     /// Its message list, split into units.
@@ -102,7 +107,15 @@ pub(crate) fn refused(api: Option<Api>, r: &Refusal) -> Response {
 
 /// Reads a request of one of the three APIs: its body bytes, and the request, or the error response.
 pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(Req, bytes::Bytes, std::time::Instant), Response> {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    // A Gemini key given as `?key=` tells clients apart as a key header does (it goes upstream in the
+    // query, as it came).
+    if api == Api::Gemini {
+        let key = parts.uri.query().and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("key=")));
+        if let Some(v) = key.and_then(|k| axum::http::HeaderValue::from_str(k).ok()) {
+            parts.headers.insert(crate::api::QUERY_KEY_HEADER, v);
+        }
+    }
     let (bytes, mut reservation) = read_body(st, Some(api), &parts.headers, body, PER_BODY_BYTE).await?;
     let arrived = std::time::Instant::now();
     let bad = |m: String| api_error(api, StatusCode::BAD_REQUEST, "invalid_request_error", &format!("condense serve: {m}"));
@@ -172,10 +185,27 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let text_of = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, r)| &bytes[r.clone()]);
     let tool_names: Vec<String> = text_of("tools")
         .and_then(|t| serde_json::from_slice::<Vec<ToolName>>(t).ok())
-        .map(|ts| ts.into_iter().filter_map(|t| t.name.or(t.function.and_then(|f| f.name))).collect())
+        .map(|ts| {
+            ts.into_iter()
+                .flat_map(|t| {
+                    let one = t.name.or(t.function.and_then(|f| f.name));
+                    one.into_iter().chain(t.function_declarations.unwrap_or_default().into_iter().filter_map(|f| f.name))
+                })
+                .collect()
+        })
         .unwrap_or_default();
-    let stream = text_of("stream").and_then(|t| serde_json::from_slice::<bool>(t).ok()).unwrap_or(false);
-    let model = text_of("model").and_then(|t| serde_json::from_slice::<String>(t).ok()).unwrap_or_default();
+    let path = parts.uri.path().to_string();
+    let (model, stream) = match api {
+        // `/v1beta/models/MODEL:METHOD`: the model and whether the reply streams are in the path.
+        Api::Gemini => {
+            let (model, method) = gemini_target(&path).unwrap_or_default();
+            (model.to_string(), method == "streamGenerateContent")
+        }
+        _ => (
+            text_of("model").and_then(|t| serde_json::from_slice::<String>(t).ok()).unwrap_or_default(),
+            text_of("stream").and_then(|t| serde_json::from_slice::<bool>(t).ok()).unwrap_or(false),
+        ),
+    };
     let metadata = text_of("metadata").and_then(|t| serde_json::from_slice::<Value>(t).ok()).unwrap_or(Value::Null);
     let mut raw = match raw {
         Ok(r) => r,
@@ -199,21 +229,30 @@ pub(crate) async fn read_request(st: &State, api: Api, req: Request) -> Result<(
     let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
     // What every request carries besides the conversation: the system prompt (a field, or the leading
     // system/developer messages), instructions and tool declarations.
-    let overhead_bytes: usize = ["system", "instructions", "tools"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
+    let overhead_bytes: usize = ["system", "instructions", "tools", "systemInstruction"].iter().filter_map(|k| text_of(k)).map(<[u8]>::len).sum::<usize>()
         + raw.items[..raw.system].iter().map(|r| r.len()).sum::<usize>();
     let overhead = overhead_bytes.div_ceil(4) as u64;
     let upstream_headers = Arc::new(crate::request::response::upstream_headers(&parts.headers));
     // The session's reasoning setting, which its handoff requests carry too (seed 004).
+    // (Gemini's is inside `generationConfig`, with settings a handoff must not take: none is carried.)
     let reasoning_field = match api {
-        Api::Chat => "reasoning_effort",
-        Api::Responses => "reasoning",
-        Api::Anthropic => "thinking",
+        Api::Chat => Some("reasoning_effort"),
+        Api::Responses => Some("reasoning"),
+        Api::Anthropic => Some("thinking"),
+        Api::Gemini => None,
     };
-    let reasoning: Vec<(String, Value)> =
-        text_of(reasoning_field).and_then(|t| serde_json::from_slice::<Value>(t).ok()).map(|v| vec![(reasoning_field.to_string(), v)]).unwrap_or_default();
+    let reasoning: Vec<(String, Value)> = reasoning_field
+        .and_then(|f| text_of(f).and_then(|t| serde_json::from_slice::<Value>(t).ok()).map(|v| vec![(f.to_string(), v)]))
+        .unwrap_or_default();
     let summary = summary_route(st, api, &upstream_headers, reasoning);
-    let req = Req { api, headers: parts.headers, upstream_headers, query, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, summary, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
+    let req = Req { api, headers: parts.headers, upstream_headers, query, path, fields: Arc::new(fields), raw: Arc::new(raw), internal: Internal { client_tools: tool_names, summary, ..Internal::default() }, overhead, stream, model, metadata, ledger: None, _reservation: reservation };
     Ok((req, bytes, arrived))
+}
+
+/// The model and the method a Gemini API path names (`/v1beta/models/MODEL:METHOD`).
+pub(crate) fn gemini_target(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/v1beta/models/").or_else(|| path.strip_prefix("/v1/models/"))?;
+    rest.rsplit_once(':')
 }
 
 /// What a body's scan hint is looked up by besides its opening: the API and the client's credentials
@@ -232,12 +271,13 @@ fn summary_route(st: &State, api: Api, headers: &Arc<HeaderMap>, reasoning: Vec<
         return None;
     }
     let base = match api {
-        Api::Anthropic => &st.cfg.anthropic_upstream,
-        Api::Chat | Api::Responses => &st.cfg.openai_upstream,
+        Api::Anthropic => format!("{}/v1", st.cfg.anthropic_upstream),
+        Api::Chat | Api::Responses => format!("{}/v1", st.cfg.openai_upstream),
+        Api::Gemini => format!("{}/v1beta", st.cfg.gemini_upstream),
     };
     Some(crate::summary::Route {
         api,
-        base: format!("{base}/v1"),
+        base,
         headers: headers.clone(),
         model: st.cfg.summary_model.clone(),
         all: st.cfg.summaries == Summaries::Upstream,

@@ -150,10 +150,13 @@ async fn json_rounds(st: Arc<State>, conv: ConvRef, req: Req, mut rec: Recorded,
             Ok(b) => b,
             Err(e) => return api_error(api, StatusCode::BAD_GATEWAY, "api_error", &format!("condense serve: the upstream reply broke off: {}", condense_summarize::http::describe_error(e))),
         };
-        let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
             // Not JSON: the client gets it as it came, and nothing is recorded.
             return with_headers((StatusCode::OK, bytes).into_response(), headers);
         };
+        if let Some(Value::Array(parts)) = v.pointer_mut("/candidates/0/content/parts").filter(|_| api == Api::Gemini) {
+            api::name_gemini_calls(parts, req.call_seed(), round, &mut 0);
+        }
         let Some((reply, usage)) = api::reply_of(api, &v) else {
             return with_headers(json_response(StatusCode::OK, &v), headers);
         };
@@ -200,7 +203,7 @@ fn stream_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Recorded, first: 
         let mut rec = rec;
         let api = req.api;
         let internal = req.internal.clone();
-        let mut codec = stream::codec(api, Box::new(move |n| internal.answers(n)));
+        let mut codec = stream::codec(api, Box::new(move |n| internal.answers(n)), req.call_seed());
         let mut resp = first;
         let mut round = 0;
         loop {
@@ -276,5 +279,6 @@ fn stream_error(api: Api, message: &str) -> bytes::Bytes {
         Api::Anthropic => sse(Some("error"), &api::error_body(api, "api_error", message).to_string()),
         Api::Chat => sse(None, &api::error_body(api, "api_error", message).to_string()),
         Api::Responses => sse(Some("error"), &json!({"type": "error", "code": "api_error", "message": message}).to_string()),
+        Api::Gemini => sse(None, &api::error_body(api, "api_error", message).to_string()),
     }
 }

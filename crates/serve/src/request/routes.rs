@@ -26,6 +26,7 @@ pub fn router(state: Arc<State>) -> Router {
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/chat/completions", post(|s, r| handle(s, Api::Chat, r)))
         .route("/v1/responses", post(|s, r| handle(s, Api::Responses, r)))
+        .route("/v1beta/models/{*target}", post(gemini))
         .route("/condense/status", get(status))
         .route("/condense/metrics", get(metrics))
         .route("/condense/cli", post(cli))
@@ -69,6 +70,7 @@ async fn authenticate(axum::extract::State(st): S, req: Request, next: axum::mid
     let api = match path {
         "/v1/messages" | "/v1/messages/count_tokens" => Some(Api::Anthropic),
         p if p.starts_with("/v1/") => Some(Api::Chat),
+        p if p.starts_with("/v1beta/") => Some(Api::Gemini),
         _ => None,
     };
     match api {
@@ -193,7 +195,18 @@ async fn store_stalled(st: &State) -> std::time::Duration {
     }
 }
 
-/// The three APIs: record, prepare, forward, and answer; one log line each. A store that hangs gives a
+/// The Gemini API's `models/MODEL:METHOD`: `generateContent` and `streamGenerateContent` are a
+/// conversation's requests, `countTokens` is counted as `count_tokens` is; any other method goes through.
+async fn gemini(st: S, req: Request) -> Response {
+    let method = crate::request::read::gemini_target(req.uri().path()).map(|(_, m)| m.to_string()).unwrap_or_default();
+    match method.as_str() {
+        "generateContent" | "streamGenerateContent" => handle(st, Api::Gemini, req).await,
+        "countTokens" => count_tokens_of(st, Api::Gemini, req).await,
+        _ => passthrough(st, req).await,
+    }
+}
+
+/// The APIs' conversations: record, prepare, forward, and answer; one log line each. A store that hangs gives a
 /// 503 with `retry-after` instead of a request that waits with it (the work in flight on the blocking
 /// threads finishes, or fails, when the database answers again; a request given up stops a preparation).
 async fn handle(st: S, api: Api, req: Request) -> Response {
@@ -270,7 +283,8 @@ async fn handle_request(axum::extract::State(st): S, api: Api, req: Request, lin
 /// Forwards a request unchanged (method, path, query, headers, body) and streams the answer back; one log
 /// line.
 pub(crate) async fn passthrough(axum::extract::State(st): S, req: Request) -> Response {
-    let kind = req.uri().path().strip_prefix("/v1/").map(|p| p.split('/').next().unwrap_or("").to_string());
+    let path = req.uri().path();
+    let kind = path.strip_prefix("/v1/").or_else(|| path.strip_prefix("/v1beta/")).map(|p| p.split('/').next().unwrap_or("").to_string());
     let resp = forward(&st, req).await;
     let line = RequestLine { passthrough: true, ..RequestLine::default() };
     line.log(&st, kind.as_deref().unwrap_or("other"), resp.status());
@@ -279,8 +293,8 @@ pub(crate) async fn passthrough(axum::extract::State(st): S, req: Request) -> Re
 
 async fn forward(st: &State, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    if !parts.uri.path().starts_with("/v1/") {
-        return (StatusCode::NOT_FOUND, "condense serve: unknown path (the provider APIs live under /v1/, the status at /condense/status)\n").into_response();
+    if !parts.uri.path().starts_with("/v1/") && !parts.uri.path().starts_with("/v1beta/") {
+        return (StatusCode::NOT_FOUND, "condense serve: unknown path (the provider APIs live under /v1/ and /v1beta/, the status at /condense/status)\n").into_response();
     }
     // Forwarded as it is: the body and its copy on the way out.
     let (bytes, _reservation) = match read_body(st, None, &parts.headers, body, 2).await {
@@ -288,7 +302,7 @@ async fn forward(st: &State, req: Request) -> Response {
         Err(resp) => return resp,
     };
     st.passthrough();
-    let base = upstream_for(st, &parts.headers);
+    let base = upstream_for(st, parts.uri.path(), &parts.headers);
     let url = format!("{base}{}", parts.uri.path_and_query().map_or("", |p| p.as_str()));
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).unwrap_or(reqwest::Method::GET);
     let sent = st.http.request(method, url).headers(upstream_headers(&parts.headers)).body(bytes).send().await;
@@ -302,8 +316,13 @@ async fn forward(st: &State, req: Request) -> Response {
 /// list is replaced by the session's context with the request's new messages after it (a dry run: nothing
 /// is recorded, no pipeline decision is made) and condense's tools are added as a request would add them;
 /// anything else is forwarded unchanged.
-pub(crate) async fn count_tokens(axum::extract::State(st): S, req: Request) -> Response {
-    let api = Api::Anthropic;
+pub(crate) async fn count_tokens(st: S, req: Request) -> Response {
+    count_tokens_of(st, Api::Anthropic, req).await
+}
+
+/// [`count_tokens`] of `api`'s request (Anthropic's `count_tokens`, Gemini's `countTokens`, whose body
+/// takes no tools: condense's are not added).
+async fn count_tokens_of(axum::extract::State(st): S, api: Api, req: Request) -> Response {
     let (req, bytes, _) = match read_request(&st, api, req).await {
         Ok(r) => r,
         Err(resp) => return resp,
@@ -315,7 +334,15 @@ pub(crate) async fn count_tokens(axum::extract::State(st): S, req: Request) -> R
     };
     let (raw, internal) = (req.raw.clone(), req.internal.clone());
     let fields = req.fields.clone();
-    let body = with_conv(&conv, move |c| c.dry_run(api, &raw, &internal).map(|mut built| upstream_body(api, &raw.buf, &fields, &mut built).0)).await;
+    let body = with_conv(&conv, move |c| {
+        c.dry_run(api, &raw, &internal).map(|mut built| {
+            if api == Api::Gemini {
+                built.tools.clear();
+            }
+            upstream_body(api, &raw.buf, &fields, &mut built).0
+        })
+    })
+    .await;
     match body {
         Ok(b) => count_upstream(&st, &req, b).await,
         Err(e) => conv_error(api, &e),

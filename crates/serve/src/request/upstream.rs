@@ -10,9 +10,11 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use condense_formats::wire::Api;
 
-/// Which upstream a request that is not one of the three APIs goes to.
-pub(crate) fn upstream_for(st: &State, h: &HeaderMap) -> String {
-    if h.contains_key("anthropic-version") || h.contains_key("x-api-key") {
+/// Which upstream a request that is not one of the APIs' conversations goes to (by its path and headers).
+pub(crate) fn upstream_for(st: &State, path: &str, h: &HeaderMap) -> String {
+    if path.starts_with("/v1beta/") || h.contains_key("x-goog-api-key") {
+        st.cfg.gemini_upstream.clone()
+    } else if h.contains_key("anthropic-version") || h.contains_key("x-api-key") {
         st.cfg.anthropic_upstream.clone()
     } else {
         st.cfg.openai_upstream.clone()
@@ -28,11 +30,14 @@ pub(crate) async fn send(st: &State, req: &Req, body: bytes::Bytes) -> Result<re
     let base = match req.api {
         Api::Anthropic => &st.cfg.anthropic_upstream,
         Api::Chat | Api::Responses => &st.cfg.openai_upstream,
+        Api::Gemini => &st.cfg.gemini_upstream,
     };
     let path = match req.api {
         Api::Anthropic => "/v1/messages",
         Api::Chat => "/v1/chat/completions",
         Api::Responses => "/v1/responses",
+        // The model and the method are in the client's path.
+        Api::Gemini => req.path.as_str(),
     };
     post(st, req, format!("{base}{path}{}", req.query), body).await
 }
@@ -67,7 +72,10 @@ pub(crate) async fn forward_unchanged(st: &State, req: &Req, body: Vec<u8>) -> R
 }
 
 pub(crate) async fn count_upstream(st: &State, req: &Req, body: Vec<u8>) -> Response {
-    let url = format!("{}/v1/messages/count_tokens{}", st.cfg.anthropic_upstream, req.query);
+    let url = match req.api {
+        Api::Gemini => format!("{}{}{}", st.cfg.gemini_upstream, req.path, req.query),
+        _ => format!("{}/v1/messages/count_tokens{}", st.cfg.anthropic_upstream, req.query),
+    };
     match post(st, req, url, body).await {
         Ok(resp) => stream_back(resp),
         Err(r) => r,
@@ -75,6 +83,12 @@ pub(crate) async fn count_upstream(st: &State, req: &Req, body: Vec<u8>) -> Resp
 }
 
 impl Req {
+    /// What the ids condense gives a reply's calls are made from (Gemini: [`crate::api::name_gemini_calls`]):
+    /// the request's newest message and the number of its units, so each request's differ.
+    pub(crate) fn call_seed(&self) -> u64 {
+        self.raw.units.last().map_or(0, |u| u.key) ^ (self.raw.units.len() as u64).rotate_left(32)
+    }
+
     /// The upstream body for what the engine built (its message list moved into it).
     pub(crate) fn upstream_body(&self, built: &mut Built) -> Vec<u8> {
         upstream_body(self.api, &self.raw.buf, &self.fields, built).0
@@ -108,6 +122,9 @@ pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::R
                 true => out.extend_from_slice(&list),
                 false => placed = true,
             }
+        } else if k == "tools" && !ours.is_empty() && api == Api::Gemini {
+            out.extend_from_slice(gemini_tools(v(), ours).as_bytes());
+            tools_written = true;
         } else if k == "tools" && !ours.is_empty() && v().trim_start().starts_with('[') {
             let text = v().trim_end();
             let inner = text[..text.len() - 1].trim_end();
@@ -127,7 +144,8 @@ pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::R
         if !fields.is_empty() {
             out.push(b',');
         }
-        out.extend_from_slice(format!("\"tools\":[{}]", ours.join(",")).as_bytes());
+        let tools = if api == Api::Gemini { gemini_tools("[]", ours) } else { format!("[{}]", ours.join(",")) };
+        out.extend_from_slice(format!("\"tools\":{tools}").as_bytes());
     }
     out.push(b'}');
     if !placed {
@@ -139,6 +157,18 @@ pub(crate) fn upstream_body(api: Api, buf: &[u8], fields: &[(String, std::ops::R
     body.splice(0..0, head);
     body.extend_from_slice(&tail);
     (body, at)
+}
+
+/// A Gemini request's `tools` with condense's function declarations added to the client's first tool that
+/// declares functions (a tool of their own when none does).
+fn gemini_tools(client: &str, ours: &[String]) -> String {
+    let ours: Vec<serde_json::Value> = ours.iter().filter_map(|t| serde_json::from_str(t).ok()).collect();
+    let mut tools: Vec<serde_json::Value> = serde_json::from_str(client).unwrap_or_default();
+    match tools.iter_mut().find_map(|t| t.get_mut("functionDeclarations").and_then(serde_json::Value::as_array_mut)) {
+        Some(decls) => decls.extend(ours),
+        None => tools.push(serde_json::json!({ "functionDeclarations": ours })),
+    }
+    serde_json::Value::Array(tools).to_string()
 }
 
 #[cfg(test)]
