@@ -582,7 +582,7 @@ mod tests {
 
     #[test]
     fn anthropic_holds_condense_calls_and_renumbers_rounds() {
-        let mut c = codec(Api::Anthropic, Box::new(|n| n == "context_tree_query"));
+        let mut c = codec(Api::Anthropic, Box::new(|n| n == "context_tree_query"), 0);
         let mut out = Vec::new();
         let ev = |c: &mut Box<dyn Codec>, out: &mut Vec<bytes::Bytes>, e: &str, d: Value| c.feed(e, &d.to_string(), out);
         ev(&mut c, &mut out, "message_start", json!({"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 5}}}));
@@ -615,7 +615,7 @@ mod tests {
 
     #[test]
     fn chat_holds_condense_calls_and_the_end() {
-        let mut c = codec(Api::Chat, Box::new(|n| n == "context_tree_query"));
+        let mut c = codec(Api::Chat, Box::new(|n| n == "context_tree_query"), 0);
         let mut out = Vec::new();
         c.feed("", &json!({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi", "tool_calls": [{"index": 0, "id": "q", "type": "function", "function": {"name": "context_tree_query", "arguments": ""}}]}, "finish_reason": null}]}).to_string(), &mut out);
         c.feed("", &json!({"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}, "finish_reason": "tool_calls"}]}).to_string(), &mut out);
@@ -631,7 +631,7 @@ mod tests {
 
     #[test]
     fn responses_places_items_seen_only_when_done() {
-        let mut c = codec(Api::Responses, Box::new(|n| n == "context_tree_query"));
+        let mut c = codec(Api::Responses, Box::new(|n| n == "context_tree_query"), 0);
         let mut out = Vec::new();
         c.feed("response.output_item.done", &json!({"type": "response.output_item.done", "output_index": 0, "item": {"type": "function_call", "call_id": "q", "name": "context_tree_query", "arguments": "{}"}}).to_string(), &mut out);
         c.feed("response.output_item.done", &json!({"type": "response.output_item.done", "output_index": 1, "item": {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}}).to_string(), &mut out);
@@ -642,6 +642,43 @@ mod tests {
         assert_eq!(c.reply().0.tool_calls().count(), 1);
         c.finish(None, &mut out);
         assert!(text(&out).contains("response.completed"));
+    }
+
+    #[test]
+    fn gemini_holds_condense_calls_and_the_end_and_names_the_calls() {
+        let mut c = codec(Api::Gemini, Box::new(|n| n == "context_tree_query"), 7);
+        let mut out = Vec::new();
+        let chunk = |parts: Value, finish: Option<&str>| {
+            let mut v = json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}], "modelVersion": "gemini-2.5-flash"});
+            if let Some(f) = finish {
+                v["candidates"][0]["finishReason"] = json!(f);
+                v["usageMetadata"] = json!({"promptTokenCount": 10, "candidatesTokenCount": 2});
+            }
+            v.to_string()
+        };
+        c.feed("", &chunk(json!([{"text": "Let me "}]), None), &mut out);
+        c.feed("", &chunk(json!([{"text": "look."}, {"functionCall": {"name": "context_tree_query", "args": {"refs": ["t1"]}}}]), Some("STOP")), &mut out);
+        assert!(c.complete());
+        let s = text(&out);
+        assert!(s.contains("Let me ") && s.contains("look.") && !s.contains("context_tree_query") && !s.contains("finishReason"), "{s}");
+        // The round's reply: the texts as one, the call with an id of the form Gemini CLI keeps.
+        let (reply, usage) = c.reply();
+        assert_eq!(reply.text(), "Let me look.");
+        let ids: Vec<String> = reply.tool_calls().map(|(i, _, _)| i.to_string()).collect();
+        assert!(ids.len() == 1 && ids[0].starts_with("context_tree_query__condense_"), "{ids:?}");
+        assert_eq!(usage.map(|u| u.input), Some(10));
+        c.next_round();
+        out.clear();
+        c.feed("", &chunk(json!([{"text": "found it"}, {"functionCall": {"name": "run_shell_command", "args": {"command": "ls"}}}]), Some("STOP")), &mut out);
+        let s = text(&out);
+        assert!(s.contains("found it") && s.contains("run_shell_command__condense_") && !s.contains("finishReason"), "{s}");
+        c.finish(None, &mut out);
+        let end = text(&out);
+        let last = end.trim_end().rsplit("data: ").next().unwrap();
+        let v: Value = serde_json::from_str(last).unwrap();
+        assert_eq!(v["candidates"][0]["finishReason"], "STOP", "{end}");
+        assert!(v["candidates"][0].get("content").is_none(), "the parts went before the end: {end}");
+        assert_eq!(v["usageMetadata"]["promptTokenCount"], 10);
     }
 }
 

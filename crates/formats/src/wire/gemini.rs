@@ -41,14 +41,15 @@ fn user_part(p: &Value) -> Block {
     Block::opaque(kind, json_text(p))
 }
 
-/// The text of a `functionResponse`'s `response`: its `output` (or `content`) when that is a string (as
-/// Gemini CLI writes it), else the object as JSON; and whether it reports an error.
+/// The text of a `functionResponse`'s `response`: its `output` (or `content`, or `error`) when that is its
+/// one field and a string (as Gemini CLI writes it), else the object as JSON; and whether it reports an
+/// error.
 fn response_text(r: Option<&Value>) -> (String, bool) {
     let Some(r) = r else { return (String::new(), false) };
     let error = r.get("error").is_some() && r.get("output").is_none();
-    for key in ["output", "content"] {
+    for key in ["output", "content", "error"] {
         if let (Some(Value::String(s)), Some(1)) = (r.get(key), r.as_object().map(Map::len)) {
-            return (s.clone(), false);
+            return (s.clone(), key == "error");
         }
     }
     (json_text(r), error)

@@ -339,3 +339,69 @@ fn bad_shapes_name_the_place() {
     assert_eq!(parse_request(Api::Chat, vec![json!({"role": "pilot", "content": "x"})]).unwrap_err().reason, "unknown role `pilot`");
     assert_eq!(parse_request(Api::Responses, vec![json!(3)]).unwrap_err().at, "input[0]");
 }
+
+#[test]
+fn gemini_contents_read_into_the_neutral_model_and_back() {
+    let list = vec![
+        json!({"role": "user", "parts": [{"text": "<session_context>\nos: linux\n</session_context>"}, {"text": "count"}]}),
+        json!({"role": "model", "parts": [{"text": "thinking it over", "thought": true, "thoughtSignature": "sig"}, {"functionCall": {"name": "run_shell_command", "args": {"command": "seq 3"}}}, {"functionCall": {"id": "run_shell_command__c2", "name": "run_shell_command", "args": {"command": "ls"}}}]}),
+        json!({"role": "user", "parts": [
+            {"functionResponse": {"name": "run_shell_command", "response": {"output": "1\n2\n3"}}},
+            {"functionResponse": {"id": "run_shell_command__c2", "name": "run_shell_command", "response": {"error": "denied"}}},
+            {"inlineData": {"mimeType": "image/png", "data": "AAAA"}},
+            {"fileData": {"fileUri": "gs://x", "mimeType": "text/plain"}}
+        ]}),
+    ];
+    let r = parse_request(Api::Gemini, list.clone()).unwrap();
+    let roles: Vec<&str> = r.messages.iter().map(|m| m.message.role()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "tool", "user"]);
+    assert!(r.system.is_empty());
+    // The calls: the one without an id gets the content's place, the other keeps its own; the responses
+    // pair with them by order.
+    let calls: Vec<(String, String)> = r.messages[1].message.tool_calls().map(|(i, _, a)| (i.to_string(), a.to_string())).collect();
+    assert_eq!(calls, [("gemini-call-1-0".to_string(), r#"{"command":"seq 3"}"#.to_string()), ("run_shell_command__c2".to_string(), r#"{"command":"ls"}"#.to_string())]);
+    match (&r.messages[2].message, &r.messages[3].message) {
+        (Message::ToolResult { call_id: a, tool_name, is_error: false, .. }, Message::ToolResult { call_id: b, is_error: true, .. }) => {
+            assert_eq!((a.as_str(), tool_name.as_str(), b.as_str()), ("gemini-call-1-0", "run_shell_command", "run_shell_command__c2"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(r.messages[2].message.text(), "1\n2\n3");
+    assert!(matches!(r.messages[1].message.content()[0], Block::Thinking(_)));
+    assert!(matches!(r.messages[4].message.content()[0], Block::Image(_)));
+    assert!(matches!(&r.messages[4].message.content()[1], Block::Opaque(o) if o.kind == "fileData"));
+    // Each message keeps its own parts as the client wrote them.
+    assert_eq!(r.messages[2].parts, vec![list[2]["parts"][0].clone()]);
+    assert_eq!(r.messages[0].envelope.get("role"), Some(&json!("user")));
+    // Written from the neutral model: the made id is not sent, a real one is; results of one call side
+    // are one content again.
+    let out: Vec<OutMessage<'static>> = r.messages.iter().filter_map(|m| from_neutral(Api::Gemini, &m.message)).collect();
+    let written = assemble(Api::Gemini, out);
+    assert_eq!(written.len(), 3, "{written:?}");
+    // (Reasoning is not written back: only the provider's own bytes carry it.)
+    assert_eq!(written[1]["parts"][0], json!({"functionCall": {"name": "run_shell_command", "args": {"command": "seq 3"}}}));
+    assert_eq!(written[1]["parts"][1]["functionCall"]["id"], "run_shell_command__c2");
+    assert_eq!(written[2]["parts"][0], json!({"functionResponse": {"name": "run_shell_command", "response": {"output": "1\n2\n3"}}}));
+    assert_eq!(written[2]["parts"][1]["functionResponse"]["response"], json!({"error": "denied"}));
+    // A reply's parts, and its usage.
+    let reply = json!({"candidates": [{"content": {"role": "model", "parts": [{"text": "done"}]}, "finishReason": "STOP"}], "usageMetadata": {"promptTokenCount": 100, "cachedContentTokenCount": 40, "candidatesTokenCount": 5, "thoughtsTokenCount": 3}, "modelVersion": "gemini-2.5-flash"});
+    let (m, u) = reply_of(Api::Gemini, &reply).unwrap();
+    assert_eq!(m.text(), "done");
+    assert_eq!(u.map(|u| (u.input, u.cache_read, u.output)), Some((60, 40, 8)));
+}
+
+#[test]
+fn gemini_contents_that_cannot_be_read_name_their_place() {
+    for (list, at) in [
+        (vec![json!("text")], "contents[0]"),
+        (vec![json!({"role": "user", "parts": "x"})], "contents[0].parts"),
+        (vec![json!({"role": "user", "parts": [{"text": "a"}, 3]})], "contents[0].parts[1]"),
+        (vec![json!({"role": "user", "parts": []}), json!({"role": "narrator", "parts": [{"text": "a"}]})], "contents[1]"),
+    ] {
+        let e = parse_request(Api::Gemini, list).unwrap_err();
+        assert_eq!(e.at, at, "{e}");
+    }
+    // A content without a role is the user's, as the API reads it.
+    let r = parse_request(Api::Gemini, vec![json!({"parts": [{"text": "hi"}]})]).unwrap();
+    assert_eq!(r.messages[0].message.role(), "user");
+}

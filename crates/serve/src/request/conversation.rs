@@ -98,7 +98,8 @@ pub(crate) async fn conv_lookup(st: &Arc<State>, req: &Req, create: bool) -> Res
 }
 
 /// An open conversation of the same credentials that a request of a new identity continues: one whose
-/// earlier requests held at least half of the request's units (three at least), as when a client's own
+/// earlier requests held at least three quarters of the request's units (three at least; conversations
+/// that only share their replies' wording, "noted", "done", share far fewer), as when a client's own
 /// context management rewrote the start of its history — its first prompt, which the identity is made
 /// of (Gemini CLI 0.61 drops it from a resumed session's history once it masks old outputs). The
 /// conversation is then open under the new identity only (in this process: a restart starts a new
@@ -117,7 +118,7 @@ fn continued(convs: &mut crate::state::Convs, req: &Req, identity: &str, tick: u
         // A conversation a request is working on is not looked into (its units are changing).
         let Ok(conv) = c.cell.try_lock() else { continue };
         let seen = keys.iter().filter(|k| conv.knows_unit(**k)).count();
-        if seen >= 3 && 2 * seen >= keys.len() && best.as_ref().is_none_or(|(n, _)| seen > *n) {
+        if seen >= 3 && 4 * seen >= 3 * keys.len() && best.as_ref().is_none_or(|(n, _)| seen > *n) {
             best = Some((seen, id.clone()));
         }
     }
