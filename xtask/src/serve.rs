@@ -282,7 +282,10 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
     // Pairs of a call and its empty result, one call per assistant message: the API's smallest of each,
     // as many as the message limit (100,000) lets through.
     let pairs = |api: Api| {
-        let mut m = vec![json!({"role": "user", "content": "go"})];
+        let mut m = vec![match api {
+            Api::Gemini => json!({"role": "user", "parts": [{"text": "go"}]}),
+            _ => json!({"role": "user", "content": "go"}),
+        }];
         for i in 0..49_999 {
             let id = format!("a{i}");
             m.extend(match api {
@@ -298,6 +301,10 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
                     json!({"type": "function_call", "call_id": id, "name": "f", "arguments": ""}),
                     json!({"type": "function_call_output", "call_id": id, "output": ""}),
                 ],
+                Api::Gemini => [
+                    json!({"role": "model", "parts": [{"functionCall": {"name": "f", "args": {}}}]}),
+                    json!({"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {"output": ""}}}]}),
+                ],
             });
         }
         m
@@ -311,6 +318,7 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         ("100,000 empty messages", Api::Chat, tiny(100_000, "")),
         ("100,000 one-letter messages, Anthropic", Api::Anthropic, tiny(100_000, "x")),
         ("100,000 one-letter messages, Responses", Api::Responses, tiny(100_000, "x")),
+        ("100,000 one-letter messages, Gemini", Api::Gemini, (0..100_000).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "model" }, "parts": [{"text": "x"}]})).collect()),
         ("500,000 one-letter messages", Api::Chat, tiny(500_000, "x")),
         ("one message of 500,000 one-letter parts", Api::Chat, vec![json!({"role": "user", "content": (0..500_000).map(|_| json!({"type": "text", "text": "p"})).collect::<Vec<_>>()})]),
         ("one reply of 60,000 parallel calls, then their results", Api::Chat, {
@@ -328,6 +336,7 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
         ("49,999 calls and their empty results", Api::Chat, pairs(Api::Chat)),
         ("49,999 calls and their empty results, Anthropic", Api::Anthropic, pairs(Api::Anthropic)),
         ("49,999 calls and their empty results, Responses", Api::Responses, pairs(Api::Responses)),
+        ("49,999 calls and their empty results, Gemini", Api::Gemini, pairs(Api::Gemini)),
         ("25,000 turns of prompt, call, ~1 KB output and reply", Api::Chat, (0..25_000).flat_map(|i| [
             json!({"role": "user", "content": format!("task {i}: please look")}),
             json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("c{i}"), "type": "function", "function": {"name": "bash", "arguments": format!("{{\"cmd\":\"cat f{i}\"}}")}}]}),
@@ -378,6 +387,7 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
             Api::Chat => ("/v1/chat/completions", json!({"model": model, "messages": messages})),
             Api::Anthropic => ("/v1/messages", json!({"model": "m", "max_tokens": 100, "messages": messages})),
             Api::Responses => ("/v1/responses", json!({"model": "m", "input": messages})),
+            Api::Gemini => ("/v1beta/models/m:generateContent", json!({"contents": messages})),
         };
         let body = body.to_string();
         let before = status_kib(child.id(), "VmRSS:");
@@ -386,6 +396,7 @@ pub fn request_memory(md: &mut String, scratch: &Path) -> Result<()> {
             .post(format!("http://{addr}{path}"))
             .header("authorization", "Bearer bench")
             .header("x-api-key", "bench")
+            .header("x-goog-api-key", "bench")
             .header("anthropic-version", "2023-06-01")
             .header("content-type", "application/json")
             .body(body.clone())
@@ -438,13 +449,14 @@ const FLOOR: f64 = 8e6;
 /// body, 1.1 KB per message or tool call and 0.5 KB per other content part of the message list.
 fn promised_peak(body: usize, api: condense_formats::wire::Api, messages: &[Value]) -> f64 {
     use condense_formats::wire::Api;
-    let blocks = |m: &Value| m["content"].as_array().map_or(0, Vec::len);
+    let blocks = |m: &Value| m["content"].as_array().or(m["parts"].as_array()).map_or(0, Vec::len);
     let calls_in = |m: &Value| match api {
+        Api::Gemini => m["parts"].as_array().map_or(0, |p| p.iter().filter(|p| p.get("functionCall").is_some()).count()),
         Api::Chat => m["tool_calls"].as_array().map_or(0, Vec::len),
         Api::Anthropic => m["content"].as_array().map_or(0, |c| c.iter().filter(|b| b["type"] == "tool_use").count()),
         Api::Responses => usize::from(m["type"] == "function_call"),
     };
     let calls: usize = messages.iter().map(calls_in).sum();
-    let parts: usize = messages.iter().map(|m| blocks(m) - if api == Api::Anthropic { calls_in(m) } else { 0 }).sum();
+    let parts: usize = messages.iter().map(|m| blocks(m) - if matches!(api, Api::Anthropic | Api::Gemini) { calls_in(m) } else { 0 }).sum();
     FLOOR + 10.0 * body as f64 + 1100.0 * (messages.len() + calls) as f64 + 500.0 * parts as f64
 }
