@@ -80,7 +80,7 @@ pub(crate) fn spawn_serve(bin: &Path, store: impl AsRef<std::ffi::OsStr>, fake: 
         .arg(store)
         .arg("serve")
         .args(listen)
-        .args(["--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url()])
+        .args(["--openai-upstream", &fake.url(), "--anthropic-upstream", &fake.url(), "--gemini-upstream", &fake.url()])
         .args(extra)
         // serve's line per request would flood the terminal: warnings and errors, unless RUST_LOG says.
         .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
