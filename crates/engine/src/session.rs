@@ -108,8 +108,49 @@ fn is_prune(d: &DecisionEvent) -> bool {
 /// kept) comes back when the prunes go ahead, so the session takes it instead of rendering again.
 fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Option<Projection> {
     let min = proj.config().min_prune_tokens;
-    // The context now, rendered before the copy is made, so the copy knows it as its last render.
+    // The context now.
     let b = (min > 0).then(|| proj.render().messages);
+    // Prunes whose messages render in fewer than `minPruneTokens` cannot save them: turned down without
+    // the candidate (copying the projection and rendering it took a 1,000-message conversation about
+    // 0.2 ms on every request that brought a short chain to a close; issue 62, item 9).
+    if let Some(bound) = b.as_deref().and_then(|b| tokens_touched(proj, b, prunes))
+        && bound < min
+    {
+        debug_assert!(evaluated(proj, b.clone(), prunes, requests).is_none(), "prunes touching {bound} tokens bound what they save");
+        return None;
+    }
+    evaluated(proj, b, prunes, requests)
+}
+
+/// The tokens of the rendered messages `b` that `prunes` can change, when every one is a batch closing
+/// (its outputs) or a chain compression (its messages from the prompt to the final reply) and `b` holds
+/// each of those as the session's own message (`None` otherwise). A prune changes only those messages,
+/// so what the prunes save is at most this (a message two prunes touch counts twice).
+fn tokens_touched(proj: &Projection, b: &[Arc<condense_events::Message>], prunes: &[DecisionEvent]) -> Option<u64> {
+    // The rendered position of an entry's message, from the end (what a request prunes is mostly recent).
+    let at = |id: &str| {
+        let m = proj.entry_message(id)?;
+        b.iter().rposition(|x| Arc::ptr_eq(x, m))
+    };
+    let tokens = |from: usize, to: usize| b[from..=to].iter().map(|m| proj.estimate(m)).sum::<u64>();
+    let records = &proj.index().records;
+    prunes.iter().try_fold(0, |sum, d| match d {
+        DecisionEvent::ChainCompressed(c) => {
+            let (first, last) = (at(&c.first)?, at(&c.last)?);
+            (first <= last).then(|| sum + tokens(first, last))
+        }
+        DecisionEvent::BatchClosed { refs, .. } => refs.iter().try_fold(sum, |sum, r| {
+            let i = at(&records.get(r)?.entry)?;
+            Some(sum + tokens(i, i))
+        }),
+        _ => None,
+    })
+}
+
+/// [`worth_it`] by building the candidate and comparing it with `b`, the context now (rendered before
+/// the copy is made, so the copy knows it as its last render; `None` when `minPruneTokens` is 0).
+fn evaluated(proj: &Projection, b: Option<Arc<Vec<Arc<condense_events::Message>>>>, prunes: &[DecisionEvent], requests: u64) -> Option<Projection> {
+    let min = proj.config().min_prune_tokens;
     // Only the prunes' maps are copied for the candidate: the captures are in `proj` already.
     let mut after = proj.clone();
     let base = proj.seq();

@@ -79,3 +79,52 @@ fn a_chain_writes_its_events_and_nothing_when_its_parent_is_lost() {
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.session("chained").unwrap().head().unwrap(), 9_001);
 }
+
+/// The entries of one agent turn as a chain: the prompt, a reply with `said` and a `bash` call, its
+/// output of `out` bytes, and a final text reply; ids `{turn}-0` to `{turn}-3` after `parent`.
+fn chain(turn: usize, parent: Option<String>, said: &str, out: usize) -> Vec<SourceEvent> {
+    let id = |k: usize| format!("{turn}-{k}");
+    let messages = [
+        Message::user_text(format!("step {turn}: check the build"), UserOrigin::Prompt),
+        Message::Assistant {
+            content: vec![Block::Text { text: said.to_string() }, Block::tool_call(format!("c{turn}"), "bash".into(), format!("{{\"command\":\"make {turn}\"}}"))],
+            model: None,
+            stop: None,
+            usage: None,
+        },
+        Message::ToolResult { call_id: format!("c{turn}"), tool_name: "bash".into(), content: vec![Block::Text { text: "ok ".repeat(out / 3) }], is_error: false },
+        Message::Assistant { content: vec![Block::Text { text: format!("turn {turn} is done") }], model: None, stop: None, usage: None },
+    ];
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(k, m)| SourceEvent::EntryAppended { id: id(k), parent: if k == 0 { parent.clone() } else { Some(id(k - 1)) }, entry: Entry::Message(m) })
+        .collect()
+}
+
+/// Before a request a prune must save `minPruneTokens` (and pay for its cache break): a chain whose
+/// messages render in fewer tokens is turned down without the candidate context being built — the same
+/// verdict as building it (checked against it in debug builds) — and one whose messages render in more
+/// is compressed, both through `Session::prepare` before each model request.
+#[test]
+fn a_chain_too_short_to_save_the_minimum_is_turned_down_and_a_long_one_compressed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    for (name, said, want_chains) in [("short", "Let me check.".to_string(), false), ("long", "Let me think this through. ".repeat(300), true)] {
+        let s = store.create_session(name).unwrap();
+        let mut parent = None;
+        for turn in 0..12 {
+            for (k, e) in chain(turn, parent.clone(), &said, 300).into_iter().enumerate() {
+                // A model request before each reply.
+                if k == 1 || k == 3 {
+                    let r = s.prepare().unwrap();
+                    assert!(condense_render::check(&r.messages[..]).is_empty());
+                }
+                s.append(vec![e]).unwrap();
+            }
+            parent = Some(format!("{turn}-3"));
+        }
+        let chains = s.projection().unwrap().index().chains.len();
+        assert_eq!(chains > 0, want_chains, "{name}: {chains} chains compressed");
+    }
+}
