@@ -766,6 +766,34 @@ fn long_session(c: Client) {
         assert!(direct_log.iter().all(has), "{}: the client sends its environment every time", c.name);
         "every request"
     });
+    // A call's arguments, where the API carries them as a string (Chat Completions, Responses), go
+    // upstream as the client sent them, byte for byte (issue 60: pi's came back re-serialized, which broke
+    // the prompt cache twice a session): each is one the same client sent direct. condense's own calls are
+    // not the client's.
+    let args = |log: &[Logged]| -> std::collections::BTreeSet<String> {
+        let mut all = std::collections::BTreeSet::new();
+        for l in log {
+            let list = l.body.get("messages").or_else(|| l.body.get("input")).and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
+            for m in &list {
+                let calls = m.get("tool_calls").and_then(serde_json::Value::as_array).cloned().unwrap_or_else(|| vec![m.clone()]);
+                for call in calls {
+                    let f = call.get("function").unwrap_or(&call);
+                    if let (Some(name), Some(a)) = (f.get("name").and_then(serde_json::Value::as_str), f.get("arguments").and_then(serde_json::Value::as_str)) {
+                        if !condense_engine::tools::is_condense_tool(name) {
+                            all.insert(a.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        all
+    };
+    if matches!(c.api, Api::Chat | Api::Responses) {
+        let (through, direct) = (args(&through_log), args(&direct_log));
+        assert!(!through.is_empty(), "{}: calls went upstream", c.name);
+        let changed: Vec<&String> = through.difference(&direct).collect();
+        assert!(changed.is_empty(), "{}: arguments not as the client sent them: {changed:?}", c.name);
+    }
     let (t, d) = (bill(c.api, &through_log), bill(c.api, &direct_log));
     // The floor: condense paying full price for nothing but what is new (what direct paid full price
     // for) and the cached price for every other byte it sends.
