@@ -527,6 +527,18 @@ async fn bad_requests_get_errors_in_the_api_format() {
         let message = v["error"]["message"].as_str().unwrap();
         assert!(message.contains("not JSON") || message.contains("messages[0]"), "{body}: {v}");
     }
+    // The Gemini API: its error shape, the place named in `contents`.
+    let gemini = "/v1beta/models/gemini-2.5-flash:generateContent";
+    for (body, says) in [
+        (b"{not json".to_vec(), "not JSON"),
+        (json!({"contents": [{"role": "pilot", "parts": [{"text": "x"}]}]}).to_string().into_bytes(), "contents[0]: unknown role `pilot`"),
+    ] {
+        let r = post(gemini, body).await.unwrap();
+        assert_eq!(r.status(), 400);
+        let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        assert_eq!((v["error"]["code"].as_u64(), v["error"]["status"].as_str()), (Some(400), Some("INVALID_ARGUMENT")), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(says), "{v}");
+    }
     assert!(fake.log().is_empty(), "nothing bad went upstream");
     // Each refusal is condense's own failure, counted by API and code (issue 62, item 2).
     let m = metric_values(&reqwest::get(format!("http://{}/condense/metrics", serve.addr)).await.unwrap().text().await.unwrap());
@@ -535,6 +547,7 @@ async fn bad_requests_get_errors_in_the_api_format() {
     assert_eq!(failures("chat", "bad_request"), Some(5.0), "{m:?}");
     assert_eq!(failures("anthropic", "bad_request"), Some(1.0), "{m:?}");
     assert_eq!(failures("responses", "bad_request"), Some(1.0), "{m:?}");
+    assert_eq!(failures("gemini", "bad_request"), Some(2.0), "{m:?}");
 }
 
 /// Messages condense leaves unchanged go upstream exactly as the client wrote them — spacing, key order,

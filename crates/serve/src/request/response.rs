@@ -37,7 +37,12 @@ pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response {
 }
 
 pub(crate) fn api_error(api: Api, status: StatusCode, kind: &str, message: &str) -> Response {
-    let mut r = json_response(status, &api::error_body(api, kind, message));
+    let mut body = api::error_body(api, kind, message);
+    // The Gemini API's errors carry the HTTP status as their `code` too.
+    if api == Api::Gemini {
+        body["error"]["code"] = status.as_u16().into();
+    }
+    let mut r = json_response(status, &body);
     r.extensions_mut().insert(Refused(message.to_string()));
     r
 }
