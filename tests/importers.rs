@@ -1082,3 +1082,48 @@ fn pi_custom_messages_that_describe_the_world_are_host_context() {
     use condense_events::UserOrigin::{Host, Injected, Prompt};
     assert_eq!(origins, [("c1".to_string(), Host), ("a1".to_string(), Prompt), ("c2".to_string(), Injected)]);
 }
+
+/// The times of the requests (issue 60, item 3): each importer writes the time of the line that opens an
+/// assistant message (`SourceEvent::HostTime`) just before it — once for Claude Code's blocks streamed
+/// over several lines, and for Codex's items of one reply — and nothing for a line without a time.
+#[test]
+fn each_new_assistant_message_is_preceded_by_the_time_of_its_line() {
+    let times = |input: &str| -> Vec<(String, String)> {
+        let events = import_bytes("t.jsonl", input.as_bytes()).expect("import").events;
+        let mut out = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            if let SourceEvent::HostTime { timestamp } = e {
+                match events.get(i + 1) {
+                    Some(SourceEvent::EntryAppended { id, entry: condense_events::Entry::Message(condense_events::Message::Assistant { .. }), .. }) => out.push((timestamp.clone(), id.clone())),
+                    other => panic!("a time before {other:?}"),
+                }
+            }
+        }
+        out
+    };
+    let pi = r#"{"type":"session","version":3,"id":"s","timestamp":"2026-03-01T10:00:00.000Z","cwd":"/w"}
+{"type":"message","id":"u1","parentId":null,"timestamp":"2026-03-01T10:00:01.000Z","message":{"role":"user","content":"hi"}}
+{"type":"message","id":"a1","parentId":"u1","timestamp":"2026-03-01T10:00:02.000Z","message":{"role":"assistant","content":[{"type":"toolCall","id":"c1","name":"bash","arguments":{"command":"ls"}}]}}
+{"type":"message","id":"r1","parentId":"a1","timestamp":"2026-03-01T10:00:03.000Z","message":{"role":"toolResult","toolCallId":"c1","toolName":"bash","content":[{"type":"text","text":"a"}]}}
+{"type":"message","id":"a2","parentId":"r1","message":{"role":"assistant","content":[{"type":"text","text":"no time"}]}}
+{"type":"message","id":"u2","parentId":"a2","timestamp":"2026-03-01T10:09:00.000Z","message":{"role":"user","content":"more"}}
+{"type":"message","id":"a3","parentId":"u2","timestamp":"2026-03-01T10:09:04.000Z","message":{"role":"assistant","content":[{"type":"text","text":"done"}]}}
+"#;
+    assert_eq!(times(pi), [("2026-03-01T10:00:02.000Z".to_string(), "a1".to_string()), ("2026-03-01T10:09:04.000Z".into(), "a3".into())]);
+    let claude = r#"{"type":"user","uuid":"u1","parentUuid":null,"sessionId":"S","timestamp":"2026-03-01T10:00:00.000Z","message":{"role":"user","content":"go"}}
+{"type":"assistant","uuid":"a1","parentUuid":"u1","sessionId":"S","timestamp":"2026-03-01T10:00:05.000Z","message":{"id":"msg_1","role":"assistant","content":[{"type":"thinking","thinking":"plan","signature":"s"}]}}
+{"type":"assistant","uuid":"a2","parentUuid":"a1","sessionId":"S","timestamp":"2026-03-01T10:00:07.000Z","message":{"id":"msg_1","role":"assistant","content":[{"type":"tool_use","id":"toolu_A","name":"Bash","input":{"command":"ls"}}],"stop_reason":"tool_use"}}
+{"type":"user","uuid":"r1","parentUuid":"a2","sessionId":"S","timestamp":"2026-03-01T10:00:08.000Z","message":{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_A","content":"x"}]}}
+{"type":"assistant","uuid":"a3","parentUuid":"r1","sessionId":"S","timestamp":"2026-03-01T10:20:00.000Z","message":{"id":"msg_2","role":"assistant","content":[{"type":"text","text":"done"}],"stop_reason":"end_turn"}}
+"#;
+    assert_eq!(times(claude), [("2026-03-01T10:00:05.000Z".to_string(), "a1".to_string()), ("2026-03-01T10:20:00.000Z".into(), "a3".into())]);
+    let codex = r#"{"timestamp":"2026-03-01T10:00:00.000Z","type":"session_meta","payload":{"id":"c1","timestamp":"2026-03-01T10:00:00.000Z","cwd":"/w"}}
+{"timestamp":"2026-03-01T10:00:01.000Z","type":"response_item","payload":{"type":"message","role":"user","content":[{"type":"input_text","text":"list files"}]}}
+{"timestamp":"2026-03-01T10:00:02.000Z","type":"response_item","payload":{"type":"reasoning","summary":[{"type":"summary_text","text":"think"}],"content":null,"encrypted_content":"enc"}}
+{"timestamp":"2026-03-01T10:00:03.000Z","type":"response_item","payload":{"type":"function_call","name":"exec_command","arguments":"{\"cmd\":\"ls\"}","call_id":"call_1"}}
+{"timestamp":"2026-03-01T10:00:04.000Z","type":"response_item","payload":{"type":"function_call_output","call_id":"call_1","output":"a"}}
+{"timestamp":"2026-03-01T10:30:00.000Z","type":"response_item","payload":{"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]}}
+"#;
+    let codex_times = times(codex);
+    assert_eq!(codex_times.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(), ["2026-03-01T10:00:02.000Z", "2026-03-01T10:30:00.000Z"]);
+}

@@ -141,7 +141,7 @@ agent is given, which of its providers go through condense.")]
     },
     /// Replay sessions request by request with pruning on and report tokens, cost, cache breaks,
     /// stubs, chains and recovery
-    #[command(after_help = "Examples:\n  condense simulate ~/.pi/agent/sessions --plot pi.svg\n  condense simulate session.jsonl --window 32000     checkpoints as a 32k model would need; compared with pi's own compaction\n  condense simulate sessions/ --price gpt-5 --plot s.png  priced at gpt-5's list prices, plotted\n  condense simulate session.jsonl --switch 32000@200 the model moves to a 32k window at request 200\n  condense simulate session.jsonl --keep --force     store the replay as simulated/<name>")]
+    #[command(after_help = "Examples:\n  condense simulate ~/.pi/agent/sessions --plot pi.svg\n  condense simulate session.jsonl --window 32000     checkpoints as a 32k model would need; compared with pi's own compaction\n  condense simulate sessions/ --price gpt-5 --plot s.png  priced at gpt-5's list prices, plotted\n  condense simulate session.jsonl --switch 32000@200 the model moves to a 32k window at request 200\n  condense simulate session.jsonl --cache-ttl 3600   priced with Anthropic's one-hour cache\n  condense simulate session.jsonl --keep --force     store the replay as simulated/<name>")]
     Simulate {
         /// Session files or folders
         #[arg(required = true, value_name = "PATH")]
@@ -153,6 +153,11 @@ agent is given, which of its providers go through condense.")]
         /// 32000@200: the payload guard and smaller-model recovery run; recoveries are reported
         #[arg(long, value_name = "WINDOW@REQUEST", value_parser = parse_switch)]
         switch: Option<condense_engine::simulate::Switch>,
+        /// The provider cache's lifetime: a request the session's own timestamps put more than SECONDS
+        /// after the one before reads nothing from the cache, raw, host compaction and condense alike
+        /// (3600 for Anthropic's one-hour cache; 0: no lifetime, the gaps are ignored)
+        #[arg(long, value_name = "SECONDS", default_value_t = condense_engine::simulate::DEFAULT_CACHE_TTL)]
+        cache_ttl: u64,
         /// Configuration file (default: the store's config.json, else the defaults)
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -343,6 +348,11 @@ pub struct ServeArgs {
     /// history was written by)
     #[arg(long, value_name = "MODEL")]
     pub summary_model: Option<String>,
+    /// The provider cache's lifetime (default 300; 3600 for Anthropic's one-hour cache; 0: none): a
+    /// request that comes longer after its conversation's last one finds the cache cold, and the pruning
+    /// condense held back to keep the cache goes ahead then
+    #[arg(long, value_name = "SECONDS")]
+    pub cache_ttl: Option<u64>,
 }
 
 /// serve's default address.
@@ -370,6 +380,7 @@ impl ServeArgs {
             log_format,
             summaries,
             summary_model,
+            cache_ttl,
         } = self;
         let mut out: Vec<std::ffi::OsString> = Vec::new();
         let mut flag = |name: &str, value: std::ffi::OsString| {
@@ -392,6 +403,7 @@ impl ServeArgs {
         flag("log-format", named(&|| log_format.to_possible_value()));
         flag("summaries", named(&|| summaries.to_possible_value()));
         summary_model.iter().for_each(|m| flag("summary-model", m.into()));
+        cache_ttl.iter().for_each(|n| flag("cache-ttl", text(n)));
         if *price_cache {
             out.push("--price-cache".into());
         }

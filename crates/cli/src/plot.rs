@@ -167,7 +167,7 @@ fn cost_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, s: &Session, pr
     let raw = cumulative(&|p| price.dollars(p.raw, p.raw_cached, 0));
     let host = cumulative(&|p| price.dollars(p.host, p.host_cached, p.host_summarizing));
     let condense = cumulative(&|p| price.dollars(p.rendered, p.rendered_cached, 0));
-    let floor = cumulative(&|p| price.floor_dollars(p.raw - p.raw_cached));
+    let floor = cumulative(&|p| price.floor_dollars(p.raw_new));
     let last = |v: &[(u64, f64)]| v.last().map(|p| p.1).unwrap_or(0.0);
     let cents = |d: f64| (d * 100.0) as u64;
     let (scale, _) = scale_for(cents(last(&raw)), cents(last(&host)).max(cents(last(&condense))));

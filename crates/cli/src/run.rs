@@ -158,9 +158,10 @@ pub fn run_with(argv: Vec<OsString>, served: Option<&Store>) -> Result<ExitCode>
         }
         Command::Verify { json } => commands::verify::verify(&open()?, json),
         Command::Demo { json } => commands::demo::run_demo(&open()?, &store_dir, json),
-        Command::Simulate { paths, window, switch, config, plot, price, keep, force, json } => {
+        Command::Simulate { paths, window, switch, cache_ttl, config, plot, price, keep, force, json } => {
             let store = if keep { Some(open()?) } else { None };
-            commands::simulate::simulate(store.as_ref(), &store_dir, &commands::simulate::SimulateOptions { paths, window, switch, config, plot, price, force, json })
+            let cache_ttl = (cache_ttl > 0).then_some(cache_ttl);
+            commands::simulate::simulate(store.as_ref(), &store_dir, &commands::simulate::SimulateOptions { paths, window, switch, cache_ttl, config, plot, price, force, json })
         }
         Command::Query { session, refs, json, raw } => commands::inspect::query(&open()?, &session, &refs, json, raw),
         Command::CheckpointLine { session, checkpoint, timestamp } => {

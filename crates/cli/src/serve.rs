@@ -61,6 +61,9 @@ pub fn serve(store_dir: &Path, a: &ServeArgs, run_captured: fn(&condense_engine:
     if let Some(n) = a.max_tool_rounds {
         cfg.max_tool_rounds = n;
     }
+    if let Some(ttl) = a.cache_ttl {
+        cfg.cache_ttl = (ttl > 0).then(|| std::time::Duration::from_secs(ttl));
+    }
     cfg.price_cache = a.price_cache;
     cfg.price_known_models = !a.no_price_cache;
     cfg.summaries = match a.summaries {

@@ -160,7 +160,10 @@ fn simulate_window_compares_with_the_host_prices_and_plots() {
     assert!(t.get("median_host_cost_ratio").is_some());
     // The floor (issue 60, item 2): each token new to a raw request once, at the uncached price (1.25
     // units; the cache-write price in dollars), over the raw cost; below condense and raw alike.
-    let new = n("raw_input_tokens_total") - n("raw_cached_prefix_tokens_total");
+    // (A request after a gap longer than the cache's lifetime reads nothing from it, but what it sends
+    // again is not new: the floor counts the tokens no earlier request held, `raw_new_tokens_total`.)
+    let new = n("raw_new_tokens_total");
+    assert!(new <= n("raw_input_tokens_total") - n("raw_cached_prefix_tokens_total"), "{t}");
     assert!((n("cost_units_floor") - 1.25 * new).abs() < 1.0, "{t}");
     assert!((n("floor_cost_ratio") - n("cost_units_floor") / n("cost_units_raw")).abs() < 1e-3, "{t}");
     assert!(n("floor_cost_ratio") > 0.0 && n("floor_cost_ratio") < n("cost_ratio"), "{t}");
@@ -1038,4 +1041,58 @@ fn serve_on_a_port_in_use_fails_and_leaves_nothing() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains(&format!("127.0.0.1:{port}")) && err.contains("in use"), "{err}");
     assert!(!store.exists(), "the store folder was made for a server that never ran");
+}
+
+/// Issue 60, item 3: `simulate --cache-ttl` reads the session's own timestamps; a request more than the
+/// cache's lifetime after the one before reads nothing from the cache, raw and condense alike, and is
+/// counted in `cold_requests`; a longer lifetime, or none (0), counts none.
+#[test]
+fn simulate_prices_a_request_after_a_long_gap_as_cold() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    // A pi session of ten turns a minute apart, the eighth ten minutes after the seventh: prompt, a call,
+    // its output of ~2 KB, a reply.
+    let mut lines = vec![r#"{"type":"session","version":3,"id":"s","timestamp":"2026-03-01T10:00:00.000Z","cwd":"/w"}"#.to_string()];
+    let mut parent = None::<String>;
+    let mut line = |id: String, minute: u32, message: serde_json::Value, lines: &mut Vec<String>| {
+        let t = format!("2026-03-01T{:02}:{:02}:00.000Z", 10 + minute / 60, minute % 60);
+        lines.push(serde_json::json!({"type": "message", "id": id, "parentId": parent, "timestamp": t, "message": message}).to_string());
+        parent = Some(id);
+    };
+    for k in 0..10u32 {
+        let minute = k + if k >= 7 { 10 } else { 0 };
+        line(format!("u{k}"), minute, serde_json::json!({"role": "user", "content": format!("step {k}")}), &mut lines);
+        let call = serde_json::json!({"type": "toolCall", "id": format!("c{k}"), "name": "bash", "arguments": {"command": format!("cat f{k}")}});
+        line(format!("a{k}"), minute, serde_json::json!({"role": "assistant", "content": [call]}), &mut lines);
+        let out = format!("line {k} of the file\n").repeat(100);
+        line(format!("r{k}"), minute, serde_json::json!({"role": "toolResult", "toolCallId": format!("c{k}"), "toolName": "bash", "content": [{"type": "text", "text": out}]}), &mut lines);
+        line(format!("f{k}"), minute, serde_json::json!({"role": "assistant", "content": [{"type": "text", "text": format!("step {k} done")}]}), &mut lines);
+    }
+    let file = dir.path().join("session.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let run = |ttl: &[&str]| -> serde_json::Value {
+        let mut args = vec!["simulate", "--json", file.to_str().unwrap()];
+        args.extend(ttl);
+        let (code, out, err) = condense(&store, &args);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let (default, hour, none) = (run(&[]), run(&["--cache-ttl", "3600"]), run(&["--cache-ttl", "0"]));
+    let t = |v: &serde_json::Value, k: &str| v["total"][k].as_f64().unwrap_or_else(|| panic!("missing {k}"));
+    assert_eq!((default["cache_ttl"].as_u64(), hour["cache_ttl"].as_u64(), none["cache_ttl"].as_u64()), (Some(300), Some(3600), None));
+    assert_eq!((t(&default, "turns"), t(&default, "cold_requests"), t(&hour, "cold_requests"), t(&none, "cold_requests")), (20.0, 1.0, 0.0, 0.0));
+    assert_eq!(default["sessions"][0]["cold_requests"], 1);
+    // The cold request read nothing from the cache: raw and condense pay more than with the hour's cache;
+    // the floor does not move (what a cold request sends again is not new).
+    for k in ["cost_units_raw", "cost_units_rendered"] {
+        assert!(t(&default, k) > t(&hour, k), "{k}: {} against {}", t(&default, k), t(&hour, k));
+        assert_eq!(t(&hour, k), t(&none, k), "{k}");
+    }
+    assert_eq!(t(&default, "cost_units_floor"), t(&hour, "cost_units_floor"));
+    assert_eq!(t(&default, "raw_new_tokens_total"), t(&none, "raw_new_tokens_total"));
+    assert!(t(&default, "raw_cached_prefix_tokens_total") < t(&hour, "raw_cached_prefix_tokens_total"));
+    // The text report counts them too.
+    let (code, out, err) = condense(&store, &["simulate", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("20 requests (1 cold)"), "{out}");
 }

@@ -21,6 +21,17 @@ thread_local! {
     /// Inside [`Session::with_summarizer`]: the summarizer this thread's pipeline and checkpoints use
     /// instead of the store's.
     static SUMMARIZER: std::cell::RefCell<Option<Arc<dyn condense_summarize::Summarizer>>> = const { std::cell::RefCell::new(None) };
+    /// Inside [`Session::with_cold_cache`]: the provider's cache holds nothing of this session's prefix.
+    static COLD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Puts back the cache's state [`Session::with_cold_cache`] replaced.
+struct RestoreCold(bool);
+
+impl Drop for RestoreCold {
+    fn drop(&mut self) {
+        COLD.with(|c| c.set(self.0));
+    }
 }
 
 /// Puts back the summarizer [`Session::with_summarizer`] replaced, on every way out.
@@ -106,8 +117,10 @@ fn is_prune(d: &DecisionEvent) -> bool {
 /// (`requests`: those answered so far). Captures always stay.
 /// The candidate projection (`proj` with the prunes applied, at the seqs they will have, its render
 /// kept) comes back when the prunes go ahead, so the session takes it instead of rendering again.
-fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Option<Projection> {
-    let min = proj.config().min_prune_tokens;
+/// With the cache `cold` ([`Session::with_cold_cache`]) re-sending costs nothing more, and any saving
+/// will do (none is needed when `minPruneTokens` is 0).
+fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64, cold: bool) -> Option<Projection> {
+    let min = least_saving(proj, cold);
     // The context now.
     let b = (min > 0).then(|| proj.render().messages);
     // Prunes whose messages render in fewer than `minPruneTokens` cannot save them: turned down without
@@ -116,10 +129,17 @@ fn worth_it(proj: &Projection, prunes: &[DecisionEvent], requests: u64) -> Optio
     if let Some(bound) = b.as_deref().and_then(|b| tokens_touched(proj, b, prunes))
         && bound < min
     {
-        debug_assert!(evaluated(proj, b.clone(), prunes, requests).is_none(), "prunes touching {bound} tokens bound what they save");
+        debug_assert!(evaluated(proj, b.clone(), prunes, requests, cold).is_none(), "prunes touching {bound} tokens bound what they save");
         return None;
     }
-    evaluated(proj, b, prunes, requests)
+    evaluated(proj, b, prunes, requests, cold)
+}
+
+/// The fewest tokens prunes must save before a request: `minPruneTokens`, or with the cache cold one
+/// (none when `minPruneTokens` is 0).
+fn least_saving(proj: &Projection, cold: bool) -> u64 {
+    let min = proj.config().min_prune_tokens;
+    if cold { min.min(1) } else { min }
 }
 
 /// The tokens of the rendered messages `b` that `prunes` can change, when every one is a batch closing
@@ -149,8 +169,8 @@ fn tokens_touched(proj: &Projection, b: &[Arc<condense_events::Message>], prunes
 
 /// [`worth_it`] by building the candidate and comparing it with `b`, the context now (rendered before
 /// the copy is made, so the copy knows it as its last render; `None` when `minPruneTokens` is 0).
-fn evaluated(proj: &Projection, b: Option<Arc<Vec<Arc<condense_events::Message>>>>, prunes: &[DecisionEvent], requests: u64) -> Option<Projection> {
-    let min = proj.config().min_prune_tokens;
+fn evaluated(proj: &Projection, b: Option<Arc<Vec<Arc<condense_events::Message>>>>, prunes: &[DecisionEvent], requests: u64, cold: bool) -> Option<Projection> {
+    let min = least_saving(proj, cold);
     // Only the prunes' maps are copied for the candidate: the captures are in `proj` already.
     let mut after = proj.clone();
     let base = proj.seq();
@@ -179,10 +199,21 @@ fn evaluated(proj: &Projection, b: Option<Arc<Vec<Arc<condense_events::Message>>
     // Expected requests still to come: as many as there were so far (a session that has run long tends
     // to run on). The prune pays when the cached-price savings over them beat re-sending at full price.
     let horizon = (requests / 2).max(1);
-    (saved >= min && saved * horizon * 10 >= resent * 115).then_some(after)
+    (saved >= min && (cold || saved * horizon * 10 >= resent * 115)).then_some(after)
 }
 
 impl Session {
+    /// Runs `f` (a [`Session::prepare`] or [`Session::prepare_then`]) knowing whether the provider's prompt
+    /// cache still holds the session's prefix: `cold` when the host knows it does not (`condense serve`:
+    /// the conversation's last request was longer ago than the cache's lifetime; `simulate`: the session's
+    /// timestamps say so). The request then pays for its whole context anyway, so the prunes the pipeline
+    /// has pending go ahead whenever they save anything: rewriting the prefix costs no cache now, and the
+    /// smaller context is what the next requests read from the cache.
+    pub fn with_cold_cache<R>(&self, cold: bool, f: impl FnOnce() -> R) -> R {
+        let _restore = RestoreCold(COLD.with(|c| c.replace(cold)));
+        f()
+    }
+
     /// Runs `f` with `summarizer` (when given) in place of the store's for the pruning pipeline and the
     /// checkpoints and recoveries `f` prepares on this thread: `condense serve` summarizes through the
     /// upstream with the credentials of the request being prepared.
@@ -745,7 +776,7 @@ impl Session {
             proj.apply(base + 1 + i as u64, &Event::Decision(d.clone()));
         }
         let mut applied = split;
-        match worth_it(&proj, &decisions[split..], requests) {
+        match worth_it(&proj, &decisions[split..], requests, COLD.with(std::cell::Cell::get)) {
             Some(after) => {
                 proj.proj = after;
                 for d in &decisions[split..] {

@@ -21,7 +21,15 @@ pub struct Prices {
     pub cached: f64,
     /// Cost of any other input token.
     pub uncached: f64,
+    /// How long the provider keeps a prefix cached after the request that last read or wrote it, in
+    /// seconds (`None`: for ever). A request whose session says (`SourceEvent::HostTime`) it came later
+    /// than that after the one before reads nothing from the cache.
+    pub cache_ttl: Option<u64>,
 }
+
+/// The cache's lifetime `simulate` takes when none is given: the providers' default (Anthropic's and
+/// OpenAI's prompt caches keep a prefix five minutes after its last use; Anthropic sells an hour too).
+pub const DEFAULT_CACHE_TTL: u64 = 300;
 
 impl Prices {
     /// Cost units of `total` input tokens of which `cached` were a cached prefix, plus `plain` tokens sent
@@ -33,7 +41,7 @@ impl Prices {
 
 impl Default for Prices {
     fn default() -> Self {
-        Prices { cached: 0.1, uncached: 1.25 }
+        Prices { cached: 0.1, uncached: 1.25, cache_ttl: Some(DEFAULT_CACHE_TTL) }
     }
 }
 
@@ -52,11 +60,11 @@ pub struct Figures {
     pub raw_input_tokens_total: u64,
     /// Rendered input tokens summed over requests.
     pub rendered_input_tokens_total: u64,
-    /// Rendered tokens that were a cached prefix, summed.
+    /// Rendered tokens that were a cached prefix, summed (nothing of a cold request: `cold_requests`).
     pub cached_prefix_tokens_total: u64,
-    /// Raw tokens that were a cached prefix, summed.
+    /// Raw tokens that were a cached prefix, summed (nothing of a cold request).
     pub raw_cached_prefix_tokens_total: u64,
-    /// Rendered requests that broke the cache.
+    /// Rendered requests that broke the cache (a cold request breaks none: there is none).
     pub cache_breaks: u64,
     /// Raw requests that broke the cache (host compactions).
     pub raw_cache_breaks: u64,
@@ -64,9 +72,13 @@ pub struct Figures {
     pub cost_units_raw: f64,
     /// Cost of the rendered requests.
     pub cost_units_rendered: f64,
-    /// The floor: every token new to a raw request (not its cached prefix) once, at the uncached price,
-    /// and nothing for the prefix it reads again: what no context manager can go below without leaving
-    /// something new out of the context.
+    /// Tokens new to the raw requests: what each did not share with the one before it (as a prefix),
+    /// summed. Unlike the uncached tokens, a cold cache (`cold_requests`) adds nothing to it: the
+    /// tokens a request re-sends after the cache expired were not new.
+    pub raw_new_tokens_total: u64,
+    /// The floor: every token new to a raw request ([`Figures::raw_new_tokens_total`]) once, at the
+    /// uncached price, and nothing for the prefix it holds again (even after the cache expired): what no
+    /// context manager can go below without leaving something new out of the context.
     pub cost_units_floor: f64,
     /// Outputs rendered as summary stubs at the end.
     pub stubs: u64,
@@ -84,6 +96,10 @@ pub struct Figures {
     pub validity_errors: u64,
     /// Checkpoints committed.
     pub checkpoints: u64,
+    /// Requests that came longer than the cache's lifetime after the one before ([`Prices::cache_ttl`],
+    /// by the session's own timestamps): nothing of them was read from the cache, raw, host baseline and
+    /// rendered alike.
+    pub cold_requests: u64,
     /// Requests whose rendered context was over the hard budget (only with a window).
     pub over_budget_requests: u64,
     /// Requests before which no checkpoint could bring the context under budget.
@@ -127,6 +143,9 @@ pub struct Point {
     pub raw: u64,
     /// Of which a cached prefix.
     pub raw_cached: u64,
+    /// Of which new: not shared, as a prefix, with the request before (the floor's; a cold cache adds
+    /// nothing to it).
+    pub raw_new: u64,
     /// Host-baseline request, tokens.
     pub host: u64,
     /// Of which a cached prefix.
@@ -220,9 +239,9 @@ impl Figures {
         ratio(self.cost_units_rendered, self.cost_units_raw)
     }
 
-    /// Tokens new to the raw requests: what none of them read as its cached prefix (the floor's tokens).
+    /// Tokens new to the raw requests, the floor's tokens ([`Figures::raw_new_tokens_total`]).
     pub fn raw_new_tokens(&self) -> u64 {
-        self.raw_input_tokens_total - self.raw_cached_prefix_tokens_total
+        self.raw_new_tokens_total
     }
 
     /// The floor over raw cost ([`Figures::cost_units_floor`]).
@@ -267,6 +286,7 @@ impl Figures {
         self.cost_units_raw += o.cost_units_raw;
         self.cost_units_rendered += o.cost_units_rendered;
         self.cost_units_floor += o.cost_units_floor;
+        self.raw_new_tokens_total += o.raw_new_tokens_total;
         self.stubs += o.stubs;
         self.spills += o.spills;
         self.dedups += o.dedups;
@@ -275,6 +295,7 @@ impl Figures {
         self.refs_recovered_exact += o.refs_recovered_exact;
         self.validity_errors += o.validity_errors;
         self.checkpoints += o.checkpoints;
+        self.cold_requests += o.cold_requests;
         self.over_budget_requests += o.over_budget_requests;
         self.compaction_failures += o.compaction_failures;
         self.recoveries += o.recoveries;
@@ -463,6 +484,19 @@ fn retention(work: &crossbeam_channel::Receiver<Retain>) -> (u64, u64) {
         }
     }
     (needed, retained)
+}
+
+/// A session's timestamp (RFC 3339, as pi, Claude Code and Codex write them) as seconds since the Unix
+/// epoch; `None` for one that is not of that form (the request then has no time).
+fn host_time(timestamp: &str) -> Option<f64> {
+    let t = time::OffsetDateTime::parse(timestamp, &time::format_description::well_known::Rfc3339).ok()?;
+    Some(t.unix_timestamp_nanos() as f64 / 1e9)
+}
+
+/// Whether a request at `now` finds the cache cold: it came more than `ttl` seconds after the last request
+/// with a time (`last`). A request without a time, or the first with one, is not.
+fn cold(ttl: Option<u64>, last: Option<f64>, now: Option<f64>) -> bool {
+    matches!((ttl, last, now), (Some(ttl), Some(a), Some(b)) if b - a > ttl as f64)
 }
 
 /// pi's native compaction, the host baseline of `simulate --window`: its reserve for the reply.
@@ -695,6 +729,9 @@ pub fn replay_with(
     let mut meter = Meter::default();
     let mut f = Figures::default();
     let mut switched = false;
+    // The session's clock: the time of the request about to be replayed, and of the last one that had a
+    // time (`SourceEvent::HostTime`).
+    let (mut now, mut last) = (None, None);
     // Retention is measured on a thread of its own, given the session's messages and the rendered
     // requests in order: its figures are the same as measured in line, and the replay does not wait on it.
     let (to_retention, work) = crossbeam_channel::bounded(RETENTION_QUEUE);
@@ -704,6 +741,9 @@ pub fn replay_with(
         .map_err(|e| crate::EngineError::Pipeline { name: name.to_string(), reason: format!("cannot start the retention thread: {e}") })?;
     let gone = || crate::EngineError::Pipeline { name: name.to_string(), reason: "the retention thread stopped".into() };
     for (i, ev) in events.into_iter().enumerate() {
+        if let SourceEvent::HostTime { timestamp } = &ev {
+            now = host_time(timestamp);
+        }
         let is_request = matches!(&ev, SourceEvent::EntryAppended { entry: Entry::Message(Message::Assistant { .. }), .. });
         if let Some(sw) = switch.filter(|sw| is_request && !switched && f.turns + 1 >= sw.at) {
             session.append(vec![SourceEvent::ModelChanged { provider: None, model: SWITCHED_MODEL.into(), context_window: Some(sw.window), max_output: None }])?;
@@ -731,7 +771,14 @@ pub fn replay_with(
             drop(r);
             // The budget the engine itself holds the request to (the reserve yielding to a large fixed
             // context, docs/checkpoints.md), read with the prepared context, else the window's.
-            let (rendered, committed, engine_budget) = match session.prepare_then(|p, r| (r.clone(), p.index().checkpoints.len(), crate::controller::budget_of(p))) {
+            // After a gap longer than the cache's lifetime the provider has nothing cached: every side
+            // pays the whole request, and the prunes condense has pending go ahead (they cost no cache).
+            let cold = cold(prices.cache_ttl, last, now);
+            if now.is_some() {
+                last = now.take();
+            }
+            let prepared = session.with_cold_cache(cold, || session.prepare_then(|p, r| (r.clone(), p.index().checkpoints.len(), crate::controller::budget_of(p))));
+            let (rendered, committed, engine_budget) = match prepared {
                 Ok(r) => r,
                 Err(crate::EngineError::CompactionFailed { .. }) => {
                     f.compaction_failures += 1;
@@ -740,6 +787,12 @@ pub fn replay_with(
                 Err(e) => return Err(e),
             };
             let (total, cached, broke) = meter.request(&rendered.messages);
+            // (The prefixes are still compared, for the next request and the cache breaks.)
+            let raw_new = raw_total.saturating_sub(raw_cached);
+            // A rewrite on a cold request breaks no cache: there was none.
+            let (raw_cached, cached, h, broke, raw_broke) =
+                if cold { (0, 0, HostRequest { cached: 0, broke: false, ..h }, false, false) } else { (raw_cached, cached, h, broke, raw_broke) };
+            f.cold_requests += u64::from(cold);
             if let SourceEvent::EntryAppended { entry: Entry::Message(answer), .. } = &ev {
                 let request = Retain::Request { same: meter.same, new: rendered.messages[meter.same..].to_vec(), answer: Arc::new(answer.clone()) };
                 to_retention.send(request).map_err(|_| gone())?;
@@ -762,7 +815,8 @@ pub fn replay_with(
             f.raw_cache_breaks += u64::from(raw_broke);
             f.cost_units_raw += prices.units(raw_total, raw_cached, 0);
             f.cost_units_rendered += prices.units(total, cached, 0);
-            f.cost_units_floor += prices.units(raw_total.saturating_sub(raw_cached), 0, 0);
+            f.cost_units_floor += prices.units(raw_new, 0, 0);
+            f.raw_new_tokens_total += raw_new;
             f.host_input_tokens_total += h.total;
             f.host_cached_prefix_tokens_total += h.cached;
             f.host_summary_input_tokens_total += h.summarizing;
@@ -773,6 +827,7 @@ pub fn replay_with(
             f.series.push(Point {
                 raw: raw_total,
                 raw_cached,
+                raw_new,
                 host: h.total,
                 host_cached: h.cached,
                 host_summarizing: h.summarizing,

@@ -128,3 +128,32 @@ fn a_chain_too_short_to_save_the_minimum_is_turned_down_and_a_long_one_compresse
         assert_eq!(chains > 0, want_chains, "{name}: {chains} chains compressed");
     }
 }
+
+/// Issue 60, item 3: prunes held back because re-sending the rewritten context would cost more than they
+/// save go ahead on a request the host says finds the provider's cache cold (`Session::with_cold_cache`):
+/// the whole context is sent uncached then anyway.
+#[test]
+fn prunes_held_back_go_ahead_when_the_cache_is_cold() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.create_session("cold").unwrap();
+    let mut parent = None;
+    for turn in 0..8 {
+        for (k, e) in chain(turn, parent.clone(), "Let me check.", 300).into_iter().enumerate() {
+            if k == 1 || k == 3 {
+                s.with_cold_cache(false, || s.prepare()).unwrap();
+            }
+            s.append(vec![e]).unwrap();
+        }
+        parent = Some(format!("{turn}-3"));
+    }
+    let chains = |s: &condense_engine::Session| s.projection().unwrap().index().chains.len();
+    let tokens = |r: &condense_render::Rendered| r.messages.iter().map(|m| condense_tokens::estimate(m)).sum::<u64>();
+    let warm = s.prepare().unwrap();
+    assert_eq!(chains(&s), 0, "held back while the cache is warm");
+    s.append(vec![SourceEvent::EntryAppended { id: "p".into(), parent, entry: Entry::Message(Message::user_text("and now?", UserOrigin::Prompt)) }]).unwrap();
+    let cold = s.with_cold_cache(true, || s.prepare()).unwrap();
+    assert!(chains(&s) >= 7, "the held chains went ahead: {}", chains(&s));
+    assert!(tokens(&cold) < tokens(&warm), "{} tokens against {}", tokens(&cold), tokens(&warm));
+    assert!(condense_render::check(&cold.messages[..]).is_empty());
+}

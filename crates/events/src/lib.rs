@@ -184,6 +184,15 @@ pub enum SourceEvent {
         /// See `PruneConfig::live_reads_turns`.
         turns: u64,
     },
+    /// The host's clock at the model request the next entry answers, verbatim from the session file (an
+    /// RFC 3339 timestamp such as `2026-03-01T10:00:00.123Z`): importers write one before each assistant
+    /// message whose line carries a time. `simulate --cache-ttl` reads the gaps between requests from it
+    /// (a request after a longer gap finds the provider's cache cold). Last in this enum so that older
+    /// logs decode as before.
+    HostTime {
+        /// The timestamp, as the host wrote it.
+        timestamp: String,
+    },
 }
 
 impl PruneConfig {
@@ -229,6 +238,7 @@ impl SourceEvent {
             SourceEvent::ImportCompleted { .. } => "import_completed",
             SourceEvent::RequestOverhead { .. } => "request_overhead",
             SourceEvent::RequestRetried => "request_retried",
+            SourceEvent::HostTime { .. } => "host_time",
         }
     }
 }

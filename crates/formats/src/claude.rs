@@ -89,6 +89,13 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
                     cache_read: u.get("cache_read_input_tokens").and_then(Value::as_u64).unwrap_or(0),
                     cache_write: u.get("cache_creation_input_tokens").and_then(Value::as_u64).unwrap_or(0),
                 });
+                // The time of the request a new assistant message answers, as near as the file tells: the
+                // line of its first block (the blocks streamed after it join it).
+                if !b.continues(msg_id.as_deref()) {
+                    if let Some(timestamp) = str_of(v, "timestamp") {
+                        b.side_event(&mut chain, SourceEvent::HostTime { timestamp: timestamp.to_string() });
+                    }
+                }
                 b.assistant(uuid, msg_id, blocks, take_str(&mut msg, "model"), stop, usage);
             }
             "user" => {
@@ -277,6 +284,11 @@ impl Builder {
     /// Model changes are reported just before the entry that first used the model.
     fn side_event(&mut self, chain: &mut crate::Chain<'_>, ev: SourceEvent) {
         chain.side(chain.emitted() + self.entries.len(), ev);
+    }
+
+    /// Whether an assistant line of provider message id `msg_id` joins the open assistant message.
+    fn continues(&self, msg_id: Option<&str>) -> bool {
+        matches!((&self.open, msg_id), (Some((ix, open_id)), Some(id)) if open_id == id && matches!(self.entries[*ix].1, Entry::Message(Message::Assistant { .. })))
     }
 
     fn assistant(

@@ -31,10 +31,11 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
     for mut line in lines {
         let n = line.line;
         // A `response_item` line the fast reader read brings its payload's fields (its value is `Null`).
-        let fast_item = match line.fast.take() {
-            Some(Fast::Item(item)) => Some(item),
-            _ => None,
+        let (fast_item, fast_time) = match line.fast.take() {
+            Some(Fast::Item(item, time)) => (Some(item), time),
+            _ => (None, None),
         };
+        let time = fast_time.or_else(|| str_of(&line.value, "timestamp").map(str::to_string));
         let kind = if fast_item.is_some() { "response_item" } else { str_of(&line.value, "type").unwrap_or("") }.to_string();
         let mut payload = line.value.get_mut("payload").map(Value::take).unwrap_or(Value::Null);
         let ptype = str_of(&payload, "type").unwrap_or("").to_string();
@@ -50,6 +51,11 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
             "response_item" => {
                 let item = fast_item.map_or_else(|| Item::of_value(payload), |i| *i);
                 h.item(item, n, &mut |m| diags.push(diag(n, m)));
+                // The time of the request an assistant message answers, as near as the file tells: the
+                // line of its first item.
+                if let (Some(ix), Some(timestamp)) = (h.opened.take(), time) {
+                    chain.side(chain.emitted() + ix, SourceEvent::HostTime { timestamp });
+                }
             }
             "compacted" => {
                 let mut replacement = History::default();
@@ -155,7 +161,7 @@ pub(crate) fn fast(text: &str) -> Option<Fast> {
         "session_meta" => reduced::<Meta<'_>>(raw)?,
         "turn_context" => reduced::<TurnContext<'_>>(raw)?,
         "event_msg" => reduced::<Event<'_>>(raw)?,
-        "response_item" => return Some(Fast::Item(Box::new(crate::json::object(raw)?))),
+        "response_item" => return Some(Fast::Item(Box::new(crate::json::object(raw)?), line.timestamp.map(String::from))),
         // Read through by the importer: built whole.
         _ => serde_json::from_str(raw).ok()?,
     };
@@ -189,6 +195,8 @@ mod fast_shape {
         pub kind: Cow<'a, str>,
         #[serde(default, borrow)]
         pub payload: Option<&'a serde_json::value::RawValue>,
+        #[serde(default, borrow)]
+        pub timestamp: Option<Cow<'a, str>>,
     }
 
     #[derive(Deserialize, Serialize)]
@@ -251,6 +259,8 @@ struct History {
     event_prompt: Option<String>,
     /// Whether a user prompt was recorded since the last assistant message.
     prompted: bool,
+    /// Where in `entries` the line just read opened an assistant message.
+    opened: Option<usize>,
 }
 
 /// Developer messages and the environment, permission and AGENTS.md blocks Codex injects are host
@@ -317,6 +327,7 @@ impl History {
                 return;
             }
         }
+        self.opened = Some(self.entries.len());
         self.add(Entry::Message(Message::Assistant { content: vec![b], model: None, stop: None, usage: None }));
         self.open = true;
     }

@@ -50,6 +50,8 @@ pub(crate) struct FastEntry {
     pub(crate) id: Option<String>,
     pub(crate) parent: Option<String>,
     pub(crate) entry: condense_events::Entry,
+    /// The line's `timestamp`, for an assistant message (see `SourceEvent::HostTime`).
+    pub(crate) timestamp: Option<String>,
 }
 
 /// What a fast reader made of a line.
@@ -57,8 +59,9 @@ pub(crate) struct FastEntry {
 pub(crate) enum Fast {
     /// The line's entry itself (pi's message lines).
     Entry(FastEntry),
-    /// The fields the importer reads of a Codex `response_item` line's payload.
-    Item(Box<crate::codex_item::Item>),
+    /// The fields the importer reads of a Codex `response_item` line's payload, and the line's
+    /// `timestamp`.
+    Item(Box<crate::codex_item::Item>, Option<String>),
     /// The line's value holding only what the importer reads of it, the rest skipped unbuilt (Codex).
     Value(Value),
 }

@@ -57,9 +57,9 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
         let n = line.line;
         let index = i as u64 + offset;
         // A message line read without a `Value` (see [`fast`]) brings its ids and entry.
-        let (fast_ids, fast_entry) = match line.fast.take() {
-            Some(crate::jsonl::Fast::Entry(f)) => (Some((f.id, f.parent)), Some(f.entry)),
-            _ => (None, None),
+        let (fast_ids, fast_entry, fast_time) = match line.fast.take() {
+            Some(crate::jsonl::Fast::Entry(f)) => (Some((f.id, f.parent)), Some(f.entry), f.timestamp),
+            _ => (None, None, None),
         };
         let (mut id, parent) = if version >= 2 {
             let (id, parent) = fast_ids.unwrap_or_else(|| {
@@ -164,6 +164,12 @@ pub(crate) fn import_to(file: &str, lines: impl Iterator<Item = Line>, emit: &mu
         };
         known.insert(id.clone());
         previous = Some(id.clone());
+        // The time of the request an assistant message answers, as near as the file tells: its line's.
+        if matches!(entry, Entry::Message(Message::Assistant { .. })) {
+            if let Some(timestamp) = fast_time.or_else(|| str_of(&line.value, "timestamp").map(str::to_string)) {
+                emit(SourceEvent::HostTime { timestamp });
+            }
+        }
         emit(SourceEvent::EntryAppended { id, parent, entry });
     }
     diags
@@ -345,7 +351,8 @@ pub(crate) fn fast(text: &str) -> Option<FastEntry> {
         }),
         _ => return None,
     };
-    Some(FastEntry { id: line.id.map(String::from), parent: line.parent.map(String::from), entry })
+    let timestamp = line.timestamp.filter(|_| matches!(entry, Entry::Message(Message::Assistant { .. }))).map(String::from);
+    Some(FastEntry { id: line.id.map(String::from), parent: line.parent.map(String::from), entry, timestamp })
 }
 
 fn owned(s: Option<std::borrow::Cow<'_, str>>) -> String {
@@ -391,6 +398,8 @@ mod fast_shape {
         pub parent: Option<Cow<'a, str>>,
         #[serde(default, borrow)]
         pub message: Option<Obj<Msg<'a>>>,
+        #[serde(default, borrow)]
+        pub timestamp: Option<Cow<'a, str>>,
     }
 
     #[derive(Deserialize)]

@@ -66,12 +66,25 @@ pub struct Conv {
     /// The messages of the last request's context written from the neutral model (stubs, chains,
     /// summaries), by the address of the rendered message they were written for.
     written: WrittenCache,
+    /// When this process last prepared a client request of the conversation (whether the provider's
+    /// cache can still hold its prefix; never written to the log).
+    last_request: Option<std::time::Instant>,
 }
 
 impl Conv {
     /// Whether a unit of this key was seen in an earlier request.
     pub fn knows_unit(&self, key: u64) -> bool {
         self.units.contains_key(&key)
+    }
+
+    /// Whether the provider's cache holds nothing of the conversation any more: its last request in this
+    /// process was longer than `ttl` ago (`None`: the cache never expires). Then noted as the last request.
+    /// A conversation this process has not served yet (a restart) counts as warm.
+    pub fn cache_cold(&mut self, ttl: Option<std::time::Duration>) -> bool {
+        let now = std::time::Instant::now();
+        let cold = matches!((ttl, self.last_request), (Some(ttl), Some(at)) if now.duration_since(at) > ttl);
+        self.last_request = Some(now);
+        cold
     }
 }
 
@@ -116,6 +129,7 @@ pub struct Parked {
     /// Its cache-priced cost.
     pub ledger: Arc<crate::billing::Ledger>,
     native_model: Option<String>,
+    last_request: Option<std::time::Instant>,
 }
 
 /// What [`Conv::weight`] counts for each message of the client's view: its node, entry id and index
@@ -337,7 +351,7 @@ impl Conv {
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = client_view(&session, internal)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default() })
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None })
     }
 
     /// Starts a new session for a conversation.
@@ -346,7 +360,7 @@ impl Conv {
         events.extend(SourceEvent::configured(prune));
         session.append(events)?;
         let synced = Some(session.head()?);
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default() })
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None })
     }
 
     /// Takes in what other processes appended since this one last worked on the session: the client's view
@@ -585,7 +599,7 @@ impl Conv {
     /// byte; a client message of a unit that changed goes out as its own wire JSON; the rest is written
     /// from the neutral model. The client's `cache_control` marks go back on the messages they were on, or,
     /// for the last message, on the last message sent before any notice.
-    pub fn build(&mut self, api: Api, raw: &RawRequest, rec: &Recorded, internal: &Internal, stop: crate::summary::Stop) -> Result<Built> {
+    pub fn build(&mut self, api: Api, raw: &RawRequest, rec: &Recorded, internal: &Internal, stop: crate::summary::Stop, cold: bool) -> Result<Built> {
         // Summaries and handoffs this preparation needs go through the upstream, asking the session's
         // native model (the one before the last model change) unless `--summary-model` names one; `stop`
         // says when the preparation must stop, committing nothing.
@@ -593,7 +607,8 @@ impl Conv {
         let session = self.session.clone();
         let mut written = WrittenCache::default();
         let cache = &self.written;
-        let seg = session.with_summarizer(summarizer, || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages, cache, Some(&mut written))))?;
+        let prepare = || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages, cache, Some(&mut written)));
+        let seg = session.with_summarizer(summarizer, || session.with_cold_cache(cold, prepare))?;
         self.written = written;
         (self.figures.stubs, self.figures.checkpoints, self.figures.recoveries, self.figures.chains) = seg.figures;
         internal.declare(&seg.tools);
@@ -973,7 +988,7 @@ impl Conv {
 
     /// What serve keeps of the conversation once it closes it ([`Parked`]).
     pub fn park(self) -> Parked {
-        Parked { figures: self.figures, ledger: self.ledger, native_model: self.native_model }
+        Parked { figures: self.figures, ledger: self.ledger, native_model: self.native_model, last_request: self.last_request }
     }
 
     /// Takes back what was kept of the conversation when it was closed.
@@ -981,6 +996,7 @@ impl Conv {
         self.figures = parked.figures;
         self.ledger = parked.ledger;
         self.native_model = parked.native_model;
+        self.last_request = parked.last_request;
     }
 }
 

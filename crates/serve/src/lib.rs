@@ -143,6 +143,10 @@ pub struct ServeConfig {
     pub summaries: summary::Summaries,
     /// The model summaries through the upstream ask (`None`: the session's previous, native model).
     pub summary_model: Option<String>,
+    /// How long the provider's prompt cache keeps a conversation's prefix after its last request (`None`:
+    /// for ever). A request that comes later than that after the conversation's last one finds the cache
+    /// cold, and the prunes pending go ahead then (`Session::with_cold_cache`).
+    pub cache_ttl: Option<std::time::Duration>,
 }
 
 /// serve's own time limits.
@@ -183,6 +187,7 @@ impl ServeConfig {
             cache_bytes: 64 << 20,
             price_cache: false,
             price_known_models: true,
+            cache_ttl: Some(std::time::Duration::from_secs(condense_engine::simulate::DEFAULT_CACHE_TTL)),
             auth_token: None,
             memory_budget: DEFAULT_MEMORY_BUDGET,
             timeouts: Timeouts::default(),

@@ -2270,3 +2270,38 @@ async fn a_moving_cache_mark_is_not_a_cache_break() {
         assert_eq!(breaks().await, u64::from(k == 3), "after request {}", k + 1);
     }
 }
+
+/// Issue 60, item 3: a request that comes longer than the cache's lifetime after its conversation's last
+/// one finds the provider's cache cold, and the prunes held back to keep the cache (short outputs and
+/// chains that save less than they would cost re-sent) go ahead then; with the cache warm they stay held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_held_back_for_the_cache_goes_ahead_when_the_cache_is_cold() {
+    let mut sent = Vec::new();
+    for ttl in [None, Some(std::time::Duration::from_millis(300))] {
+        let steps: Vec<Step> = (0..6).flat_map(|k| [Step::Shell(format!("seq {k} 120")), Step::Text(format!("step {k} done"))]).collect();
+        let fake = Fake::start(steps).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config_for(dir.path().join("store"), &fake);
+        cfg.file.raw.rolling_window = None;
+        cfg.cache_ttl = ttl;
+        let serve = start(cfg).await.unwrap();
+        let mut agent = Agent::new(Api::Chat, false, &format!("http://{}", serve.addr));
+        for k in 0..6 {
+            if k == 5 {
+                tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+            }
+            assert_eq!(agent.turn(&format!("run step {k}")).await.unwrap(), format!("step {k} done"));
+        }
+        let log = fake.log();
+        let last = log.last().unwrap().body["messages"].to_string();
+        sent.push(last);
+    }
+    let (warm, cold) = (&sent[0], &sent[1]);
+    // Warm: every output goes upstream whole (six, each ending `119\n120\n`), nothing compressed.
+    assert_eq!(warm.matches("119\\n120\\n").count(), 6, "{warm}");
+    assert!(!warm.contains("[Compressed chain"), "{warm}");
+    // Cold: the five earlier turns went into chain blocks at once, the turn running stays whole.
+    assert!((1..=5).all(|b| cold.contains(&format!("[Compressed chain b{b}:"))), "{cold}");
+    assert_eq!(cold.matches("119\\n120\\n").count(), 1, "{cold}");
+    assert!(cold.len() < warm.len());
+}

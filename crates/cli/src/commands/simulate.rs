@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 pub(crate) fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
-    json!({
+    let mut v = json!({
         "turns": f.turns, "tool_calls": f.tool_calls,
         "raw_tokens_peak": f.raw_tokens_peak, "rendered_tokens_peak": f.rendered_tokens_peak,
         "raw_input_tokens_total": f.raw_input_tokens_total, "rendered_input_tokens_total": f.rendered_input_tokens_total,
@@ -38,7 +38,11 @@ pub(crate) fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
         "cost_units_host": (f.cost_units_host * 100.0).round() / 100.0,
         "host_token_ratio": (f.host_token_ratio() * 10000.0).round() / 10000.0,
         "host_cost_ratio": (f.host_cost_ratio() * 10000.0).round() / 10000.0,
-    })
+    });
+    // (Past what one `json!` takes.)
+    v["cold_requests"] = json!(f.cold_requests);
+    v["raw_new_tokens_total"] = json!(f.raw_new_tokens_total);
+    v
 }
 
 /// Estimated dollars of the raw, host-baseline and condense requests at `price`.
@@ -81,6 +85,8 @@ pub(crate) struct SimulateOptions {
     pub(crate) paths: Vec<PathBuf>,
     pub(crate) window: Option<u64>,
     pub(crate) switch: Option<condense_engine::simulate::Switch>,
+    /// The cache's lifetime in seconds (`None`: none).
+    pub(crate) cache_ttl: Option<u64>,
     pub(crate) config: Option<PathBuf>,
     pub(crate) plot: Option<PathBuf>,
     pub(crate) price: String,
@@ -92,7 +98,7 @@ pub(crate) struct SimulateOptions {
 pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptions) -> Result<ExitCode> {
     let window = o.window;
     let file_config = load_config(o.config.as_deref(), store_dir)?;
-    let prices = file_config.prices;
+    let prices = condense_engine::simulate::Prices { cache_ttl: o.cache_ttl, ..file_config.prices };
     let config = file_config.raw.normalize();
     let Some(list_price) = condense_engine::config::list_price(&file_config.list_prices, &o.price) else {
         let mut known: Vec<String> = condense_engine::simulate::price_table().into_iter().map(|p| p.model).collect();
@@ -173,8 +179,8 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
                 None => String::new(),
             };
             outln!(
-                "{name}: {} requests, {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw (the floor {:.1}%), {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures{recovery}, retention {:.3} ({}/{} facts), refs {}/{} exact, {} validity errors",
-                f.turns, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.floor_cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
+                "{name}: {} requests ({} cold), {} tool calls, tokens {:.1}% of raw, cost {:.1}% of raw (the floor {:.1}%), {} cache breaks, {} stubs, {} chains, {} checkpoints, {} over budget, {} compaction failures{recovery}, retention {:.3} ({}/{} facts), refs {}/{} exact, {} validity errors",
+                f.turns, f.cold_requests, f.tool_calls, f.token_ratio() * 100.0, f.cost_ratio() * 100.0, f.floor_cost_ratio() * 100.0, f.cache_breaks, f.stubs, f.chains,
                 f.checkpoints, f.over_budget_requests, f.compaction_failures, f.retention(), f.facts_retained, f.facts_needed,
                 f.refs_recovered_exact, f.refs_checked, f.validity_errors
             );
@@ -225,11 +231,11 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
     t["median_host_cost_ratio"] = json!((median(host_cost_ratios) * 10000.0).round() / 10000.0);
     if o.json {
         let price = json!({"model": list_price.model, "input": list_price.input, "cachedRead": list_price.cached_read, "cacheWrite": list_price.cache_write});
-        outln!("{}", serde_json::to_string_pretty(&json!({"config": condense_engine::config::to_json(&config, prices), "window": window, "price": price, "total": t, "sessions": rows}))?);
+        outln!("{}", serde_json::to_string_pretty(&json!({"config": condense_engine::config::to_json(&config, prices), "window": window, "cache_ttl": o.cache_ttl, "price": price, "total": t, "sessions": rows}))?);
     } else {
         outln!(
-            "total: {} sessions, tokens {:.1}% of raw (median {:.1}%), cost {:.1}% of raw (median {:.1}%; the floor {:.1}%, median {:.1}%), {} cache breaks, retention {:.3} (median {:.3}), refs {}/{} exact, {} validity errors",
-            rows.len(), total.token_ratio() * 100.0, t["median_token_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            "total: {} sessions, {} requests ({} cold), tokens {:.1}% of raw (median {:.1}%), cost {:.1}% of raw (median {:.1}%; the floor {:.1}%, median {:.1}%), {} cache breaks, retention {:.3} (median {:.3}), refs {}/{} exact, {} validity errors",
+            rows.len(), total.turns, total.cold_requests, total.token_ratio() * 100.0, t["median_token_ratio"].as_f64().unwrap_or(0.0) * 100.0,
             total.cost_ratio() * 100.0, t["median_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0,
             total.floor_cost_ratio() * 100.0, t["median_floor_cost_ratio"].as_f64().unwrap_or(0.0) * 100.0, total.cache_breaks,
             total.retention(), t["median_retention"].as_f64().unwrap_or(0.0),

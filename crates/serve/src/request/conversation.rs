@@ -295,6 +295,7 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
     let limits = st.model_limits(&model);
     let (raw, internal, overhead) = (req.raw.clone(), req.internal.clone(), req.overhead);
     let fields = req.fields.clone();
+    let cache_ttl = st.cfg.cache_ttl;
     // Abortable (seeds 001 and 004): a summary or handoff this preparation writes through the upstream
     // stops, committing nothing, when the client gives the request up or a newer request of the
     // conversation (new owner input) waits behind it.
@@ -307,7 +308,8 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
         let wait = t0 - queued;
         let rec = c.record_request(api, &raw, &model, limits, overhead, &internal)?;
         let t1 = std::time::Instant::now();
-        let mut built = c.build(api, &raw, &rec, &internal, stop.clone())?;
+        let cold = c.cache_cold(cache_ttl);
+        let mut built = c.build(api, &raw, &rec, &internal, stop.clone(), cold)?;
         let t2 = std::time::Instant::now();
         let (mut body, mut list_at) = upstream_body(api, &raw.buf, &fields, &mut built);
         let t3 = std::time::Instant::now();
@@ -316,7 +318,7 @@ async fn prepare_once(st: &State, conv: &ConvRef, req: &Req) -> Result<Prepared,
         match c.session.guard_payload(body.len() as u64) {
             Ok(()) => {}
             Err(EngineError::ContextOverflow { .. }) => {
-                built = c.build(api, &raw, &rec, &internal, stop)?;
+                built = c.build(api, &raw, &rec, &internal, stop, cold)?;
                 (body, list_at) = upstream_body(api, &raw.buf, &fields, &mut built);
             }
             Err(e) => return Err(e.into()),

@@ -52,7 +52,7 @@ pub(crate) async fn run_rounds(st: Arc<State>, conv: ConvRef, req: Req, rec: Rec
         let (stop, _abandoned) = crate::request::conversation::stop_for(&conv.waiting, req.raw.items.len());
         let rebuilt = with_conv(&conv, move |c| {
             c.record_overflow(&text)?;
-            c.build(api, &raw, &Recorded { units, last: None, tokens_in: 0 }, &internal, stop)
+            c.build(api, &raw, &Recorded { units, last: None, tokens_in: 0 }, &internal, stop, false)
         })
         .await;
         match rebuilt {
@@ -118,7 +118,7 @@ async fn after_round(st: &State, conv: &ConvRef, req: &Req, rec: &mut Recorded, 
             let id = c.record_reply(Some(&last), closing, None, &internal)?;
             return Ok((Some(id), Some(Err(true))));
         }
-        let built = c.build(api, &raw, &Recorded { units, last: Some(last.clone()), tokens_in: 0 }, &internal, stop)?;
+        let built = c.build(api, &raw, &Recorded { units, last: Some(last.clone()), tokens_in: 0 }, &internal, stop, false)?;
         Ok((Some(last), Some(Ok((built, c.session.id(), c.figures.clone())))))
     })
     .await?;
