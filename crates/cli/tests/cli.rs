@@ -1046,6 +1046,35 @@ fn serve_on_a_port_in_use_fails_and_leaves_nothing() {
 /// Issue 60, item 3: `simulate --cache-ttl` reads the session's own timestamps; a request more than the
 /// cache's lifetime after the one before reads nothing from the cache, raw and condense alike, and is
 /// counted in `cold_requests`; a longer lifetime, or none (0), counts none.
+/// Issue 60, items 1 and 2: `simulate --json` gives each session, and the total, the decisions' accounts
+/// (`decisions`, `decisions_net_negative`, `decisions_net_units`, by kind) beside the floor
+/// (`floor_cost_ratio`); the nets add up to what condense saved against raw; the text report says them.
+#[test]
+fn simulate_reports_what_each_kind_of_decision_cost_and_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let file = dir.path().join("demo.jsonl");
+    std::fs::write(&file, condense_engine::demo::generate(condense_engine::demo::DemoConfig { prompts: 6, calls_per_prompt: 15 })).unwrap();
+    let (code, out, err) = condense(&store, &["simulate", "--json", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (t, row) = (&v["total"], &v["sessions"][0]);
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("missing {k} in {v}"));
+    for k in ["decisions", "decisions_net_negative", "decisions_net_units", "kept_reads", "kept_reads_net_units", "floor_cost_ratio", "cold_requests"] {
+        assert_eq!(f(t, k), f(row, k), "{k}: one session, the total is its figures");
+    }
+    assert!(f(t, "decisions") > 10.0 && f(t, "decisions_net_negative") <= f(t, "decisions"), "{t}");
+    let saved = f(t, "cost_units_raw") - f(t, "cost_units_rendered");
+    assert!((f(t, "decisions_net_units") - saved).abs() <= 0.02 * saved, "the accounts' net {} against {saved} saved", f(t, "decisions_net_units"));
+    let kinds = t["decisions_by_kind"].as_object().unwrap();
+    assert!(kinds.contains_key("stub") && kinds.contains_key("chain"), "{kinds:?}");
+    let sum: f64 = kinds.values().map(|k| f(k, "decisions")).sum();
+    assert_eq!(sum, f(t, "decisions"));
+    let (code, out, err) = condense(&store, &["simulate", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!("decisions: {} (", t["decisions"])) && out.contains("had not paid for themselves"), "{out}");
+}
+
 #[test]
 fn simulate_prices_a_request_after_a_long_gap_as_cold() {
     let dir = tempfile::tempdir().unwrap();

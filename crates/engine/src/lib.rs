@@ -39,6 +39,7 @@
 //! # Ok::<(), condense_engine::EngineError>(())
 //! ```
 
+pub mod accounts;
 pub mod config;
 pub mod controller;
 pub mod demo;

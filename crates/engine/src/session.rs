@@ -223,6 +223,11 @@ impl Session {
         f()
     }
 
+    /// Whether a model writes this thread's summaries (anything but the extractive default).
+    pub(crate) fn model_summaries(&self) -> bool {
+        self.summarizer().name() != "extractive"
+    }
+
     /// The summarizer in force on this thread ([`Session::with_summarizer`]), else the store's.
     fn summarizer(&self) -> Arc<dyn condense_summarize::Summarizer> {
         SUMMARIZER.with(|s| s.borrow().clone()).unwrap_or_else(|| self.store.inner.summarizer.lock().expect("summarizer lock").clone())
@@ -477,6 +482,23 @@ impl Session {
         let mut proj = warm.lock().expect("projection lock");
         self.catch_up(&mut proj)?;
         Ok(f(&proj))
+    }
+
+    /// Takes the request just prepared into `accounts` (see [`crate::accounts`]): the decisions made since
+    /// it last took one, read from the log up to `proj`'s seq, then the prepared context `msgs`, whose
+    /// cache was `cold`. Returns the request's tokens, cached-prefix tokens and whether it broke the cache.
+    /// `proj` is the session's projection as the preparation left it ([`Session::prepare_then`]).
+    pub fn account(&self, accounts: &mut crate::accounts::Accounts, proj: &Projection, msgs: &[Arc<condense_events::Message>], cold: bool) -> Result<(u64, u64, bool)> {
+        let (from, to) = (accounts.after() + 1, proj.seq());
+        let mut decisions = Vec::new();
+        if from <= to {
+            for e in self.store.inner.log.read(self.id, from, to)? {
+                if let Event::Decision(d) = e.body {
+                    decisions.push((e.seq, d));
+                }
+            }
+        }
+        Ok(accounts.request(proj, &decisions, msgs, cold))
     }
 
     /// A copy of the warm projection, caught up with the log.

@@ -6,11 +6,11 @@
 //! previous request; cost units are `cached_price` per cached-prefix token and `uncached_price` per other
 //! input token.
 
+use crate::accounts::{Accounts, Meter, Models, Totals};
 use crate::{Result, Store};
 use condense_capture::output_text;
 use condense_events::{Entry, Event, Message, PruneConfig, SourceEvent};
 use condense_render::{check, Projection};
-use condense_tokens::estimate;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -131,6 +131,8 @@ pub struct Figures {
     pub host_compactions: u64,
     /// Cost of the host baseline's requests and summarization calls.
     pub cost_units_host: f64,
+    /// What the decisions cost and saved, taken together (see [`crate::accounts`]).
+    pub accounts: Totals,
     /// Each request, in order (for plots and price estimates).
     pub series: Vec<Point>,
 }
@@ -313,23 +315,12 @@ impl Figures {
         self.host_cache_breaks += o.host_cache_breaks;
         self.host_compactions += o.host_compactions;
         self.cost_units_host += o.cost_units_host;
+        self.accounts.add(&o.accounts);
     }
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
     if b == 0.0 { 1.0 } else { a / b }
-}
-
-/// Tracks the previous request for prefix comparison, with token estimates cached per message.
-#[derive(Default)]
-struct Meter {
-    prev: Vec<Arc<Message>>,
-    /// `sums[i]`: tokens of `prev[..i]`.
-    sums: Vec<u64>,
-    /// Messages the last request shared with the one before it.
-    same: usize,
-    /// The violations of the last request's context (see [`Meter::violations`]).
-    violations: Vec<condense_render::Violation>,
 }
 
 /// The contexts of the rendered requests as `retention` searches them, kept from one request to the next.
@@ -346,58 +337,6 @@ struct Hay {
     /// Each fact searched: the request it was searched at, and where it was first found (`Ok`) or the text
     /// length it was absent from (`Err`). A later search starts where the unchanged prefix ends.
     searches: HashMap<String, (u64, std::result::Result<usize, usize>)>,
-}
-
-impl Meter {
-    /// Total tokens, cached-prefix tokens, and whether the cache broke. Only what follows the prefix this
-    /// request shares with the last one is counted (and kept) anew.
-    fn request(&mut self, msgs: &[Arc<Message>]) -> (u64, u64, bool) {
-        self.request_after(msgs, 0)
-    }
-
-    /// [`Meter::request`] for a context whose first `known` messages are, pointer for pointer, those of the
-    /// last request's (as [`Projection::render_since`] reports for the render after the one metered last).
-    fn request_after(&mut self, msgs: &[Arc<Message>], known: usize) -> (u64, u64, bool) {
-        // The same messages, in blocks of 16 compared by address without a branch per message, then one
-        // by one (a message rendered anew may still be equal).
-        let n = msgs.len().min(self.prev.len());
-        let mut same = known.min(n);
-        debug_assert!(msgs[..same].iter().zip(&self.prev).all(|(a, b)| Arc::ptr_eq(a, b)), "the known prefix is the last request's");
-        while same + 16 <= n && msgs[same..same + 16].iter().zip(&self.prev[same..same + 16]).fold(true, |all, (a, b)| all & Arc::ptr_eq(a, b)) {
-            same += 16;
-        }
-        while same < n && (Arc::ptr_eq(&msgs[same], &self.prev[same]) || msgs[same] == self.prev[same]) {
-            same += 1;
-        }
-        // A budget notice rides at the very end of a request and is never stored: the next request not
-        // repeating it is not a break of the cached prefix.
-        let prev_len = match self.prev.last() {
-            Some(m) if m.text().starts_with("[condense notice") => self.prev.len() - 1,
-            _ => self.prev.len(),
-        };
-        self.same = same;
-        let broke = !self.prev.is_empty() && same < prev_len;
-        let cached = self.sums.get(same).copied().unwrap_or(0);
-        self.prev.truncate(same);
-        self.sums.truncate(same + 1);
-        if self.sums.is_empty() {
-            self.sums.push(0);
-        }
-        for m in &msgs[same..] {
-            let last = *self.sums.last().expect("sums start at 0");
-            self.sums.push(last + estimate(m));
-            self.prev.push(m.clone());
-        }
-        (*self.sums.last().expect("sums start at 0"), cached, broke)
-    }
-
-    /// The provider-validity violations of `msgs`, the context just passed to [`Meter::request`]: those of
-    /// the last context before the last user or assistant message the two share, then the rest checked
-    /// anew (see [`condense_render::check_from`]).
-    fn violations(&mut self, msgs: &[Arc<Message>]) -> usize {
-        condense_render::recheck(&mut self.violations, msgs, self.same);
-        self.violations.len()
-    }
 }
 
 impl Hay {
@@ -726,7 +665,8 @@ pub fn replay_with(
     let mut raw_meter = Meter::default();
     let mut host = Host::at_window(window);
     let mut checkpoints = 0;
-    let mut meter = Meter::default();
+    let model = session.model_summaries();
+    let mut accounts = Accounts::new(prices, Models { stubs: model, handoffs: model }, 0);
     let mut f = Figures::default();
     let mut switched = false;
     // The session's clock: the time of the request about to be replayed, and of the last one that had a
@@ -777,16 +717,20 @@ pub fn replay_with(
             if now.is_some() {
                 last = now.take();
             }
-            let prepared = session.with_cold_cache(cold, || session.prepare_then(|p, r| (r.clone(), p.index().checkpoints.len(), crate::controller::budget_of(p))));
-            let (rendered, committed, engine_budget) = match prepared {
+            let prepared = session.with_cold_cache(cold, || {
+                session.prepare_then(|p, r| (r.clone(), p.index().checkpoints.len(), crate::controller::budget_of(p), session.account(&mut accounts, p, &r.messages, cold)))
+            });
+            let (rendered, committed, engine_budget, metered) = match prepared {
                 Ok(r) => r,
                 Err(crate::EngineError::CompactionFailed { .. }) => {
                     f.compaction_failures += 1;
-                    (session.render()?, checkpoints, session.with_projection(crate::controller::budget_of)?)
+                    let rendered = session.render()?;
+                    let metered = session.with_projection(|p| session.account(&mut accounts, p, &rendered.messages, cold))?;
+                    (rendered, checkpoints, session.with_projection(crate::controller::budget_of)?, metered)
                 }
                 Err(e) => return Err(e),
             };
-            let (total, cached, broke) = meter.request(&rendered.messages);
+            let (total, cached, broke) = metered?;
             // (The prefixes are still compared, for the next request and the cache breaks.)
             let raw_new = raw_total.saturating_sub(raw_cached);
             // A rewrite on a cold request breaks no cache: there was none.
@@ -794,10 +738,11 @@ pub fn replay_with(
                 if cold { (0, 0, HostRequest { cached: 0, broke: false, ..h }, false, false) } else { (raw_cached, cached, h, broke, raw_broke) };
             f.cold_requests += u64::from(cold);
             if let SourceEvent::EntryAppended { entry: Entry::Message(answer), .. } = &ev {
-                let request = Retain::Request { same: meter.same, new: rendered.messages[meter.same..].to_vec(), answer: Arc::new(answer.clone()) };
+                let same = accounts.meter().same;
+                let request = Retain::Request { same, new: rendered.messages[same..].to_vec(), answer: Arc::new(answer.clone()) };
                 to_retention.send(request).map_err(|_| gone())?;
             }
-            let violations = meter.violations(&rendered.messages[..]);
+            let violations = accounts.meter_mut().violations(&rendered.messages[..]);
             debug_assert_eq!(violations, check(&rendered.messages[..]).len());
             f.validity_errors += violations as u64;
             if engine_budget.or(budget).is_some_and(|b| total > b.hard) {
@@ -859,6 +804,7 @@ pub fn replay_with(
     }
     drop(to_retention);
     (f.facts_needed, f.facts_retained) = retention.join().map_err(|_| gone())?;
+    f.accounts = accounts.totals();
     let proj = session.projection()?;
     let idx = proj.index();
     f.tool_calls = proj.branch_messages().iter().map(|m| m.tool_calls().count() as u64).sum();
@@ -887,6 +833,7 @@ pub fn replay_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use condense_tokens::estimate;
     use condense_events::UserOrigin;
 
     /// The host baseline compacts as pi does: over the window less the reserve, it summarizes what lies

@@ -157,3 +157,104 @@ fn prunes_held_back_go_ahead_when_the_cache_is_cold() {
     assert!(tokens(&cold) < tokens(&warm), "{} tokens against {}", tokens(&cold), tokens(&warm));
     assert!(condense_render::check(&cold.messages[..]).is_empty());
 }
+
+/// Issue 60, item 1: every decision that changes the context has an account (what it took out, what its
+/// rewrite cost, what it saved since), and the accounts explain what pruning saved: their nets add up to
+/// the difference between the session replayed with pruning off and on (within 1%: a stub's size is
+/// estimated from its text). Through `simulate::replay`, which prepares each request as a host does.
+#[test]
+fn each_decision_is_accounted_and_the_accounts_add_up_to_what_pruning_saved() {
+    use condense_engine::simulate::{replay, Prices};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // The demo's session: hundreds of calls, large outputs, failures, repeats, chains of turns.
+    let demo = condense_engine::demo::generate(condense_engine::demo::DemoConfig { prompts: 8, calls_per_prompt: 20 });
+    let events = condense_formats::import_bytes("demo.jsonl", demo.as_bytes()).unwrap().events;
+    let on = condense_events::PruneConfig::default();
+    let off = condense_events::PruneConfig { enabled: false, ..on.clone() };
+    let pruned = replay(&store, "on", events.clone(), on, Prices::default()).unwrap();
+    let plain = replay(&store, "off", events, off, Prices::default()).unwrap();
+    let a = &pruned.accounts;
+    assert!(a.decisions > 10, "{a:?}");
+    for kind in [condense_engine::accounts::Kind::Stub, condense_engine::accounts::Kind::Dedup, condense_engine::accounts::Kind::Chain] {
+        assert!(a.by_kind.iter().any(|k| k.0 == kind && k.1 > 0), "{kind:?} in {a:?}");
+    }
+    assert_eq!(plain.accounts.decisions, 0, "nothing to account with pruning off");
+    let saved = plain.cost_units_rendered - pruned.cost_units_rendered;
+    assert!(saved > 0.0);
+    assert!((a.net - saved).abs() <= 0.01 * saved, "the accounts' net {:.0} against {saved:.0} saved", a.net);
+    // Kept reads are apart: keeping one costs what a stub would have saved, pruning on or off.
+    assert!(a.kept_reads > 0 && a.kept_reads_net < 0.0, "{a:?}");
+}
+
+/// Issue 60, item 1, through `Session::prepare_then` and `Session::account` as a host calls them before
+/// each model request: a decision pays for its rewrite on a warm cache and nothing on a cold one (where what
+/// it took out would have been read uncached), saves its tokens at the cached price on every request after,
+/// and saves nothing more once the host compacts its messages away.
+#[test]
+fn an_account_pays_its_rewrite_then_saves_each_request_until_the_host_compacts_it_away() {
+    use condense_engine::accounts::{Accounts, Kind, Models};
+    use condense_engine::simulate::Prices;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let prices = Prices { cached: 0.1, uncached: 1.25, cache_ttl: None };
+    let said = "Let me think this through. ".repeat(300);
+    for cold_at_first in [false, true] {
+        let s = store.create_session(if cold_at_first { "cold" } else { "warm" }).unwrap();
+        let mut accounts = Accounts::new(prices, Models::default(), 0);
+        let request = |s: &condense_engine::Session, accounts: &mut Accounts, cold: bool| {
+            s.with_cold_cache(cold, || s.prepare_then(|p, r| s.account(accounts, p, &r.messages, cold))).unwrap().unwrap()
+        };
+        // Turns, a request before each reply, until the first chain is compressed (in the second run on
+        // requests that find the cache cold).
+        let mut parent = None;
+        'turns: for turn in 0..12 {
+            for (k, e) in chain(turn, parent.clone(), &said, 300).into_iter().enumerate() {
+                if k == 1 || k == 3 {
+                    request(&s, &mut accounts, cold_at_first);
+                    if !accounts.is_empty() {
+                        break 'turns;
+                    }
+                }
+                s.append(vec![e]).unwrap();
+            }
+            parent = Some(format!("{turn}-3"));
+        }
+        let first = accounts.list();
+        let chain = first.iter().find(|a| a.kind == Kind::Chain).expect("a chain's account");
+        assert!(chain.tokens > 1_000, "{chain:?}");
+        assert_eq!(chain.requests, 1);
+        if cold_at_first {
+            // Nothing was cached: no premium, and what it took out would have been read uncached.
+            assert_eq!(chain.premium, 0.0, "{chain:?}");
+            assert!((chain.saved - chain.tokens as f64 * 1.25).abs() < 1e-6, "{chain:?}");
+        } else {
+            assert!(chain.premium > 0.0 && chain.net() < chain.saved, "{chain:?}");
+        }
+        // Each warm request after saves its tokens at the cached price.
+        let seq = chain.seq;
+        for _ in 0..3 {
+            request(&s, &mut accounts, false);
+        }
+        let later = accounts.list().into_iter().find(|a| a.seq == seq).unwrap();
+        assert_eq!(later.requests, 4);
+        assert!((later.saved - chain.saved - 3.0 * 0.1 * chain.tokens as f64).abs() < 1e-6, "{later:?} after {chain:?}");
+        assert!(!later.ended);
+        // The host compacts everything before a new prompt away: the chain's messages leave the context.
+        let leaf = s.with_projection(|p| p.leaf_id().map(str::to_string)).unwrap();
+        s.append(vec![
+            SourceEvent::EntryAppended {
+                id: "compaction".into(),
+                parent: leaf,
+                entry: Entry::HostCompaction { summary: Some("all of it".into()), first_kept: None, replacement: Vec::new(), tokens_before: None },
+            },
+            SourceEvent::EntryAppended { id: "after".into(), parent: Some("compaction".into()), entry: Entry::Message(Message::user_text("start over", UserOrigin::Prompt)) },
+        ])
+        .unwrap();
+        request(&s, &mut accounts, false);
+        request(&s, &mut accounts, false);
+        let ended = accounts.list().into_iter().find(|a| a.seq == seq).unwrap();
+        assert!(ended.ended, "{ended:?}");
+        assert_eq!((ended.requests, ended.saved), (later.requests, later.saved), "it saves nothing once compacted away");
+    }
+}

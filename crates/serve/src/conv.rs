@@ -4,6 +4,8 @@
 //! conversation at a time.
 
 use crate::track::Track;
+use condense_engine::accounts::{Account, Accounts, Models, Totals};
+use condense_engine::simulate::Prices;
 use condense_engine::config::ModelLimits;
 use condense_engine::{tools, EngineError, Session};
 use condense_events::{Block, Entry, Message, PruneConfig, SourceEvent, Usage, UserOrigin};
@@ -69,9 +71,31 @@ pub struct Conv {
     /// When this process last prepared a client request of the conversation (whether the provider's
     /// cache can still hold its prefix; never written to the log).
     last_request: Option<std::time::Instant>,
+    /// What each decision cost and saved since this process took the conversation up (from the first
+    /// request it prepared; decisions before it are not accounted).
+    accounts: Option<Accounts>,
+    /// The session's head when the conversation was opened: where the accounts start.
+    opened_at: condense_events::Seq,
 }
 
+/// The prices decisions are accounted at in serve: `simulate`'s units per estimated token (the cache's
+/// lifetime is serve's own `--cache-ttl`, applied to each request as it comes).
+const ACCOUNT_PRICES: Prices = Prices { cached: 0.1, uncached: 1.25, cache_ttl: None };
+
+/// What [`Conv::weight`] counts for each decision's account.
+const ACCOUNT_WEIGHT: u64 = 200;
+
 impl Conv {
+    /// The decisions' accounts to date (empty before the first request this process prepared).
+    pub fn accounts(&self) -> Vec<Account> {
+        self.accounts.as_ref().map(Accounts::list).unwrap_or_default()
+    }
+
+    /// The accounts taken together.
+    pub fn account_totals(&self) -> Totals {
+        self.accounts.as_ref().map(Accounts::totals).unwrap_or_default()
+    }
+
     /// Whether a unit of this key was seen in an earlier request.
     pub fn knows_unit(&self, key: u64) -> bool {
         self.units.contains_key(&key)
@@ -130,6 +154,21 @@ pub struct Parked {
     pub ledger: Arc<crate::billing::Ledger>,
     native_model: Option<String>,
     last_request: Option<std::time::Instant>,
+    accounts: Option<Accounts>,
+    /// Its session.
+    pub session: condense_events::SessionId,
+}
+
+impl Parked {
+    /// Its decisions' accounts to date.
+    pub fn accounts(&self) -> Vec<Account> {
+        self.accounts.as_ref().map(Accounts::list).unwrap_or_default()
+    }
+
+    /// The accounts taken together.
+    pub fn account_totals(&self) -> Totals {
+        self.accounts.as_ref().map(Accounts::totals).unwrap_or_default()
+    }
 }
 
 /// What [`Conv::weight`] counts for each message of the client's view: its node, entry id and index
@@ -350,8 +389,9 @@ impl Conv {
     /// Opens the conversation over `session`, folding the client's view from what it holds.
     pub fn open(session: Session, internal: &Internal) -> Result<Conv> {
         let (track, entries) = client_view(&session, internal)?;
-        let synced = Some(session.head()?);
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None })
+        let head = session.head()?;
+        let synced = Some(head);
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None, accounts: None, opened_at: head })
     }
 
     /// Starts a new session for a conversation.
@@ -359,8 +399,9 @@ impl Conv {
         let mut events = vec![SourceEvent::SessionStarted { source: format!("serve:{client}"), source_id: Some(identity.to_string()), cwd: None, timestamp: None }];
         events.extend(SourceEvent::configured(prune));
         session.append(events)?;
-        let synced = Some(session.head()?);
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None })
+        let head = session.head()?;
+        let synced = Some(head);
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None, accounts: None, opened_at: head })
     }
 
     /// Takes in what other processes appended since this one last worked on the session: the client's view
@@ -607,7 +648,15 @@ impl Conv {
         let session = self.session.clone();
         let mut written = WrittenCache::default();
         let cache = &self.written;
-        let prepare = || self.session.prepare_then(|p, r| segments(api, rec, internal, p, &r.messages, cache, Some(&mut written)));
+        let models = Models { stubs: false, handoffs: internal.summary.is_some() };
+        let accounts = self.accounts.get_or_insert_with(|| Accounts::new(ACCOUNT_PRICES, models, self.opened_at));
+        let prepare = || {
+            self.session.prepare_then(|p, r| {
+                // An account the log could not be read for is left out; the request goes on.
+                let _ = session.account(accounts, p, &r.messages, cold);
+                segments(api, rec, internal, p, &r.messages, cache, Some(&mut written))
+            })
+        };
         let seg = session.with_summarizer(summarizer, || session.with_cold_cache(cold, prepare))?;
         self.written = written;
         (self.figures.stubs, self.figures.checkpoints, self.figures.recoveries, self.figures.chains) = seg.figures;
@@ -983,12 +1032,16 @@ impl Conv {
     /// About how many bytes the conversation holds in memory besides its session's projection: its
     /// client view's messages at [`VIEW_WEIGHT`] each.
     pub fn weight(&self) -> u64 {
-        self.track.len() as u64 * VIEW_WEIGHT + self.written.bytes + self.written.map.len() as u64 * WRITTEN_WEIGHT
+        self.track.len() as u64 * VIEW_WEIGHT + self.written.bytes + self.written.map.len() as u64 * WRITTEN_WEIGHT + self.accounts.as_ref().map_or(0, |a| a.len() as u64 * ACCOUNT_WEIGHT)
     }
 
     /// What serve keeps of the conversation once it closes it ([`Parked`]).
     pub fn park(self) -> Parked {
-        Parked { figures: self.figures, ledger: self.ledger, native_model: self.native_model, last_request: self.last_request }
+        let mut accounts = self.accounts;
+        if let Some(a) = &mut accounts {
+            a.park();
+        }
+        Parked { figures: self.figures, ledger: self.ledger, native_model: self.native_model, last_request: self.last_request, accounts, session: self.session.id() }
     }
 
     /// Takes back what was kept of the conversation when it was closed.
@@ -997,6 +1050,7 @@ impl Conv {
         self.ledger = parked.ledger;
         self.native_model = parked.native_model;
         self.last_request = parked.last_request;
+        self.accounts = parked.accounts;
     }
 }
 

@@ -61,6 +61,9 @@ pub(crate) struct Metrics {
     pub(crate) checkpoints: Gauge,
     pub(crate) recoveries: Gauge,
     pub(crate) stubs: Gauge,
+    pub(crate) decisions: Gauge,
+    pub(crate) decisions_net_negative: Gauge,
+    pub(crate) decisions_net_saving: Gauge<f64, AtomicU64>,
     pub(crate) cache_priced_cost: Family<PathLabel, Gauge<f64, AtomicU64>>,
     pub(crate) memory_reserved: Gauge,
 }
@@ -120,6 +123,14 @@ impl Metrics {
             checkpoints: add(&mut r, "checkpoints", "Checkpoints committed in the conversations held in memory", Gauge::default()),
             recoveries: add(&mut r, "recoveries", "Recovery handoffs prepared in the conversations held in memory", Gauge::default()),
             stubs: add(&mut r, "stubs", "Outputs rendered as stubs in the conversations held in memory", Gauge::default()),
+            decisions: add(&mut r, "decisions", "Decisions accounted in the conversations held in memory, since this process took each up (kept reads apart)", Gauge::default()),
+            decisions_net_negative: add(&mut r, "decisions_net_negative", "Of the decisions accounted, those that had not paid for themselves yet (net below zero)", Gauge::default()),
+            decisions_net_saving: add(
+                &mut r,
+                "decisions_net_saving",
+                "What the decisions accounted saved less what their rewrites and summaries cost, in cost units (0.1 a cached and 1.25 an uncached estimated token)",
+                Gauge::default(),
+            ),
             cache_priced_cost: add(
                 &mut r,
                 "cache_priced_cost",

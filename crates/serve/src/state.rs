@@ -87,6 +87,7 @@ impl Convs {
         let mut closed = Totals::default();
         for p in self.parked.values() {
             closed.add(&p.figures, &p.ledger);
+            closed.decisions.add(&p.account_totals());
         }
         (self.open.values().map(|(c, _)| c.clone()).collect(), closed)
     }
@@ -101,6 +102,8 @@ struct Totals {
     condense: f64,
     direct: f64,
     floor: f64,
+    /// The decisions' accounts (see `condense_engine::accounts`).
+    decisions: condense_engine::accounts::Totals,
 }
 
 impl Totals {
@@ -233,12 +236,36 @@ impl State {
             match tokio::time::timeout(QUICK, conv.lock()).await {
                 Ok(c) => {
                     totals.add(&c.figures, &c.ledger);
+                    totals.decisions.add(&c.account_totals());
                     f(&c);
                 }
                 Err(_) => busy = true,
             }
         }
         (totals, busy)
+    }
+
+    /// The decisions' accounts of the conversation of session `id` held in memory (open or closed), to
+    /// date; `None` when this process holds none of it.
+    pub(crate) async fn accounts_of(&self, id: condense_events::SessionId) -> Option<Vec<condense_engine::accounts::Account>> {
+        let parked = {
+            let map = tokio::time::timeout(QUICK, self.convs.lock()).await.ok()?;
+            let parked = map.parked.values().find(|p| p.session == id).map(|p| p.accounts());
+            let open: Vec<ConvRef> = map.open.values().map(|(c, _)| c.clone()).collect();
+            drop(map);
+            if parked.is_some() {
+                return parked;
+            }
+            open
+        };
+        for conv in parked {
+            if let Ok(c) = tokio::time::timeout(QUICK, conv.lock()).await
+                && c.session.id() == id
+            {
+                return Some(c.accounts());
+            }
+        }
+        None
     }
 
     /// The status figures as JSON.
@@ -269,6 +296,9 @@ impl State {
             "cache_read_tokens": g(&c.cache_read_tokens),
             "cache_write_tokens": g(&c.cache_write_tokens),
             "stubs": totals.stubs,
+            "decisions": totals.decisions.decisions,
+            "decisions_net_negative": totals.decisions.net_negative,
+            "decisions_net_saving": (totals.decisions.net * 100.0).round() / 100.0,
             "checkpoints": totals.checkpoints,
             "recoveries": totals.recoveries,
             "tool_rounds": g(&c.tool_rounds),
@@ -366,6 +396,9 @@ impl State {
             m.checkpoints.set(totals.checkpoints as i64);
             m.recoveries.set(totals.recoveries as i64);
             m.stubs.set(totals.stubs as i64);
+            m.decisions.set(totals.decisions.decisions as i64);
+            m.decisions_net_negative.set(totals.decisions.net_negative as i64);
+            m.decisions_net_saving.set(totals.decisions.net);
             if self.cfg.price_cache || totals.direct > 0.0 {
                 m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "condense" }).set(totals.condense);
                 m.cache_priced_cost.get_or_create(&crate::metrics::PathLabel { path: "direct" }).set(totals.direct);

@@ -965,24 +965,26 @@ async fn two_servers_on_one_postgres_database_serve_a_conversation_as_one() {
     }
 }
 
+/// With the defaults, a first turn of three calls (a large output and two long ones) ending in "turn one
+/// done", then one turn per `(prompt, reply)`, through Chat Completions.
+async fn three_outputs_then_turns(turns: &[(&str, &str)]) -> (Setup, Agent) {
+    let mut steps = vec![Step::Shell(BIG.into()), Step::Shell("seq 2 30001".into()), Step::Shell("seq 3 30002".into()), Step::Text("turn one done".into())];
+    steps.extend(turns.iter().map(|(_, reply)| Step::Text(reply.to_string())));
+    let s = with_defaults(steps).await;
+    let mut agent = Agent::new(Api::Chat, false, &s.url());
+    assert_eq!(agent.turn("count the numbers").await.unwrap(), "turn one done");
+    for (say, reply) in turns {
+        assert_eq!(agent.turn(say).await.unwrap(), *reply);
+    }
+    (s, agent)
+}
+
 /// With the configuration condense ships (`rollingWindow` 0), a finished turn reaches the provider folded
 /// into a chain block at the next prune: the prompt, the block naming its outputs' refs and the reply;
 /// the model can query a ref the block names and gets the original back byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_defaults_a_finished_turn_reaches_the_provider_as_a_chain_block() {
-    let s = with_defaults(vec![
-        Step::Shell(BIG.into()),
-        Step::Shell("seq 2 30001".into()),
-        Step::Shell("seq 3 30002".into()),
-        Step::Text("turn one done".into()),
-        Step::Text("noted".into()),
-        Step::Text("still here".into()),
-    ])
-    .await;
-    let mut agent = Agent::new(Api::Chat, false, &s.url());
-    assert_eq!(agent.turn("count the numbers").await.unwrap(), "turn one done");
-    assert_eq!(agent.turn("thanks").await.unwrap(), "noted");
-    assert_eq!(agent.turn("and now?").await.unwrap(), "still here");
+    let (s, agent) = three_outputs_then_turns(&[("thanks", "noted"), ("and now?", "still here")]).await;
     let log = s.fake.log();
     let last = log.last().unwrap().messages();
     let block = last.iter().map(Message::text).find(|t| t.starts_with("[Compressed chain b1")).unwrap_or_else(|| panic!("a chain block in {:#?}", last.iter().map(Message::text).collect::<Vec<_>>()));
@@ -2304,4 +2306,44 @@ async fn pruning_held_back_for_the_cache_goes_ahead_when_the_cache_is_cold() {
     assert!((1..=5).all(|b| cold.contains(&format!("[Compressed chain b{b}:"))), "{cold}");
     assert_eq!(cold.matches("119\\n120\\n").count(), 1, "{cold}");
     assert!(cold.len() < warm.len());
+}
+
+/// Issue 60, item 1, through serve: the dashboard's decision list gives each decision its account (tokens
+/// taken out, the rewrite's premium, what it saved since, its net) and the session page the session's;
+/// `/condense/status` and `/condense/metrics` carry the net saving of the conversations held in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_decision_shows_what_it_cost_and_saved() {
+    let (s, _) = three_outputs_then_turns(&[("thanks", "noted"), ("and now?", "still here"), ("go on", "and more")]).await;
+    let status = s.status().await;
+    let id = status["active_sessions"][0]["id"].as_u64().expect("a session");
+    let get = |path: String| async move { serde_json::from_slice::<Value>(&reqwest::get(path).await.unwrap().bytes().await.unwrap()).unwrap() };
+    let timeline = get(format!("{}/condense/api/sessions/{id}/timeline?after=0", s.url())).await;
+    let accounts: Vec<&Value> = timeline["events"].as_array().unwrap().iter().filter_map(|e| e["accounts"].as_array()).flatten().collect();
+    let chain = accounts.iter().find(|a| a["kind"] == "chain").unwrap_or_else(|| panic!("a chain's account in {timeline:#}"));
+    let n = |a: &Value, k: &str| a[k].as_f64().unwrap_or_else(|| panic!("{k} in {a}"));
+    // The three large outputs were spilled as they arrived: new to the provider, so their previews
+    // rewrote nothing (no premium) and saved their tokens uncached once, then cached on every request.
+    let spills: Vec<&&Value> = accounts.iter().filter(|a| a["kind"] == "spill").collect();
+    assert_eq!(spills.len(), 3, "{accounts:?}");
+    for a in &spills {
+        let tokens = n(a, "tokens");
+        assert!(tokens > 10_000.0 && n(a, "premium") == 0.0, "{a}");
+        let expected = tokens * (1.25 + 0.1 * (n(a, "requests") - 1.0));
+        assert!((n(a, "saved") - expected).abs() < 0.01 * expected, "{a}: {expected}");
+    }
+    // The chain rewrote what the model had seen: a premium, paid back by later requests.
+    assert!(n(chain, "tokens") > 0.0 && n(chain, "premium") > 0.0, "{chain}");
+    assert!(n(chain, "requests") >= 2.0 && n(chain, "saved") > n(chain, "premium"), "{chain}");
+    assert!((n(chain, "net") - (n(chain, "saved") - n(chain, "premium") - n(chain, "summarizer"))).abs() < 0.02, "{chain}");
+    let page = get(format!("{}/condense/api/sessions/{id}", s.url())).await;
+    let total = &page["accounts"];
+    assert_eq!(total["decisions"].as_u64(), Some(accounts.iter().filter(|a| a["kind"] != "kept_read").count() as u64), "{total}");
+    let net: f64 = accounts.iter().filter(|a| a["kind"] != "kept_read").map(|a| n(a, "net")).sum();
+    assert!((n(total, "net") - net).abs() < 0.05 * accounts.len() as f64, "{total} against {net}");
+    // Status and metrics: the same net saving.
+    let status = s.status().await;
+    assert!((n(&status, "decisions_net_saving") - n(total, "net")).abs() < 0.01, "{status}");
+    let metrics = metric_values(&reqwest::get(format!("{}/condense/metrics", s.url())).await.unwrap().text().await.unwrap());
+    assert!((metrics["condense_decisions_net_saving"] - n(&status, "decisions_net_saving")).abs() < 0.01, "{metrics:?}");
+    assert_eq!(metrics["condense_decisions"], n(&status, "decisions"));
 }

@@ -42,7 +42,31 @@ pub(crate) fn figures_json(f: &condense_engine::simulate::Figures) -> Value {
     // (Past what one `json!` takes.)
     v["cold_requests"] = json!(f.cold_requests);
     v["raw_new_tokens_total"] = json!(f.raw_new_tokens_total);
+    let a = &f.accounts;
+    let units = |x: f64| (x * 100.0).round() / 100.0;
+    v["decisions"] = json!(a.decisions);
+    v["decisions_net_negative"] = json!(a.net_negative);
+    v["decisions_net_units"] = json!(units(a.net));
+    v["kept_reads"] = json!(a.kept_reads);
+    v["kept_reads_net_units"] = json!(units(a.kept_reads_net));
+    v["decisions_by_kind"] =
+        a.by_kind.iter().map(|&(k, n, neg, net)| (k.name().to_string(), json!({"decisions": n, "net_negative": neg, "net_units": units(net)}))).collect::<serde_json::Map<_, _>>().into();
     v
+}
+
+/// The decisions' accounts in a line: how many paid for themselves and their net, by kind.
+fn accounts_line(a: &condense_engine::accounts::Totals) -> String {
+    let kinds: Vec<String> = a.by_kind.iter().map(|&(k, n, neg, net)| format!("{} {n} ({neg} net negative, net {net:.0})", k.name())).collect();
+    format!(
+        "decisions: {} ({} had not paid for themselves), net saving {:.0} cost units; {} kept reads cost {:.0}{}{}",
+        a.decisions,
+        a.net_negative,
+        a.net,
+        a.kept_reads,
+        -a.kept_reads_net,
+        if kinds.is_empty() { "" } else { "; " },
+        kinds.join(", ")
+    )
 }
 
 /// Estimated dollars of the raw, host-baseline and condense requests at `price`.
@@ -185,6 +209,7 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
                 f.refs_recovered_exact, f.refs_checked, f.validity_errors
             );
             outln!("  {}", money_line(&f, &list_price, window));
+            outln!("  {}", accounts_line(&f.accounts));
         }
         if f.turns > 0 {
             token_ratios.push(f.token_ratio());
@@ -242,6 +267,7 @@ pub(crate) fn simulate(kept: Option<&Store>, store_dir: &Path, o: &SimulateOptio
             total.refs_recovered_exact, total.refs_checked, total.validity_errors
         );
         outln!("  {}", money_line(&total, &list_price, window));
+        outln!("  {}", accounts_line(&total.accounts));
         if window.is_some() {
             outln!(
                 "  against the host's own compaction: median tokens {:.1}%, median cost {:.1}%",

@@ -93,6 +93,31 @@ impl Projection {
         self.items.get(at)?.parent.map(|p| p as usize)
     }
 
+    /// Which entries are in the context: on the active branch and not cut away by the newest host
+    /// compaction on it (what the pipeline made of such an entry's message is rendered, unless a checkpoint
+    /// stands in for it). The branch is looked at once; the test it gives takes an entry id.
+    pub fn in_context(&self) -> impl Fn(&str) -> bool + '_ {
+        let path = self.path();
+        // Path positions from here on are in the context.
+        let from = match path.iter().rposition(|&i| matches!(self.items[i].node, Node::Compaction(_))) {
+            None => 0,
+            Some(c) => match &self.items[path[c]].node {
+                Node::Compaction(compaction) => compaction
+                    .first_kept
+                    .as_ref()
+                    .and_then(|k| path[..c].iter().position(|&i| *self.items[i].id == **k))
+                    .unwrap_or(c),
+                _ => c,
+            },
+        };
+        move |id| {
+            self.position(id).is_some_and(|i| {
+                let d = self.items[i].depth as usize;
+                d >= from && path.get(d) == Some(&i)
+            })
+        }
+    }
+
     /// Whether an entry with this id exists (on any branch).
     pub fn has_entry(&self, id: &str) -> bool {
         self.position(id).is_some()

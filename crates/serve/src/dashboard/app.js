@@ -242,8 +242,16 @@ function contextView(id, ctx) {
 }
 
 function timelineItem(e) {
-  return el("li", { "data-seq": String(e.seq) }, el("span", { class: "seq", text: "#" + e.seq }),
+  const item = el("li", { "data-seq": String(e.seq) }, el("span", { class: "seq", text: "#" + e.seq }),
     el("span", { class: "kind kind-" + e.kind, text: e.kind }), e.text);
+  // What the decision saved less what it cost, to date (cost units; a kept read's is what keeping it costs).
+  for (const a of e.accounts || []) {
+    const tip = `${a.kind} ${a.label}: ${num(a.tokens)} tokens, saved ${a.saved.toFixed(1)}, rewrite ${a.premium.toFixed(1)}` +
+      (a.summarizer ? `, summarizer ${a.summarizer.toFixed(1)}` : "") + ` over ${a.requests} requests` + (a.ended ? " (ended)" : "");
+    item.append(el("span", { class: "net " + (a.net < 0 ? "net-negative" : "net-positive"), title: tip,
+      text: (a.kind === "kept_read" ? "kept " + a.label + " " : "net ") + (a.net >= 0 ? "+" : "") + a.net.toFixed(1) }));
+  }
+  return item;
 }
 
 async function renderSession(id, state) {
@@ -287,12 +295,15 @@ async function renderSession(id, state) {
     card("recoveries", l ? String(f.recoveries) : "–", "fig-recoveries"),
     card("cache breaks", l ? String(l.cache_breaks) : "–", "fig-breaks"),
     card("events in the log", String(data.events), "fig-events"),
+    card("decisions' net saving (net negative)", data.accounts ? data.accounts.net.toFixed(1) + " (" + data.accounts.net_negative + " of " + data.accounts.decisions + ")" : "–", "fig-net"),
   );
   // The figures cover two spans: say which is which.
   const since = data.started_ms ? new Date(data.started_ms).toLocaleString() : "its start";
   document.getElementById("span-note").textContent =
     `Requests, tokens, cost, cache breaks and the plots: this server's requests since it started (${since}). ` +
-    "Stubs, chains, checkpoints, recoveries, events, the context and the decisions: the whole log.";
+    "Stubs, chains, checkpoints, recoveries, events, the context and the decisions: the whole log. " +
+    "The decisions' net (saved less the rewrite and the summarizer, in cost units: 0.1 a cached, 1.25 an uncached token): " +
+    "those made since this server took the session up.";
   document.getElementById("plot-tokens").replaceChildren(plot(rows, {
     id: "tokens", label: "context tokens per request", fmt: num, window: true, markers: true,
     series: [{ key: "received", color: "var(--received)" }, { key: "sent", color: "var(--sent)" }],

@@ -147,7 +147,11 @@ async fn session(axum::extract::State(st): S, Path(id): Path<String>) -> Respons
     let head = s.head().unwrap_or(0);
     // Priced: every conversation with `--price-cache`, else those whose model's list prices are known.
     let priced = st.cfg.price_cache || !points.is_empty();
-    json_ok(&json!({"id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": priced, "started_ms": st.started_ms, "status": totals(&st).await}))
+    let accounts = st.accounts_of(s.id()).await.map(|a| account_totals_json(&a));
+    json_ok(&json!({
+        "id": s.id(), "name": s.name(), "events": head, "live": summary, "rows": rows, "price_cache": priced, "started_ms": st.started_ms,
+        "accounts": accounts, "status": totals(&st).await,
+    }))
 }
 
 /// The text a block shows in the context view.
@@ -282,6 +286,29 @@ fn describe(e: &Event) -> Option<(&'static str, String)> {
     })
 }
 
+/// One decision's account as the dashboard shows it (cost units, rounded).
+fn account_json(a: &condense_engine::accounts::Account) -> Value {
+    let r = |x: f64| (x * 100.0).round() / 100.0;
+    json!({
+        "kind": a.kind.name(), "label": a.label, "tokens": a.tokens, "premium": r(a.premium), "saved": r(a.saved),
+        "summarizer": r(a.summarizer), "net": r(a.net()), "requests": a.requests, "ended": a.ended,
+    })
+}
+
+/// The accounts of a session's decisions taken together, as the dashboard shows them.
+pub(crate) fn account_totals_json(accounts: &[condense_engine::accounts::Account]) -> Value {
+    let (mut n, mut negative, mut net, mut kept, mut kept_net) = (0u64, 0u64, 0.0, 0u64, 0.0);
+    for a in accounts {
+        if a.kind == condense_engine::accounts::Kind::KeptRead {
+            (kept, kept_net) = (kept + 1, kept_net + a.net());
+        } else {
+            (n, negative, net) = (n + 1, negative + u64::from(a.net() < 0.0), net + a.net());
+        }
+    }
+    let r = |x: f64| (x * 100.0).round() / 100.0;
+    json!({"decisions": n, "net_negative": negative, "net": r(net), "kept_reads": kept, "kept_reads_net": r(kept_net)})
+}
+
 /// The engine's decisions after event `after` (the newest [`TIMELINE_MAX`]), read from the log.
 async fn timeline(axum::extract::State(st): S, Path(id): Path<String>, Query(a): Query<After>) -> Response {
     let s = match open(&st, &id).await {
@@ -289,6 +316,7 @@ async fn timeline(axum::extract::State(st): S, Path(id): Path<String>, Query(a):
         Err(r) => return r,
     };
     let store = st.store.clone();
+    let sid = s.id();
     let read = tokio::task::spawn_blocking(move || -> condense_engine::Result<(u64, Vec<Value>)> {
         let head = s.head()?;
         let mut out = VecDeque::new();
@@ -309,8 +337,19 @@ async fn timeline(axum::extract::State(st): S, Path(id): Path<String>, Query(a):
     })
     .await
     .expect("timeline task");
+    // Each decision's account, where this process keeps one (see `condense_engine::accounts`).
+    let accounts = st.accounts_of(sid).await.unwrap_or_default();
     match read {
-        Ok((head, events)) => json_ok(&json!({"head": head, "events": events})),
+        Ok((head, mut events)) => {
+            for e in &mut events {
+                let seq = e["seq"].as_u64().unwrap_or(0);
+                let of: Vec<Value> = accounts.iter().filter(|a| a.seq == seq).map(account_json).collect();
+                if !of.is_empty() {
+                    e["accounts"] = Value::Array(of);
+                }
+            }
+            json_ok(&json!({"head": head, "events": events}))
+        }
         Err(e) => failed(e),
     }
 }
