@@ -232,6 +232,18 @@ async fn the_dashboard_shows_the_status_figures_and_expands_a_stub_in_a_browser(
     assert_eq!(window.as_u64(), live["requests"].as_u64(), "the window line spans every request");
     let timeline = browser.until("the decisions", "return document.querySelectorAll('#timeline li').length").await;
     assert!(timeline.as_u64().unwrap() >= 2, "{timeline}");
+    // Issue 60, item 1: each decision that changed the context shows its net to date, and the session's
+    // card the nets summed and how many have not paid for themselves, as the API gives them.
+    let events: Value = serde_json::from_slice(&reqwest::get(format!("{url}/condense/api/sessions/{id}/timeline?after=0")).await.unwrap().bytes().await.unwrap()).unwrap();
+    let accounted = events["events"].as_array().unwrap().iter().filter_map(|e| e["accounts"].as_array()).map(Vec::len).sum::<usize>();
+    assert!(accounted >= 2, "the prunes of this session have accounts: {events}");
+    let nets = browser.until("the decisions' nets", "const n = document.querySelectorAll('#timeline .net'); return n.length > 0 && n.length").await;
+    assert_eq!(nets.as_u64(), Some(accounted as u64));
+    let card = browser.eval("return document.getElementById('fig-net').textContent").await;
+    let acc = &api["accounts"];
+    let (net, tail) = card.as_str().unwrap().split_once(' ').unwrap_or_else(|| panic!("{card}"));
+    assert!((net.parse::<f64>().unwrap() - acc["net"].as_f64().unwrap()).abs() <= 0.051, "{card} against {acc}");
+    assert_eq!(tail, format!("({} of {})", acc["net_negative"], acc["decisions"]));
     // Item 8: an error in the decisions is shown whole (it was cut at 160 characters); the page says which
     // figures cover the time since serve started and which the whole log; the axis ticks are round.
     let error = browser.until("the refusal among the decisions", "const li = [...document.querySelectorAll('#timeline li')].find((l) => l.querySelector('.kind-error')); return li && li.textContent").await;
