@@ -21,7 +21,7 @@
 //! Prices are [`Prices`] units per token, as `simulate` reports costs. Nothing here reaches an event or a
 //! rendered byte: the accounts are read from the log and the rendered requests, and kept by the host.
 
-use crate::simulate::Prices;
+use crate::prices::Prices;
 use condense_events::{Block, DecisionEvent, Message, Seq};
 use condense_render::Projection;
 use condense_tokens::estimate;

@@ -44,6 +44,7 @@ pub mod config;
 pub mod controller;
 pub mod demo;
 pub mod pipeline;
+pub mod prices;
 pub mod query;
 pub mod recover;
 pub mod retention;
