@@ -299,25 +299,25 @@ fn bench(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The real clients through serve for thirty turns against the same clients sent direct, with prompt
+/// The real clients through serve for forty turns against the same clients sent direct, with prompt
 /// caching priced as the providers bill it: runs the end-to-end tests that measure it
-/// (`crates/cli/tests/serve_e2e.rs`, `thirty_turns_*`) and tables the rows they write.
+/// (`crates/cli/tests/serve_e2e.rs`, `forty_turns_*`) and tables the rows they write.
 fn e2e_cost(md: &mut String) -> Result<()> {
     let rows = root().join("target/e2e-cost");
     let _ = std::fs::remove_dir_all(&rows);
     let status = std::process::Command::new(env!("CARGO"))
-        .args(["test", "-p", "condense-cli", "--test", "serve_e2e", "thirty_turns"])
+        .args(["test", "-p", "condense-cli", "--test", "serve_e2e", "forty_turns"])
         .current_dir(root())
         .status()?;
     if !status.success() {
-        bail!("the thirty-turn end-to-end tests failed");
+        bail!("the forty-turn end-to-end tests failed");
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(&rows)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
     files.sort();
-    writeln!(md, "\n## condense serve with the real clients: thirty turns, cache-priced\n")?;
-    writeln!(md, "Claude Code, Codex and pi (the pinned versions of `crates/cli/tests/e2e-clients.txt`) each run a 30-turn session twice against the scripted fake provider: once through `condense serve` with the default configuration, once sent direct. Each turn the model runs two shell commands with outputs of about 14 and 12 KB and answers; through serve it also asks for `new_context` in turn 8, the provider rejects the first request of turn 15 as too long (serve checkpoints and retries), serve restarts after turn 20, and turn 25 recalls an output by ref. Prompt caching is simulated as each API bills it (`condense_serve::billing`: Anthropic reads the longest prefix up to an earlier `cache_control` mark, OpenAI the longest prefix shared with an earlier request); cost is 0.1 per cached byte and 1.25 per uncached byte. *Floor*: what the session through condense would cost if it paid full price for nothing but what is new (the bytes the same client sent direct paid full price for: its prompts and the tools' outputs) and the cached price for every other byte it sends — below it only by sending fewer bytes. *Environment*: whether the host's environment message (Claude Code's `# Environment`, Codex's `<environment_context>`) reached the provider in every request through serve. Target (issue 34): cost ≤ 0.30 for each client.\n")?;
-    writeln!(md, "| client | requests, condense / direct | bytes sent, condense / direct | cache hit, direct → condense | cost, condense / direct | floor | environment |")?;
-    writeln!(md, "|---|---:|---:|---|---:|---:|---|")?;
+    writeln!(md, "\n## condense serve with the real clients: forty turns, cache-priced\n")?;
+    writeln!(md, "Claude Code, Codex, pi and Gemini CLI (the pinned versions of `crates/cli/tests/e2e-clients.txt`) each run a 40-turn session twice against the scripted fake provider: once through `condense serve` with the default configuration, once sent direct. Each turn the model runs two shell commands with outputs of about 14 and 12 KB and answers; through serve it also asks for `new_context` in turn 8, the provider rejects the first request of turn 15 as too long (serve checkpoints and retries), serve restarts after turn 20, and turn 25 recalls an output by ref. Prompt caching is simulated as each API bills it (`condense_serve::billing`: Anthropic reads the longest prefix up to an earlier `cache_control` mark, OpenAI the longest prefix shared with an earlier request); cost is 0.1 per cached byte and 1.25 per uncached byte. *Floor*: what the session through condense would cost if it paid full price for nothing but what is new (the bytes the same client sent direct paid full price for: its prompts and the tools' outputs) and the cached price for every other byte it sends — below it only by sending fewer bytes. *Issue 60's floor*: every byte new to the provider once at full price (what direct paid full price for), plus the client's own fixed context (what every request of its direct session begins with: system prompt, tools, environment) at the cached price in every request through condense — all else condense keeps is above it; *× floor* is the cost over it (target 1.10). *Environment*: whether the host's environment message (Claude Code's `# Environment`, Codex's `<environment_context>`) reached the provider in every request through serve. Target (issue 34): cost ≤ 0.30 for each client.\n")?;
+    writeln!(md, "| client | requests, condense / direct | bytes sent, condense / direct | cache hit, direct → condense | cost, condense / direct | floor | issue 60's floor | × floor | environment |")?;
+    writeln!(md, "|---|---:|---:|---|---:|---:|---:|---:|---|")?;
     for f in files {
         md.push_str(&std::fs::read_to_string(&f)?);
     }

@@ -2,7 +2,7 @@
 //! and the real coding agents — Claude Code, pi, Codex, opencode and Gemini CLI, installed from npm at pinned versions by this
 //! test itself (cached under `target/e2e-clients`). Each client runs two turns non-interactively; the
 //! fake model runs shell commands with large outputs, later asks `context_tree_query` for a ref it saw in
-//! a stub, and finishes. Each also runs thirty turns through serve and direct, priced as providers bill
+//! a stub, and finishes. Each also runs forty turns through serve and direct, priced as providers bill
 //! prompt caching. Also here: `kill -9` of serve in the middle of a request, and CLI commands on the
 //! store while serve holds it.
 
@@ -484,12 +484,12 @@ fn cli_commands_go_through_a_running_server() {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Thirty turns per client, through serve and direct (issue 34): the host's environment reaches the
+// Forty turns per client, through serve and direct (issues 34 and 60): the host's environment reaches the
 // provider in every request, and the cache-priced cost of the session through condense is measured
 // against the same client's requests sent straight to the provider.
 
 /// The turns of the long session.
-const TURNS: usize = 30;
+const TURNS: usize = 40;
 /// The turn whose model asks condense for `new_context`, the turn that overflows once (through serve),
 /// and the turn after which serve restarts.
 const NEW_CONTEXT_TURN: usize = 8;
@@ -670,6 +670,16 @@ struct Billing {
     requests: usize,
 }
 
+/// The bytes every request of `log` begins with, the same in each, in whole elements as the provider
+/// caches them: the client's own system prompt, tools and the context it sends unchanged every time (its
+/// environment, its first prompt), what no context manager takes out.
+fn fixed_prefix(api: Api, log: &[Logged]) -> u64 {
+    let mut bodies = log.iter().filter(|l| !l.path.ends_with("/count_tokens")).map(|l| condense_serve::billing::canonical(api, &l.body));
+    let Some((first, ends)) = bodies.next() else { return 0 };
+    let common = bodies.fold(first.len(), |common, (b, _)| common.min(first.iter().zip(&b).take_while(|(x, y)| x == y).count()));
+    ends.iter().map(|e| e.0).filter(|&e| e <= common).max().unwrap_or(0) as u64
+}
+
 fn bill(api: Api, log: &[Logged]) -> Billing {
     let mut sim = condense_serve::billing::CacheSim::new(api);
     let mut requests = 0;
@@ -699,9 +709,9 @@ fn keep_store(var: &str, store: &Path, name: &str) -> Option<PathBuf> {
     Some(to)
 }
 
-/// Runs the client's thirty turns against `base()` (called before each turn: serve's address changes
+/// Runs the client's forty turns against `base()` (called before each turn: serve's address changes
 /// when it restarts); `between(k)` runs after turn `k`.
-fn thirty_turns(c: &Client, root: &Path, mut base: impl FnMut() -> String, mut between: impl FnMut(usize)) {
+fn session_turns(c: &Client, root: &Path, mut base: impl FnMut() -> String, mut between: impl FnMut(usize)) {
     for k in 1..=TURNS {
         let prompt = format!("Turn {k}: count the numbers with seq");
         let (code, out, err) = (c.turn)(root, &base(), k, &prompt);
@@ -719,7 +729,7 @@ fn long_session(c: Client) {
     for d in ["home", "tmp", "work"] {
         std::fs::create_dir_all(direct_dir.path().join(d)).unwrap();
     }
-    thirty_turns(&c, direct_dir.path(), || direct_fake.url(), |_| {});
+    session_turns(&c, direct_dir.path(), || direct_fake.url(), |_| {});
     // Through serve, with the defaults, restarted once.
     let fake = rt.block_on(Fake::start(long_script(true)));
     let dir = tempfile::tempdir().unwrap();
@@ -730,7 +740,7 @@ fn long_session(c: Client) {
     let store = root.join("store");
     std::fs::write(store.join("config.json"), "{}").unwrap();
     let serve = std::cell::RefCell::new(Some(Serve::start(&store, &fake)));
-    thirty_turns(
+    session_turns(
         &c,
         root,
         || format!("http://{}", serve.borrow().as_ref().expect("serve runs").addr),
@@ -799,8 +809,13 @@ fn long_session(c: Client) {
     // for) and the cached price for every other byte it sends.
     let new_bytes = d.billed.bytes - d.billed.cached;
     let floor = condense_serve::billing::Billed { bytes: t.billed.bytes, cached: t.billed.bytes.saturating_sub(new_bytes) }.cost();
+    // Issue 60's floor: each byte new to the provider once uncached (what direct sent uncached), plus the
+    // client's own fixed context (system prompt, tools, environment: what every request of its direct
+    // session begins with) read from the cache in every request condense sent.
+    let fixed = fixed_prefix(c.api, &direct_log);
+    let floor_issue = condense_serve::billing::UNCACHED_BYTE * new_bytes as f64 + condense_serve::billing::CACHED_BYTE * (fixed * t.requests as u64) as f64;
     let row = format!(
-        "| {} | {} / {} | {:.3} | {:.1}% → {:.1}% | {:.3} | {:.3} | {} |\n",
+        "| {} | {} / {} | {:.3} | {:.1}% → {:.1}% | {:.3} | {:.3} | {:.3} | {:.3} | {} |\n",
         c.name,
         t.requests,
         d.requests,
@@ -809,6 +824,8 @@ fn long_session(c: Client) {
         100.0 * t.billed.hit(),
         t.billed.cost() / d.billed.cost(),
         floor / d.billed.cost(),
+        floor_issue / d.billed.cost(),
+        t.billed.cost() / floor_issue,
         environment.unwrap_or("(none sent)"),
     );
     let report = workspace().join("target/e2e-cost");
@@ -821,26 +838,33 @@ fn long_session(c: Client) {
     // of this session for Claude Code and Codex: docs/pruning.md, "The prompt cache through serve".
     assert!(t.billed.cost() < d.billed.cost(), "{row}");
     assert!(t.billed.cost() <= 1.05 * floor, "more than 5% over the floor: {row}");
+    // Against issue 60's floor, which leaves condense only the client's own fixed context: Claude Code
+    // 1.09, Codex 1.12, pi 1.13 of it over forty turns (2026-12-07; the issue's target is 1.10, not met for
+    // Codex and pi: docs/pruning.md, "Forty turns against issue 60's floor"). Held here so it does not
+    // grow. Gemini CLI's direct session breaks its own cache (its floor is no bound, as above).
+    if c.api != Api::Gemini {
+        assert!(t.billed.cost() <= 1.15 * floor_issue, "more than 15% over issue 60's floor: {row}");
+    }
     drop(rt);
 }
 
 #[test]
-fn thirty_turns_of_claude_code_through_serve_and_direct() {
+fn forty_turns_of_claude_code_through_serve_and_direct() {
     long_session(claude());
 }
 
 #[test]
-fn thirty_turns_of_codex_through_serve_and_direct() {
+fn forty_turns_of_codex_through_serve_and_direct() {
     long_session(codex());
 }
 
 #[test]
-fn thirty_turns_of_pi_through_serve_and_direct() {
+fn forty_turns_of_pi_through_serve_and_direct() {
     long_session(pi());
 }
 
 #[test]
-fn thirty_turns_of_gemini_cli_through_serve_and_direct() {
+fn forty_turns_of_gemini_cli_through_serve_and_direct() {
     long_session(gemini());
 }
 
