@@ -173,6 +173,8 @@ pub struct Accounts {
     open: Vec<Open>,
     /// Assistant entries whose condensed turn was accounted.
     condensed: std::collections::BTreeSet<String>,
+    /// What [`Accounts::decided_since`] counted last.
+    counts: Option<[usize; 8]>,
     /// Outputs aliased in a batch not closed yet (an alias renders once its batch closes): event, ref.
     aliased: Vec<(Seq, u32)>,
 }
@@ -181,7 +183,12 @@ impl Accounts {
     /// Accounts priced at `prices`, for decisions after event `after` (those before are not accounted: a
     /// host taking up a session already under way), with `models` saying what a model writes.
     pub fn new(prices: Prices, models: Models, after: Seq) -> Accounts {
-        Accounts { prices, models, after, meter: Meter::default(), price_sum: 0.0, requests: 0, open: Vec::new(), condensed: Default::default(), aliased: Vec::new() }
+        Accounts { prices, models, after, meter: Meter::default(), price_sum: 0.0, requests: 0, open: Vec::new(), condensed: Default::default(), counts: None, aliased: Vec::new() }
+    }
+
+    /// Makes the next request read the log (a read that failed).
+    pub(crate) fn forget_counts(&mut self) {
+        self.counts = None;
     }
 
     /// Accounts kept, ended or not.
@@ -205,6 +212,27 @@ impl Accounts {
         self.after
     }
 
+    /// Whether decisions that change the context may have been made since the last request taken in with
+    /// its decisions read: what the index counts of them (batches closed, stubs, spills, aliases, purges,
+    /// chains and cut replies, checkpoints) moved. When not, the log need not be read (a round trip to a
+    /// database for most requests).
+    pub(crate) fn decided_since(&mut self, proj: &Projection) -> bool {
+        let idx = proj.index();
+        let counts = [
+            idx.outcomes.len(),
+            idx.summaries.len(),
+            idx.spills.len(),
+            idx.aliases.len(),
+            idx.purged.len(),
+            idx.chains.len(),
+            idx.chains.iter().filter(|(_, c)| c.reply.is_some()).count(),
+            idx.checkpoints.len(),
+        ];
+        let moved = self.counts != Some(counts);
+        self.counts = Some(counts);
+        moved
+    }
+
     /// The meter of the rendered requests (what the last one shared with the one before).
     pub(crate) fn meter(&self) -> &Meter {
         &self.meter
@@ -215,11 +243,14 @@ impl Accounts {
         &mut self.meter
     }
 
-    /// Takes in a request: `decisions`, the decisions after [`Accounts::after`] up to `proj`'s seq, then the
-    /// prepared context `msgs` (whose cache was `cold`). Returns its tokens, cached-prefix tokens and
+    /// Takes in a request: `decisions`, the decisions after [`Accounts::after`] up to `proj`'s seq (none
+    /// read: `read` false, and [`Accounts::after`] stays), then the prepared context `msgs` (whose cache
+    /// was `cold`). Returns its tokens, cached-prefix tokens and
     /// whether it broke the cache (its message list does not begin with the whole previous one).
-    pub fn request(&mut self, proj: &Projection, decisions: &[(Seq, DecisionEvent)], msgs: &[Arc<Message>], cold: bool) -> (u64, u64, bool) {
-        self.after = self.after.max(proj.seq());
+    pub fn request(&mut self, proj: &Projection, decisions: &[(Seq, DecisionEvent)], read: bool, msgs: &[Arc<Message>], cold: bool) -> (u64, u64, bool) {
+        if read {
+            self.after = self.after.max(proj.seq());
+        }
         let (c, u) = (self.prices.cached, self.prices.uncached);
         let opened = self.open.len();
         for (seq, d) in decisions {

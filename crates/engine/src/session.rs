@@ -485,20 +485,23 @@ impl Session {
     }
 
     /// Takes the request just prepared into `accounts` (see [`crate::accounts`]): the decisions made since
-    /// it last took one, read from the log up to `proj`'s seq, then the prepared context `msgs`, whose
+    /// it last took one, read from the log up to `proj`'s seq when the index says some were made (most
+    /// requests make none, and need no read), then the prepared context `msgs`, whose
     /// cache was `cold`. Returns the request's tokens, cached-prefix tokens and whether it broke the cache.
     /// `proj` is the session's projection as the preparation left it ([`Session::prepare_then`]).
     pub fn account(&self, accounts: &mut crate::accounts::Accounts, proj: &Projection, msgs: &[Arc<condense_events::Message>], cold: bool) -> Result<(u64, u64, bool)> {
         let (from, to) = (accounts.after() + 1, proj.seq());
         let mut decisions = Vec::new();
-        if from <= to {
-            for e in self.store.inner.log.read(self.id, from, to)? {
+        let read = accounts.decided_since(proj);
+        if read && from <= to {
+            let events = self.store.inner.log.read(self.id, from, to).inspect_err(|_| accounts.forget_counts())?;
+            for e in events {
                 if let Event::Decision(d) = e.body {
                     decisions.push((e.seq, d));
                 }
             }
         }
-        Ok(accounts.request(proj, &decisions, msgs, cold))
+        Ok(accounts.request(proj, &decisions, read, msgs, cold))
     }
 
     /// A copy of the warm projection, caught up with the log.
