@@ -173,8 +173,8 @@ pub struct Accounts {
     open: Vec<Open>,
     /// Assistant entries whose condensed turn was accounted.
     condensed: std::collections::BTreeSet<String>,
-    /// What [`Accounts::decided_since`] counted last.
-    counts: Option<[usize; 8]>,
+    /// What [`Accounts::decided_since`] found the index's count of changes at last.
+    changes: Option<u64>,
     /// Outputs aliased in a batch not closed yet (an alias renders once its batch closes): event, ref.
     aliased: Vec<(Seq, u32)>,
 }
@@ -183,12 +183,12 @@ impl Accounts {
     /// Accounts priced at `prices`, for decisions after event `after` (those before are not accounted: a
     /// host taking up a session already under way), with `models` saying what a model writes.
     pub fn new(prices: Prices, models: Models, after: Seq) -> Accounts {
-        Accounts { prices, models, after, meter: Meter::default(), price_sum: 0.0, requests: 0, open: Vec::new(), condensed: Default::default(), counts: None, aliased: Vec::new() }
+        Accounts { prices, models, after, meter: Meter::default(), price_sum: 0.0, requests: 0, open: Vec::new(), condensed: Default::default(), changes: None, aliased: Vec::new() }
     }
 
     /// Makes the next request read the log (a read that failed).
     pub(crate) fn forget_counts(&mut self) {
-        self.counts = None;
+        self.changes = None;
     }
 
     /// Accounts kept, ended or not.
@@ -212,24 +212,13 @@ impl Accounts {
         self.after
     }
 
-    /// Whether decisions that change the context may have been made since the last request taken in with
-    /// its decisions read: what the index counts of them (batches closed, stubs, spills, aliases, purges,
-    /// chains and cut replies, checkpoints) moved. When not, the log need not be read (a round trip to a
-    /// database for most requests).
+    /// Whether decisions that change the context were made since the last request taken in with its
+    /// decisions read (the index's count of them moved, [`condense_index::Index::changes`]). When not, the
+    /// log need not be read (a round trip to a database for most requests).
     pub(crate) fn decided_since(&mut self, proj: &Projection) -> bool {
-        let idx = proj.index();
-        let counts = [
-            idx.outcomes.len(),
-            idx.summaries.len(),
-            idx.spills.len(),
-            idx.aliases.len(),
-            idx.purged.len(),
-            idx.chains.len(),
-            idx.chains.iter().filter(|(_, c)| c.reply.is_some()).count(),
-            idx.checkpoints.len(),
-        ];
-        let moved = self.counts != Some(counts);
-        self.counts = Some(counts);
+        let changes = proj.index().changes;
+        let moved = self.changes != Some(changes);
+        self.changes = Some(changes);
         moved
     }
 
@@ -256,7 +245,7 @@ impl Accounts {
         for (seq, d) in decisions {
             self.take(proj, *seq, d, msgs);
         }
-        let (total, cached, broke) = self.meter.request(msgs);
+        let (total, cached, broke) = self.meter.request_after(msgs, 0, |m| proj.estimate(m));
         // The context changed: what left it (a host compaction, a branch left) saves nothing more.
         if broke {
             let in_context = proj.in_context();
@@ -290,12 +279,8 @@ impl Accounts {
     fn take(&mut self, proj: &Projection, seq: Seq, d: &DecisionEvent, msgs: &[Arc<Message>]) {
         let idx = proj.index();
         let original = |r: u32| idx.records.get(&r).and_then(|rec| proj.entry_message(&rec.entry)).map_or(0, |m| proj.estimate(m));
-        // What renders in an output's place: its summary or preview and the line saying how to recover it
-        // (as the projection writes it).
-        let stub = |text: &str| {
-            let text = format!("{text}\n[pruned; context_tree_query t00 for the original]");
-            estimate(&Message::ToolResult { call_id: String::new(), tool_name: String::new(), content: vec![Block::Text { text }], is_error: false })
-        };
+        // What an output takes out once it renders as its stub (as the projection writes it).
+        let pruned = |r: u32| original(r).saturating_sub(proj.stub_of(r).map_or(0, |m| estimate(&m)));
         let u = self.prices.uncached;
         let entry_of = |r: u32| idx.records.get(&r).map(|rec| rec.entry.clone());
         match d {
@@ -312,7 +297,7 @@ impl Accounts {
                 let summarized = *outcome == condense_events::BatchOutcome::Summarized;
                 let stubbed: Vec<u32> = if summarized { summaries.iter().map(|(r, _)| *r).collect() } else { Vec::new() };
                 if !stubbed.is_empty() || turns > 0 {
-                    let tokens = turns + summaries.iter().filter(|_| summarized).map(|(r, s)| original(*r).saturating_sub(stub(s))).sum::<u64>();
+                    let tokens = turns + summaries.iter().filter(|_| summarized).map(|(r, _)| pruned(*r)).sum::<u64>();
                     let read = if self.models.stubs { stubbed.iter().map(|&r| original(r)).sum::<u64>() as f64 * u } else { 0.0 };
                     let label = if stubbed.is_empty() { format!("the calls of {}", refs_label(refs)) } else { refs_label(&stubbed) };
                     let anchor = entry_of(stubbed.first().or(refs.first()).copied().unwrap_or(0));
@@ -325,12 +310,12 @@ impl Accounts {
                     self.open_account(seq, Kind::KeptRead, format!("t{r}"), original(r), vec![r], entry_of(r), 0.0);
                 }
             }
-            DecisionEvent::OutputStubbed { ref_n, summary } => {
+            DecisionEvent::OutputStubbed { ref_n, .. } => {
                 self.end(|o| o.account.kind == Kind::KeptRead && o.refs == [*ref_n]);
                 let read = if self.models.stubs { original(*ref_n) as f64 * u } else { 0.0 };
-                self.open_account(seq, Kind::Stub, format!("t{ref_n}"), original(*ref_n).saturating_sub(stub(summary)), vec![*ref_n], entry_of(*ref_n), read);
+                self.open_account(seq, Kind::Stub, format!("t{ref_n}"), pruned(*ref_n), vec![*ref_n], entry_of(*ref_n), read);
             }
-            DecisionEvent::OutputSpilled { ref_n, preview, .. } => self.open_account(seq, Kind::Spill, format!("t{ref_n}"), original(*ref_n).saturating_sub(stub(preview)), vec![*ref_n], entry_of(*ref_n), 0.0),
+            DecisionEvent::OutputSpilled { ref_n, .. } => self.open_account(seq, Kind::Spill, format!("t{ref_n}"), pruned(*ref_n), vec![*ref_n], entry_of(*ref_n), 0.0),
             DecisionEvent::OutputAliased { ref_n, .. } => {
                 if idx.records.get(ref_n).is_some_and(|rec| idx.outcomes.contains_key(&rec.batch)) {
                     self.open_alias(proj, seq, *ref_n);
@@ -391,12 +376,9 @@ impl Accounts {
 
     /// Opens the account of output `ref_n` aliased at event `seq`, now that it renders as its alias.
     fn open_alias(&mut self, proj: &Projection, seq: Seq, ref_n: u32) {
-        let idx = proj.index();
-        let Some(rec) = idx.records.get(&ref_n) else { return };
+        let Some(rec) = proj.index().records.get(&ref_n) else { return };
         let original = proj.entry_message(&rec.entry).map_or(0, |m| proj.estimate(m));
-        let of = idx.aliases.get(&ref_n).copied().unwrap_or(ref_n);
-        let alias = format!("[t{ref_n} · {} · identical to the output of t{of}; recover it with context_tree_query({{\"refs\":[\"t{ref_n}\"]}})]", rec.tool);
-        let tokens = original.saturating_sub(estimate(&Message::ToolResult { call_id: String::new(), tool_name: String::new(), content: vec![Block::Text { text: alias }], is_error: false }));
+        let tokens = original.saturating_sub(proj.stub_of(ref_n).map_or(0, |m| estimate(&m)));
         self.open_account(seq, Kind::Dedup, format!("t{ref_n}"), tokens, vec![ref_n], Some(rec.entry.clone()), 0.0);
     }
 
@@ -463,8 +445,20 @@ impl Accounts {
 
     /// The accounts taken together.
     pub fn totals(&self) -> Totals {
+        Totals::of(&self.list())
+    }
+
+    /// What a model writes from now on (a host that learns it with the request).
+    pub fn set_models(&mut self, models: Models) {
+        self.models = models;
+    }
+}
+
+impl Totals {
+    /// `accounts` taken together.
+    pub fn of(accounts: &[Account]) -> Totals {
         let mut t = Totals { by_kind: Kind::ALL.iter().map(|&k| (k, 0, 0, 0.0)).collect(), ..Totals::default() };
-        for a in self.list() {
+        for a in accounts {
             let net = a.net();
             if a.kind == Kind::KeptRead {
                 t.kept_reads += 1;
@@ -507,13 +501,16 @@ pub(crate) struct Meter {
 impl Meter {
     /// Total tokens, cached-prefix tokens, and whether the cache broke. Only what follows the prefix this
     /// request shares with the last one is counted (and kept) anew.
+    #[cfg(test)]
     pub(crate) fn request(&mut self, msgs: &[Arc<Message>]) -> (u64, u64, bool) {
-        self.request_after(msgs, 0)
+        self.request_after(msgs, 0, |m| estimate(m))
     }
 
     /// [`Meter::request`] for a context whose first `known` messages are, pointer for pointer, those of the
-    /// last request's (as [`Projection::render_since`] reports for the render after the one metered last).
-    pub(crate) fn request_after(&mut self, msgs: &[Arc<Message>], known: usize) -> (u64, u64, bool) {
+    /// last request's (as [`Projection::render_since`] reports for the render after the one metered last),
+    /// counting a message's tokens with `tokens` (the projection's, which remembers them, where the
+    /// context is its render).
+    pub(crate) fn request_after(&mut self, msgs: &[Arc<Message>], known: usize, tokens: impl Fn(&Arc<Message>) -> u64) -> (u64, u64, bool) {
         // The same messages, in blocks of 16 compared by address without a branch per message, then one
         // by one (a message rendered anew may still be equal).
         let n = msgs.len().min(self.prev.len());
@@ -541,7 +538,7 @@ impl Meter {
         }
         for m in &msgs[same..] {
             let last = *self.sums.last().expect("sums start at 0");
-            self.sums.push(last + estimate(m));
+            self.sums.push(last + tokens(m));
             self.prev.push(m.clone());
         }
         (*self.sums.last().expect("sums start at 0"), cached, broke)

@@ -677,7 +677,7 @@ pub fn replay_with(
             // The raw projection renders once per request, so what it kept since its last render is what
             // the raw meter holds.
             let (r, kept) = raw.render_since();
-            let (raw_total, raw_cached, raw_broke) = raw_meter.request_after(&r.messages, kept);
+            let (raw_total, raw_cached, raw_broke) = raw_meter.request_after(&r.messages, kept, |m| condense_tokens::estimate(m));
             let h = host.request(&r.messages, &raw_meter.sums, raw_cached, raw_broke);
             drop(r);
             // The budget the engine itself holds the request to (the reserve yielding to a large fixed
@@ -696,8 +696,8 @@ pub fn replay_with(
                 Err(crate::EngineError::CompactionFailed { .. }) => {
                     f.compaction_failures += 1;
                     let rendered = session.render()?;
-                    let metered = session.with_projection(|p| session.account(&mut accounts, p, &rendered.messages, cold))?;
-                    (rendered, checkpoints, session.with_projection(crate::controller::budget_of)?, metered)
+                    let (budget, metered) = session.with_projection(|p| (crate::controller::budget_of(p), session.account(&mut accounts, p, &rendered.messages, cold)))?;
+                    (rendered, checkpoints, budget, metered)
                 }
                 Err(e) => return Err(e),
             };

@@ -316,6 +316,10 @@ pub struct Index {
     pub newest_file_call: Arc<BTreeMap<String, u32>>,
     /// For each file the agent wrote or edited ([`is_file_write`]), the first such call's ref.
     pub written_files: Arc<BTreeMap<String, u32>>,
+    /// Decisions folded so far that change what renders (batches closed, outputs stubbed, spilled or
+    /// aliased, calls purged, chains compressed or their replies cut, checkpoints): a host comparing it
+    /// between two requests knows whether any was made without reading the log.
+    pub changes: u64,
     /// File reads ([`READ_TOOLS`]) of summarized batches that got no summary of their own and are not
     /// aliased, spilled or protected (so: kept verbatim by `liveReadsTokens`), and no `OutputStubbed` since.
     pub unsummarized_reads: Arc<std::collections::BTreeSet<u32>>,
@@ -368,6 +372,17 @@ impl Index {
 
     /// Folds one decision.
     pub fn apply(&mut self, d: &DecisionEvent) {
+        self.changes += u64::from(matches!(
+            d,
+            DecisionEvent::OutputSpilled { .. }
+                | DecisionEvent::OutputAliased { .. }
+                | DecisionEvent::BatchClosed { .. }
+                | DecisionEvent::OutputStubbed { .. }
+                | DecisionEvent::ErrorArgsPurged { .. }
+                | DecisionEvent::ChainCompressed(_)
+                | DecisionEvent::ChainReplyCut { .. }
+                | DecisionEvent::CheckpointCommitted(_)
+        ));
         match d {
             DecisionEvent::Note { stage, text } => {
                 if stage == "recovery" {

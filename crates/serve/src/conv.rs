@@ -4,7 +4,7 @@
 //! conversation at a time.
 
 use crate::track::Track;
-use condense_engine::accounts::{Account, Accounts, Models, Totals};
+use condense_engine::accounts::{Accounts, Models};
 use condense_engine::simulate::Prices;
 use condense_engine::config::ModelLimits;
 use condense_engine::{tools, EngineError, Session};
@@ -71,11 +71,9 @@ pub struct Conv {
     /// When this process last prepared a client request of the conversation (whether the provider's
     /// cache can still hold its prefix; never written to the log).
     last_request: Option<std::time::Instant>,
-    /// What each decision cost and saved since this process took the conversation up (from the first
-    /// request it prepared; decisions before it are not accounted).
-    accounts: Option<Accounts>,
-    /// The session's head when the conversation was opened: where the accounts start.
-    opened_at: condense_events::Seq,
+    /// What each decision cost and saved since this process took the conversation up (the decisions after
+    /// the head it found; those before are not accounted).
+    pub accounts: Accounts,
 }
 
 /// The prices decisions are accounted at in serve: `simulate`'s units per estimated token (the cache's
@@ -86,16 +84,6 @@ const ACCOUNT_PRICES: Prices = Prices { cached: 0.1, uncached: 1.25, cache_ttl: 
 const ACCOUNT_WEIGHT: u64 = 200;
 
 impl Conv {
-    /// The decisions' accounts to date (empty before the first request this process prepared).
-    pub fn accounts(&self) -> Vec<Account> {
-        self.accounts.as_ref().map(Accounts::list).unwrap_or_default()
-    }
-
-    /// The accounts taken together.
-    pub fn account_totals(&self) -> Totals {
-        self.accounts.as_ref().map(Accounts::totals).unwrap_or_default()
-    }
-
     /// Whether a unit of this key was seen in an earlier request.
     pub fn knows_unit(&self, key: u64) -> bool {
         self.units.contains_key(&key)
@@ -154,21 +142,10 @@ pub struct Parked {
     pub ledger: Arc<crate::billing::Ledger>,
     native_model: Option<String>,
     last_request: Option<std::time::Instant>,
-    accounts: Option<Accounts>,
+    /// Its decisions' accounts.
+    pub accounts: Accounts,
     /// Its session.
     pub session: condense_events::SessionId,
-}
-
-impl Parked {
-    /// Its decisions' accounts to date.
-    pub fn accounts(&self) -> Vec<Account> {
-        self.accounts.as_ref().map(Accounts::list).unwrap_or_default()
-    }
-
-    /// The accounts taken together.
-    pub fn account_totals(&self) -> Totals {
-        self.accounts.as_ref().map(Accounts::totals).unwrap_or_default()
-    }
 }
 
 /// What [`Conv::weight`] counts for each message of the client's view: its node, entry id and index
@@ -391,7 +368,7 @@ impl Conv {
         let (track, entries) = client_view(&session, internal)?;
         let head = session.head()?;
         let synced = Some(head);
-        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None, accounts: None, opened_at: head })
+        Ok(Conv { session, track, next_entry: entries + 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None, accounts: Accounts::new(ACCOUNT_PRICES, Models::default(), head) })
     }
 
     /// Starts a new session for a conversation.
@@ -401,7 +378,7 @@ impl Conv {
         session.append(events)?;
         let head = session.head()?;
         let synced = Some(head);
-        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None, accounts: None, opened_at: head })
+        Ok(Conv { session, track: Track::default(), next_entry: 1, figures: ConvFigures::default(), ledger: Arc::default(), units: Default::default(), synced, sent: Vec::new(), native_model: None, written: WrittenCache::default(), last_request: None, accounts: Accounts::new(ACCOUNT_PRICES, Models::default(), head) })
     }
 
     /// Takes in what other processes appended since this one last worked on the session: the client's view
@@ -648,8 +625,8 @@ impl Conv {
         let session = self.session.clone();
         let mut written = WrittenCache::default();
         let cache = &self.written;
-        let models = Models { stubs: false, handoffs: internal.summary.is_some() };
-        let accounts = self.accounts.get_or_insert_with(|| Accounts::new(ACCOUNT_PRICES, models, self.opened_at));
+        self.accounts.set_models(Models { stubs: false, handoffs: internal.summary.is_some() });
+        let accounts = &mut self.accounts;
         let prepare = || {
             self.session.prepare_then(|p, r| {
                 // An account the log could not be read for is left out; the request goes on.
@@ -1032,15 +1009,13 @@ impl Conv {
     /// About how many bytes the conversation holds in memory besides its session's projection: its
     /// client view's messages at [`VIEW_WEIGHT`] each.
     pub fn weight(&self) -> u64 {
-        self.track.len() as u64 * VIEW_WEIGHT + self.written.bytes + self.written.map.len() as u64 * WRITTEN_WEIGHT + self.accounts.as_ref().map_or(0, |a| a.len() as u64 * ACCOUNT_WEIGHT)
+        self.track.len() as u64 * VIEW_WEIGHT + self.written.bytes + self.written.map.len() as u64 * WRITTEN_WEIGHT + self.accounts.len() as u64 * ACCOUNT_WEIGHT
     }
 
     /// What serve keeps of the conversation once it closes it ([`Parked`]).
     pub fn park(self) -> Parked {
         let mut accounts = self.accounts;
-        if let Some(a) = &mut accounts {
-            a.park();
-        }
+        accounts.park();
         Parked { figures: self.figures, ledger: self.ledger, native_model: self.native_model, last_request: self.last_request, accounts, session: self.session.id() }
     }
 

@@ -87,7 +87,7 @@ impl Convs {
         let mut closed = Totals::default();
         for p in self.parked.values() {
             closed.add(&p.figures, &p.ledger);
-            closed.decisions.add(&p.account_totals());
+            closed.decisions.add(&p.accounts.totals());
         }
         (self.open.values().map(|(c, _)| c.clone()).collect(), closed)
     }
@@ -236,7 +236,7 @@ impl State {
             match tokio::time::timeout(QUICK, conv.lock()).await {
                 Ok(c) => {
                     totals.add(&c.figures, &c.ledger);
-                    totals.decisions.add(&c.account_totals());
+                    totals.decisions.add(&c.accounts.totals());
                     f(&c);
                 }
                 Err(_) => busy = true,
@@ -248,21 +248,18 @@ impl State {
     /// The decisions' accounts of the conversation of session `id` held in memory (open or closed), to
     /// date; `None` when this process holds none of it.
     pub(crate) async fn accounts_of(&self, id: condense_events::SessionId) -> Option<Vec<condense_engine::accounts::Account>> {
-        let parked = {
+        let open: Vec<ConvRef> = {
             let map = tokio::time::timeout(QUICK, self.convs.lock()).await.ok()?;
-            let parked = map.parked.values().find(|p| p.session == id).map(|p| p.accounts());
-            let open: Vec<ConvRef> = map.open.values().map(|(c, _)| c.clone()).collect();
-            drop(map);
-            if parked.is_some() {
-                return parked;
+            if let Some(p) = map.parked.values().find(|p| p.session == id) {
+                return Some(p.accounts.list());
             }
-            open
+            map.open.values().map(|(c, _)| c.clone()).collect()
         };
-        for conv in parked {
+        for conv in open {
             if let Ok(c) = tokio::time::timeout(QUICK, conv.lock()).await
                 && c.session.id() == id
             {
-                return Some(c.accounts());
+                return Some(c.accounts.list());
             }
         }
         None

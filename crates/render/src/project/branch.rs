@@ -93,6 +93,13 @@ impl Projection {
         self.items.get(at)?.parent.map(|p| p as usize)
     }
 
+    /// The stub output `ref_n` renders as once pruned (its spill preview, its alias line or its summary, as
+    /// the index has them now), as the render writes it; `None` for a ref or entry it does not hold.
+    pub fn stub_of(&self, ref_n: u32) -> Option<Message> {
+        let rec = self.decisions.records.get(&ref_n)?;
+        Some(super::phases::stub(&self.decisions, rec, self.entry_message(&rec.entry)?))
+    }
+
     /// Which entries are in the context: on the active branch and not cut away by the newest host
     /// compaction on it (what the pipeline made of such an entry's message is rendered, unless a checkpoint
     /// stands in for it). The branch is looked at once; the test it gives takes an entry id.

@@ -297,16 +297,9 @@ fn account_json(a: &condense_engine::accounts::Account) -> Value {
 
 /// The accounts of a session's decisions taken together, as the dashboard shows them.
 pub(crate) fn account_totals_json(accounts: &[condense_engine::accounts::Account]) -> Value {
-    let (mut n, mut negative, mut net, mut kept, mut kept_net) = (0u64, 0u64, 0.0, 0u64, 0.0);
-    for a in accounts {
-        if a.kind == condense_engine::accounts::Kind::KeptRead {
-            (kept, kept_net) = (kept + 1, kept_net + a.net());
-        } else {
-            (n, negative, net) = (n + 1, negative + u64::from(a.net() < 0.0), net + a.net());
-        }
-    }
+    let t = condense_engine::accounts::Totals::of(accounts);
     let r = |x: f64| (x * 100.0).round() / 100.0;
-    json!({"decisions": n, "net_negative": negative, "net": r(net), "kept_reads": kept, "kept_reads_net": r(kept_net)})
+    json!({"decisions": t.decisions, "net_negative": t.net_negative, "net": r(t.net), "kept_reads": t.kept_reads, "kept_reads_net": r(t.kept_reads_net)})
 }
 
 /// The engine's decisions after event `after` (the newest [`TIMELINE_MAX`]), read from the log.
