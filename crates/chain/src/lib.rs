@@ -132,6 +132,16 @@ pub fn reply_text(m: &Message) -> String {
     texts.join("\n")
 }
 
+/// The newest turns of a chain still running that stay as they render (their outputs' stubs, their
+/// calls) when its older turns are compressed into a block ([`SEGMENT_MIN_CALLS`]).
+pub const SEGMENT_KEEP_TURNS: usize = 4;
+
+/// A chain still running (its prompt's calls not answered by a final reply yet) has its older turns
+/// compressed into a block once they hold at least this many calls, all of them pruned: what a long
+/// autonomous run reads again on every request is then a line an output instead of each call and its
+/// stub (docs/pruning.md, "Long chains compressed as they run").
+pub const SEGMENT_MIN_CALLS: usize = 8;
+
 /// The most names a block lists as used by its turns (a bound for chains that wrote whole files made of
 /// names read earlier; the rest stay one recovery away).
 pub const USED_NAMES: usize = 128;

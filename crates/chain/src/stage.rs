@@ -157,40 +157,16 @@ impl Stage for Chains {
             if pass.config.live_reads_tokens > 0 && inside.iter().any(|r| pass.kept_verbatim(r)) {
                 continue;
             }
-            let protected: BTreeMap<u32, std::borrow::Cow<'_, str>> = inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, pass.text_of(r))).collect();
-            let mut infos = Vec::new();
-            for i in span.first..=span.last {
-                let (entry, m) = branch.entry(i);
-                for (cid, name, args) in m.tool_calls() {
-                    let rec = inside.iter().find(|r| r.call_id == cid && r.call_entry == entry);
-                    infos.push(CallInfo {
-                        ref_n: rec.map(|r| r.ref_n),
-                        tool: name,
-                        arguments: args,
-                        summary: rec.and_then(|r| pass.summary(r.ref_n)),
-                        protected_output: rec.and_then(|r| protected.get(&r.ref_n)).map(|t| &**t),
-                        output_chars: rec.map_or(0, |r| r.chars),
-                    });
-                }
-            }
-            // The names the chain's turns carried over from earlier outputs, less those a block in the
-            // context lists already.
-            while self.seen.scanned() <= span.last {
-                self.seen.add(branch.entry(self.seen.scanned()).1);
-            }
-            let used = self.seen.used_names(span.last, (span.first..=span.last).map(|i| &**branch.entry(i).1));
-            let fresh: Vec<&str> = used.iter().map(String::as_str).filter(|n| !self.listed.contains(*n) && !listed_now.contains(*n)).collect();
-            let body = block_body(block, &infos, &fresh);
-            listed_now.extend(names_listed(&body));
-            blocks.push(DecisionEvent::ChainCompressed(Box::new(ChainCompressed {
-                block,
-                first: branch.entry(span.first).0.to_string(),
-                last: branch.entry(span.last).0.to_string(),
-                refs: inside.iter().map(|r| r.ref_n).collect(),
-                body,
-            })));
+            blocks.push(Chains::block_for(&mut self.seen, &self.listed, pass, span.first, span.last, &inside, block, &mut listed_now));
             compressed_now.push((block, span.last, Some(span.first)));
             block += 1;
+        }
+        // The older turns of the chain still running, once long enough (`SEGMENT_MIN_CALLS`).
+        if let Some((first, last)) = self.open_segment(pass) {
+            let inside: Vec<&Record> = (first..=last).filter_map(|i| pass.record_of(branch.entry(i).0)).collect();
+            blocks.push(Chains::block_for(&mut self.seen, &self.listed, pass, first, last, &inside, block, &mut listed_now));
+            // Its last message is a tool result, no reply to cut.
+            self.short_now.insert((block, branch.entry(first).0.to_string()));
         }
         // At a prune (batches closed or chains compressed), the long reply of every compressed chain but
         // the newest closed one (what the user is answering) is cut: those compressed now and those left
@@ -217,6 +193,109 @@ impl Stage for Chains {
         self.compressed = done;
         pass.extend(blocks);
         Ok(())
+    }
+}
+
+impl Chains {
+    /// The block that stands for the branch's messages `first..=last` (a closed chain from its prompt to
+    /// its final reply, or the older turns of a chain still running), `inside` their records: a line per
+    /// output and the names the turns carried over from earlier outputs, less those a block in the
+    /// context or of this pass (`listed_now`, which takes this block's) lists already.
+    #[allow(clippy::too_many_arguments)]
+    fn block_for(seen: &mut FactsSeen, listed: &BTreeSet<String>, pass: &Pass<'_>, first: usize, last: usize, inside: &[&Record], block: u32, listed_now: &mut BTreeSet<String>) -> DecisionEvent {
+        let branch = pass.branch;
+        let protected: BTreeMap<u32, std::borrow::Cow<'_, str>> = inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, pass.text_of(r))).collect();
+        let mut infos = Vec::new();
+        for i in first..=last {
+            let (entry, m) = branch.entry(i);
+            for (cid, name, args) in m.tool_calls() {
+                let rec = inside.iter().find(|r| r.call_id == cid && r.call_entry == entry);
+                infos.push(CallInfo {
+                    ref_n: rec.map(|r| r.ref_n),
+                    tool: name,
+                    arguments: args,
+                    summary: rec.and_then(|r| pass.summary(r.ref_n)),
+                    protected_output: rec.and_then(|r| protected.get(&r.ref_n)).map(|t| &**t),
+                    output_chars: rec.map_or(0, |r| r.chars),
+                });
+            }
+        }
+        // The names the chain's turns carried over from earlier outputs, less those a block in the
+        // context lists already.
+        while seen.scanned() <= last {
+            seen.add(branch.entry(seen.scanned()).1);
+        }
+        let used = seen.used_names(last, (first..=last).map(|i| &**branch.entry(i).1));
+        let fresh: Vec<&str> = used.iter().map(String::as_str).filter(|n| !listed.contains(*n) && !listed_now.contains(*n)).collect();
+        let body = block_body(block, &infos, &fresh);
+        listed_now.extend(names_listed(&body));
+        DecisionEvent::ChainCompressed(Box::new(ChainCompressed {
+            block,
+            first: branch.entry(first).0.to_string(),
+            last: branch.entry(last).0.to_string(),
+            refs: inside.iter().map(|r| r.ref_n).collect(),
+            body,
+        }))
+    }
+
+    /// The older turns of the chain still running that a block can stand for now, as branch positions
+    /// (the first after its prompt or after its last such block, and the last before its
+    /// [`SEGMENT_KEEP_TURNS`] newest turns): every call in them answered inside them, every output in
+    /// them pruned (its batch closed, no read kept verbatim, no recovery in its grace window), at least
+    /// [`SEGMENT_MIN_CALLS`] calls. `None` when there are none (or no chain is running).
+    fn open_segment(&self, pass: &Pass<'_>) -> Option<(usize, usize)> {
+        let (start, tools) = (self.scan.start?, self.scan.tools);
+        if !tools {
+            return None;
+        }
+        let branch = pass.branch;
+        let n = branch.count();
+        // After the blocks that stand for its older turns already.
+        let mut cursor = start + 1;
+        while cursor < n
+            && let Some(b) = self.blocks.get(branch.entry(cursor).0)
+        {
+            cursor = pass.index.chains.get(b).and_then(|c| pass.position(&c.compressed.last))? + 1;
+        }
+        let grace = pass.config.recovery_grace_turns as u32;
+        let utg = pass.shape.utg();
+        // Where a turn starts with every call before it answered (a block may end before it), with the
+        // calls before it; a turn whose outputs may not go yet (not pruned, a read kept verbatim, a
+        // recovery in its grace window) ends the search.
+        let mut pending: BTreeSet<&str> = BTreeSet::new();
+        let (mut starts, mut calls) = (Vec::new(), 0usize);
+        for i in cursor..n {
+            let (entry, m) = branch.entry(i);
+            match &**m {
+                Message::Assistant { .. } => {
+                    if pending.is_empty() {
+                        starts.push((i, calls));
+                    }
+                    for (cid, _, _) in m.tool_calls() {
+                        pending.insert(cid);
+                        calls += 1;
+                    }
+                }
+                Message::ToolResult { call_id, .. } => {
+                    pending.remove(call_id.as_str());
+                    let ready = pass.record_of(entry).is_none_or(|r| {
+                        pass.outcome(r.batch).is_some()
+                            && !(pass.config.live_reads_tokens > 0 && pass.kept_verbatim(r))
+                            && !(r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace)
+                    });
+                    if !ready {
+                        // The turn holding it (the newest start) stays, and the newest turns are
+                        // counted before it.
+                        starts.pop();
+                        break;
+                    }
+                }
+                Message::User { .. } => {}
+            }
+        }
+        let end = starts.len().checked_sub(crate::SEGMENT_KEEP_TURNS)?;
+        let (next, calls) = *starts.get(end)?;
+        (calls >= crate::SEGMENT_MIN_CALLS && next > cursor).then(|| (cursor, next - 1))
     }
 }
 

@@ -413,7 +413,7 @@ impl<'a> Pass<'a> {
     }
 
     /// How batch `batch` was closed, by this pass or earlier (`None`: still open).
-    fn outcome(&self, batch: u32) -> Option<condense_events::BatchOutcome> {
+    pub fn outcome(&self, batch: u32) -> Option<condense_events::BatchOutcome> {
         self.decisions
             .iter()
             .rev()

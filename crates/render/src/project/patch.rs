@@ -43,7 +43,10 @@ impl Projection {
     /// of a compressed chain, phase 3's (`None`: the entry is no message).
     fn phased_at(&self, cache: &mut PhaseCache, i: usize) -> Option<Arc<Message>> {
         match (&self.items[i].node, self.marks.get(i)) {
-            (Node::Message(m, _), Some(mk)) if let Some(chain) = mk.chain_last.and_then(|b| self.decisions.chains.get(&b)) => {
+            (Node::Message(m, _), Some(mk))
+                if let Some(chain) = mk.chain_last.and_then(|b| self.decisions.chains.get(&b))
+                    && self.entry_message(&chain.compressed.first).is_some_and(|f| is_prompt(f)) =>
+            {
                 Some(self.chain_reply(cache, chain, m))
             }
             (Node::Message(m, meta), Some(mk)) => Some(self.phase_message(cache, i, m, meta, mk, 3, |_| false)),
@@ -98,6 +101,10 @@ impl Projection {
         let branch = self.branch_view();
         let (Some(fi), Some(li)) = (self.position(first), self.position(last)) else { return false };
         let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };
+        // The older turns of a chain still running leave the next render to start over.
+        if !is_prompt(fm) {
+            return false;
+        }
         let (Some(bf), Some(bl)) = (branch.position(first), branch.position(last)) else { return false };
         let Some(chain) = self.decisions.chains.get(&block) else { return false };
         // Spliced in place only near the end of the render, where chains are compressed as a session

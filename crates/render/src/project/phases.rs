@@ -219,6 +219,14 @@ impl Projection {
             // Phase 3: a compressed chain starting here.
             if let Some(block) = mk.chain_first.filter(|_| upto >= 3) {
                 if let (Some(chain), Some(&last)) = (idx.chains.get(&block), last_pos.get(&block)) {
+                    if last >= k && !is_prompt(m) {
+                        // The older turns of a chain still running: the host context among them, then
+                        // their block.
+                        out.extend(raw[k..=last].iter().filter(|(_, h, _)| h.is_host()).map(|&(hi, h, hmeta)| (hi, h.clone(), hmeta)));
+                        out.push((None, chain_block(&mut cache, chain), &Meta::User));
+                        k = last + 1;
+                        continue;
+                    }
                     if last > k {
                         out.push((item, m.clone(), meta));
                         // Host context inside the chain stays, verbatim and in order, ahead of the block.
