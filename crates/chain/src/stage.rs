@@ -401,4 +401,71 @@ mod tests {
         let d = log.run(&mut [&mut given(4, "x"), &mut fresh], Trigger::Request).unwrap();
         assert!(body(&d).ends_with("\nnames used: load_all, parse_config\nOriginals: context_tree_query b3 or tN."), "{}", body(&d));
     }
+    /// A chain still running: once its turns before the [`crate::SEGMENT_KEEP_TURNS`] newest hold at
+    /// least [`crate::SEGMENT_MIN_CALLS`] calls whose outputs are pruned, a block stands for them (from
+    /// the first message after the prompt to the last result before the turns that stay); the next
+    /// block starts after it; a turn whose output is not pruned yet stays with the turns after it; a
+    /// stage folded afresh from the log decides the same; the final reply compresses the chain whole.
+    #[test]
+    fn the_older_turns_of_a_running_chain_become_a_block() {
+        let mut log = Recorded::new(PruneConfig::default());
+        let mut stage = Chains::default();
+        let (keep, min) = (crate::SEGMENT_KEEP_TURNS as u32, crate::SEGMENT_MIN_CALLS as u32);
+        log.message("u", prompt("do it all"), &mut []);
+        // Turn n: one call and its result, its output captured in batch n and (when `closed`) pruned.
+        let turn = |log: &mut Recorded, stage: &mut Chains, n: u32, closed: bool| {
+            let (a, c, r) = (format!("a{n}"), format!("c{n}"), format!("r{n}"));
+            log.message(&a, calls(&[(&c, "read", r#"{"path":"f.rs"}"#)]), &mut [&mut *stage]);
+            log.message(&r, result(&c, "read", "text of f.rs", false), &mut [&mut *stage]);
+            let mut given = Given(vec![(record(n, n, &r, &a, &c, "read", "text of f.rs", &format!("h{n}")), "text of f.rs".into())]);
+            let d = log.run(&mut [&mut given], Trigger::Request).unwrap();
+            assert_eq!(d.len(), 1, "{d:?}");
+            if closed {
+                let summaries = vec![(n, format!("t{n} read (f.rs): 12 chars, 1 lines"))];
+                log.append(Event::Decision(DecisionEvent::BatchClosed { batch: n, refs: vec![n], outcome: condense_events::BatchOutcome::Summarized, summaries }), &mut [&mut *stage]);
+            }
+        };
+        let segments = |d: &[DecisionEvent]| -> Vec<(String, String, Vec<u32>)> {
+            d.iter()
+                .filter_map(|d| match d {
+                    DecisionEvent::ChainCompressed(ch) => Some((ch.first.clone(), ch.last.clone(), ch.refs.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        // One call short: nothing.
+        for n in 1..min + keep {
+            turn(&mut log, &mut stage, n, true);
+        }
+        assert_eq!(log.run(&mut [&mut stage], Trigger::Request).unwrap(), vec![]);
+        // The turn that makes `min` calls before the newest `keep`: the first `min` turns become block 1.
+        turn(&mut log, &mut stage, min + keep, true);
+        let d = log.run(&mut [&mut stage], Trigger::Request).unwrap();
+        assert_eq!(segments(&d), vec![("a1".to_string(), format!("r{min}"), (1..=min).collect())], "{d:?}");
+        let DecisionEvent::ChainCompressed(ch) = &d[0] else { panic!() };
+        assert!(ch.body.starts_with(&format!("[Compressed chain b1: {min} tool calls]\nt1 read (f.rs)")), "{}", ch.body);
+        assert_eq!(log.run(&mut [&mut stage], Trigger::Request).unwrap(), vec![], "compressed once");
+        // `min` more turns, the newest of them not pruned: it and the `keep` before it stay.
+        for n in min + keep + 1..=2 * min + keep {
+            turn(&mut log, &mut stage, n, n < 2 * min + keep);
+        }
+        let mut fresh = Chains::default();
+        for e in log.events() {
+            fresh.fold(e);
+        }
+        // The turns after block 1 and before the `keep` that stay hold `min - 1` calls.
+        let d = log.run(&mut [&mut fresh], Trigger::Request).unwrap();
+        assert_eq!(d, vec![], "{d:?}");
+        // Pruned, the newest turn lets the next `min` go, after block 1.
+        log.append(
+            Event::Decision(DecisionEvent::BatchClosed { batch: 2 * min + keep, refs: vec![2 * min + keep], outcome: condense_events::BatchOutcome::SkippedTrivial, summaries: Vec::new() }),
+            &mut [&mut fresh],
+        );
+        let d = log.run(&mut [&mut fresh], Trigger::Request).unwrap();
+        assert_eq!(segments(&d), vec![(format!("a{}", min + 1), format!("r{}", 2 * min), (min + 1..=2 * min).collect())], "{d:?}");
+        // The final reply: the chain whole, from its prompt, with every output.
+        log.message("f", reply("done"), &mut [&mut fresh]);
+        let d = log.run(&mut [&mut fresh], Trigger::Request).unwrap();
+        assert_eq!(segments(&d), vec![("u".to_string(), "f".to_string(), (1..=2 * min + keep).collect())], "{d:?}");
+    }
 }

@@ -129,6 +129,78 @@ fn a_chain_too_short_to_save_the_minimum_is_turned_down_and_a_long_one_compresse
     }
 }
 
+/// Issue 60, item 4: a long autonomous run (one prompt, forty turns of reads, no final reply yet) has its
+/// older turns compressed into blocks as it runs, through `Session::prepare` before each model request:
+/// the context keeps the prompt, the blocks and the newest turns' calls, stays provider-valid and is the
+/// render a fresh fold of the log gives; a block's outputs come back byte for byte; the final reply
+/// compresses the chain whole into one block.
+#[test]
+fn a_long_running_chain_has_its_older_turns_compressed_as_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = store.create_session("run").unwrap();
+    let output = |n: usize| (0..120).map(|k| format!("fn item_{n}_{k}() -> Value{k} {{ load_{k}() }}\n")).collect::<String>();
+    let mut parent = "p".to_string();
+    s.append(vec![SourceEvent::EntryAppended { id: parent.clone(), parent: None, entry: Entry::Message(Message::user_text("port every module", UserOrigin::Prompt)) }]).unwrap();
+    let calls_in = |r: &condense_render::Rendered| r.messages.iter().flat_map(|m| m.tool_calls()).count();
+    let tokens = |r: &condense_render::Rendered| r.messages.iter().map(|m| condense_tokens::estimate(m)).sum::<u64>();
+    let mut peak = 0;
+    for n in 0..40 {
+        let r = s.prepare().unwrap();
+        assert!(condense_render::check(&r.messages[..]).is_empty(), "turn {n}");
+        peak = peak.max(tokens(&r));
+        let said = Message::Assistant {
+            content: vec![Block::Text { text: format!("Reading module {n}.") }, Block::tool_call(format!("c{n}"), "read".into(), format!("{{\"path\":\"src/m{n}.rs\"}}"))],
+            model: None,
+            stop: None,
+            usage: None,
+        };
+        let out = Message::ToolResult { call_id: format!("c{n}"), tool_name: "read".into(), content: vec![Block::Text { text: output(n) }], is_error: false };
+        let (a, o) = (format!("a{n}"), format!("o{n}"));
+        s.append(vec![
+            SourceEvent::EntryAppended { id: a.clone(), parent: Some(parent.clone()), entry: Entry::Message(said) },
+            SourceEvent::EntryAppended { id: o.clone(), parent: Some(a), entry: Entry::Message(out) },
+        ])
+        .unwrap();
+        parent = o;
+    }
+    let running = s.prepare().unwrap();
+    assert!(condense_render::check(&running.messages[..]).is_empty());
+    assert_eq!(*running.messages, *s.render_at(s.head().unwrap()).unwrap().messages, "a fresh fold renders the same");
+    let blocks: Vec<(u32, Vec<u32>)> = s.projection().unwrap().index().chains.values().map(|c| (c.compressed.block, c.compressed.refs.clone())).collect();
+    assert!(blocks.len() >= 2, "{blocks:?}");
+    let bodies: Vec<String> = running.messages.iter().filter_map(|m| m.content().first().and_then(|b| match b {
+        Block::Text { text } if text.starts_with("[Compressed chain b") => Some(text.clone()),
+        _ => None,
+    })).collect();
+    assert_eq!(bodies.len(), blocks.len(), "{bodies:?}");
+    // The prompt, the blocks, and the newest turns' calls (more than SEGMENT_KEEP_TURNS, fewer than all).
+    let kept = calls_in(&running);
+    assert!(kept >= condense_chain::SEGMENT_KEEP_TURNS && kept < 40 - condense_chain::SEGMENT_MIN_CALLS, "{kept} calls kept");
+    assert!(running.messages.last().unwrap().content().iter().any(|b| matches!(b, Block::Text { text } if text.contains("t40") || text.contains("item_39_"))));
+    assert!(tokens(&running) < peak, "the context shrank: {} tokens, {peak} at its largest", tokens(&running));
+    // Block 1's outputs, byte for byte.
+    let answer = s.query(&["b1".to_string()]).unwrap();
+    assert!(!answer.is_error, "{}", answer.text);
+    assert_eq!(answer.originals.len(), blocks[0].1.len());
+    assert_eq!(answer.originals[0].1, output(0));
+    // The final reply: one block for the whole chain.
+    s.append(vec![SourceEvent::EntryAppended {
+        id: "f".into(),
+        parent: Some(parent),
+        entry: Entry::Message(Message::Assistant { content: vec![Block::Text { text: "All forty modules are ported.".into() }], model: None, stop: None, usage: None }),
+    }])
+    .unwrap();
+    s.append(vec![SourceEvent::EntryAppended { id: "q".into(), parent: Some("f".into()), entry: Entry::Message(Message::user_text("thanks", UserOrigin::Prompt)) }]).unwrap();
+    let closed = s.prepare().unwrap();
+    assert!(condense_render::check(&closed.messages[..]).is_empty());
+    assert_eq!(calls_in(&closed), 0, "{:?}", closed.messages);
+    let whole = s.projection().unwrap().index().chains.values().last().unwrap().compressed.clone();
+    assert_eq!((whole.first.as_str(), whole.last.as_str(), whole.refs.len()), ("p", "f", 40));
+    assert_eq!(closed.messages.iter().filter(|m| m.content().iter().any(|b| matches!(b, Block::Text { text } if text.starts_with("[Compressed chain b")))).count(), 1);
+    assert_eq!(*closed.messages, *s.render_at(s.head().unwrap()).unwrap().messages);
+}
+
 /// Issue 60, item 3: prunes held back because re-sending the rewritten context would cost more than they
 /// save go ahead on a request the host says finds the provider's cache cold (`Session::with_cold_cache`):
 /// the whole context is sent uncached then anyway.
