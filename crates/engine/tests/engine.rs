@@ -176,7 +176,7 @@ fn a_long_running_chain_has_its_older_turns_compressed_as_it_runs() {
     assert_eq!(bodies.len(), blocks.len(), "{bodies:?}");
     // The prompt, the blocks, and the newest turns' calls (more than SEGMENT_KEEP_TURNS, fewer than all).
     let kept = calls_in(&running);
-    assert!(kept >= condense_chain::SEGMENT_KEEP_TURNS && kept < 40 - condense_chain::SEGMENT_MIN_CALLS, "{kept} calls kept");
+    assert!((condense_chain::SEGMENT_KEEP_TURNS..40 - condense_chain::SEGMENT_MIN_CALLS).contains(&kept), "{kept} calls kept");
     assert!(running.messages.last().unwrap().content().iter().any(|b| matches!(b, Block::Text { text } if text.contains("t40") || text.contains("item_39_"))));
     assert!(tokens(&running) < peak, "the context shrank: {} tokens, {peak} at its largest", tokens(&running));
     // Block 1's outputs, byte for byte.
