@@ -2347,3 +2347,61 @@ async fn each_decision_shows_what_it_cost_and_saved() {
     assert!((metrics["condense_decisions_net_saving"] - n(&status, "decisions_net_saving")).abs() < 0.01, "{metrics:?}");
     assert_eq!(metrics["condense_decisions"], n(&status, "decisions"));
 }
+
+/// Issue 60, item 4, through serve, on every API: one prompt running into forty calls before its reply.
+/// The older turns of the running chain go upstream as blocks while it runs (the prompt first, then the
+/// blocks, then the newest turns), every request stays provider-valid (each result right after its call,
+/// read back from the body serve sent), and the final reply compresses the chain whole at the next prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_running_chain_goes_upstream_compressed_as_it_runs() {
+    for api in [Api::Anthropic, Api::Chat, Api::Responses, Api::Gemini] {
+        let mut steps: Vec<Step> = (0..40).map(|k| Step::Shell(format!("seq {k} 2000"))).collect();
+        steps.push(Step::Text("all forty done".into()));
+        steps.push(Step::Text("noted".into()));
+        let fake = Fake::start(steps).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config_for(dir.path().join("store"), &fake);
+        cfg.file.raw.rolling_window = None;
+        let serve = start(cfg).await.unwrap();
+        let mut agent = Agent::new(api, false, &format!("http://{}", serve.addr));
+        assert_eq!(agent.turn("run the forty steps").await.unwrap(), "all forty done");
+        assert_eq!(agent.turn("thanks").await.unwrap(), "noted");
+        let log = fake.log();
+        let list = |l: &Logged| -> Vec<Value> {
+                l.body[api.list_field()].as_array().cloned().unwrap_or_default()
+        };
+        let neutral = |l: &Logged| -> Vec<Message> { wire::parse_request(api, list(l)).unwrap().messages.into_iter().map(|w| w.message).collect() };
+        for (k, l) in log.iter().enumerate() {
+            let messages: Vec<Box<Message>> = neutral(l).into_iter().map(Box::new).collect();
+            let violations = condense_render::check(&messages);
+            assert!(violations.is_empty(), "{api:?}, request {k}: {violations:?}");
+        }
+        // Each text block with its message's place (Anthropic sends the prompt and the blocks after it as
+        // one user message).
+        let texts = |ms: &[Message]| -> Vec<(usize, String)> {
+            ms.iter().enumerate().flat_map(|(i, m)| m.content().iter().filter_map(move |b| match b {
+                Block::Text { text } => Some((i, text.clone())),
+                _ => None,
+            })).collect()
+        };
+        let blocks_in = |ms: &[Message]| texts(ms).into_iter().filter(|(_, t)| t.starts_with("[Compressed chain b")).collect::<Vec<_>>();
+        // The last request of the running chain: the prompt, its blocks, the newest turns.
+        let running = neutral(&log[log.len() - 2]);
+        let blocks = blocks_in(&running);
+        assert!(!blocks.is_empty(), "{api:?}: no block while the chain runs: {running:?}");
+        let all = texts(&running);
+        let prompt = all.iter().position(|(_, t)| t.contains("run the forty steps")).expect("the prompt");
+        let first_block = all.iter().position(|(_, t)| t.starts_with("[Compressed chain b")).unwrap();
+        assert!(first_block > prompt, "{api:?}");
+        let calls = running.iter().flat_map(|m| m.tool_calls()).count();
+        assert!((condense_chain::SEGMENT_KEEP_TURNS..40 - condense_chain::SEGMENT_MIN_CALLS).contains(&calls), "{api:?}: {calls} calls");
+        let last_block = blocks.last().unwrap().0;
+        assert!(running[last_block + 1..].iter().any(|m| m.tool_calls().next().is_some()), "{api:?}: the newest turns follow the blocks");
+        assert!(running[..last_block].iter().all(|m| m.tool_calls().next().is_none()), "{api:?}: no call before the blocks");
+        // After the reply: one block for the chain, no calls.
+        let after = neutral(log.last().unwrap());
+        assert_eq!(blocks_in(&after).len(), 1, "{api:?}: {after:?}");
+        assert_eq!(after.iter().flat_map(|m| m.tool_calls()).count(), 0, "{api:?}");
+        serve.stop().await.unwrap();
+    }
+}
