@@ -481,7 +481,7 @@ impl Totals {
 /// `t3 t4 t9`, or the first and the count of a long list.
 /// Whether `x` stands for `m` in a render: both tool results of the same call, or both assistant
 /// messages whose first call is the same.
-fn same_call(x: &Message, m: &Message) -> bool {
+pub(crate) fn same_call(x: &Message, m: &Message) -> bool {
     match (x, m) {
         (Message::ToolResult { call_id: a, .. }, Message::ToolResult { call_id: b, .. }) => a == b,
         (Message::Assistant { .. }, Message::Assistant { .. }) => m.tool_calls().next().is_some_and(|(b, _, _)| x.tool_calls().next().is_some_and(|(a, _, _)| a == b)),

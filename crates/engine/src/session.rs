@@ -143,14 +143,15 @@ fn least_saving(proj: &Projection, cold: bool) -> u64 {
 }
 
 /// The tokens of the rendered messages `b` that `prunes` can change, when every one is a batch closing
-/// (its outputs) or a chain compression (its messages from the prompt to the final reply) and `b` holds
-/// each of those as the session's own message (`None` otherwise). A prune changes only those messages,
+/// (its outputs) or a chain compression (its messages from the prompt to the final reply, or the older
+/// turns of a running chain) and `b` holds each of those as the session's own message or as its
+/// condensed turn or stub (found by its call; `None` otherwise). A prune changes only those messages,
 /// so what the prunes save is at most this (a message two prunes touch counts twice).
 fn tokens_touched(proj: &Projection, b: &[Arc<condense_events::Message>], prunes: &[DecisionEvent]) -> Option<u64> {
     // The rendered position of an entry's message, from the end (what a request prunes is mostly recent).
     let at = |id: &str| {
         let m = proj.entry_message(id)?;
-        b.iter().rposition(|x| Arc::ptr_eq(x, m))
+        b.iter().rposition(|x| Arc::ptr_eq(x, m) || crate::accounts::same_call(x, m))
     };
     let tokens = |from: usize, to: usize| b[from..=to].iter().map(|m| proj.estimate(m)).sum::<u64>();
     let records = &proj.index().records;
