@@ -170,6 +170,12 @@ pub fn names_listed(body: &str) -> Vec<String> {
 /// summarized, a digest of the calls; then `used`, the names the
 /// chain's turns carried over from earlier tool outputs (see [`FactsSeen::used_names`]), at most [`USED_NAMES`].
 pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
+    block_body_with(block, calls, used, false)
+}
+
+/// [`block_body`], with each output's names (its summary's names line) under its line when
+/// `output_names` (the older turns of a chain still running, whose later turns go on using them).
+pub fn block_body_with(block: u32, calls: &[CallInfo<'_>], used: &[&str], output_names: bool) -> String {
     let summaries: Vec<&str> = calls.iter().filter_map(|c| c.summary).collect();
     // The refs, when no summary line names them.
     let refs: Vec<String> = if summaries.is_empty() { calls.iter().filter_map(|c| c.ref_n.map(|r| format!("t{r}"))).collect() } else { Vec::new() };
@@ -201,14 +207,19 @@ pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
             let Some(s) = c.summary else { continue };
             out.push('\n');
             out.push_str(s.lines().next().unwrap_or_default());
+            let names = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES));
             if c.output_chars >= DOCUMENT_NAMES_FROM
                 && condense_index::is_document_output(c.tool, c.arguments)
-                && let Some(names) = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES))
+                && let Some(names) = names
             {
                 let kept: Vec<&str> = names.split(' ').take(DOCUMENT_NAMES).collect();
                 out.push('\n');
                 out.push_str(condense_index::SUMMARY_NAMES);
                 out.push_str(&kept.join(" "));
+            } else if output_names && let Some(names) = names {
+                out.push('\n');
+                out.push_str(condense_index::SUMMARY_NAMES);
+                out.push_str(names);
             }
         }
     }
@@ -287,6 +298,11 @@ mod tests {
             "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars, 30 lines\nt5 read (src/b.rs): 400 chars, 10 lines\nnames used: load_all, ConfigError\nOriginals: context_tree_query b4 or tN."
         );
         assert!(!block_body(4, &calls, &[]).contains("names used"));
+        // The older turns of a running chain keep each output's names line under its line.
+        assert_eq!(
+            block_body_with(4, &calls, &[], true),
+            "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars, 30 lines\n  names: parse_config, ConfigError, load_all\nt5 read (src/b.rs): 400 chars, 10 lines\n  names: ConfigError, load_all\nOriginals: context_tree_query b4 or tN."
+        );
         assert_eq!(names_listed(&block_body(4, &calls, &["load_all", "x_y_z"])), vec!["load_all", "x_y_z"]);
         let many: Vec<String> = (0..USED_NAMES + 5).map(|i| format!("name_{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();

@@ -11,7 +11,7 @@
 //! branch's outputs and user messages ([`FactsSeen`]) and the names the blocks in the context list; all
 //! are dropped when the branch's shape is rebuilt.
 
-use crate::{block_body, names_listed, reply_cut, CallInfo, ChainScan, FactsSeen, Span};
+use crate::{block_body_with, names_listed, reply_cut, CallInfo, ChainScan, FactsSeen, Span};
 use condense_events::{ChainCompressed, DecisionEvent, Event, Message, Record, UserOrigin, QUERY_TOOL_NAME};
 use condense_stage::{is_final_reply, Pass, Stage, StageError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -157,14 +157,14 @@ impl Stage for Chains {
             if pass.config.live_reads_tokens > 0 && inside.iter().any(|r| pass.kept_verbatim(r)) {
                 continue;
             }
-            blocks.push(Chains::block_for(&mut self.seen, &self.listed, pass, span.first, span.last, &inside, block, &mut listed_now));
+            blocks.push(Chains::block_for(&mut self.seen, &self.listed, pass, span.first, span.last, &inside, block, &mut listed_now, false));
             compressed_now.push((block, span.last, Some(span.first)));
             block += 1;
         }
         // The older turns of the chain still running, once long enough (`SEGMENT_MIN_CALLS`).
         if let Some((first, last)) = self.open_segment(pass) {
             let inside: Vec<&Record> = (first..=last).filter_map(|i| pass.record_of(branch.entry(i).0)).collect();
-            blocks.push(Chains::block_for(&mut self.seen, &self.listed, pass, first, last, &inside, block, &mut listed_now));
+            blocks.push(Chains::block_for(&mut self.seen, &self.listed, pass, first, last, &inside, block, &mut listed_now, true));
             // Its last message is a tool result, no reply to cut.
             self.short_now.insert((block, branch.entry(first).0.to_string()));
         }
@@ -200,9 +200,11 @@ impl Chains {
     /// The block that stands for the branch's messages `first..=last` (a closed chain from its prompt to
     /// its final reply, or the older turns of a chain still running), `inside` their records: a line per
     /// output and the names the turns carried over from earlier outputs, less those a block in the
-    /// context or of this pass (`listed_now`, which takes this block's) lists already.
+    /// context or of this pass (`listed_now`, which takes this block's) lists already; with `running`
+    /// (the older turns of a chain still running) each output's names too, which its later turns go on
+    /// using.
     #[allow(clippy::too_many_arguments)]
-    fn block_for(seen: &mut FactsSeen, listed: &BTreeSet<String>, pass: &Pass<'_>, first: usize, last: usize, inside: &[&Record], block: u32, listed_now: &mut BTreeSet<String>) -> DecisionEvent {
+    fn block_for(seen: &mut FactsSeen, listed: &BTreeSet<String>, pass: &Pass<'_>, first: usize, last: usize, inside: &[&Record], block: u32, listed_now: &mut BTreeSet<String>, running: bool) -> DecisionEvent {
         let branch = pass.branch;
         let protected: BTreeMap<u32, std::borrow::Cow<'_, str>> = inside.iter().filter(|r| r.protected).map(|r| (r.ref_n, pass.text_of(r))).collect();
         let mut infos = Vec::new();
@@ -227,7 +229,7 @@ impl Chains {
         }
         let used = seen.used_names(last, (first..=last).map(|i| &**branch.entry(i).1));
         let fresh: Vec<&str> = used.iter().map(String::as_str).filter(|n| !listed.contains(*n) && !listed_now.contains(*n)).collect();
-        let body = block_body(block, &infos, &fresh);
+        let body = block_body_with(block, &infos, &fresh, running);
         listed_now.extend(names_listed(&body));
         DecisionEvent::ChainCompressed(Box::new(ChainCompressed {
             block,
@@ -421,7 +423,7 @@ mod tests {
             let d = log.run(&mut [&mut given], Trigger::Request).unwrap();
             assert_eq!(d.len(), 1, "{d:?}");
             if closed {
-                let summaries = vec![(n, format!("t{n} read (f.rs): 12 chars, 1 lines"))];
+                let summaries = vec![(n, format!("t{n} read (f.rs): 12 chars, 1 lines\n  names: item_{n} load_{n}"))];
                 log.append(Event::Decision(DecisionEvent::BatchClosed { batch: n, refs: vec![n], outcome: condense_events::BatchOutcome::Summarized, summaries }), &mut [&mut *stage]);
             }
         };
@@ -443,7 +445,7 @@ mod tests {
         let d = log.run(&mut [&mut stage], Trigger::Request).unwrap();
         assert_eq!(segments(&d), vec![("a1".to_string(), format!("r{min}"), (1..=min).collect())], "{d:?}");
         let DecisionEvent::ChainCompressed(ch) = &d[0] else { panic!() };
-        assert!(ch.body.starts_with(&format!("[Compressed chain b1: {min} tool calls]\nt1 read (f.rs)")), "{}", ch.body);
+        assert!(ch.body.starts_with(&format!("[Compressed chain b1: {min} tool calls]\nt1 read (f.rs): 12 chars, 1 lines\n  names: item_1 load_1\nt2 read")), "{}", ch.body);
         assert_eq!(log.run(&mut [&mut stage], Trigger::Request).unwrap(), vec![], "compressed once");
         // `min` more turns, the newest of them not pruned: it and the `keep` before it stay.
         for n in min + keep + 1..=2 * min + keep {
@@ -467,5 +469,8 @@ mod tests {
         log.message("f", reply("done"), &mut [&mut fresh]);
         let d = log.run(&mut [&mut fresh], Trigger::Request).unwrap();
         assert_eq!(segments(&d), vec![("u".to_string(), "f".to_string(), (1..=2 * min + keep).collect())], "{d:?}");
+        // The chain's block, once it closed, keeps each output's first line alone.
+        let DecisionEvent::ChainCompressed(ch) = &d[0] else { panic!() };
+        assert!(ch.body.contains("\nt1 read (f.rs): 12 chars, 1 lines\nt2 read") && !ch.body.contains("names: item_"), "{}", ch.body);
     }
 }
