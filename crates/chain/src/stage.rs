@@ -12,7 +12,7 @@
 //! are dropped when the branch's shape is rebuilt.
 
 use crate::{block_body_with, names_listed, reply_cut, CallInfo, ChainScan, FactsSeen, Span};
-use condense_events::{ChainCompressed, DecisionEvent, Event, Message, Record, UserOrigin, QUERY_TOOL_NAME};
+use condense_events::{ChainCompressed, DecisionEvent, Event, Message, Record, QUERY_TOOL_NAME};
 use condense_stage::{is_final_reply, Pass, Stage, StageError};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,7 +62,7 @@ impl Chains {
         }
         for i in self.covered..pass.branch.count() {
             let m = pass.branch.entry(i).1;
-            let prompt = matches!(**m, Message::User { origin: UserOrigin::Prompt, .. });
+            let prompt = m.is_prompt();
             if let Some(span) = self.scan.step(i, prompt, is_final_reply(m), m.tool_calls().next().is_some()) {
                 self.spans.push(span);
             }
@@ -135,8 +135,6 @@ impl Stage for Chains {
             done += 1;
         }
         let keep = pass.config.rolling_window as usize;
-        let grace = pass.config.recovery_grace_turns as u32;
-        let utg = pass.shape.utg();
         let mut block = pass.index.next_block();
         // Names a block of this pass lists already.
         let mut listed_now: BTreeSet<String> = BTreeSet::new();
@@ -149,12 +147,7 @@ impl Stage for Chains {
                 continue;
             }
             let inside: Vec<&Record> = (span.first..=span.last).filter_map(|i| pass.record_of(branch.entry(i).0)).collect();
-            if inside.iter().any(|r| r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace) {
-                continue; // Deferred until the recovery ages out (seed 000, Implementation 2).
-            }
-            // A file read `liveReadsTokens` keeps verbatim defers the chain until it is stubbed:
-            // compressed now, it would leave the context.
-            if pass.config.live_reads_tokens > 0 && inside.iter().any(|r| pass.kept_verbatim(r)) {
+            if inside.iter().any(|r| held(pass, r)) {
                 continue;
             }
             blocks.push(Chains::block_for(&mut self.seen, &self.listed, pass, span.first, span.last, &inside, block, &mut listed_now, false));
@@ -194,6 +187,14 @@ impl Stage for Chains {
         pass.extend(blocks);
         Ok(())
     }
+}
+
+/// Whether output `r` holds back the block that would take it out of the context: a recovery still in its
+/// grace window (seed 000, Implementation 2), or a file read `liveReadsTokens` keeps verbatim until it is
+/// stubbed.
+fn held(pass: &Pass<'_>, r: &Record) -> bool {
+    let grace = pass.config.recovery_grace_turns as u32;
+    (r.tool == QUERY_TOOL_NAME && grace > 0 && pass.shape.utg().saturating_sub(r.utg) <= grace) || (pass.config.live_reads_tokens > 0 && pass.kept_verbatim(r))
 }
 
 impl Chains {
@@ -259,8 +260,6 @@ impl Chains {
         {
             cursor = pass.index.chains.get(b).and_then(|c| pass.position(&c.compressed.last))? + 1;
         }
-        let grace = pass.config.recovery_grace_turns as u32;
-        let utg = pass.shape.utg();
         // Where a turn starts with every call before it answered (a block may end before it), with the
         // calls before it; a turn whose outputs may not go yet (not pruned, a read kept verbatim, a
         // recovery in its grace window) ends the search.
@@ -280,11 +279,7 @@ impl Chains {
                 }
                 Message::ToolResult { call_id, .. } => {
                     pending.remove(call_id.as_str());
-                    let ready = pass.record_of(entry).is_none_or(|r| {
-                        pass.outcome(r.batch).is_some()
-                            && !(pass.config.live_reads_tokens > 0 && pass.kept_verbatim(r))
-                            && !(r.tool == QUERY_TOOL_NAME && grace > 0 && utg.saturating_sub(r.utg) <= grace)
-                    });
+                    let ready = pass.record_of(entry).is_none_or(|r| pass.outcome(r.batch).is_some() && !held(pass, r));
                     if !ready {
                         // The turn holding it (the newest start) stays, and the newest turns are
                         // counted before it.

@@ -405,10 +405,9 @@ impl Accounts {
     fn span(&self, proj: &Projection, first: &str, last: &str) -> u64 {
         let (Some(a), Some(b)) = (proj.entry_message(first), proj.entry_message(last)) else { return 0 };
         let prev = &self.meter.prev;
-        // An entry renders as itself, or (a turn condensed, an output stubbed) as a message answering or
-        // making the same call: the older turns of a running chain start with a call and end with a result.
-        let at = |m: &Arc<Message>| prev.iter().rposition(|x| Arc::ptr_eq(x, m) || same_call(x, m));
-        match (at(a), at(b)) {
+        // The older turns of a running chain start with a condensed turn and end with a stub: found by
+        // their calls.
+        match (proj.rendered_at(first, prev), proj.rendered_at(last, prev)) {
             (Some(i), Some(j)) if i <= j => return self.meter.sums[j + 1] - self.meter.sums[i],
             // The final reply answered the last request: the chain is the rest of that request, then it.
             (Some(i), None) => {
@@ -479,16 +478,6 @@ impl Totals {
 }
 
 /// `t3 t4 t9`, or the first and the count of a long list.
-/// Whether `x` stands for `m` in a render: both tool results of the same call, or both assistant
-/// messages whose first call is the same.
-pub(crate) fn same_call(x: &Message, m: &Message) -> bool {
-    match (x, m) {
-        (Message::ToolResult { call_id: a, .. }, Message::ToolResult { call_id: b, .. }) => a == b,
-        (Message::Assistant { .. }, Message::Assistant { .. }) => m.tool_calls().next().is_some_and(|(b, _, _)| x.tool_calls().next().is_some_and(|(a, _, _)| a == b)),
-        _ => false,
-    }
-}
-
 fn refs_label(refs: &[u32]) -> String {
     match refs {
         [] => String::new(),

@@ -149,10 +149,7 @@ fn least_saving(proj: &Projection, cold: bool) -> u64 {
 /// so what the prunes save is at most this (a message two prunes touch counts twice).
 fn tokens_touched(proj: &Projection, b: &[Arc<condense_events::Message>], prunes: &[DecisionEvent]) -> Option<u64> {
     // The rendered position of an entry's message, from the end (what a request prunes is mostly recent).
-    let at = |id: &str| {
-        let m = proj.entry_message(id)?;
-        b.iter().rposition(|x| Arc::ptr_eq(x, m) || crate::accounts::same_call(x, m))
-    };
+    let at = |id: &str| proj.rendered_at(id, b);
     let tokens = |from: usize, to: usize| b[from..=to].iter().map(|m| proj.estimate(m)).sum::<u64>();
     let records = &proj.index().records;
     prunes.iter().try_fold(0, |sum, d| match d {

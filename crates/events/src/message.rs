@@ -318,6 +318,11 @@ impl Message {
         })
     }
 
+    /// Whether this is a user prompt ([`UserOrigin::Prompt`]): where a chain starts.
+    pub fn is_prompt(&self) -> bool {
+        matches!(self, Message::User { origin: UserOrigin::Prompt, .. })
+    }
+
     /// Whether this is host context ([`UserOrigin::Host`]).
     pub fn is_host(&self) -> bool {
         matches!(self, Message::User { origin: UserOrigin::Host, .. })

@@ -100,6 +100,24 @@ impl Projection {
         Some(super::phases::stub(&self.decisions, rec, self.entry_message(&rec.entry)?))
     }
 
+    /// Where entry `id`'s message sits in the rendered messages `msgs`, the last place from the end: as
+    /// itself, or (a turn condensed, an output stubbed) as the message making the same first call or
+    /// answering the same call; `None` when it is not there (inside a block, cut, not an entry).
+    pub fn rendered_at(&self, id: &str, msgs: &[Arc<Message>]) -> Option<usize> {
+        let m = self.entry_message(id)?;
+        fn first_call(x: &Message) -> Option<&str> {
+            x.tool_calls().next().map(|(c, _, _)| c)
+        }
+        msgs.iter().rposition(|x| {
+            Arc::ptr_eq(x, m)
+                || match (&**x, &**m) {
+                    (Message::ToolResult { call_id: a, .. }, Message::ToolResult { call_id: b, .. }) => a == b,
+                    (Message::Assistant { .. }, Message::Assistant { .. }) => first_call(m).is_some() && first_call(x) == first_call(m),
+                    _ => false,
+                }
+        })
+    }
+
     /// Which entries are in the context: on the active branch and not cut away by the newest host
     /// compaction on it (what the pipeline made of such an entry's message is rendered, unless a checkpoint
     /// stands in for it). The branch is looked at once; the test it gives takes an entry id.

@@ -293,13 +293,6 @@ fn cached<K: Ord>(
     own.entry(key).or_insert_with(make).clone()
 }
 
-/// Whether `m` is a user prompt: where a compressed chain starts, its block standing between the prompt
-/// and the final reply; a block that starts elsewhere stands for the older turns of a chain that was
-/// still running, in their place.
-fn is_prompt(m: &Message) -> bool {
-    matches!(m, Message::User { origin: UserOrigin::Prompt, .. })
-}
-
 /// The block message compressed chain `chain` renders as, built once and shared by every render.
 fn chain_block(cache: &mut PhaseCache, chain: &condense_index::Chain) -> Arc<Message> {
     let PhaseCache { base, own } = cache;

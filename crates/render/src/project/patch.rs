@@ -45,7 +45,7 @@ impl Projection {
         match (&self.items[i].node, self.marks.get(i)) {
             (Node::Message(m, _), Some(mk))
                 if let Some(chain) = mk.chain_last.and_then(|b| self.decisions.chains.get(&b))
-                    && self.entry_message(&chain.compressed.first).is_some_and(|f| is_prompt(f)) =>
+                    && self.entry_message(&chain.compressed.first).is_some_and(|f| f.is_prompt()) =>
             {
                 Some(self.chain_reply(cache, chain, m))
             }
@@ -102,7 +102,7 @@ impl Projection {
         let (Some(fi), Some(li)) = (self.position(first), self.position(last)) else { return false };
         let (Node::Message(fm, _), Node::Message(lm, _)) = (&self.items[fi].node, &self.items[li].node) else { return false };
         // The older turns of a chain still running leave the next render to start over.
-        if !is_prompt(fm) {
+        if !fm.is_prompt() {
             return false;
         }
         let (Some(bf), Some(bl)) = (branch.position(first), branch.position(last)) else { return false };

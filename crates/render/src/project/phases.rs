@@ -219,9 +219,9 @@ impl Projection {
             // Phase 3: a compressed chain starting here.
             if let Some(block) = mk.chain_first.filter(|_| upto >= 3) {
                 if let (Some(chain), Some(&last)) = (idx.chains.get(&block), last_pos.get(&block)) {
-                    if last >= k && !is_prompt(m) {
-                        // The older turns of a chain still running: the host context among them, then
-                        // their block.
+                    if last >= k && !m.is_prompt() {
+                        // A block that does not start at a prompt stands for the older turns of a chain
+                        // still running: the host context among them, then the block, in their place.
                         out.extend(raw[k..=last].iter().filter(|(_, h, _)| h.is_host()).map(|&(hi, h, hmeta)| (hi, h.clone(), hmeta)));
                         out.push((None, chain_block(&mut cache, chain), &Meta::User));
                         k = last + 1;
