@@ -166,7 +166,7 @@ pub fn names_listed(body: &str) -> Vec<String> {
 }
 
 /// The text of a compressed chain block: a line per summarized output (its summary's first line: ref, tool,
-/// what was asked, size; for a long document its first names, [`DOCUMENT_NAMES_FROM`]) or, when none was
+/// what was asked, size in characters; for a long document its first names, [`DOCUMENT_NAMES_FROM`]) or, when none was
 /// summarized, a digest of the calls; then `used`, the names the
 /// chain's turns carried over from earlier tool outputs (see [`FactsSeen::used_names`]), at most [`USED_NAMES`].
 pub fn block_body(block: u32, calls: &[CallInfo<'_>], used: &[&str]) -> String {
@@ -206,7 +206,7 @@ pub fn block_body_with(block: u32, calls: &[CallInfo<'_>], used: &[&str], output
         for c in calls {
             let Some(s) = c.summary else { continue };
             out.push('\n');
-            out.push_str(s.lines().next().unwrap_or_default());
+            out.push_str(&without_line_count(s.lines().next().unwrap_or_default()));
             let names = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES));
             if c.output_chars >= DOCUMENT_NAMES_FROM
                 && condense_index::is_document_output(c.tool, c.arguments)
@@ -234,8 +234,23 @@ pub fn block_body_with(block: u32, calls: &[CallInfo<'_>], used: &[&str], output
             out.push_str(&format!("\n[protected output t{r} ({}), verbatim]\n{text}", c.tool));
         }
     }
-    out.push_str(&format!("\nOriginals: {} b{block} or tN.", condense_events::QUERY_TOOL_NAME));
     out
+}
+
+/// A summary's first line without its line count (`t3 bash (cargo test): 900 chars, 30 lines` becomes
+/// `t3 bash (cargo test): 900 chars`): in a block the size in characters is enough to weigh a recovery
+/// by, and the count was most of a line's length after the ref and the call (docs/pruning.md, "Shorter
+/// chain blocks"). A line without one (a model's summary) stays as it is.
+fn without_line_count(first: &str) -> std::borrow::Cow<'_, str> {
+    const SIZE: &str = " chars, ";
+    let Some(at) = first.rfind(SIZE) else { return first.into() };
+    let rest = &first[at + SIZE.len()..];
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let tail = rest[digits..].strip_prefix(" lines").or_else(|| rest[digits..].strip_prefix(" line"));
+    match tail {
+        Some(tail) if digits > 0 => format!("{}{tail}", &first[..at + SIZE.len() - 2]).into(),
+        _ => first.into(),
+    }
 }
 
 #[cfg(test)]
@@ -278,7 +293,7 @@ mod tests {
         ];
         assert_eq!(
             block_body(2, &calls, &[]),
-            "[Compressed chain b2: 2 tool calls; outputs t1]\ntools: bash×1, read×1\nfirst: read {\"path\":\"a\"}\nlast: bash {\"command\":\"ls\"}\nOriginals: context_tree_query b2 or tN."
+            "[Compressed chain b2: 2 tool calls; outputs t1]\ntools: bash×1, read×1\nfirst: read {\"path\":\"a\"}\nlast: bash {\"command\":\"ls\"}"
         );
     }
 
@@ -295,19 +310,25 @@ mod tests {
         ];
         assert_eq!(
             block_body(4, &calls, &["load_all", "src/b.rs", "ConfigError"]),
-            "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars, 30 lines\nt5 read (src/b.rs): 400 chars, 10 lines\nnames used: load_all, ConfigError\nOriginals: context_tree_query b4 or tN."
+            "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars\nt5 read (src/b.rs): 400 chars\nnames used: load_all, ConfigError"
         );
         assert!(!block_body(4, &calls, &[]).contains("names used"));
         // The older turns of a running chain keep each output's names line under its line.
         assert_eq!(
             block_body_with(4, &calls, &[], true),
-            "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars, 30 lines\n  names: parse_config, ConfigError, load_all\nt5 read (src/b.rs): 400 chars, 10 lines\n  names: ConfigError, load_all\nOriginals: context_tree_query b4 or tN."
+            "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars\n  names: parse_config, ConfigError, load_all\nt5 read (src/b.rs): 400 chars\n  names: ConfigError, load_all"
         );
         assert_eq!(names_listed(&block_body(4, &calls, &["load_all", "x_y_z"])), vec!["load_all", "x_y_z"]);
+        // A line count goes wherever it stands; a first line without one stays whole.
+        assert_eq!(without_line_count("t3 bash (ls): 900 chars, 1 line, error"), "t3 bash (ls): 900 chars, error");
+        assert_eq!(without_line_count("t3 bash (x: 9 chars, 2 lines): 900 chars, 30 lines"), "t3 bash (x: 9 chars, 2 lines): 900 chars");
+        for whole in ["t3 bash: the tests pass", "t3 bash (ls): 900 chars, many lines", "t3 bash: 900 chars, lines"] {
+            assert_eq!(without_line_count(whole), whole);
+        }
         let many: Vec<String> = (0..USED_NAMES + 5).map(|i| format!("name_{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let body = block_body(4, &calls, &many);
-        assert!(body.contains(&format!("name_{}\n", USED_NAMES - 1)) && !body.contains(&format!("name_{},", USED_NAMES)), "{body}");
+        assert!(body.ends_with(&format!(", name_{}", USED_NAMES - 1)) && !body.contains(&format!("name_{},", USED_NAMES)), "{body}");
     }
 
     /// A long document (a file read, a fetched page, a subagent's report of at least
@@ -329,7 +350,7 @@ mod tests {
         assert_eq!(
             body,
             format!(
-                "[Compressed chain b6: 3 tool calls]\nt3 Read (src/big.rs): 20000 chars, 500 lines\n{}{}\nt4 read (src/small.rs): 2000 chars, 50 lines\nt5 bash (cat src/big.rs): 20000 chars, 500 lines\nnames used: other_name\nOriginals: context_tree_query b6 or tN.",
+                "[Compressed chain b6: 3 tool calls]\nt3 Read (src/big.rs): 20000 chars\n{}{}\nt4 read (src/small.rs): 2000 chars\nt5 bash (cat src/big.rs): 20000 chars\nnames used: other_name",
                 condense_index::SUMMARY_NAMES,
                 names[..DOCUMENT_NAMES].join(" ")
             )

@@ -236,7 +236,7 @@ pub fn newest_stub_ref(messages: &[Message]) -> Option<String> {
         if names_refs {
             for b in m.content() {
                 if let Block::Text { text } = b {
-                    if !text.contains(condense_events::QUERY_TOOL_NAME) {
+                    if !text.contains(condense_events::QUERY_TOOL_NAME) && !text.starts_with("[Compressed chain") {
                         continue;
                     }
                     for (i, _) in text.match_indices("t") {
