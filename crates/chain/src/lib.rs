@@ -1,7 +1,7 @@
 //! Chains: a user prompt, the tool-using assistant turns it caused, and the final text-only reply that
 //! closed it. Closed chains older than the rolling window are compressed into one block with a `bN` ref
-//! whose body fuses the summaries of the outputs inside, each cut to its first line (or, when none were
-//! summarized, a deterministic digest: call count, tool histogram, first and last arguments), and lists
+//! whose body fuses the summaries of the outputs inside, each cut to its first line less its line count
+//! (or, when none were summarized, a deterministic digest: call count, tool histogram, first and last arguments), and lists
 //! the names the chain's turns used that came from earlier tool outputs ([`FactsSeen::used_names`]). Protected
 //! outputs are relocated into the block verbatim.
 //!
@@ -180,7 +180,8 @@ pub fn block_body_with(block: u32, calls: &[CallInfo<'_>], used: &[&str], output
     // The refs, when no summary line names them.
     let refs: Vec<String> = if summaries.is_empty() { calls.iter().filter_map(|c| c.ref_n.map(|r| format!("t{r}"))).collect() } else { Vec::new() };
     let mut out = format!(
-        "[Compressed chain b{block}: {} tool call{}{}]",
+        "{}{block}: {} tool call{}{}]",
+        condense_events::BLOCK_HEADER,
         calls.len(),
         if calls.len() == 1 { "" } else { "s" },
         if refs.is_empty() { String::new() } else { format!("; outputs {}", refs.join(" ")) }
@@ -206,7 +207,7 @@ pub fn block_body_with(block: u32, calls: &[CallInfo<'_>], used: &[&str], output
         for c in calls {
             let Some(s) = c.summary else { continue };
             out.push('\n');
-            out.push_str(&without_line_count(s.lines().next().unwrap_or_default()));
+            out.push_str(&condense_index::without_line_count(s.lines().next().unwrap_or_default()));
             let names = s.lines().find_map(|l| l.strip_prefix(condense_index::SUMMARY_NAMES));
             if c.output_chars >= DOCUMENT_NAMES_FROM
                 && condense_index::is_document_output(c.tool, c.arguments)
@@ -235,22 +236,6 @@ pub fn block_body_with(block: u32, calls: &[CallInfo<'_>], used: &[&str], output
         }
     }
     out
-}
-
-/// A summary's first line without its line count (`t3 bash (cargo test): 900 chars, 30 lines` becomes
-/// `t3 bash (cargo test): 900 chars`): in a block the size in characters is enough to weigh a recovery
-/// by, and the count was most of a line's length after the ref and the call (docs/pruning.md, "Shorter
-/// chain blocks"). A line without one (a model's summary) stays as it is.
-fn without_line_count(first: &str) -> std::borrow::Cow<'_, str> {
-    const SIZE: &str = " chars, ";
-    let Some(at) = first.rfind(SIZE) else { return first.into() };
-    let rest = &first[at + SIZE.len()..];
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    let tail = rest[digits..].strip_prefix(" lines").or_else(|| rest[digits..].strip_prefix(" line"));
-    match tail {
-        Some(tail) if digits > 0 => format!("{}{tail}", &first[..at + SIZE.len() - 2]).into(),
-        _ => first.into(),
-    }
 }
 
 #[cfg(test)]
@@ -319,12 +304,6 @@ mod tests {
             "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars\n  names: parse_config, ConfigError, load_all\nt5 read (src/b.rs): 400 chars\n  names: ConfigError, load_all"
         );
         assert_eq!(names_listed(&block_body(4, &calls, &["load_all", "x_y_z"])), vec!["load_all", "x_y_z"]);
-        // A line count goes wherever it stands; a first line without one stays whole.
-        assert_eq!(without_line_count("t3 bash (ls): 900 chars, 1 line, error"), "t3 bash (ls): 900 chars, error");
-        assert_eq!(without_line_count("t3 bash (x: 9 chars, 2 lines): 900 chars, 30 lines"), "t3 bash (x: 9 chars, 2 lines): 900 chars");
-        for whole in ["t3 bash: the tests pass", "t3 bash (ls): 900 chars, many lines", "t3 bash: 900 chars, lines"] {
-            assert_eq!(without_line_count(whole), whole);
-        }
         let many: Vec<String> = (0..USED_NAMES + 5).map(|i| format!("name_{i}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         let body = block_body(4, &calls, &many);

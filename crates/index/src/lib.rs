@@ -99,6 +99,30 @@ pub fn is_document_output(tool: &str, arguments: &str) -> bool {
 /// it, a compressed chain's block keeps part of it for a long document).
 pub const SUMMARY_NAMES: &str = "  names: ";
 
+/// What separates the characters from the line count in the size a summary's first line gives.
+const SUMMARY_SIZE_SEP: &str = " chars, ";
+
+/// The size a summary's first line gives its output: `900 chars, 30 lines` (the extractive summarizer
+/// writes it; a compressed chain's block keeps the characters alone, [`without_line_count`]).
+pub fn summary_size(chars: usize, lines: usize) -> String {
+    format!("{chars}{SUMMARY_SIZE_SEP}{lines} lines")
+}
+
+/// A summary's first line without the line count of its [`summary_size`] (`t3 bash (cargo test): 900
+/// chars, 30 lines` becomes `t3 bash (cargo test): 900 chars`): in a block the size in characters is
+/// enough to weigh a recovery by, and the count was most of a line's length after the ref and the call
+/// (docs/pruning.md, "Shorter chain blocks"). A line without one (a model's summary) stays as it is.
+pub fn without_line_count(first: &str) -> std::borrow::Cow<'_, str> {
+    let Some(at) = first.rfind(SUMMARY_SIZE_SEP) else { return first.into() };
+    let rest = &first[at + SUMMARY_SIZE_SEP.len()..];
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let tail = rest[digits..].strip_prefix(" lines").or_else(|| rest[digits..].strip_prefix(" line"));
+    match tail {
+        Some(tail) if digits > 0 => format!("{} chars{tail}", &first[..at]).into(),
+        _ => first.into(),
+    }
+}
+
 /// Tools that read or change a file whole or in part: a later one supersedes a read of the same file
 /// (`liveReadsTokens`), and [`Index::newest_file_call`] follows them.
 pub const FILE_TOOLS: [&str; 12] = ["read", "Read", "view", "read_file", "edit", "Edit", "write", "Write", "MultiEdit", "write_file", "replace", "str_replace_editor"];
@@ -527,6 +551,18 @@ mod chunk_map_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A block's line drops the line count the size gives, wherever the size stands; a first line
+    /// without one stays whole.
+    #[test]
+    fn a_summary_size_loses_its_line_count_alone() {
+        assert_eq!(without_line_count(&format!("t3 bash (ls): {}", summary_size(900, 30))), "t3 bash (ls): 900 chars");
+        assert_eq!(without_line_count("t3 bash (ls): 900 chars, 1 line, error"), "t3 bash (ls): 900 chars, error");
+        assert_eq!(without_line_count("t3 bash (x: 9 chars, 2 lines): 900 chars, 30 lines"), "t3 bash (x: 9 chars, 2 lines): 900 chars");
+        for whole in ["t3 bash: the tests pass", "t3 bash (ls): 900 chars, many lines", "t3 bash: 900 chars, lines"] {
+            assert_eq!(without_line_count(whole), whole);
+        }
+    }
 
     fn call(ref_n: u32, tool: &str, arguments: &str) -> Record {
         Record {

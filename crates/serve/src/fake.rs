@@ -228,26 +228,22 @@ fn text_reply(api: Api, model: &str, text: &str) -> Value {
 pub fn newest_stub_ref(messages: &[Message]) -> Option<String> {
     let mut best: Option<u32> = None;
     for m in messages {
-        let names_refs = match m {
-            Message::ToolResult { .. } => true,
-            Message::User { .. } => m.text().contains("[Compressed chain"),
+        // A stub names its ref beside the recovery tool; a block begins with its header.
+        let names_refs = |text: &str| match m {
+            Message::ToolResult { .. } => text.contains(condense_events::QUERY_TOOL_NAME),
+            Message::User { .. } => text.starts_with(condense_events::BLOCK_HEADER),
             Message::Assistant { .. } => false,
         };
-        if names_refs {
-            for b in m.content() {
-                if let Block::Text { text } = b {
-                    if !text.contains(condense_events::QUERY_TOOL_NAME) && !text.starts_with("[Compressed chain") {
-                        continue;
-                    }
-                    for (i, _) in text.match_indices("t") {
-                        let digits: String = text[i + 1..].chars().take_while(char::is_ascii_digit).collect();
-                        let before_ok = i == 0 || !text.as_bytes()[i - 1].is_ascii_alphanumeric();
-                        if before_ok && !digits.is_empty() {
-                            if let Ok(n) = digits.parse::<u32>() {
-                                best = Some(best.map_or(n, |b| b.max(n)));
-                            }
-                        }
-                    }
+        for b in m.content() {
+            let Block::Text { text } = b else { continue };
+            if !names_refs(text) {
+                continue;
+            }
+            for (i, _) in text.match_indices("t") {
+                let digits: String = text[i + 1..].chars().take_while(char::is_ascii_digit).collect();
+                let before_ok = i == 0 || !text.as_bytes()[i - 1].is_ascii_alphanumeric();
+                if before_ok && let Ok(n) = digits.parse::<u32>() {
+                    best = Some(best.map_or(n, |b| b.max(n)));
                 }
             }
         }

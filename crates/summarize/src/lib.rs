@@ -241,12 +241,11 @@ impl Extractive {
     pub fn one(&self, item: &Item<'_>) -> String {
         let lines: Vec<&str> = item.text.lines().filter(|l| !l.trim().is_empty()).collect();
         let mut out = format!(
-            "t{} {}{}: {} chars, {} lines{}",
+            "t{} {}{}: {}{}",
             item.ref_n,
             item.tool,
             args_hint(item.arguments),
-            item.text.chars().count(),
-            item.text.lines().count(),
+            condense_index::summary_size(item.text.chars().count(), item.text.lines().count()),
             if item.is_error { ", error" } else { "" }
         );
         let errors: Vec<&str> = lines.iter().copied().filter(|l| is_error_line(l)).take(self.error_lines).collect();
