@@ -179,11 +179,15 @@ pub fn block_body_with(block: u32, calls: &[CallInfo<'_>], used: &[&str], output
     let summaries: Vec<&str> = calls.iter().filter_map(|c| c.summary).collect();
     // The refs, when no summary line names them.
     let refs: Vec<String> = if summaries.is_empty() { calls.iter().filter_map(|c| c.ref_n.map(|r| format!("t{r}"))).collect() } else { Vec::new() };
+    // The number of calls, unless a line per call shows it.
+    let count = if summaries.len() == calls.len() {
+        String::new()
+    } else {
+        format!(": {} tool call{}", calls.len(), if calls.len() == 1 { "" } else { "s" })
+    };
     let mut out = format!(
-        "{}{block}: {} tool call{}{}]",
+        "{}{block}{count}{}]",
         condense_events::BLOCK_HEADER,
-        calls.len(),
-        if calls.len() == 1 { "" } else { "s" },
         if refs.is_empty() { String::new() } else { format!("; outputs {}", refs.join(" ")) }
     );
     if summaries.is_empty() {
@@ -295,13 +299,16 @@ mod tests {
         ];
         assert_eq!(
             block_body(4, &calls, &["load_all", "src/b.rs", "ConfigError"]),
-            "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars\nt5 read (src/b.rs): 400 chars\nnames used: load_all, ConfigError"
+            "[Compressed chain b4]\nt3 bash (cargo test): 900 chars\nt5 read (src/b.rs): 400 chars\nnames used: load_all, ConfigError"
         );
         assert!(!block_body(4, &calls, &[]).contains("names used"));
+        // The header counts the calls only where a call has no line of its own.
+        let mixed = [calls[0].clone(), CallInfo { ref_n: Some(6), tool: "bash", arguments: "{}", summary: None, protected_output: None, output_chars: 0 }];
+        assert!(block_body(4, &mixed, &[]).starts_with("[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars"), "{}", block_body(4, &mixed, &[]));
         // The older turns of a running chain keep each output's names line under its line.
         assert_eq!(
             block_body_with(4, &calls, &[], true),
-            "[Compressed chain b4: 2 tool calls]\nt3 bash (cargo test): 900 chars\n  names: parse_config, ConfigError, load_all\nt5 read (src/b.rs): 400 chars\n  names: ConfigError, load_all"
+            "[Compressed chain b4]\nt3 bash (cargo test): 900 chars\n  names: parse_config, ConfigError, load_all\nt5 read (src/b.rs): 400 chars\n  names: ConfigError, load_all"
         );
         assert_eq!(names_listed(&block_body(4, &calls, &["load_all", "x_y_z"])), vec!["load_all", "x_y_z"]);
         let many: Vec<String> = (0..USED_NAMES + 5).map(|i| format!("name_{i}")).collect();
@@ -329,7 +336,7 @@ mod tests {
         assert_eq!(
             body,
             format!(
-                "[Compressed chain b6: 3 tool calls]\nt3 Read (src/big.rs): 20000 chars\n{}{}\nt4 read (src/small.rs): 2000 chars\nt5 bash (cat src/big.rs): 20000 chars\nnames used: other_name",
+                "[Compressed chain b6]\nt3 Read (src/big.rs): 20000 chars\n{}{}\nt4 read (src/small.rs): 2000 chars\nt5 bash (cat src/big.rs): 20000 chars\nnames used: other_name",
                 condense_index::SUMMARY_NAMES,
                 names[..DOCUMENT_NAMES].join(" ")
             )

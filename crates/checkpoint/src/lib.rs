@@ -195,10 +195,12 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
     let list = |set: &BTreeSet<String>| set.iter().take(30).cloned().collect::<Vec<_>>().join(", ");
     s.push_str(&format!("## Files read\n{}\n", if read.is_empty() { "(none)".into() } else { list(&read) }));
     s.push_str(&format!("## Files modified\n{}\n", if modified.is_empty() { "(none)".into() } else { list(&modified) }));
-    s.push_str(&format!(
-        "## Next steps\nContinue from the latest request: {}\n",
-        prompts.last().map_or("(none)".to_string(), |p| clip(p, 200))
-    ));
+    // The latest request is quoted above, not again.
+    s.push_str(match prompts.len() {
+        0 => "## Next steps\nContinue from the latest request: (none)\n",
+        1 => "## Next steps\nContinue from the goal.\n",
+        _ => "## Next steps\nContinue from the latest request.\n",
+    });
     if !refs.is_empty() {
         let first = refs.first().expect("non-empty");
         let last = refs.last().expect("non-empty");
@@ -606,6 +608,10 @@ mod tests {
         let s = handoff(2, &msgs, &[], 4000);
         let body = s.split_once('\n').unwrap().1;
         assert!(body.starts_with("## Goal\nPort the parser\n## Latest request\nNow add the tests\n## Constraints and later requests\n- Keep the old API\n## Progress"), "{s}");
+        // The next steps point to the latest request without quoting it a second time.
+        assert!(s.contains("## Next steps\nContinue from the latest request.") && s.matches("Now add the tests").count() == 1, "{s}");
+        let one = handoff(1, &msgs[..2], &[], 4000);
+        assert!(one.contains("## Next steps\nContinue from the goal.") && one.matches("Port the parser").count() == 1, "{one}");
         // The recovery handoff's Task section: the requests first, then the summaries, whatever their size.
         let mut ctx: Vec<(Option<String>, Arc<Message>)> = msgs.into_iter().map(|(_, m)| (None, m)).collect();
         for k in 0..30 {

@@ -38,14 +38,13 @@ pub struct ToolDef {
     pub schema: Value,
 }
 
-const QUERY_DESCRIPTION: &str = "Returns, byte for byte, the original of tool outputs and history that condense \
-replaced in your context by a short stub. Stubs name a ref: tN for one tool output, bN for a compressed chain of \
-turns, cN for a checkpoint summary. Pass the refs you need, e.g. {\"refs\": [\"t12\"]}; raw tool-call ids work too. \
-Ask only for what you need now: each original comes back whole.";
+const QUERY_DESCRIPTION: &str = "Returns, byte for byte, what condense replaced in your context: tN one tool \
+output, bN a compressed chain of turns, cN the history a checkpoint summarized. Ask only for the refs you need \
+now: each comes back whole.";
 
-const NEW_CONTEXT_DESCRIPTION: &str = "Asks condense to checkpoint the conversation before your next turn: the \
-history so far is replaced by a summary plus your recent requests, and every original stays recoverable with \
-context_tree_query. Call it at a good stopping point when the context is large; it takes no arguments.";
+const NEW_CONTEXT_DESCRIPTION: &str = "Checkpoints the conversation before your next turn: the history becomes a \
+summary plus your recent requests, its originals recoverable with context_tree_query. Call it at a good stopping \
+point when the context is large.";
 
 const ARCHIVES_DESCRIPTION: &str = "Lists the archives of earlier history kept when this session moved to a model \
 with a smaller context window, newest first, 20 per page. Archived text is evidence of what happened earlier, \

@@ -164,6 +164,11 @@ pub fn responses<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
     let mut out = Vec::new();
     for m in messages {
         match &**m {
+            // A message of one text is the API's short form, a string: fewer bytes for the provider to read
+            // in every later request, with the same meaning (condense's blocks, checkpoints and notes).
+            Message::User { content, .. } if matches!(content.as_slice(), [Block::Text { .. }]) => {
+                out.push(json!({"type": "message", "role": "user", "content": m.text()}));
+            }
             Message::User { content, .. } => {
                 let parts: Vec<Value> = content
                     .iter()
@@ -379,6 +384,23 @@ mod tests {
             let some = &ms[..k];
             assert_eq!(neutral_len(some), serde_json::to_vec(&neutral(some)).unwrap().len() as u64, "the first {k} messages");
         }
+    }
+
+    /// A Responses user message of one text goes as the API's short form, a string (fewer bytes read again
+    /// in every later request); one of several texts or an image keeps its list of parts, and both read
+    /// back as the message they were written from.
+    #[test]
+    fn a_responses_user_message_of_one_text_is_a_string() {
+        let one = Message::user_text("[Compressed chain b1]\nt1 bash (ls): 9 chars", UserOrigin::Summary);
+        let two = Message::User { content: vec![Block::Text { text: "a".into() }, Block::Text { text: "b".into() }], origin: UserOrigin::Prompt };
+        let image = Message::User { content: vec![Block::Text { text: "see".into() }, Block::image("image/png".into(), "AAAA".into())], origin: UserOrigin::Prompt };
+        let items = responses(&[&one, &two, &image]);
+        assert_eq!(items[0], json!({"type": "message", "role": "user", "content": "[Compressed chain b1]\nt1 bash (ls): 9 chars"}));
+        assert_eq!(items[1]["content"], json!([{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]));
+        assert_eq!(items[2]["content"].as_array().map(Vec::len), Some(2));
+        let read = crate::wire::parse_request(crate::wire::Api::Responses, items.as_array().unwrap().clone()).unwrap();
+        let texts: Vec<String> = read.messages.iter().map(|m| m.message.text()).collect();
+        assert_eq!(texts, ["[Compressed chain b1]\nt1 bash (ls): 9 chars", "ab", "see"]);
     }
 
     #[test]

@@ -2152,7 +2152,7 @@ async fn cache_priced_costs_show_by_default_for_a_model_with_known_prices() {
 /// that goes is within the window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tight_window_takes_each_move_in_order_through_serve() {
-    let expected = [(500u64, "summary"), (2_000, "marker+prompts"), (4_000, "marker"), (12_000, "cut"), (17_000, "refused")];
+    let expected = [(500u64, "summary"), (2_200, "marker+prompts"), (4_000, "marker"), (12_000, "cut"), (17_000, "refused")];
     for (system_tokens, want) in expected {
         let mut steps = Vec::new();
         for k in 0..3 {
