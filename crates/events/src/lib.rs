@@ -284,8 +284,9 @@ pub fn is_provider_identifier(s: &str) -> bool {
 /// The one name of the recovery tool, shared by the tool, the grace window and chain deferral.
 pub const QUERY_TOOL_NAME: &str = "context_tree_query";
 
-/// How the block of a compressed chain begins, its number after it (`[Compressed chain b4: 2 tool
-/// calls]`): the block's refs are the `bN` of its header and the `tN` of its lines.
+/// How the block of a compressed chain begins, its number after it (`[Compressed chain b4]`, with the
+/// call count when a call has no line of its own): the block's refs are the `bN` of its header and the
+/// `tN` of its lines.
 pub const BLOCK_HEADER: &str = "[Compressed chain b";
 
 /// A captured tool output: the index record behind a `tN` ref.

@@ -164,12 +164,13 @@ pub fn responses<M: std::ops::Deref<Target = Message>>(messages: &[M]) -> Value 
     let mut out = Vec::new();
     for m in messages {
         match &**m {
-            // A message of one text is the API's short form, a string: fewer bytes for the provider to read
-            // in every later request, with the same meaning (condense's blocks, checkpoints and notes).
-            Message::User { content, .. } if matches!(content.as_slice(), [Block::Text { .. }]) => {
-                out.push(json!({"type": "message", "role": "user", "content": m.text()}));
-            }
             Message::User { content, .. } => {
+                // A message of one text is the API's short form, a string: fewer bytes for the provider to
+                // read in every later request, with the same meaning (condense's blocks, checkpoints, notes).
+                if let [Block::Text { text }] = content.as_slice() {
+                    out.push(json!({"type": "message", "role": "user", "content": text}));
+                    continue;
+                }
                 let parts: Vec<Value> = content
                     .iter()
                     .filter_map(|b| match b {
