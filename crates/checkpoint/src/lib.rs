@@ -193,8 +193,13 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
         }
     }
     let list = |set: &BTreeSet<String>| set.iter().take(30).cloned().collect::<Vec<_>>().join(", ");
-    s.push_str(&format!("## Files read\n{}\n", if read.is_empty() { "(none)".into() } else { list(&read) }));
-    s.push_str(&format!("## Files modified\n{}\n", if modified.is_empty() { "(none)".into() } else { list(&modified) }));
+    // A file section is written when the span read or modified a file: an empty one says nothing.
+    if !read.is_empty() {
+        s.push_str(&format!("## Files read\n{}\n", list(&read)));
+    }
+    if !modified.is_empty() {
+        s.push_str(&format!("## Files modified\n{}\n", list(&modified)));
+    }
     // The latest request is quoted above, not again.
     s.push_str(match prompts.len() {
         0 => "## Next steps\nContinue from the latest request: (none)\n",
@@ -205,7 +210,7 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
         let first = refs.first().expect("non-empty");
         let last = refs.last().expect("non-empty");
         s.push_str(&format!(
-            "## Originals\nTool outputs t{first}–t{last} of this span stay recoverable with {}.\n",
+            "## Originals\nt{first}–t{last}, with {}.\n",
             condense_events::QUERY_TOOL_NAME
         ));
     }
@@ -544,9 +549,13 @@ mod tests {
         let s = handoff(1, &msgs, &[3, 9], 4000);
         assert!(s.starts_with("[Checkpoint c1"));
         assert!(!s.contains("## Names used"), "no tool output, no names: {s}");
-        for section in ["## Goal\nPort the parser to Rust", "## Progress\n- Reading the grammar first.", "## Files read\ngrammar.y", "## Files modified\nsrc/parse.rs", "## Next steps", "t3–t9"] {
+        for section in ["## Goal\nPort the parser to Rust", "## Progress\n- Reading the grammar first.", "## Files read\ngrammar.y", "## Files modified\nsrc/parse.rs", "## Next steps", "## Originals\nt3–t9, with context_tree_query."] {
             assert!(s.contains(section), "missing {section:?} in\n{s}");
         }
+        // A span that read or wrote no file has no file section: an empty one says nothing.
+        let s = handoff(1, &msgs[..2], &[], 4000);
+        assert!(!s.contains("## Files") && !s.contains("(none)") && !s.contains("## Originals"), "{s}");
+        assert!(s.contains("## Goal\nPort the parser to Rust\n"), "{s}");
     }
 
     /// The names the agent used that a tool output showed it (not the user), newest use first, in what
