@@ -839,7 +839,7 @@ fn long_session(c: Client) {
     assert!(t.billed.cost() < d.billed.cost(), "{row}");
     assert!(t.billed.cost() <= 1.05 * floor, "more than 5% over the floor: {row}");
     // Against issue 60's floor, which leaves condense only the client's own fixed context: Claude Code
-    // 1.083, Codex 1.105, pi 1.117 of it over forty turns (2026-12-07, with fewer bytes for the same meaning; the
+    // 1.082, Codex 1.105, pi 1.116 of it over forty turns (2026-12-07, with a summary without empty sections; the
     // issue's target is 1.10, not met for Codex and pi: docs/pruning.md, "Forty turns against issue 60's floor"). Held here so it does not
     // grow. Gemini CLI's direct session breaks its own cache (its floor is no bound, as above).
     if c.api != Api::Gemini {
