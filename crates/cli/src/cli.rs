@@ -162,7 +162,7 @@ agent is given, which of its providers go through condense.")]
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
         /// Write a plot, FILE.svg or FILE.png: per session, context tokens per request (raw, the host's own
-        /// compaction, condense) and cumulative estimated cost
+        /// compaction, condense) and cumulative estimated cost, the floor beside them
         #[arg(long, value_name = "FILE")]
         plot: Option<PathBuf>,
         /// Estimate prices with MODEL's list prices (claude-opus-4-5, claude-opus-4-1, claude-sonnet-4-5,

@@ -1,5 +1,5 @@
 //! `simulate --plot`: per session, context tokens per request (raw, the host's own compaction, condense)
-//! with the window line, and cumulative estimated cost; checkpoints, cache breaks and host compactions
+//! with the window line, and cumulative estimated cost (the same three and the floor); checkpoints, cache breaks and host compactions
 //! marked. SVG or PNG by the file's extension, drawn with `plotters` in an embedded font (DejaVu Sans), so
 //! the same figures give the same file on every machine.
 
