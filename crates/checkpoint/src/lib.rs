@@ -133,7 +133,8 @@ fn clip_bytes(s: &str, max: usize) -> String {
 }
 
 /// A deterministic handoff summary of `messages` with the sections a handoff needs: goal, constraints,
-/// progress, decisions, files read and modified, next steps, and the refs it covers. At most `max_chars`.
+/// progress, decisions, files read and modified (each when there is one), next steps, and the refs it
+/// covers. At most `max_chars`.
 pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u32], max_chars: usize) -> String {
     let prompts: Vec<String> = messages
         .iter()
