@@ -203,7 +203,7 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
     }
     // The latest request is quoted above, not again.
     s.push_str(match prompts.len() {
-        0 => "## Next steps\nContinue from the latest request: (none)\n",
+        0 => "## Next steps\nContinue from the messages that follow.\n",
         1 => "## Next steps\nContinue from the goal.\n",
         _ => "## Next steps\nContinue from the latest request.\n",
     });
@@ -557,6 +557,11 @@ mod tests {
         let s = handoff(1, &msgs[..2], &[], 4000);
         assert!(!s.contains("## Files") && !s.contains("(none)") && !s.contains("## Originals"), "{s}");
         assert!(s.contains("## Goal\nPort the parser to Rust\n"), "{s}");
+        // A span without a prompt (a long run whose prompt an earlier checkpoint covered) points to what
+        // follows, not to a latest request it does not have.
+        let s = handoff(2, &msgs[2..], &[3, 9], 4000);
+        assert!(s.contains("## Goal\n(no user prompt)\n") && s.contains("## Next steps\nContinue from the messages that follow.\n"), "{s}");
+        assert!(!s.contains("(none)"), "{s}");
     }
 
     /// The names the agent used that a tool output showed it (not the user), newest use first, in what
