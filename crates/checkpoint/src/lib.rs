@@ -193,27 +193,21 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
             s.push_str(&format!("- {f}\n"));
         }
     }
-    let list = |set: &BTreeSet<String>| set.iter().take(30).cloned().collect::<Vec<_>>().join(", ");
     // A file section is written when the span read or modified a file: an empty one says nothing.
-    if !read.is_empty() {
-        s.push_str(&format!("## Files read\n{}\n", list(&read)));
-    }
-    if !modified.is_empty() {
-        s.push_str(&format!("## Files modified\n{}\n", list(&modified)));
+    for (heading, files) in [("Files read", &read), ("Files modified", &modified)] {
+        if !files.is_empty() {
+            s.push_str(&format!("## {heading}\n{}\n", files.iter().take(30).cloned().collect::<Vec<_>>().join(", ")));
+        }
     }
     // The latest request is quoted above, not again.
+    s.push_str("## Next steps\n");
     s.push_str(match prompts.len() {
-        0 => "## Next steps\nContinue from the messages that follow.\n",
-        1 => "## Next steps\nContinue from the goal.\n",
-        _ => "## Next steps\nContinue from the latest request.\n",
+        0 => "Continue from the messages that follow.\n",
+        1 => "Continue from the goal.\n",
+        _ => "Continue from the latest request.\n",
     });
-    if !refs.is_empty() {
-        let first = refs.first().expect("non-empty");
-        let last = refs.last().expect("non-empty");
-        s.push_str(&format!(
-            "## Originals\nt{first}–t{last}, with {}.\n",
-            condense_events::QUERY_TOOL_NAME
-        ));
+    if let (Some(first), Some(last)) = (refs.first(), refs.last()) {
+        s.push_str(&format!("## Originals\nt{first}–t{last}, with {}.\n", condense_events::QUERY_TOOL_NAME));
     }
     // The names the agent used that came from what tools showed it, in what room the sections leave (and
     // at most NAMES_SHARE percent of the handoff): a compressed chain's block lists them, and a checkpoint
