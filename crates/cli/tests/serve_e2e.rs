@@ -498,6 +498,12 @@ const RESTART_AFTER: usize = 20;
 /// The turn that recalls a stubbed output.
 const QUERY_TURN: usize = 25;
 
+/// Whether the script recalls a stub at `QUERY_TURN`: always, unless `CONDENSE_E2E_NO_RECALL` is set
+/// (a measurement: what the recall and its grace window cost against issue 60's floor, docs/pruning.md).
+fn recall() -> bool {
+    std::env::var_os("CONDENSE_E2E_NO_RECALL").is_none()
+}
+
 /// Each turn runs two commands with outputs of ~15 KB (under Claude Code's own cut-off, so the outputs
 /// go upstream whole) and answers. Through serve the script also asks for `new_context`, overflows once
 /// and recalls a stub; sent direct those steps fall through (or are left out: the overflow).
@@ -507,7 +513,7 @@ fn long_script(through: bool) -> Vec<Step> {
         if k == OVERFLOW_TURN && through {
             steps.push(Step::Overflow);
         }
-        if k == QUERY_TURN {
+        if k == QUERY_TURN && recall() {
             steps.push(Step::QueryNewestStub);
         }
         steps.push(Step::Shell(format!("seq {k} {}", k + 3000)));
@@ -767,7 +773,7 @@ fn long_session(c: Client) {
     assert!(infos.len() == 1 || split, "one conversation, one session: {infos:?}");
     let checkpoints: usize = infos.iter().map(|i| st.session(&i.name).unwrap().projection().unwrap().index().checkpoints.len()).sum();
     assert!(checkpoints >= 2, "{}: new_context and the overflow each checkpointed ({checkpoints})", c.name);
-    assert!(through_log.iter().any(|l| l.step == Some(Step::QueryNewestStub)), "{}: a stub was recalled", c.name);
+    assert!(!recall() || through_log.iter().any(|l| l.step == Some(Step::QueryNewestStub)), "{}: a stub was recalled", c.name);
     // The environment reached every request, through serve as direct.
     let environment = c.environment.map(|has| {
         for (i, l) in through_log.iter().enumerate().filter(|(_, l)| !l.path.ends_with("/count_tokens")) {
@@ -840,8 +846,9 @@ fn long_session(c: Client) {
     assert!(t.billed.cost() <= 1.05 * floor, "more than 5% over the floor: {row}");
     // Against issue 60's floor, which leaves condense only the client's own fixed context: Claude Code
     // 1.082, Codex 1.105, pi 1.116 of it over forty turns (2026-12-07, with a summary without empty sections; the
-    // issue's target is 1.10, not met for Codex and pi: docs/pruning.md, "Forty turns against issue 60's floor"). Held here so it does not
-    // grow. Gemini CLI's direct session breaks its own cache (its floor is no bound, as above).
+    // issue's target is 1.10, not met for Codex and pi: docs/pruning.md, "Forty turns against issue 60's floor"; without the recall at
+    // turn 25 and its grace window, CONDENSE_E2E_NO_RECALL, 1.065, 1.086 and 1.091). Held here so it does not grow.
+    // Gemini CLI's direct session breaks its own cache (its floor is no bound, as above).
     if c.api != Api::Gemini {
         assert!(t.billed.cost() <= 1.15 * floor_issue, "more than 15% over issue 60's floor: {row}");
     }
