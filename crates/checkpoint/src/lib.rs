@@ -196,7 +196,7 @@ pub fn handoff(n: u32, messages: &[(String, std::sync::Arc<Message>)], refs: &[u
     // A file section is written when the span read or modified a file: an empty one says nothing.
     for (heading, files) in [("Files read", &read), ("Files modified", &modified)] {
         if !files.is_empty() {
-            s.push_str(&format!("## {heading}\n{}\n", files.iter().take(30).cloned().collect::<Vec<_>>().join(", ")));
+            s.push_str(&format!("## {heading}\n{}\n", files.iter().take(30).map(String::as_str).collect::<Vec<_>>().join(", ")));
         }
     }
     // The latest request is quoted above, not again.

@@ -1,7 +1,7 @@
 //! `simulate --plot`: per session, context tokens per request (raw, the host's own compaction, condense)
-//! with the window line, and cumulative estimated cost (the same three and the floor); checkpoints, cache breaks and host compactions
-//! marked. SVG or PNG by the file's extension, drawn with `plotters` in an embedded font (DejaVu Sans), so
-//! the same figures give the same file on every machine.
+//! with the window line, and cumulative estimated cost (the same three and the floor); checkpoints,
+//! cache breaks and host compactions marked. SVG or PNG by the file's extension, drawn with `plotters` in
+//! an embedded font (DejaVu Sans), so the same figures give the same file on every machine.
 
 use anyhow::{anyhow, bail, Context, Result};
 use condense_engine::simulate::{ListPrice, Point};

@@ -498,22 +498,16 @@ const RESTART_AFTER: usize = 20;
 /// The turn that recalls a stubbed output.
 const QUERY_TURN: usize = 25;
 
-/// Whether the script recalls a stub at `QUERY_TURN`: always, unless `CONDENSE_E2E_NO_RECALL` is set
-/// (a measurement: what the recall and its grace window cost against issue 60's floor, docs/pruning.md).
-fn recall() -> bool {
-    std::env::var_os("CONDENSE_E2E_NO_RECALL").is_none()
-}
-
 /// Each turn runs two commands with outputs of ~15 KB (under Claude Code's own cut-off, so the outputs
 /// go upstream whole) and answers. Through serve the script also asks for `new_context`, overflows once
-/// and recalls a stub; sent direct those steps fall through (or are left out: the overflow).
-fn long_script(through: bool) -> Vec<Step> {
+/// and, when `recall`, recalls a stub; sent direct those steps fall through (or are left out: the overflow).
+fn long_script(through: bool, recall: bool) -> Vec<Step> {
     let mut steps = Vec::new();
     for k in 1..=TURNS {
         if k == OVERFLOW_TURN && through {
             steps.push(Step::Overflow);
         }
-        if k == QUERY_TURN && recall() {
+        if k == QUERY_TURN && recall {
             steps.push(Step::QueryNewestStub);
         }
         steps.push(Step::Shell(format!("seq {k} {}", k + 3000)));
@@ -728,16 +722,19 @@ fn session_turns(c: &Client, root: &Path, mut base: impl FnMut() -> String, mut 
 }
 
 fn long_session(c: Client) {
+    // The script recalls a stub at QUERY_TURN unless CONDENSE_E2E_NO_RECALL is set (a measurement: what
+    // the recall and its grace window cost against issue 60's floor, docs/pruning.md).
+    let recall = std::env::var_os("CONDENSE_E2E_NO_RECALL").is_none();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     // Direct: the client talks to the fake provider itself.
-    let direct_fake = rt.block_on(Fake::start(long_script(false)));
+    let direct_fake = rt.block_on(Fake::start(long_script(false, recall)));
     let direct_dir = tempfile::tempdir().unwrap();
     for d in ["home", "tmp", "work"] {
         std::fs::create_dir_all(direct_dir.path().join(d)).unwrap();
     }
     session_turns(&c, direct_dir.path(), || direct_fake.url(), |_| {});
     // Through serve, with the defaults, restarted once.
-    let fake = rt.block_on(Fake::start(long_script(true)));
+    let fake = rt.block_on(Fake::start(long_script(true, recall)));
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     for d in ["home", "tmp", "work", "store"] {
@@ -773,7 +770,7 @@ fn long_session(c: Client) {
     assert!(infos.len() == 1 || split, "one conversation, one session: {infos:?}");
     let checkpoints: usize = infos.iter().map(|i| st.session(&i.name).unwrap().projection().unwrap().index().checkpoints.len()).sum();
     assert!(checkpoints >= 2, "{}: new_context and the overflow each checkpointed ({checkpoints})", c.name);
-    assert!(!recall() || through_log.iter().any(|l| l.step == Some(Step::QueryNewestStub)), "{}: a stub was recalled", c.name);
+    assert!(!recall || through_log.iter().any(|l| l.step == Some(Step::QueryNewestStub)), "{}: a stub was recalled", c.name);
     // The environment reached every request, through serve as direct.
     let environment = c.environment.map(|has| {
         for (i, l) in through_log.iter().enumerate().filter(|(_, l)| !l.path.ends_with("/count_tokens")) {
